@@ -1,0 +1,72 @@
+/**
+ * The one registry of error codes. Every layer throws CollimateError; REST renders
+ * `{ "error": { "code", "message" } }` with `status`, MCP returns `isError` with the same code, and the
+ * SDKs map codes back to classes. Messages say how to fix the problem; internal causes are logged,
+ * never sent.
+ */
+export const ERROR_CODES = {
+  validation_error: 400,
+  invalid_json: 400,
+  unauthorized: 401,
+  tier_forbidden: 403,
+  template_forbidden: 403,
+  sandbox_not_found: 404,
+  template_not_found: 404,
+  image_not_found: 404,
+  environment_not_found: 404,
+  not_found: 404,
+  file_not_found: 404,
+  method_not_allowed: 405,
+  invalid_state: 409,
+  conflict: 409,
+  payload_too_large: 413,
+  unsupported_media_type: 415,
+  idempotency_key_reused: 422,
+  concurrency_limit: 429,
+  rate_limited: 429,
+  exec_timeout: 408,
+  internal_error: 500,
+  agent_unavailable: 502,
+  vmm_failed: 502,
+  template_not_ready: 503,
+  shutting_down: 503,
+  image_pull_failed: 502,
+  bake_failed: 500,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export class CollimateError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  /** Seconds a client should wait before retrying (429/503). */
+  readonly retryAfterSecs?: number;
+  /** Extra machine-readable detail, safe to send to clients. */
+  readonly details?: Record<string, unknown>;
+
+  constructor(code: ErrorCode, message: string, opts: { retryAfterSecs?: number; details?: Record<string, unknown>; cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'CollimateError';
+    this.code = code;
+    this.status = ERROR_CODES[code];
+    this.retryAfterSecs = opts.retryAfterSecs;
+    this.details = opts.details;
+  }
+
+  toJSON(): { error: { code: ErrorCode; message: string } & Record<string, unknown> } {
+    return { error: { code: this.code, message: this.message, ...(this.details ?? {}) } };
+  }
+}
+
+export function sandboxNotFound(id: string): CollimateError {
+  return new CollimateError('sandbox_not_found', `No sandbox with id ${id}. List yours with GET /v1/sandboxes.`);
+}
+
+export function invalidState(id: string, state: string, operation: string, allowed: readonly string[]): CollimateError {
+  return new CollimateError(
+    'invalid_state',
+    `Sandbox ${id} is ${state}; ${operation} needs it to be ${allowed.join(' or ')}.` +
+      (state === 'suspended' ? ' Resume it first with POST /v1/sandboxes/{id}/resume.' : ''),
+    { details: { state } },
+  );
+}

@@ -1,0 +1,135 @@
+/**
+ * The core service contract. REST, MCP, the CLI and the in-process RL Sandbox all call a
+ * SandboxService; nothing below it knows about HTTP or MCP.
+ */
+
+export type SandboxState = 'running' | 'suspended' | 'deleted';
+
+/** Scope of a call: which tenant is acting. Ids of other tenants read as not found. */
+export interface Scope {
+  tenant: string;
+}
+
+export interface SandboxInfo {
+  id: string;
+  template: string;
+  state: SandboxState;
+  tenant: string;
+  labels: Record<string, string>;
+  created_at: string; // ISO 8601
+  age_secs: number;
+  idle_secs: number;
+  exec_count: number;
+  /** Lineage: the sandbox this one was live-forked from (null for a template create) and when. */
+  parent: string | null;
+  forked_at: string | null;
+  children: string[];
+  /** Maximum session duration; the reaper acts when age_secs passes it. */
+  timeout_secs: number;
+  expires_at: string;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+}
+
+export interface ExecFile {
+  path: string;
+  content: string;
+  /** How `content` is encoded; default utf8. */
+  encoding?: 'utf8' | 'base64';
+  /** Octal permission bits as a number (e.g. 0o755 = 493); default 0o644. */
+  mode?: number;
+}
+
+/** Exactly one of command, code, commands. */
+export interface ExecRequest {
+  /** A shell string, run by /bin/sh -c. */
+  command?: string;
+  /** Source code run by the template's interpreter (sh for base, python3 for python, node for node). */
+  code?: string;
+  /** argv lists run in order; the first failure (non-zero exit or signal) stops the rest. */
+  commands?: string[][];
+  files?: ExecFile[];
+  env?: Record<string, string>;
+  cwd?: string;
+  stdin?: string;
+  /** Seconds; default 60, max 3600. */
+  timeout?: number;
+}
+
+export interface ExecTiming {
+  queued_at: string;
+  started_at: string;
+  finished_at: string;
+  queued_ms: number;
+  run_ms: number;
+}
+
+export interface ExecResult {
+  stdout: string;
+  stderr: string;
+  /** `utf8` when the bytes were valid UTF-8, else `base64` (the string is the base64 of the bytes). */
+  stdout_encoding: 'utf8' | 'base64';
+  stderr_encoding: 'utf8' | 'base64';
+  exit_code: number;
+  timed_out: boolean;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  /** With `commands`: the index of the last command that ran (the failing one, on failure). */
+  failed_index?: number;
+  signal?: number;
+  error?: string;
+  timing: ExecTiming;
+}
+
+export interface ExecStreamHandlers {
+  onStdout?(chunk: Buffer): void;
+  onStderr?(chunk: Buffer): void;
+}
+
+export interface CreateOptions {
+  template: string;
+  labels?: Record<string, string>;
+  /** Maximum session duration in seconds (capped by the tier in the API layer). */
+  timeoutSecs?: number;
+}
+
+export interface ForkOptions {
+  count: number;
+  labels?: Record<string, string>;
+}
+
+export interface ListFilter {
+  state?: SandboxState;
+  labels?: Record<string, string>;
+  /** Opaque cursor from a previous page (the last id seen). */
+  after?: string;
+  limit?: number;
+}
+
+export interface TemplateInfo {
+  id: string;
+  kind: 'catalog' | 'environment';
+  description: string;
+  interpreter: string[];
+  ready: boolean;
+  vcpus: number;
+  memory_mib: number;
+}
+
+export interface SandboxService {
+  templates(scope?: Scope): TemplateInfo[];
+  template(id: string, scope?: Scope): TemplateInfo;
+  create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo>;
+  get(id: string, scope?: Scope): SandboxInfo;
+  list(filter: ListFilter, scope?: Scope): { sandboxes: SandboxInfo[]; next: string | null };
+  exec(id: string, req: ExecRequest, scope?: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
+  fork(id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]>;
+  suspend(id: string, scope?: Scope): Promise<SandboxInfo>;
+  resume(id: string, scope?: Scope): Promise<SandboxInfo>;
+  delete(id: string, scope?: Scope): Promise<void>;
+  readFile(id: string, path: string, scope?: Scope): Promise<Buffer>;
+  writeFile(id: string, path: string, data: Buffer, scope?: Scope, mode?: number): Promise<void>;
+  /** Number of running sandboxes the tenant holds (for tier caps). */
+  countRunning(tenant: string): number;
+}

@@ -1,0 +1,91 @@
+import Database from 'better-sqlite3';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+
+export type Db = Database.Database;
+
+/**
+ * Schema migrations, applied in order, each once, inside a transaction. Append only: never edit a
+ * migration that has shipped, add a new one. Each subsystem owns its tables:
+ *   1 — sandboxes (engine / lifecycle)
+ *   2+ — API: tenants, keys, idempotency, usage (src/api)
+ */
+export interface Migration {
+  version: number;
+  name: string;
+  sql: string;
+}
+
+const migrations: Migration[] = [
+  {
+    version: 1,
+    name: 'sandboxes',
+    sql: `
+      CREATE TABLE sandboxes (
+        id            TEXT PRIMARY KEY,
+        tenant        TEXT NOT NULL,
+        template      TEXT NOT NULL,
+        state         TEXT NOT NULL CHECK (state IN ('creating','running','suspending','suspended','resuming','deleting','deleted')),
+        labels        TEXT NOT NULL DEFAULT '{}',
+        created_at    INTEGER NOT NULL,
+        last_active   INTEGER NOT NULL,
+        exec_count    INTEGER NOT NULL DEFAULT 0,
+        parent        TEXT,
+        forked_at     INTEGER,
+        timeout_secs  INTEGER NOT NULL,
+        vcpus         INTEGER NOT NULL,
+        memory_mib    INTEGER NOT NULL,
+        disk_mib      INTEGER NOT NULL,
+        vmm           TEXT,
+        snapshot      TEXT,
+        pending_op    TEXT,
+        deleted_at    INTEGER
+      );
+      CREATE INDEX sandboxes_tenant_state ON sandboxes (tenant, state);
+      CREATE INDEX sandboxes_parent ON sandboxes (parent);
+      CREATE TABLE blob_refs (
+        path     TEXT NOT NULL,
+        owner    TEXT NOT NULL,
+        PRIMARY KEY (path, owner)
+      );
+    `,
+  },
+];
+
+/** Lets another subsystem append its migrations before the database is opened. */
+export function registerMigrations(extra: Migration[]): void {
+  for (const m of extra) {
+    if (migrations.some((x) => x.version === m.version)) {
+      if (migrations.find((x) => x.version === m.version)!.name !== m.name) {
+        throw new Error(`migration version ${m.version} registered twice (${m.name})`);
+      }
+      continue;
+    }
+    migrations.push(m);
+  }
+  migrations.sort((a, b) => a.version - b.version);
+}
+
+export function openDb(path: string): Db {
+  mkdirSync(dirname(path), { recursive: true });
+  const db = new Database(path);
+  db.pragma('journal_mode = WAL');
+  // FULL: a transition acknowledged to a client must survive power loss, not just a process kill.
+  db.pragma('synchronous = FULL');
+  db.pragma('foreign_keys = ON');
+  db.pragma('busy_timeout = 5000');
+  migrate(db);
+  return db;
+}
+
+function migrate(db: Db): void {
+  db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`);
+  const applied = new Set(db.prepare('SELECT version FROM schema_migrations').all().map((r: any) => r.version as number));
+  for (const m of migrations) {
+    if (applied.has(m.version)) continue;
+    db.transaction(() => {
+      db.exec(m.sql);
+      db.prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(m.version, m.name, Date.now());
+    })();
+  }
+}

@@ -1,0 +1,90 @@
+/**
+ * The only place that builds QEMU command lines. Pure: same spec, same argv (golden-tested in
+ * test/unit/vmm/argv.test.ts). The device set and order must be identical for a template, its
+ * checkpoint and every VMM restored from it, or migration refuses the device state.
+ */
+
+export type Accel = 'kvm' | 'tcg';
+
+export interface VmDisk {
+  /** virtio-blk serial the guest agent finds the disk by: `layer0`…`layerN` or `upper`. */
+  serial: string;
+  path: string;
+  format: 'raw' | 'qcow2';
+  readonly: boolean;
+}
+
+export interface VmSpec {
+  qemuBinary: string;
+  accel: Accel;
+  vcpus: number;
+  memoryMib: number;
+  /** RAM backing file. share=on for a template or fork point (the file is the checkpoint's RAM);
+   * share=off for a child restored from it (MAP_PRIVATE: copy-on-write, unmodified pages shared). */
+  memPath: string;
+  memShared: boolean;
+  kernel: string;
+  initrd: string;
+  cmdline: string;
+  disks: VmDisk[];
+  qmpSocket: string;
+  agentSocket: string;
+  consoleLog: string;
+  /** Start paused waiting for `migrate-incoming` (restore) instead of booting. */
+  incoming: boolean;
+  /** Extra `-sandbox` policy: on with obsolete/elevateprivileges/spawn/resourcecontrol denied. */
+  seccomp: boolean;
+}
+
+/** Kernel command line for every Collimate guest. The agent is /init in the initramfs. */
+export function kernelCmdline(opts: { debug?: boolean; extra?: string[] } = {}): string {
+  const args = [
+    'console=ttyS0',
+    opts.debug ? 'loglevel=7' : 'quiet',
+    'panic=-1',
+    'reboot=t',
+    // The Debian cloud kernel probes legacy hardware microvm does not have; skipping it saves boot time.
+    'i8042.noaux', 'i8042.nomux', 'i8042.nopnp', 'i8042.dumbkbd',
+    'random.trust_cpu=on',
+    'rdinit=/init',
+  ];
+  if (opts.debug) args.push('collimate.debug=1');
+  if (opts.extra) args.push(...opts.extra);
+  return args.join(' ');
+}
+
+export function qemuArgv(spec: VmSpec): string[] {
+  const argv: string[] = [spec.qemuBinary];
+  argv.push('-M', 'microvm,acpi=on,isa-serial=on,rtc=on,memory-backend=mem');
+  if (spec.accel === 'kvm') {
+    argv.push('-accel', 'kvm', '-cpu', 'host,-arch-capabilities');
+  } else {
+    // A small translation cache: the default (1 GiB) would dominate each idle sandbox's footprint.
+    argv.push('-accel', 'tcg,tb-size=64', '-cpu', 'max');
+  }
+  argv.push('-smp', String(spec.vcpus), '-m', `${spec.memoryMib}M`);
+  argv.push(
+    '-object',
+    `memory-backend-file,id=mem,size=${spec.memoryMib}M,mem-path=${spec.memPath},share=${spec.memShared ? 'on' : 'off'}`,
+  );
+  argv.push('-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot');
+  if (spec.seccomp) {
+    argv.push('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny');
+  }
+  argv.push('-kernel', spec.kernel, '-initrd', spec.initrd, '-append', spec.cmdline);
+  argv.push('-chardev', `socket,id=qmp,path=${spec.qmpSocket},server=on,wait=off`, '-mon', 'chardev=qmp,mode=control');
+  argv.push('-chardev', `file,id=console,path=${spec.consoleLog}`, '-serial', 'chardev:console');
+  argv.push(
+    '-device', 'virtio-serial-device,max_ports=2',
+    '-chardev', `socket,id=agent,path=${spec.agentSocket},server=on,wait=off`,
+    '-device', 'virtserialport,chardev=agent,name=collimate.agent',
+  );
+  for (const d of spec.disks) {
+    const id = `disk-${d.serial}`;
+    const ro = d.readonly ? ',readonly=on' : ',discard=unmap';
+    argv.push('-drive', `id=${id},file=${d.path},format=${d.format},if=none,cache=none,aio=threads${ro}`);
+    argv.push('-device', `virtio-blk-device,drive=${id},serial=${d.serial}`);
+  }
+  if (spec.incoming) argv.push('-incoming', 'defer');
+  return argv;
+}
