@@ -33,6 +33,7 @@ const migrations: Migration[] = [
         parent        TEXT,
         forked_at     INTEGER,
         timeout_secs  INTEGER NOT NULL,
+        session_started_at INTEGER NOT NULL,
         vcpus         INTEGER NOT NULL,
         memory_mib    INTEGER NOT NULL,
         disk_mib      INTEGER NOT NULL,
@@ -43,10 +44,20 @@ const migrations: Migration[] = [
       );
       CREATE INDEX sandboxes_tenant_state ON sandboxes (tenant, state);
       CREATE INDEX sandboxes_parent ON sandboxes (parent);
-      CREATE TABLE blob_refs (
-        path     TEXT NOT NULL,
-        owner    TEXT NOT NULL,
-        PRIMARY KEY (path, owner)
+      -- Fork points (RAM file + device state + frozen disk) shared within a fork tree.
+      CREATE TABLE fork_points (
+        id          TEXT PRIMARY KEY,
+        dir         TEXT NOT NULL,
+        mem_path    TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        ready       INTEGER NOT NULL DEFAULT 0
+      );
+      -- Who depends on a fork point: a sandbox (RAM mapping or disk backing chain) or another fork
+      -- point (its disk is backed by this one's). A fork point goes with its last reference.
+      CREATE TABLE fork_point_refs (
+        fork_point  TEXT NOT NULL,
+        owner       TEXT NOT NULL,
+        PRIMARY KEY (fork_point, owner)
       );
     `,
   },

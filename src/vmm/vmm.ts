@@ -87,6 +87,17 @@ export class Vmm {
   }
 
   /**
+   * Saves the whole VM — RAM and device state — as one migration stream in `path` (suspend).
+   * The VM is left stopped.
+   */
+  async saveFullState(path: string, sockPath: string): Promise<void> {
+    await this.qmp.execute('stop');
+    await this.qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: false }, { capability: 'events', state: true }] });
+    await this.qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
+    await this.migrateToFile(path, sockPath);
+  }
+
+  /**
    * Live-migrates the whole VM (RAM included) into a VMM listening on `destSock` — the receiving side
    * of a live fork. The source is stopped first so the copy is a consistent point in time.
    */

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine, run as root: installs every Debian package and npm
+# dependency Collimate needs. `collimate serve` and the test suite both call it; the second run is a
+# no-op that takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_PACKAGES=(
+  qemu-system-x86 qemu-utils        # the VMM (microvm machine) and qemu-img for qcow2 overlays
+  kmod                              # depmod/modprobe to order the guest kernel modules
+  busybox-static                    # the base template's userland
+  musl-tools gcc make libc6-dev     # the static guest agent
+  erofs-utils squashfs-tools        # read-only layer images
+  e2fsprogs                         # the writable ext4 layer
+  cpio                              # the initramfs
+  iproute2 procps util-linux        # ip, ps, nsenter for tests and diagnostics
+  ca-certificates
+)
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "collimate setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The guest kernel is fetched with `apt-get download`, which needs package lists.
+if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+  apt-get update -qq
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "collimate setup: installing npm dependencies" >&2
+  npm ci --no-audit --no-fund --loglevel=error
+fi

@@ -1,0 +1,64 @@
+import { homedir } from 'node:os';
+import { join } from 'node:path';
+import { createHash } from 'node:crypto';
+import { detectAccel, type AccelChoice } from './vmm/accel.js';
+
+/** Engine settings with their embedded defaults. Every knob has an environment override. */
+export interface EngineConfig {
+  home: string;
+  /** Built guest assets and baked artifacts: content-addressed and read-only once built, so several
+   * homes (e.g. concurrent test files) may share one. Defaults to the home. */
+  cacheDir: string;
+  /** tmpfs directory for RAM files of templates and fork points (DESIGN.md: "Where RAM files live"). */
+  ramDir: string;
+  accel: AccelChoice;
+  qemuBinary: string;
+  /** Warm VMMs waiting in `-incoming defer`, per catalog template. */
+  poolSize: number;
+  /** Cap per output stream of one exec, in bytes. */
+  maxOutputBytes: number;
+  defaultExecTimeoutSecs: number;
+  /** Maximum session duration when the caller gives none. */
+  defaultSessionSecs: number;
+  /** What the reaper does with a sandbox past its maximum session duration. */
+  reapAction: 'delete' | 'suspend';
+  reapIntervalMs: number;
+  /** Confine QEMU with `-sandbox on,...` (seccomp). */
+  seccomp: boolean;
+  debugGuest: boolean;
+}
+
+function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
+  const v = env[name];
+  if (v === undefined || v === '') return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, not ${JSON.stringify(v)}`);
+  return n;
+}
+
+export function defaultHome(env: NodeJS.ProcessEnv = process.env): string {
+  return env.COLLIMATE_HOME || join(homedir(), '.collimate');
+}
+
+export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.ProcessEnv = process.env): EngineConfig {
+  const home = overrides.home ?? defaultHome(env);
+  const homeTag = createHash('sha256').update(home).digest('hex').slice(0, 12);
+  const reapAction = (env.COLLIMATE_REAP_ACTION ?? 'delete') as EngineConfig['reapAction'];
+  if (reapAction !== 'delete' && reapAction !== 'suspend') throw new Error('COLLIMATE_REAP_ACTION must be "delete" or "suspend"');
+  return {
+    home,
+    cacheDir: env.COLLIMATE_CACHE_DIR || home,
+    ramDir: env.COLLIMATE_RAM_DIR || `/dev/shm/collimate-${homeTag}`,
+    accel: detectAccel(env),
+    qemuBinary: env.COLLIMATE_QEMU || 'qemu-system-x86_64',
+    poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),
+    maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
+    defaultExecTimeoutSecs: 60,
+    defaultSessionSecs: intEnv(env, 'COLLIMATE_SESSION_SECS', 3600),
+    reapAction,
+    reapIntervalMs: 1000,
+    seccomp: env.COLLIMATE_SECCOMP !== '0',
+    debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
+    ...overrides,
+  };
+}

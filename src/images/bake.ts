@@ -1,0 +1,125 @@
+import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync } from 'node:fs';
+import { join } from 'node:path';
+import { Vmm } from '../vmm/vmm.js';
+import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
+import type { Accel } from '../vmm/argv.js';
+import { connectAgent } from '../guest/connect.js';
+import { homePaths, run, sha256Hex } from './cache.js';
+
+/**
+ * An artifact: a booted, checkpointed guest that sandboxes are restored from. RAM in a file on
+ * tmpfs (mapped share=off by every child), device state saved with x-ignore-shared, and the writable
+ * disk frozen at the checkpoint (every child's qcow2 overlay is backed by it).
+ */
+export interface Artifact {
+  key: string;
+  dir: string;
+  shape: MachineShape;
+  diskMib: number;
+  memPath: string;
+  devStatePath: string;
+  /** The frozen upper disk (raw ext4) children's overlays are backed by. */
+  diskPath: string;
+  /** Guest uptime (ms) when the checkpoint was taken; a restored child continues from it. */
+  uptimeAtCheckpointMs: number;
+  bakedAt: string;
+}
+
+export interface BakeContext {
+  home: string;
+  ramDir: string;
+  qemuBinary: string;
+  accel: Accel;
+  seccomp: boolean;
+  progress?: (m: string) => void;
+}
+
+const ARTIFACT_RECIPE = 'artifact-v1';
+
+export function artifactKey(shape: MachineShape, diskMib: number, inputs: string[]): string {
+  return sha256Hex(ARTIFACT_RECIPE, JSON.stringify(shape), String(diskMib), ...inputs);
+}
+
+/**
+ * Returns the artifact for `shape`, baking it if there is none whose RAM file survives (tmpfs is
+ * lost on reboot; the checkpoint is then re-made, which is a boot of a few seconds).
+ * `inputs` are the content digests the shape's files were built from (kernel, initramfs, layers).
+ */
+export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, inputs: string[]): Promise<Artifact> {
+  const key = artifactKey(shape, diskMib, inputs);
+  const root = join(homePaths(ctx.home).artifacts, key.slice(0, 24));
+  mkdirSync(root, { recursive: true });
+  // Newest complete build whose RAM file is still there.
+  const builds = readdirSync(root).filter((d) => !d.startsWith('tmp-')).sort().reverse();
+  for (const b of builds) {
+    const manifest = join(root, b, 'artifact.json');
+    if (!existsSync(manifest)) continue;
+    const a = JSON.parse(readFileSync(manifest, 'utf8')) as Artifact;
+    if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) return a;
+  }
+  return bake(ctx, shape, diskMib, key, root);
+}
+
+async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key: string, root: string): Promise<Artifact> {
+  const progress = ctx.progress ?? (() => {});
+  const buildId = `${Date.now().toString(36)}-${process.pid}`;
+  const tmpDir = join(root, `tmp-${buildId}`);
+  const finalDir = join(root, buildId);
+  mkdirSync(tmpDir, { recursive: true });
+  mkdirSync(ctx.ramDir, { recursive: true });
+  const memPath = join(ctx.ramDir, `artifact-${key.slice(0, 24)}-${buildId}.mem`);
+  const diskTmp = join(tmpDir, 'disk.raw');
+  let vmm: Vmm | undefined;
+  try {
+    progress(`baking artifact ${key.slice(0, 12)}: formatting ${diskMib} MiB writable layer`);
+    await run('truncate', ['-s', `${diskMib}M`, diskTmp]);
+    // No lazy init left for the guest to do in the background after the checkpoint.
+    await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=0,lazy_journal_init=0', '-O', '^has_journal', diskTmp]);
+    const spec = machineSpec({
+      qemuBinary: ctx.qemuBinary, accel: ctx.accel, seccomp: ctx.seccomp, shape, dir: tmpDir,
+      memPath, memShared: true, upper: { path: diskTmp, format: 'raw' }, incoming: false,
+    });
+    progress(`baking artifact ${key.slice(0, 12)}: booting the guest`);
+    const t0 = Date.now();
+    vmm = await Vmm.spawn(spec, { logPath: vmmFiles(tmpDir).qemuLog });
+    const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {
+      throw new Error(`${(e as Error).message}\nconsole:\n${tailFile(spec.consoleLog)}`);
+    });
+    // Make sure the guest has flushed everything to the writable layer before it is frozen.
+    const sync = await agent.exec({ commands: [['/bin/sh', '-c', 'sync']], timeoutMs: 60_000 });
+    if (sync.result.exitCode !== 0) throw new Error(`sync in guest failed: ${sync.stderr.toString()}`);
+    const pong = await agent.ping(5000);
+    progress(`baking artifact ${key.slice(0, 12)}: guest ready after ${Date.now() - t0} ms; checkpointing`);
+    const devStateTmp = join(tmpDir, 'device.state');
+    await vmm.checkpointDeviceState(devStateTmp, vmmFiles(tmpDir).migrationSocket);
+    agent.close();
+    await vmm.kill();
+    vmm = undefined;
+    for (const f of readdirSync(tmpDir)) {
+      if (f.endsWith('.sock')) rmSync(join(tmpDir, f), { force: true });
+    }
+    renameSync(tmpDir, finalDir);
+    const artifact: Artifact = {
+      key, dir: finalDir, shape, diskMib, memPath,
+      devStatePath: join(finalDir, 'device.state'),
+      diskPath: join(finalDir, 'disk.raw'),
+      uptimeAtCheckpointMs: Number(pong.uptimeMs),
+      bakedAt: new Date().toISOString(),
+    };
+    writeFileSync(join(finalDir, 'artifact.json'), JSON.stringify(artifact, null, 2));
+    return artifact;
+  } catch (e) {
+    if (vmm) await vmm.kill().catch(() => {});
+    rmSync(tmpDir, { recursive: true, force: true });
+    rmSync(memPath, { force: true });
+    throw e;
+  }
+}
+
+function tailFile(path: string): string {
+  try {
+    return readFileSync(path, 'utf8').trim().split('\n').slice(-20).join('\n');
+  } catch {
+    return '(none)';
+  }
+}

@@ -1,0 +1,19 @@
+import type { LayerAsset } from './guestAssets.js';
+
+/**
+ * The catalog: images every tier may create from without a bake of their own. Built locally from
+ * Debian packages (no container registry is reachable from these machines).
+ */
+export interface CatalogEntry {
+  id: string;
+  description: string;
+  /** argv prefix that runs `code`: the code string is appended as the last argument. */
+  interpreter: string[];
+  vcpus: number;
+  memoryMib: number;
+  diskMib: number;
+  /** Builds (or finds cached) the read-only layers, lowest first. */
+  layers(home: string, progress: (m: string) => void): Promise<LayerAsset[]>;
+}
+
+export const CATALOG_DEFAULTS = { vcpus: 1, memoryMib: 256, diskMib: 2048 } as const;

@@ -1,0 +1,119 @@
+import { CollimateError } from '../errors.js';
+import type { ExecRequest, ExecResult } from './types.js';
+
+/** The request the guest agent takes: argv lists plus what to set up before running them. */
+export interface AgentExecRequest {
+  commands: string[][];
+  env?: Record<string, string>;
+  cwd?: string;
+  stdin?: Buffer;
+  files?: { path: string; mode?: number; data: Buffer }[];
+  timeoutMs?: number;
+  maxOutput?: number;
+}
+
+export interface AgentExecOutput {
+  result: {
+    exitCode: number;
+    signal?: number;
+    timedOut: boolean;
+    stdoutTruncated: boolean;
+    stderrTruncated: boolean;
+    failedIndex: number;
+    errorText?: string;
+  };
+  stdout: Buffer;
+  stderr: Buffer;
+}
+
+export const MAX_EXEC_TIMEOUT_SECS = 3600;
+
+const bad = (msg: string) => new CollimateError('validation_error', msg);
+
+/**
+ * Turns the spec's three exec forms into argv lists for the agent: `command` is a shell string
+ * (`/bin/sh -c`), `code` goes to the template's interpreter, `commands` are run as given, in order.
+ */
+export function buildAgentExec(req: ExecRequest, opts: { interpreter: string[]; defaultTimeoutSecs: number; maxOutputBytes: number }): AgentExecRequest {
+  const forms = [req.command !== undefined, req.code !== undefined, req.commands !== undefined].filter(Boolean).length;
+  if (forms !== 1) throw bad('Give exactly one of command (a shell string), code (source for the template interpreter) or commands (a list of argv lists).');
+  let commands: string[][];
+  if (req.command !== undefined) {
+    if (typeof req.command !== 'string' || req.command.length === 0) throw bad('command must be a non-empty string.');
+    commands = [['/bin/sh', '-c', req.command]];
+  } else if (req.code !== undefined) {
+    if (typeof req.code !== 'string') throw bad('code must be a string.');
+    commands = [[...opts.interpreter, req.code]];
+  } else {
+    const c = req.commands;
+    if (!Array.isArray(c) || c.length === 0 || c.length > 256) throw bad('commands must be a list of 1 to 256 argv lists, e.g. [["ls", "-l"], ["pwd"]].');
+    for (const argv of c) {
+      if (!Array.isArray(argv) || argv.length === 0 || !argv.every((a) => typeof a === 'string')) throw bad('each entry of commands must be a non-empty list of strings, e.g. ["ls", "-l"].');
+    }
+    commands = c.map((a) => [...a]);
+  }
+  for (const argv of commands) for (const a of argv) if (a.includes('\0')) throw bad('arguments cannot contain NUL bytes.');
+  const timeout = req.timeout ?? opts.defaultTimeoutSecs;
+  if (typeof timeout !== 'number' || !(timeout > 0) || timeout > MAX_EXEC_TIMEOUT_SECS) throw bad(`timeout must be a number of seconds greater than 0 and at most ${MAX_EXEC_TIMEOUT_SECS}.`);
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(req.env ?? {})) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw bad(`env name ${JSON.stringify(k)} is not a valid variable name.`);
+    if (typeof v !== 'string' || v.includes('\0')) throw bad(`env value of ${k} must be a string without NUL bytes.`);
+    env[k] = v;
+  }
+  if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/'))) throw bad('cwd must be an absolute path.');
+  const files = (req.files ?? []).map((f) => {
+    if (typeof f?.path !== 'string' || !f.path.startsWith('/') || f.path.includes('\0')) throw bad('each file needs an absolute path.');
+    if (typeof f.content !== 'string') throw bad(`file ${f.path}: content must be a string (utf8, or base64 with encoding "base64").`);
+    const enc = f.encoding ?? 'utf8';
+    if (enc !== 'utf8' && enc !== 'base64') throw bad(`file ${f.path}: encoding must be "utf8" or "base64".`);
+    if (f.mode !== undefined && (!Number.isInteger(f.mode) || f.mode < 0 || f.mode > 0o7777)) throw bad(`file ${f.path}: mode must be an integer from 0 to 4095 (0o7777).`);
+    return { path: f.path, mode: f.mode, data: Buffer.from(f.content, enc) };
+  });
+  return {
+    commands,
+    env,
+    cwd: req.cwd,
+    stdin: req.stdin === undefined ? undefined : Buffer.from(req.stdin, 'utf8'),
+    files,
+    timeoutMs: Math.round(timeout * 1000),
+    maxOutput: opts.maxOutputBytes,
+  };
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/** Output that is valid UTF-8 is returned as text; anything else as base64, flagged — never mangled. */
+export function encodeOutput(buf: Buffer): { text: string; encoding: 'utf8' | 'base64' } {
+  try {
+    return { text: utf8.decode(buf), encoding: 'utf8' };
+  } catch {
+    return { text: buf.toString('base64'), encoding: 'base64' };
+  }
+}
+
+export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; startedAt: number; finishedAt: number }): ExecResult {
+  const so = encodeOutput(out.stdout);
+  const se = encodeOutput(out.stderr);
+  const r = out.result;
+  return {
+    stdout: so.text,
+    stderr: se.text,
+    stdout_encoding: so.encoding,
+    stderr_encoding: se.encoding,
+    exit_code: r.exitCode,
+    timed_out: r.timedOut,
+    stdout_truncated: r.stdoutTruncated,
+    stderr_truncated: r.stderrTruncated,
+    ...(r.failedIndex !== undefined ? { failed_index: r.failedIndex } : {}),
+    ...(r.signal !== undefined ? { signal: r.signal } : {}),
+    ...(r.errorText ? { error: r.errorText } : {}),
+    timing: {
+      queued_at: new Date(t.queuedAt).toISOString(),
+      started_at: new Date(t.startedAt).toISOString(),
+      finished_at: new Date(t.finishedAt).toISOString(),
+      queued_ms: t.startedAt - t.queuedAt,
+      run_ms: t.finishedAt - t.startedAt,
+    },
+  };
+}

@@ -1,0 +1,194 @@
+import type { Db } from '../store/db.js';
+import type { SandboxInfo, SandboxState, ListFilter } from './types.js';
+
+/** Internal states: the spec's three plus the in-flight ones a crash can leave behind. */
+export type RowState = SandboxState | 'creating' | 'suspending' | 'resuming' | 'deleting';
+
+/** Where a sandbox's VMM is, so a restarted server can re-adopt it. */
+export interface VmmRecord {
+  pid: number;
+  startTicks: string;
+  dir: string;
+  /** The sandbox's current top disk overlay (changes on live fork). */
+  diskPath: string;
+  memPath: string;
+  memShared: boolean;
+  /** The artifact the machine shape came from (kernel, initrd, layers, size). */
+  artifactKey: string;
+}
+
+export interface SnapshotRecord {
+  statePath: string;
+  bytes: number;
+  suspendedAt: number;
+}
+
+export interface PendingOp {
+  op: 'fork' | 'suspend' | 'resume';
+  forkPoint?: string;
+  startedAt: number;
+}
+
+export interface SandboxRow {
+  id: string;
+  tenant: string;
+  template: string;
+  state: RowState;
+  labels: Record<string, string>;
+  created_at: number;
+  last_active: number;
+  exec_count: number;
+  parent: string | null;
+  forked_at: number | null;
+  timeout_secs: number;
+  session_started_at: number;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  vmm: VmmRecord | null;
+  snapshot: SnapshotRecord | null;
+  pending_op: PendingOp | null;
+}
+
+function decode(r: any): SandboxRow {
+  return {
+    ...r,
+    labels: JSON.parse(r.labels),
+    vmm: r.vmm ? JSON.parse(r.vmm) : null,
+    snapshot: r.snapshot ? JSON.parse(r.snapshot) : null,
+    pending_op: r.pending_op ? JSON.parse(r.pending_op) : null,
+  };
+}
+
+/** Row-level persistence of sandboxes and fork points. Every method is one synchronous SQLite call. */
+export class SandboxRepo {
+  constructor(readonly db: Db) {}
+
+  insert(row: SandboxRow): void {
+    this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
+        timeout_secs, session_started_at, vcpus, memory_mib, disk_mib, vmm, snapshot, pending_op)
+      VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
+        @timeout_secs, @session_started_at, @vcpus, @memory_mib, @disk_mib, @vmm, @snapshot, @pending_op)`).run({
+      ...row,
+      labels: JSON.stringify(row.labels),
+      vmm: row.vmm ? JSON.stringify(row.vmm) : null,
+      snapshot: row.snapshot ? JSON.stringify(row.snapshot) : null,
+      pending_op: row.pending_op ? JSON.stringify(row.pending_op) : null,
+    });
+  }
+
+  get(id: string): SandboxRow | undefined {
+    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id);
+    return r ? decode(r) : undefined;
+  }
+
+  update(id: string, fields: Partial<Omit<SandboxRow, 'id'>>): void {
+    const cols: string[] = [];
+    const vals: Record<string, unknown> = { id };
+    for (const [k, v] of Object.entries(fields)) {
+      cols.push(`${k} = @${k}`);
+      vals[k] = k === 'labels' || k === 'vmm' || k === 'snapshot' || k === 'pending_op' ? (v == null ? null : JSON.stringify(v)) : v;
+    }
+    if (cols.length === 0) return;
+    this.db.prepare(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = @id`).run(vals);
+  }
+
+  /** Every row not yet deleted, for reconciliation at start. */
+  live(): SandboxRow[] {
+    return this.db.prepare("SELECT * FROM sandboxes WHERE state != 'deleted'").all().map(decode);
+  }
+
+  list(filter: ListFilter, tenant?: string): SandboxRow[] {
+    const where: string[] = ["state != 'deleted'"];
+    const args: unknown[] = [];
+    if (tenant !== undefined) { where.push('tenant = ?'); args.push(tenant); }
+    if (filter.state) {
+      where.push(filter.state === 'running' ? "state IN ('running','creating','suspending','resuming')" : 'state = ?');
+      if (filter.state !== 'running') args.push(filter.state);
+    }
+    for (const [k, v] of Object.entries(filter.labels ?? {})) {
+      where.push('json_extract(labels, ?) = ?');
+      args.push(`$."${k.replace(/"/g, '""')}"`, v);
+    }
+    if (filter.after) { where.push('id > ?'); args.push(filter.after); }
+    const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
+    return this.db.prepare(`SELECT * FROM sandboxes WHERE ${where.join(' AND ')} ORDER BY id LIMIT ${limit + 1}`).all(...args).map(decode);
+  }
+
+  children(id: string): string[] {
+    return this.db.prepare("SELECT id FROM sandboxes WHERE parent = ? AND state != 'deleted' ORDER BY id").all(id).map((r: any) => r.id);
+  }
+
+  countRunning(tenant: string): number {
+    return (this.db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state IN ('running','creating','resuming','suspending')").get(tenant) as any).n;
+  }
+
+  addForkPoint(id: string, dir: string, memPath: string): void {
+    this.db.prepare('INSERT INTO fork_points (id, dir, mem_path, created_at) VALUES (?, ?, ?, ?)').run(id, dir, memPath, Date.now());
+  }
+
+  markForkPointReady(id: string): void {
+    this.db.prepare('UPDATE fork_points SET ready = 1 WHERE id = ?').run(id);
+  }
+
+  addRef(forkPoint: string, owner: string): void {
+    this.db.prepare('INSERT OR IGNORE INTO fork_point_refs (fork_point, owner) VALUES (?, ?)').run(forkPoint, owner);
+  }
+
+  refsOf(owner: string): string[] {
+    return this.db.prepare('SELECT fork_point FROM fork_point_refs WHERE owner = ?').all(owner).map((r: any) => r.fork_point);
+  }
+
+  dropRefs(owner: string): void {
+    this.db.prepare('DELETE FROM fork_point_refs WHERE owner = ?').run(owner);
+  }
+
+  /** Fork points nothing refers to any more. */
+  unreferencedForkPoints(): Array<{ id: string; dir: string; mem_path: string }> {
+    return this.db.prepare('SELECT id, dir, mem_path FROM fork_points WHERE id NOT IN (SELECT fork_point FROM fork_point_refs)').all() as any;
+  }
+
+  forkPoint(id: string): { id: string; dir: string; mem_path: string; ready: number } | undefined {
+    return this.db.prepare('SELECT * FROM fork_points WHERE id = ?').get(id) as any;
+  }
+
+  allForkPoints(): Array<{ id: string; dir: string; mem_path: string }> {
+    return this.db.prepare('SELECT id, dir, mem_path FROM fork_points').all() as any;
+  }
+
+  removeForkPoint(id: string): void {
+    this.db.prepare('DELETE FROM fork_points WHERE id = ?').run(id);
+    this.db.prepare('DELETE FROM fork_point_refs WHERE owner = ?').run(id);
+  }
+
+  tx<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
+  }
+}
+
+export function toInfo(row: SandboxRow, children: string[], now = Date.now()): SandboxInfo {
+  const publicState: SandboxState = row.state === 'suspended' ? 'suspended' : row.state === 'deleted' ? 'deleted' : 'running';
+  return {
+    id: row.id,
+    template: row.template,
+    state: publicState,
+    tenant: row.tenant,
+    labels: row.labels,
+    created_at: new Date(row.created_at).toISOString(),
+    age_secs: round1((now - row.created_at) / 1000),
+    idle_secs: round1((now - row.last_active) / 1000),
+    exec_count: row.exec_count,
+    parent: row.parent,
+    forked_at: row.forked_at === null ? null : new Date(row.forked_at).toISOString(),
+    children,
+    timeout_secs: row.timeout_secs,
+    expires_at: new Date(row.session_started_at + row.timeout_secs * 1000).toISOString(),
+    vcpus: row.vcpus,
+    memory_mib: row.memory_mib,
+    disk_mib: row.disk_mib,
+  };
+}
+
+function round1(x: number): number {
+  return Math.max(0, Math.round(x * 10) / 10);
+}

@@ -1,0 +1,134 @@
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, writeFileSync, rmSync, createReadStream, existsSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join } from 'node:path';
+import { Vmm } from '../vmm/vmm.js';
+import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
+import type { VmSpec } from '../vmm/argv.js';
+import type { EngineConfig } from '../config.js';
+import { connectAgent } from '../guest/connect.js';
+import type { AgentClient } from '../guest/agentClient.js';
+import { run } from '../images/cache.js';
+import type { VmmRecord } from './repo.js';
+
+/** A sandbox's live VMM and its agent connection, held in memory while it runs. */
+export interface LiveVm {
+  vmm: Vmm;
+  agent: AgentClient;
+  record: VmmRecord;
+}
+
+/** A VMM spawned ahead of time, waiting in `-incoming defer` with its own disk overlay. */
+export interface PendingVm {
+  id: string;
+  dir: string;
+  vmm: Vmm;
+  record: VmmRecord;
+}
+
+export function newSandboxId(): string {
+  return `sbx_${randomBytes(6).toString('hex')}`;
+}
+
+export function newForkPointId(): string {
+  return `fp_${randomBytes(6).toString('hex')}`;
+}
+
+export async function createOverlay(path: string, backing: string, backingFormat: 'raw' | 'qcow2'): Promise<void> {
+  await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', backingFormat, '-b', backing, path]);
+}
+
+function specFor(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, incoming: boolean): VmSpec {
+  return machineSpec({
+    qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, shape, dir: rec.dir,
+    memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming,
+  });
+}
+
+/**
+ * Spawns a VMM paused in `-incoming defer` in `dir`, with a fresh qcow2 overlay on `backing`.
+ * Its RAM is `memPath`: share=off for a sandbox (copy-on-write over a checkpoint), share=on for a
+ * fork point being filled by a live migration.
+ */
+export async function spawnIncoming(
+  cfg: EngineConfig,
+  shape: MachineShape,
+  opts: { id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath?: string; artifactKey: string },
+): Promise<PendingVm> {
+  mkdirSync(opts.dir, { recursive: true });
+  const diskPath = opts.diskPath ?? join(opts.dir, 'disk.qcow2');
+  if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
+  const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
+  const vmm = await Vmm.spawn(specFor(cfg, shape, record, true), { logPath: vmmFiles(opts.dir).qemuLog });
+  record.pid = vmm.pid;
+  record.startTicks = vmm.startTicks;
+  // Written before anything else refers to this VMM, so a restarted server can find and stop it.
+  writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record));
+  return { id: opts.id, dir: opts.dir, vmm, record };
+}
+
+/** Entropy, clock and a new identity for a guest that just woke up as a clone. */
+export async function announceRestore(agent: AgentClient, sandboxId: string): Promise<void> {
+  await agent.restored({
+    entropy: randomBytes(64),
+    timeNs: BigInt(Date.now()) * 1_000_000n,
+    sandboxId,
+    token: randomBytes(16).toString('hex'),
+  });
+}
+
+/** Brings a restored VMM to running and connects its agent. */
+export async function finishRestore(pending: PendingVm, sandboxId: string): Promise<LiveVm> {
+  await pending.vmm.waitRunning();
+  const agent = await connectAgent(vmmFiles(pending.dir).agentSocket, 30_000);
+  await announceRestore(agent, sandboxId);
+  return { vmm: pending.vmm, agent, record: pending.record };
+}
+
+/** Restores a checkpoint's device state (RAM comes from the mapped file) into a pending VMM. */
+export async function restoreCheckpoint(pending: PendingVm, deviceState: Buffer, sandboxId: string): Promise<LiveVm> {
+  await pending.vmm.restoreDeviceState(deviceState, vmmFiles(pending.dir).migrationSocket);
+  return finishRestore(pending, sandboxId);
+}
+
+/** Feeds a full migration stream (RAM included) from a file into a pending VMM. */
+export async function restoreStream(pending: PendingVm, statePath: string, timeoutMs = 120_000): Promise<void> {
+  const sock = vmmFiles(pending.dir).migrationSocket;
+  await pending.vmm.listenIncoming(sock, false);
+  const done = pending.vmm.waitMigration(timeoutMs);
+  await new Promise<void>((resolve, reject) => {
+    const s = connect(sock);
+    s.once('error', reject);
+    s.once('connect', () => {
+      const rs = createReadStream(statePath);
+      rs.once('error', reject);
+      rs.pipe(s);
+      s.once('finish', () => resolve());
+    });
+  });
+  await done;
+}
+
+/** Re-attaches to a running sandbox's VMM after a server restart. */
+export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, sandboxId: string): Promise<LiveVm | null> {
+  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false));
+  if (!vmm) return null;
+  try {
+    const status = await vmm.status();
+    // A crash mid-fork or mid-suspend can leave the VM stopped; it resumes where it was.
+    if (status === 'paused' || status === 'postmigrate' || status === 'finish-migrate') await vmm.cont();
+    const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
+    const upper = blocks.find((b) => b.device === 'disk-upper');
+    if (upper?.inserted?.file && existsSync(upper.inserted.file)) rec.diskPath = upper.inserted.file;
+    const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 10_000);
+    void sandboxId;
+    return { vmm, agent, record: rec };
+  } catch {
+    await vmm.kill().catch(() => {});
+    return null;
+  }
+}
+
+export async function destroyDir(dir: string): Promise<void> {
+  rmSync(dir, { recursive: true, force: true });
+}
