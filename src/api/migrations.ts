@@ -1,0 +1,83 @@
+/**
+ * The API layer's tables (migration versions 10–19). Registered on import so that any later openDb()
+ * applies them; `applyApiMigrations` also applies them to a database that was opened before this
+ * module was imported (the engine may open the db first).
+ */
+import { registerMigrations, type Db, type Migration } from '../store/db.js';
+
+export const API_MIGRATIONS: Migration[] = [
+  {
+    version: 10,
+    name: 'api_tenants_keys',
+    sql: `
+      CREATE TABLE api_tenants (
+        id          TEXT PRIMARY KEY,
+        tier        TEXT NOT NULL CHECK (tier IN ('demo','pro','enterprise')),
+        created_at  INTEGER NOT NULL
+      );
+      CREATE TABLE api_keys (
+        id            TEXT PRIMARY KEY,
+        tenant        TEXT NOT NULL REFERENCES api_tenants(id),
+        hash          TEXT NOT NULL UNIQUE,
+        prefix        TEXT NOT NULL,
+        name          TEXT,
+        created_at    INTEGER NOT NULL,
+        last_used_at  INTEGER,
+        revoked_at    INTEGER
+      );
+      CREATE INDEX api_keys_tenant ON api_keys (tenant);
+    `,
+  },
+  {
+    version: 11,
+    name: 'api_idempotency',
+    sql: `
+      CREATE TABLE api_idempotency (
+        tenant       TEXT NOT NULL,
+        key          TEXT NOT NULL,
+        fingerprint  TEXT NOT NULL,
+        status       INTEGER NOT NULL,
+        body         TEXT NOT NULL,
+        created_at   INTEGER NOT NULL,
+        PRIMARY KEY (tenant, key)
+      );
+      CREATE INDEX api_idempotency_created ON api_idempotency (created_at);
+    `,
+  },
+  {
+    version: 12,
+    name: 'usage_intervals',
+    sql: `
+      CREATE TABLE usage_intervals (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant          TEXT NOT NULL,
+        sandbox         TEXT NOT NULL,
+        template        TEXT NOT NULL,
+        state           TEXT NOT NULL CHECK (state IN ('running','suspended')),
+        vcpus           REAL NOT NULL,
+        memory_mib      REAL NOT NULL,
+        disk_mib        REAL NOT NULL,
+        snapshot_bytes  REAL NOT NULL DEFAULT 0,
+        expires_ms      INTEGER,
+        start_ms        INTEGER NOT NULL,
+        end_ms          INTEGER
+      );
+      CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant, start_ms);
+      CREATE UNIQUE INDEX usage_intervals_open ON usage_intervals (sandbox) WHERE end_ms IS NULL;
+    `,
+  },
+];
+
+registerMigrations(API_MIGRATIONS);
+
+export function applyApiMigrations(db: Db): void {
+  db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`);
+  const applied = new Set(db.prepare('SELECT version FROM schema_migrations').all().map((r: any) => r.version as number));
+  for (const m of API_MIGRATIONS) {
+    if (applied.has(m.version)) continue;
+    db.transaction(() => {
+      db.exec(m.sql);
+      db.prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(m.version, m.name, Date.now());
+    })();
+  }
+}

@@ -1,0 +1,178 @@
+/**
+ * Renders the OpenAPI 3.1 document from the route table and the zod schemas (one schema set).
+ * Pure and deterministic: the committed docs/openapi.json must equal buildOpenApi() byte for byte
+ * (test/unit/api/openapi.test.ts); regenerate with `npm run openapi`.
+ */
+import { z } from 'zod';
+import { ERROR_CODES, type ErrorCode } from '../errors.js';
+import { ROUTES, type RouteSpec } from './routes.js';
+import { apiRegistry, ErrorBody } from './schemas.js';
+import { TIERS } from './tiers.js';
+
+type Json = Record<string, any>;
+
+const REF = (id: string) => `#/components/schemas/${id}`;
+
+/** Codes any endpoint can return, by whether it is authenticated. */
+const GENERIC_AUTH: ErrorCode[] = ['validation_error', 'invalid_json', 'unsupported_media_type', 'payload_too_large', 'unauthorized', 'shutting_down'];
+const GENERIC_PUBLIC: ErrorCode[] = ['shutting_down'];
+
+function schemaOf(schema: z.ZodType): Json {
+  const id = apiRegistry.get(schema)?.id;
+  if (id) return { $ref: REF(id) };
+  const js = z.toJSONSchema(schema, { metadata: apiRegistry, io: 'input', uri: REF } as any) as Json;
+  delete js.$schema;
+  return js;
+}
+
+function components(): Json {
+  const { schemas } = z.toJSONSchema(apiRegistry, { uri: REF, metadata: apiRegistry } as any) as { schemas: Record<string, Json> };
+  const out: Json = {};
+  for (const id of Object.keys(schemas).sort()) {
+    const s = { ...schemas[id] };
+    delete s.$schema;
+    delete s.$id;
+    out[id] = s;
+  }
+  return out;
+}
+
+function openApiPath(path: string): string {
+  return path.replace(/:([A-Za-z_]+)/g, '{$1}');
+}
+
+function parameters(route: RouteSpec): Json[] {
+  const out: Json[] = [];
+  for (const [name, kind] of Object.entries(route.params ?? {})) {
+    out.push({
+      name,
+      in: 'path',
+      required: true,
+      description: kind === 'sandbox' ? 'Sandbox id (^sbx_[0-9a-f]{12}$; anything else is 404).' : 'Template id.',
+      schema: kind === 'sandbox' ? { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' } : { type: 'string' },
+    });
+  }
+  if (route.query) {
+    for (const [name, field] of Object.entries(route.query.shape as Record<string, z.ZodType>)) {
+      const required = !field.safeParse(undefined).success;
+      const inner = (field as any).unwrap && !required ? (field as any).unwrap() : field;
+      const schema = schemaOf(inner);
+      const description = schema.description;
+      delete schema.description;
+      const p: Json = { name, in: 'query', required, schema };
+      if (description) p.description = description;
+      if (schema.anyOf) { p.style = 'form'; p.explode = true; }
+      out.push(p);
+    }
+  }
+  if (route.idempotent) {
+    out.push({
+      name: 'Idempotency-Key',
+      in: 'header',
+      required: false,
+      description:
+        'Up to 255 printable characters, unique per operation (a UUID is ideal). A retry with the same key and the ' +
+        'same body returns the original status and body (kept 24 h, across restarts); the same key with a different ' +
+        'body is 422 idempotency_key_reused; a retry while the original is still in flight waits for it. Only ' +
+        'successful responses are stored, so a failed request can be retried with the same key.',
+      schema: { type: 'string', minLength: 1, maxLength: 255 },
+    });
+  }
+  return out;
+}
+
+function errorResponses(route: RouteSpec): Json {
+  const codes = new Set<ErrorCode>([...(route.auth ? GENERIC_AUTH : GENERIC_PUBLIC), ...route.errors]);
+  if (route.params?.id === 'sandbox') codes.add('sandbox_not_found');
+  if (route.bodyKind === undefined) { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); codes.delete('payload_too_large'); }
+  if (route.bodyKind === 'raw') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
+  const byStatus = new Map<number, ErrorCode[]>();
+  for (const c of codes) {
+    const s = ERROR_CODES[c];
+    if (route.responses[s]) continue;
+    byStatus.set(s, [...(byStatus.get(s) ?? []), c]);
+  }
+  const out: Json = {};
+  for (const s of [...byStatus.keys()].sort((a, b) => a - b)) {
+    const list = byStatus.get(s)!.sort();
+    const r: Json = {
+      description: `Error: ${list.join(', ')}.`,
+      content: { 'application/json': { schema: { $ref: REF(apiRegistry.get(ErrorBody)!.id!) } } },
+    };
+    if (s === 429 || s === 503) {
+      r.headers = { 'Retry-After': { description: 'Seconds to wait before retrying.', schema: { type: 'integer' } } };
+    }
+    out[String(s)] = r;
+  }
+  return out;
+}
+
+function operation(route: RouteSpec): Json {
+  const op: Json = { operationId: route.operationId, summary: route.summary, tags: [route.tag] };
+  if (route.description) op.description = route.description;
+  const params = parameters(route);
+  if (params.length) op.parameters = params;
+  if (route.bodyKind === 'json' && route.body) {
+    op.requestBody = { required: !route.bodyOptional, content: { 'application/json': { schema: schemaOf(route.body) } } };
+  } else if (route.bodyKind === 'raw') {
+    op.requestBody = { required: true, content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
+  }
+  const responses: Json = {};
+  for (const [status, spec] of Object.entries(route.responses)) {
+    const r: Json = { description: spec.description };
+    if (spec.schema) {
+      r.content = { 'application/json': { schema: schemaOf(spec.schema) } };
+      if (route.sse && status === '200') {
+        r.content['text/event-stream'] = {
+          schema: { type: 'string', description: 'SSE: events stdout, stderr (ExecChunkEvent), then result (ExecResult) or error (Error).' },
+        };
+      }
+    } else if (spec.contentType) {
+      r.content = { [spec.contentType]: { schema: { type: 'string', ...(spec.contentType.startsWith('application/octet') ? { format: 'binary' } : {}) } } };
+    }
+    responses[status] = r;
+  }
+  Object.assign(responses, errorResponses(route));
+  op.responses = responses;
+  op.security = route.auth ? [{ bearer: [] }] : [];
+  return op;
+}
+
+export function buildOpenApi(): Json {
+  const paths: Json = {};
+  for (const route of ROUTES) {
+    const p = openApiPath(route.path);
+    paths[p] ??= {};
+    paths[p][route.method.toLowerCase()] = operation(route);
+  }
+  const tiers = Object.values(TIERS)
+    .map((t) => `${t.name}: ${t.maxRunning === null ? 'no concurrency cap' : `${t.maxRunning} running sandboxes`}, ${t.ownImages ? 'own images' : 'catalog only'}, sessions up to ${t.maxSessionSecs} s`)
+    .join('; ');
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'Collimate API',
+      version: '1.0.0',
+      description:
+        'Self-hosted sandbox cloud: microVM sandboxes forked copy-on-write from warm templates, live fork, suspend/resume. ' +
+        'Every error is `{"error": {"code", "message"}}` with a stable code. Tiers — ' + tiers + '.',
+    },
+    servers: [{ url: 'http://127.0.0.1:7070' }],
+    tags: [
+      { name: 'sandboxes', description: 'Create, exec, fork, suspend, resume, delete.' },
+      { name: 'templates', description: 'Catalog images and your environments (/v1/templates is the alias for both).' },
+      { name: 'usage', description: 'Metering.' },
+      { name: 'operations', description: 'Health, metrics, this document.' },
+    ],
+    paths,
+    components: {
+      schemas: components(),
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'An API key: `collimate keys create --tenant T --tier demo`.' } },
+    },
+  };
+}
+
+/** The committed form: two-space JSON with a trailing newline. */
+export function renderOpenApi(): string {
+  return JSON.stringify(buildOpenApi(), null, 2) + '\n';
+}

@@ -1,0 +1,287 @@
+/**
+ * The declarative route table: method, path, schemas and documented responses of every endpoint.
+ * server.ts binds a handler to each operationId; openapi.ts renders the same table; tests look up the
+ * response schema of (operation, status) here. Nothing here touches the service.
+ */
+import type { z } from 'zod';
+import type { ErrorCode } from '../errors.js';
+import * as S from './schemas.js';
+
+export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'DELETE';
+
+export interface ResponseSpec {
+  description: string;
+  /** JSON body schema; absent for 204 or for non-JSON bodies. */
+  schema?: z.ZodType;
+  /** Content type of a non-JSON body (e.g. application/octet-stream). */
+  contentType?: string;
+  headers?: Record<string, string>;
+}
+
+export interface RouteSpec {
+  operationId: string;
+  method: HttpMethod;
+  /** Fastify-style path (`:id`); openapi.ts renders `{id}`. */
+  path: string;
+  summary: string;
+  description?: string;
+  tag: 'sandboxes' | 'templates' | 'usage' | 'operations';
+  auth: boolean;
+  /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
+  params?: Record<string, 'sandbox' | 'template'>;
+  query?: z.ZodObject;
+  /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
+  bodyKind?: 'json' | 'raw';
+  body?: z.ZodType;
+  /** An empty body is accepted and parsed as {}. */
+  bodyOptional?: boolean;
+  /** Honours the Idempotency-Key header. */
+  idempotent?: boolean;
+  /** Streams SSE when the client sends Accept: text/event-stream. */
+  sse?: boolean;
+  responses: Record<number, ResponseSpec>;
+  /** Error codes this endpoint can return besides the generic ones (validation, auth, shutdown). */
+  errors: ErrorCode[];
+}
+
+const sandbox = { id: 'sandbox' } as const;
+
+export const ROUTES: RouteSpec[] = [
+  {
+    operationId: 'createSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes',
+    summary: 'Create a sandbox',
+    description:
+      'Forks a warm template and returns a running sandbox. Counts against the tier concurrency cap. ' +
+      'Honours Idempotency-Key: a retry with the same key and body returns the original response.',
+    tag: 'sandboxes',
+    auth: true,
+    bodyKind: 'json',
+    body: S.CreateSandboxRequest,
+    idempotent: true,
+    responses: { 201: { description: 'Created, running.', schema: S.Sandbox } },
+    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused', 'conflict'],
+  },
+  {
+    operationId: 'listSandboxes',
+    method: 'GET',
+    path: '/v1/sandboxes',
+    summary: "List the tenant's sandboxes",
+    tag: 'sandboxes',
+    auth: true,
+    query: S.ListSandboxesQuery,
+    responses: { 200: { description: 'One page.', schema: S.SandboxList } },
+    errors: [],
+  },
+  {
+    operationId: 'getSandbox',
+    method: 'GET',
+    path: '/v1/sandboxes/:id',
+    summary: 'Get a sandbox',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    responses: { 200: { description: 'The sandbox.', schema: S.Sandbox } },
+    errors: ['sandbox_not_found'],
+  },
+  {
+    operationId: 'execSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/exec',
+    summary: 'Run a command in a running sandbox',
+    description:
+      'Execs are serialized per sandbox (FIFO). With `Accept: text/event-stream` the response is an SSE stream ' +
+      '(200 once the sandbox is found running): `stdout`/`stderr` events with data `{"data": base64}`, then ' +
+      '`result` with the ExecResult, or `error` with an Error body.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.ExecRequest,
+    sse: true,
+    responses: {
+      200: { description: 'The result (or an SSE stream, see description).', schema: S.ExecResult },
+    },
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable'],
+  },
+  {
+    operationId: 'forkSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fork',
+    summary: 'Live-fork a running sandbox into N children',
+    description: 'Children keep the parent\'s process memory; the parent keeps running. Each child counts against the tier cap. Honours Idempotency-Key.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.ForkRequest,
+    bodyOptional: true,
+    idempotent: true,
+    responses: { 201: { description: 'The children, running.', schema: S.ForkResponse } },
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'idempotency_key_reused', 'conflict'],
+  },
+  {
+    operationId: 'suspendSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/suspend',
+    summary: 'Suspend a running sandbox to disk',
+    description: 'Frees its concurrency slot and stops the running meter.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.EmptyQuery,
+    bodyOptional: true,
+    responses: { 200: { description: 'Suspended.', schema: S.Sandbox } },
+    errors: ['sandbox_not_found', 'invalid_state'],
+  },
+  {
+    operationId: 'resumeSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/resume',
+    summary: 'Resume a suspended sandbox',
+    description: 'Takes a concurrency slot.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.EmptyQuery,
+    bodyOptional: true,
+    responses: { 200: { description: 'Running again.', schema: S.Sandbox } },
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit'],
+  },
+  {
+    operationId: 'deleteSandbox',
+    method: 'DELETE',
+    path: '/v1/sandboxes/:id',
+    summary: 'Delete a sandbox',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    responses: { 204: { description: 'Deleted.' } },
+    errors: ['sandbox_not_found'],
+  },
+  {
+    operationId: 'readFile',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/files',
+    summary: 'Read a file from a sandbox',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.FileQuery,
+    responses: { 200: { description: 'The raw bytes.', contentType: 'application/octet-stream' } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found'],
+  },
+  {
+    operationId: 'writeFile',
+    method: 'PUT',
+    path: '/v1/sandboxes/:id/files',
+    summary: 'Write a file into a sandbox',
+    description: 'The request body is the raw file content (any content type), at most 64 MiB.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.PutFileQuery,
+    bodyKind: 'raw',
+    responses: { 200: { description: 'Written.', schema: S.PutFileResponse } },
+    errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large'],
+  },
+  {
+    operationId: 'listImages',
+    method: 'GET',
+    path: '/v1/images',
+    summary: 'List catalog images (ready to run on every tier)',
+    tag: 'templates',
+    auth: true,
+    responses: { 200: { description: 'The catalog.', schema: S.ImageList } },
+    errors: [],
+  },
+  {
+    operationId: 'listTemplates',
+    method: 'GET',
+    path: '/v1/templates',
+    summary: 'List templates you can create sandboxes from',
+    tag: 'templates',
+    auth: true,
+    responses: { 200: { description: 'Catalog images and your environments.', schema: S.TemplateList } },
+    errors: [],
+  },
+  {
+    operationId: 'getTemplate',
+    method: 'GET',
+    path: '/v1/templates/:id',
+    summary: 'Get a template',
+    tag: 'templates',
+    auth: true,
+    params: { id: 'template' },
+    responses: { 200: { description: 'The template.', schema: S.Template } },
+    errors: ['template_not_found'],
+  },
+  {
+    operationId: 'getUsage',
+    method: 'GET',
+    path: '/v1/usage',
+    summary: "The tenant's metered usage",
+    tag: 'usage',
+    auth: true,
+    query: S.UsageQuery,
+    responses: { 200: { description: 'Usage in [from, to).', schema: S.UsageResponse } },
+    errors: [],
+  },
+  {
+    operationId: 'getOpenApi',
+    method: 'GET',
+    path: '/v1/openapi.json',
+    summary: 'This document',
+    tag: 'operations',
+    auth: false,
+    responses: { 200: { description: 'OpenAPI 3.1.', contentType: 'application/json' } },
+    errors: [],
+  },
+  {
+    operationId: 'health',
+    method: 'GET',
+    path: '/healthz',
+    summary: 'Liveness and readiness',
+    tag: 'operations',
+    auth: false,
+    responses: {
+      200: { description: 'Ready: catalog templates are warm.', schema: S.Health },
+      503: { description: 'Starting or shutting down.', schema: S.Health },
+    },
+    errors: [],
+  },
+  {
+    operationId: 'metrics',
+    method: 'GET',
+    path: '/metrics',
+    summary: 'Prometheus metrics',
+    tag: 'operations',
+    auth: false,
+    responses: { 200: { description: 'Prometheus text exposition format 0.0.4.', contentType: 'text/plain; version=0.0.4' } },
+    errors: [],
+  },
+];
+
+export function routeById(operationId: string): RouteSpec {
+  const r = ROUTES.find((x) => x.operationId === operationId);
+  if (!r) throw new Error(`unknown operation ${operationId}`);
+  return r;
+}
+
+/** Matches a concrete path (no query) against the table's path patterns. */
+export function matchPath(pattern: string, path: string): Record<string, string> | null {
+  const p = pattern.split('/');
+  const a = path.split('/');
+  if (p.length !== a.length) return null;
+  const params: Record<string, string> = {};
+  for (let i = 0; i < p.length; i++) {
+    if (p[i].startsWith(':')) {
+      if (a[i] === '') return null;
+      params[p[i].slice(1)] = a[i];
+    } else if (p[i] !== a[i]) return null;
+  }
+  return params;
+}

@@ -1,0 +1,33 @@
+/**
+ * The tier table: the only place plan limits live. Tiers gate concurrency, session length and whether
+ * you may bring your own images — never isolation or performance (every sandbox is the same microVM).
+ */
+export type TierName = 'demo' | 'pro' | 'enterprise';
+
+export interface Tier {
+  name: TierName;
+  /** Concurrent running sandboxes (suspended ones do not count); null = no cap. */
+  maxRunning: number | null;
+  /** May create from non-catalog templates (environments baked from your own images). */
+  ownImages: boolean;
+  /** Upper bound for timeout_secs. */
+  maxSessionSecs: number;
+  /** timeout_secs when the request omits it. */
+  defaultSessionSecs: number;
+}
+
+const MIN = 60;
+const HOUR = 60 * MIN;
+const DAY = 24 * HOUR;
+
+export const TIERS: Record<TierName, Tier> = {
+  demo: { name: 'demo', maxRunning: 2, ownImages: false, maxSessionSecs: 15 * MIN, defaultSessionSecs: 15 * MIN },
+  pro: { name: 'pro', maxRunning: null, ownImages: true, maxSessionSecs: DAY, defaultSessionSecs: HOUR },
+  enterprise: { name: 'enterprise', maxRunning: null, ownImages: true, maxSessionSecs: 7 * DAY, defaultSessionSecs: HOUR },
+};
+
+export const TIER_NAMES = Object.keys(TIERS) as TierName[];
+
+export function isTierName(s: string): s is TierName {
+  return Object.prototype.hasOwnProperty.call(TIERS, s);
+}

@@ -1,0 +1,409 @@
+/**
+ * The `collimate` command line. `serve` runs the engine and the REST API in this process; `keys`
+ * operates directly on the SQLite database in the data directory; everything else is an HTTP client
+ * of a running server (--url / COLLIMATE_BASE_URL, --key / COLLIMATE_API_KEY).
+ */
+import { writeFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { isAbsolute, join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { CollimateError } from '../errors.js';
+import { homePaths } from '../images/cache.js';
+import { ApiClient, CliHttpError } from './client.js';
+import { duration, table } from './format.js';
+
+export interface Io {
+  out(s: string): void;
+  err(s: string): void;
+  /** Raw bytes to stdout / stderr (exec output). */
+  outBytes(b: Buffer): void;
+  errBytes(b: Buffer): void;
+  env: Record<string, string | undefined>;
+}
+
+export const processIo: Io = {
+  out: (s) => process.stdout.write(s),
+  err: (s) => process.stderr.write(s),
+  outBytes: (b) => process.stdout.write(b),
+  errBytes: (b) => process.stderr.write(b),
+  env: process.env,
+};
+
+class UsageError extends Error {}
+
+const USAGE = `collimate — self-hosted sandbox cloud
+
+Server
+  collimate serve [--host 127.0.0.1] [--port 7070] [--home DIR]
+
+API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate)
+  collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N]   prints the key on its last line
+  collimate keys list [--tenant T] [--all]
+  collimate keys revoke KEY_ID|KEY
+
+Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7070; --key, default $COLLIMATE_API_KEY)
+  collimate sandboxes create --template T [--label k=v]... [--timeout SECS] [--idempotency-key K]
+  collimate sandboxes list [--state running|suspended] [--label k=v]... [--limit N] [--after CURSOR]
+  collimate sandboxes get ID
+  collimate sandboxes exec ID (--command STR | --code STR | -- ARGV...) [--env K=V]... [--cwd DIR] [--stdin STR] [--timeout SECS] [--stream]
+  collimate sandboxes fork ID [--count N] [--label k=v]... [--idempotency-key K]
+  collimate sandboxes suspend|resume|delete ID
+  collimate templates list
+  collimate images list
+  collimate usage [--from T] [--to T]
+
+Other
+  collimate openapi [--out FILE]      print (or write) the OpenAPI document
+
+Every command takes --json for machine-readable output.
+`;
+
+const common = {
+  json: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+const http = { ...common, url: { type: 'string' }, key: { type: 'string' } } as const;
+const home = { home: { type: 'string' } } as const;
+
+function parse<T extends NonNullable<ParseArgsConfig['options']>>(args: string[], options: T, positionals = 0) {
+  let r;
+  try {
+    r = parseArgs({ args, options, allowPositionals: true, strict: true });
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  if (r.positionals.length > positionals) throw new UsageError(`unexpected argument ${r.positionals[positionals]}`);
+  return r;
+}
+
+function homeDir(v: string | undefined, io: Io): string {
+  return resolve(v ?? (io.env.COLLIMATE_HOME || join(homedir(), '.collimate')));
+}
+
+export function dbPathOf(home: string): string {
+  return homePaths(home).db; // the engine's database, which holds the API's tables too
+}
+
+function client(values: { url?: string; key?: string }, io: Io): ApiClient {
+  const url = values.url ?? io.env.COLLIMATE_BASE_URL ?? 'http://127.0.0.1:7070';
+  const key = values.key ?? io.env.COLLIMATE_API_KEY;
+  if (!key) throw new UsageError('no API key: pass --key or set COLLIMATE_API_KEY (create one with `collimate keys create`)');
+  return new ApiClient({ url, key });
+}
+
+function labels(list: string[] | undefined): Record<string, string> | undefined {
+  if (!list || list.length === 0) return undefined;
+  const out: Record<string, string> = {};
+  for (const l of list) {
+    const eq = l.indexOf('=');
+    if (eq <= 0) throw new UsageError(`label ${l} must be key=value`);
+    out[l.slice(0, eq)] = l.slice(eq + 1);
+  }
+  return out;
+}
+
+function need(id: string | undefined, what: string): string {
+  if (!id) throw new UsageError(`missing ${what}`);
+  return id;
+}
+
+function num(v: string | undefined, name: string): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw new UsageError(`--${name} must be a number`);
+  return n;
+}
+
+const json = (io: Io, v: unknown) => io.out(JSON.stringify(v, null, 2) + '\n');
+
+const SANDBOX_COLUMNS = ['id', 'template', 'state', 'age', 'idle', 'execs', 'labels', 'parent'];
+const sandboxRow = (s: any) => ({
+  id: s.id,
+  template: s.template,
+  state: s.state,
+  age: duration(s.age_secs),
+  idle: duration(s.idle_secs),
+  execs: s.exec_count,
+  labels: s.labels,
+  parent: s.parent,
+});
+
+function printSandbox(io: Io, s: any, asJson: boolean | undefined): void {
+  if (asJson) return json(io, s);
+  io.out(table([sandboxRow(s)], SANDBOX_COLUMNS));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function serve(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' } });
+  const dir = homeDir(values.home, io);
+  const host = values.host ?? '127.0.0.1';
+  const port = num(values.port, 'port') ?? 7070;
+  await import('../api/migrations.js'); // register the API's tables before the engine opens the db
+  const { buildServer } = await import('../api/server.js');
+  // The engine module can be swapped for tests (COLLIMATE_ENGINE_MODULE, a path or URL).
+  const override = io.env.COLLIMATE_ENGINE_MODULE;
+  const spec = override ? (override.includes(':') && !isAbsolute(override) ? override : pathToFileURL(resolve(override)).href) : '../sandboxes/engine.js';
+  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string }): Promise<any> } };
+  const engine = await Engine.open({ home: dir });
+  const api = await buildServer({
+    service: engine,
+    db: engine.db,
+    logger: { level: values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info' },
+    health: () => ({ ready: engine.isReady(), accel: engine.accel }),
+  });
+  const address = await api.app.listen({ host, port });
+  io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel})\n`);
+  await new Promise<void>((done) => {
+    let stopping = false;
+    const stop = async (signal: string) => {
+      if (stopping) {
+        io.err(`${signal} again: exiting now\n`);
+        process.exit(1);
+      }
+      stopping = true;
+      io.err(`${signal}: draining requests, then closing (VMs are left running for re-adoption)\n`);
+      try {
+        await api.shutdown();
+        await engine.close();
+      } finally {
+        done();
+      }
+    };
+    process.once('SIGTERM', () => void stop('SIGTERM'));
+    process.once('SIGINT', () => void stop('SIGINT'));
+  });
+  return 0;
+}
+
+async function keys(sub: string | undefined, args: string[], io: Io): Promise<number> {
+  await import('../api/migrations.js');
+  const { openDb } = await import('../store/db.js');
+  const { KeyStore } = await import('../api/keys.js');
+  const { isTierName, TIER_NAMES } = await import('../api/tiers.js');
+  const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' } } as const;
+  const { values, positionals } = parse(args, opts, sub === 'revoke' ? 1 : 0);
+  const db = openDb(dbPathOf(homeDir(values.home, io)));
+  try {
+    const store = new KeyStore(db);
+    switch (sub) {
+      case 'create': {
+        const tenant = need(values.tenant, '--tenant');
+        if (values.tier !== undefined && !isTierName(values.tier)) throw new UsageError(`--tier must be one of ${TIER_NAMES.join(', ')}`);
+        const { key, record, tierChanged } = store.create({ tenant, tier: values.tier as any, name: values.name });
+        if (tierChanged) io.err(`note: tenant ${tenant} is now on the ${record.tier} tier (applies to all its keys)\n`);
+        if (values.json) json(io, { ...record, key });
+        else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier}); store the key now, it is not shown again:\n${key}\n`);
+        return 0;
+      }
+      case 'list': {
+        const list = store.list({ tenant: values.tenant, includeRevoked: values.all });
+        if (values.json) json(io, list);
+        else io.out(table(list as any[], ['id', 'tenant', 'tier', 'prefix', 'name', 'created_at', 'last_used_at', 'revoked_at']));
+        return 0;
+      }
+      case 'revoke': {
+        const r = store.revoke(need(positionals[0], 'KEY_ID or KEY'));
+        if (!r) {
+          io.err(`error: no such key\n`);
+          return 1;
+        }
+        if (values.json) json(io, r);
+        else io.out(`revoked ${r.id} (tenant ${r.tenant})\n`);
+        return 0;
+      }
+      default:
+        throw new UsageError(`unknown keys command ${sub ?? ''}`);
+    }
+  } finally {
+    db.close();
+  }
+}
+
+async function sandboxes(sub: string | undefined, args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(
+    args,
+    {
+      ...http,
+      template: { type: 'string' },
+      label: { type: 'string', multiple: true },
+      timeout: { type: 'string' },
+      state: { type: 'string' },
+      limit: { type: 'string' },
+      after: { type: 'string' },
+      count: { type: 'string' },
+      command: { type: 'string', short: 'c' },
+      code: { type: 'string' },
+      env: { type: 'string', multiple: true },
+      cwd: { type: 'string' },
+      stdin: { type: 'string' },
+      stream: { type: 'boolean' },
+      'idempotency-key': { type: 'string' },
+    },
+    sub === 'exec' ? Infinity : 1,
+  );
+  const api = client(values, io);
+  const id = () => encodeURIComponent(need(positionals[0], 'sandbox ID'));
+  const idem: Record<string, string> = values['idempotency-key'] ? { 'idempotency-key': values['idempotency-key'] } : {};
+  switch (sub) {
+    case 'create': {
+      const body = { template: need(values.template, '--template'), labels: labels(values.label), timeout_secs: num(values.timeout, 'timeout') };
+      const r = await api.request('POST', '/v1/sandboxes', body, idem);
+      printSandbox(io, r.body, values.json);
+      return 0;
+    }
+    case 'list': {
+      const q = new URLSearchParams();
+      if (values.state) q.set('state', values.state);
+      for (const l of values.label ?? []) q.append('label', l);
+      if (values.limit) q.set('limit', values.limit);
+      if (values.after) q.set('after', values.after);
+      const r = await api.request('GET', `/v1/sandboxes${q.size ? '?' + q : ''}`);
+      if (values.json) json(io, r.body);
+      else {
+        io.out(table(r.body.sandboxes.map(sandboxRow), SANDBOX_COLUMNS));
+        if (r.body.next) io.out(`more: --after ${r.body.next}\n`);
+      }
+      return 0;
+    }
+    case 'get': {
+      const r = await api.request('GET', `/v1/sandboxes/${id()}`);
+      if (values.json) json(io, r.body);
+      else io.out(Object.entries(r.body).map(([k, v]) => `${k.padEnd(13)} ${typeof v === 'object' && v !== null ? JSON.stringify(v) : v}`).join('\n') + '\n');
+      return 0;
+    }
+    case 'exec': {
+      const argv = positionals.slice(1);
+      const chosen = [values.command !== undefined, values.code !== undefined, argv.length > 0].filter(Boolean).length;
+      if (chosen !== 1) throw new UsageError('exec needs exactly one of --command, --code, or -- ARGV...');
+      const env = values.env ? labels(values.env) : undefined;
+      const body: Record<string, unknown> = {
+        ...(values.command !== undefined ? { command: values.command } : values.code !== undefined ? { code: values.code } : { commands: [argv] }),
+        env,
+        cwd: values.cwd,
+        stdin: values.stdin,
+        timeout: num(values.timeout, 'timeout'),
+      };
+      let result: any;
+      if (values.stream) {
+        result = await api.execStream(`/v1/sandboxes/${id()}/exec`, body, (event, data) => {
+          if (values.json) return;
+          if (event === 'stdout') io.outBytes(Buffer.from(data.data, 'base64'));
+          if (event === 'stderr') io.errBytes(Buffer.from(data.data, 'base64'));
+        });
+      } else {
+        result = (await api.request('POST', `/v1/sandboxes/${id()}/exec`, body)).body;
+        if (!values.json) {
+          io.outBytes(Buffer.from(result.stdout, result.stdout_encoding === 'base64' ? 'base64' : 'utf8'));
+          io.errBytes(Buffer.from(result.stderr, result.stderr_encoding === 'base64' ? 'base64' : 'utf8'));
+        }
+      }
+      if (values.json) json(io, result);
+      else if (result.timed_out) io.err(`(timed out)\n`);
+      // The command's own exit code, so scripts can branch on it.
+      return typeof result.exit_code === 'number' ? Math.min(255, Math.max(0, result.exit_code)) : 1;
+    }
+    case 'fork': {
+      const r = await api.request('POST', `/v1/sandboxes/${id()}/fork`, { count: num(values.count, 'count') ?? 1, labels: labels(values.label) }, idem);
+      if (values.json) json(io, r.body);
+      else io.out(table(r.body.sandboxes.map(sandboxRow), SANDBOX_COLUMNS));
+      return 0;
+    }
+    case 'suspend':
+    case 'resume': {
+      const r = await api.request('POST', `/v1/sandboxes/${id()}/${sub}`);
+      printSandbox(io, r.body, values.json);
+      return 0;
+    }
+    case 'delete': {
+      const sid = need(positionals[0], 'sandbox ID');
+      await api.request('DELETE', `/v1/sandboxes/${encodeURIComponent(sid)}`);
+      if (values.json) json(io, { id: sid, deleted: true });
+      else io.out(`deleted ${sid}\n`);
+      return 0;
+    }
+    default:
+      throw new UsageError(`unknown sandboxes command ${sub ?? ''}`);
+  }
+}
+
+async function templates(kind: 'templates' | 'images', sub: string | undefined, args: string[], io: Io): Promise<number> {
+  if (sub !== 'list') throw new UsageError(`unknown ${kind} command ${sub ?? ''}`);
+  const { values } = parse(args, http);
+  const r = await client(values, io).request('GET', `/v1/${kind}`);
+  if (values.json) json(io, r.body);
+  else io.out(table(r.body[kind], ['id', 'kind', 'ready', 'vcpus', 'memory_mib', 'description']));
+  return 0;
+}
+
+async function usage(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { ...http, from: { type: 'string' }, to: { type: 'string' } });
+  const q = new URLSearchParams();
+  if (values.from) q.set('from', values.from);
+  if (values.to) q.set('to', values.to);
+  const r = await client(values, io).request('GET', `/v1/usage${q.size ? '?' + q : ''}`);
+  if (values.json) json(io, r.body);
+  else {
+    io.out(`usage ${r.body.from} .. ${r.body.to}\n`);
+    io.out(table([{ id: 'TOTAL', template: '', ...r.body.totals }, ...r.body.sandboxes], ['id', 'template', 'running_secs', 'vcpu_secs', 'memory_mib_secs', 'suspended_secs', 'snapshot_mib_secs']));
+  }
+  return 0;
+}
+
+async function openapi(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { ...common, out: { type: 'string' } });
+  const { renderOpenApi } = await import('../api/openapi.js');
+  const text = renderOpenApi();
+  if (values.out) {
+    writeFileSync(values.out, text);
+    io.err(`wrote ${values.out}\n`);
+  } else io.out(text);
+  return 0;
+}
+
+/** Runs one command line; returns the exit code (2 for usage errors). */
+export async function run(argv: string[], io: Io = processIo): Promise<number> {
+  const [cmd, sub, ...rest] = argv;
+  try {
+    if (!cmd || cmd === 'help' || cmd === '--help' || cmd === '-h') {
+      io.out(USAGE);
+      return cmd ? 0 : 2;
+    }
+    if ((sub === '--help' || sub === '-h' || rest.includes('--help')) && cmd !== 'serve') {
+      io.out(USAGE);
+      return 0;
+    }
+    switch (cmd) {
+      case 'serve':
+        return await serve(argv.slice(1), io);
+      case 'keys':
+        return await keys(sub, rest, io);
+      case 'sandboxes':
+      case 'sandbox':
+      case 'sbx':
+        return await sandboxes(sub, rest, io);
+      case 'templates':
+        return await templates('templates', sub, rest, io);
+      case 'images':
+        return await templates('images', sub, rest, io);
+      case 'usage':
+        return await usage(argv.slice(1), io);
+      case 'openapi':
+        return await openapi(argv.slice(1), io);
+      default:
+        throw new UsageError(`unknown command ${cmd}`);
+    }
+  } catch (e) {
+    if (e instanceof UsageError) {
+      io.err(`error: ${e.message}\nrun \`collimate help\` for usage\n`);
+      return 2;
+    }
+    if (e instanceof CliHttpError || e instanceof CollimateError) {
+      io.err(`error: ${e.code}: ${e.message}\n`);
+      return 1;
+    }
+    throw e;
+  }
+}

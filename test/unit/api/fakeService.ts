@@ -1,0 +1,333 @@
+/**
+ * An in-memory SandboxService for API tests. It honours the contract of src/sandboxes/types.ts and the
+ * lifecycle of spec/sandbox-lifecycle.txt: exec/fork/suspend need running, resume needs suspended,
+ * unknown, deleted and other tenants' ids are sandbox_not_found. Execs are serialized per sandbox.
+ *
+ * Exec understands a tiny shell: `echo WORDS`, `printf-bytes HEX` (raw bytes), `exit N`, `sleep SECS`,
+ * `cat` (echoes stdin), `stderr WORDS`, `cat FILE`; `code` is echoed back; `commands` run in order.
+ */
+import { randomBytes } from 'node:crypto';
+import { CollimateError, invalidState, sandboxNotFound } from '../../../src/errors.js';
+import type {
+  CreateOptions,
+  ExecRequest,
+  ExecResult,
+  ExecStreamHandlers,
+  ForkOptions,
+  ListFilter,
+  SandboxInfo,
+  SandboxService,
+  SandboxState,
+  Scope,
+  TemplateInfo,
+} from '../../../src/sandboxes/types.js';
+
+interface Box {
+  id: string;
+  tenant: string;
+  template: string;
+  state: SandboxState;
+  labels: Record<string, string>;
+  createdMs: number;
+  lastActiveMs: number;
+  execCount: number;
+  parent: string | null;
+  forkedMs: number | null;
+  children: string[];
+  timeoutSecs: number;
+  vcpus: number;
+  memoryMib: number;
+  diskMib: number;
+  files: Map<string, Buffer>;
+  queue: Promise<unknown>;
+}
+
+export const CATALOG: TemplateInfo[] = [
+  { id: 'base', kind: 'catalog', description: 'Debian base', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 },
+  { id: 'python', kind: 'catalog', description: 'Python 3', interpreter: ['python3', '-c'], ready: true, vcpus: 1, memory_mib: 512 },
+  { id: 'node', kind: 'catalog', description: 'Node.js', interpreter: ['node', '-e'], ready: true, vcpus: 2, memory_mib: 512 },
+];
+
+export interface FakeOptions {
+  /** Milliseconds each create/fork/resume/suspend takes (default 1; uses timers, so calls interleave). */
+  opDelayMs?: number;
+  /** Environments (non-catalog templates) per tenant. */
+  environments?: Record<string, TemplateInfo[]>;
+  now?: () => number;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const iso = (ms: number) => new Date(ms).toISOString();
+
+export class FakeSandboxService implements SandboxService {
+  readonly accel = 'tcg' as const;
+  ready = true;
+  private readonly boxes = new Map<string, Box>();
+  private readonly opDelayMs: number;
+  private readonly environments: Record<string, TemplateInfo[]>;
+  private readonly now: () => number;
+  /** Make the next N creates fail with vmm_failed (to test slot release). */
+  failCreates = 0;
+  /** Calls seen, for assertions. */
+  readonly calls: string[] = [];
+  closed = false;
+
+  constructor(opts: FakeOptions = {}) {
+    this.opDelayMs = opts.opDelayMs ?? 1;
+    this.environments = opts.environments ?? {};
+    this.now = opts.now ?? Date.now;
+  }
+
+  isReady(): boolean {
+    return this.ready;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+
+  poolSizes(): Record<string, number> {
+    return Object.fromEntries(CATALOG.map((t) => [t.id, 2]));
+  }
+
+  templates(scope?: Scope): TemplateInfo[] {
+    const envs = scope ? this.environments[scope.tenant] ?? [] : Object.values(this.environments).flat();
+    return [...CATALOG, ...envs].map((t) => ({ ...t, interpreter: [...t.interpreter] }));
+  }
+
+  template(id: string, scope?: Scope): TemplateInfo {
+    const t = this.templates(scope).find((x) => x.id === id);
+    if (!t) throw new CollimateError('template_not_found', `No template ${id}. List them with GET /v1/templates.`);
+    return t;
+  }
+
+  async create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo> {
+    this.calls.push('create');
+    const tpl = this.template(opts.template, scope);
+    await sleep(this.opDelayMs);
+    if (this.failCreates > 0) {
+      this.failCreates--;
+      throw new CollimateError('vmm_failed', 'The VMM failed to start; retry.');
+    }
+    const box = this.newBox(scope.tenant, tpl, opts.labels ?? {}, opts.timeoutSecs ?? 3600, null);
+    return this.info(box);
+  }
+
+  get(id: string, scope?: Scope): SandboxInfo {
+    return this.info(this.find(id, scope));
+  }
+
+  list(filter: ListFilter, scope?: Scope): { sandboxes: SandboxInfo[]; next: string | null } {
+    const limit = filter.limit ?? 100;
+    const all = [...this.boxes.values()]
+      .filter((b) => (!scope || b.tenant === scope.tenant) && b.state !== 'deleted')
+      .filter((b) => !filter.state || b.state === filter.state)
+      .filter((b) => Object.entries(filter.labels ?? {}).every(([k, v]) => b.labels[k] === v))
+      .filter((b) => !filter.after || b.id > filter.after)
+      .sort((a, b) => (a.id < b.id ? -1 : 1));
+    const page = all.slice(0, limit);
+    return { sandboxes: page.map((b) => this.info(b)), next: all.length > limit ? page[page.length - 1].id : null };
+  }
+
+  async exec(id: string, req: ExecRequest, scope?: Scope, stream?: ExecStreamHandlers): Promise<ExecResult> {
+    this.calls.push('exec');
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'exec', ['running']);
+    const queuedMs = this.now();
+    const run = box.queue.then(async () => {
+      const startedMs = this.now();
+      for (const f of req.files ?? []) box.files.set(f.path, Buffer.from(f.content, f.encoding === 'base64' ? 'base64' : 'utf8'));
+      const out: Buffer[] = [];
+      const err: Buffer[] = [];
+      const emitOut = (b: Buffer) => (out.push(b), stream?.onStdout?.(b));
+      const emitErr = (b: Buffer) => (err.push(b), stream?.onStderr?.(b));
+      let exit = 0;
+      let failedIndex: number | undefined;
+      let timedOut = false;
+      const argvs = req.commands ?? (req.command !== undefined ? [['sh', '-c', req.command]] : [['code', req.code ?? '']]);
+      for (let i = 0; i < argvs.length; i++) {
+        const argv = argvs[i];
+        if (argv[0] === 'code') {
+          emitOut(Buffer.from(argv[1]));
+        } else {
+          const line = argv[0] === 'sh' && argv[1] === '-c' ? argv[2] : argv.join(' ');
+          const [cmd, ...rest] = line.trim().split(/\s+/);
+          const arg = rest.join(' ');
+          if (cmd === 'echo') emitOut(Buffer.from(arg + '\n'));
+          else if (cmd === 'stderr') emitErr(Buffer.from(arg + '\n'));
+          else if (cmd === 'printf-bytes') emitOut(Buffer.from(arg, 'hex'));
+          else if (cmd === 'exit') exit = Number(arg) || 0;
+          else if (cmd === 'cat' && arg) {
+            const f = box.files.get(arg);
+            if (f) emitOut(f);
+            else (emitErr(Buffer.from(`cat: ${arg}: No such file or directory\n`)), (exit = 1));
+          } else if (cmd === 'cat') emitOut(Buffer.from(req.stdin ?? ''));
+          else if (cmd === 'sleep') {
+            const ms = Number(arg) * 1000;
+            const limit = (req.timeout ?? 60) * 1000;
+            await sleep(Math.min(ms, limit));
+            if (ms > limit) (timedOut = true), (exit = 124);
+          } else if (cmd === 'true' || cmd === '') exit = 0;
+          else (emitErr(Buffer.from(`sh: ${cmd}: not found\n`)), (exit = 127));
+        }
+        if (req.commands) failedIndex = i;
+        if (exit !== 0 || timedOut) break;
+      }
+      box.execCount++;
+      const finishedMs = this.now();
+      box.lastActiveMs = finishedMs;
+      const enc = (bufs: Buffer[]) => {
+        const b = Buffer.concat(bufs);
+        const s = b.toString('utf8');
+        return Buffer.from(s, 'utf8').equals(b) ? { text: s, encoding: 'utf8' as const } : { text: b.toString('base64'), encoding: 'base64' as const };
+      };
+      const o = enc(out);
+      const e = enc(err);
+      const r: ExecResult = {
+        stdout: o.text,
+        stderr: e.text,
+        stdout_encoding: o.encoding,
+        stderr_encoding: e.encoding,
+        exit_code: exit,
+        timed_out: timedOut,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        timing: {
+          queued_at: iso(queuedMs),
+          started_at: iso(startedMs),
+          finished_at: iso(finishedMs),
+          queued_ms: startedMs - queuedMs,
+          run_ms: finishedMs - startedMs,
+        },
+      };
+      if (req.commands) r.failed_index = failedIndex;
+      return r;
+    });
+    box.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async fork(id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]> {
+    this.calls.push('fork');
+    const parent = this.find(id, scope);
+    if (parent.state !== 'running') throw invalidState(id, parent.state, 'fork', ['running']);
+    if (!Number.isInteger(opts.count) || opts.count < 1 || opts.count > 64) throw new CollimateError('validation_error', 'count must be 1..64');
+    await sleep(this.opDelayMs);
+    const tpl = CATALOG.find((t) => t.id === parent.template) ?? this.template(parent.template, { tenant: parent.tenant });
+    const children: SandboxInfo[] = [];
+    for (let i = 0; i < opts.count; i++) {
+      const child = this.newBox(parent.tenant, tpl, opts.labels ?? { ...parent.labels }, parent.timeoutSecs, parent.id);
+      child.files = new Map(parent.files);
+      parent.children.push(child.id);
+      children.push(this.info(child));
+    }
+    return children;
+  }
+
+  async suspend(id: string, scope?: Scope): Promise<SandboxInfo> {
+    this.calls.push('suspend');
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'suspend', ['running']);
+    await sleep(this.opDelayMs);
+    box.state = 'suspended';
+    return this.info(box);
+  }
+
+  async resume(id: string, scope?: Scope): Promise<SandboxInfo> {
+    this.calls.push('resume');
+    const box = this.find(id, scope);
+    if (box.state !== 'suspended') throw invalidState(id, box.state, 'resume', ['suspended']);
+    await sleep(this.opDelayMs);
+    box.state = 'running';
+    return this.info(box);
+  }
+
+  async delete(id: string, scope?: Scope): Promise<void> {
+    this.calls.push('delete');
+    const box = this.find(id, scope);
+    box.state = 'deleted';
+    this.boxes.delete(id);
+  }
+
+  async readFile(id: string, path: string, scope?: Scope): Promise<Buffer> {
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'read a file', ['running']);
+    const f = box.files.get(path);
+    if (!f) throw new CollimateError('file_not_found', `No file ${path} in sandbox ${id}.`);
+    return f;
+  }
+
+  async writeFile(id: string, path: string, data: Buffer, scope?: Scope, _mode?: number): Promise<void> {
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'write a file', ['running']);
+    box.files.set(path, Buffer.from(data));
+  }
+
+  countRunning(tenant: string): number {
+    let n = 0;
+    for (const b of this.boxes.values()) if (b.tenant === tenant && b.state === 'running') n++;
+    return n;
+  }
+
+  /** Test hook: the reaper / another front door removed a sandbox behind the API's back. */
+  reap(id: string): void {
+    this.boxes.delete(id);
+  }
+
+  private find(id: string, scope?: Scope): Box {
+    const b = this.boxes.get(id);
+    if (!b || b.state === 'deleted' || (scope && b.tenant !== scope.tenant)) throw sandboxNotFound(id);
+    return b;
+  }
+
+  private newBox(tenant: string, tpl: TemplateInfo, labels: Record<string, string>, timeoutSecs: number, parent: string | null): Box {
+    let id: string;
+    do id = 'sbx_' + randomBytes(6).toString('hex');
+    while (this.boxes.has(id));
+    const t = this.now();
+    const box: Box = {
+      id,
+      tenant,
+      template: tpl.id,
+      state: 'running',
+      labels: { ...labels },
+      createdMs: t,
+      lastActiveMs: t,
+      execCount: 0,
+      parent,
+      forkedMs: parent ? t : null,
+      children: [],
+      timeoutSecs,
+      vcpus: tpl.vcpus,
+      memoryMib: tpl.memory_mib,
+      diskMib: 1024,
+      files: new Map(),
+      queue: Promise.resolve(),
+    };
+    this.boxes.set(id, box);
+    return box;
+  }
+
+  private info(b: Box): SandboxInfo {
+    const t = this.now();
+    return {
+      id: b.id,
+      template: b.template,
+      state: b.state,
+      tenant: b.tenant,
+      labels: { ...b.labels },
+      created_at: iso(b.createdMs),
+      age_secs: (t - b.createdMs) / 1000,
+      idle_secs: (t - b.lastActiveMs) / 1000,
+      exec_count: b.execCount,
+      parent: b.parent,
+      forked_at: b.forkedMs === null ? null : iso(b.forkedMs),
+      children: [...b.children],
+      timeout_secs: b.timeoutSecs,
+      expires_at: iso(b.createdMs + b.timeoutSecs * 1000),
+      vcpus: b.vcpus,
+      memory_mib: b.memoryMib,
+      disk_mib: b.diskMib,
+    };
+  }
+}
