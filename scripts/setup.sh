@@ -13,6 +13,7 @@ DEBIAN_PACKAGES=(
   erofs-utils squashfs-tools        # read-only layer images
   e2fsprogs                         # the writable ext4 layer
   cpio                              # the initramfs
+  debootstrap                       # the Debian base layer of the python and node templates
   iproute2 procps util-linux        # ip, ps, nsenter for tests and diagnostics
   ca-certificates
 )

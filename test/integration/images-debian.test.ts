@@ -1,0 +1,117 @@
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, existsSync, readFileSync, statSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { run } from '../../src/images/cache.ts';
+import type { LayerAsset } from '../../src/images/guestAssets.ts';
+import { ensureDebianBaseLayer, ensureRuntimeLayer, unmountAll, DEBIAN_CATALOG } from '../../src/images/debianRootfs.ts';
+
+/** Shared with the other integration tests: the first run builds (minutes), later runs are instant. */
+const CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
+const progress = process.env.COLLIMATE_TEST_VERBOSE ? (m: string) => console.error(`[debian] ${m}`) : () => {};
+
+let base: LayerAsset;
+let python: LayerAsset;
+let node: LayerAsset;
+let scratch: string;
+
+before(async () => {
+  mkdirSync(CACHE, { recursive: true });
+  const t0 = Date.now();
+  base = await ensureDebianBaseLayer(CACHE, progress);
+  python = await ensureRuntimeLayer(CACHE, 'python', progress);
+  node = await ensureRuntimeLayer(CACHE, 'node', progress);
+  console.error(`[debian] layers ready in ${((Date.now() - t0) / 1000).toFixed(1)}s: base ${mib(base.path)}, python ${mib(python.path)}, node ${mib(node.path)}`);
+  mkdirSync('/tmp/collimate-it', { recursive: true });
+  scratch = mkdtempSync('/tmp/collimate-it/debian-layers-');
+});
+
+after(async () => {
+  if (!scratch) return;
+  try { await unmountAll(scratch); } finally { rmSync(scratch, { recursive: true, force: true }); }
+});
+
+function mib(path: string): string {
+  return `${(statSync(path).size / 1048576).toFixed(1)} MiB`;
+}
+
+async function mountErofs(image: string, name: string): Promise<string> {
+  const dir = join(scratch, name);
+  mkdirSync(dir, { recursive: true });
+  await run('mount', ['-t', 'erofs', '-o', 'loop,ro', image, dir]);
+  return dir;
+}
+
+/** The guest's view: lowerdir=runtime:base with no upper dir (read-only), like the agent stacks them. */
+async function mountStack(lowers: string[], name: string): Promise<string> {
+  const dir = join(scratch, name);
+  mkdirSync(dir, { recursive: true });
+  await run('mount', ['-t', 'overlay', 'overlay', '-o', `ro,lowerdir=${lowers.join(':')}`, dir]);
+  return dir;
+}
+
+test('runtime layers are diffs over the Debian base: merged views have the runtimes, the base does not', async () => {
+  const baseDir = await mountErofs(base.path, 'base');
+  const pyDir = await mountErofs(python.path, 'python');
+  const nodeDir = await mountErofs(node.path, 'node');
+  const pyMerged = await mountStack([pyDir, baseDir], 'python-merged');
+  const nodeMerged = await mountStack([nodeDir, baseDir], 'node-merged');
+
+  // The base layer alone: a Debian userland, no runtimes, nothing left over from the build.
+  assert.ok(existsSync(join(baseDir, 'usr/bin/bash')));
+  assert.ok(existsSync(join(baseDir, 'usr/bin/apt-get')));
+  assert.match(readFileSync(join(baseDir, 'etc/os-release'), 'utf8'), /bookworm/);
+  assert.equal(existsSync(join(baseDir, 'usr/bin/python3')), false);
+  assert.equal(existsSync(join(baseDir, 'usr/bin/node')), false);
+  assert.equal(existsSync(join(baseDir, 'etc/machine-id')), false);
+  assert.deepEqual((await run('ls', ['-A', join(baseDir, 'var/cache/apt/archives')])).stdout.split('\n').filter((f) => f.endsWith('.deb')), []);
+
+  // Stacked: the runtimes are there, and the diff layer's dpkg status overrides the base's.
+  assert.ok(existsSync(join(pyMerged, 'usr/bin/python3')));
+  assert.ok(existsSync(join(pyMerged, 'usr/bin/pip3')));
+  assert.ok(existsSync(join(pyMerged, 'usr/bin/bash')));
+  assert.match(readFileSync(join(pyMerged, 'var/lib/dpkg/status'), 'utf8'), /Package: python3-venv\nStatus: install ok installed/);
+  assert.ok(existsSync(join(nodeMerged, 'usr/bin/node')));
+  assert.ok(existsSync(join(nodeMerged, 'usr/bin/npm')));
+  assert.equal(existsSync(join(pyMerged, 'usr/bin/node')), false);
+
+  // And they run from the stacked, read-only view.
+  const py = await run('chroot', [pyMerged, 'python3', '-c', 'import sys, venv, pip; print(sys.version_info[0])'], { env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } });
+  assert.equal(py.stdout, '3\n');
+  const js = await run('chroot', [nodeMerged, 'node', '-e', 'console.log(1 + 1)'], { env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } });
+  assert.equal(js.stdout, '2\n');
+
+  // The diff layers hold only what the install changed, not a copy of the base.
+  for (const dir of [pyDir, nodeDir]) assert.equal(existsSync(join(dir, 'usr/bin/bash')), false, `${dir} duplicates the base`);
+  const du = async (d: string) => Number((await run('du', ['-sb', d])).stdout.split(/\s/)[0]);
+  const [baseBytes, pyBytes, pyMergedBytes] = [await du(baseDir), await du(pyDir), await du(pyMerged)];
+  assert.ok(pyBytes < pyMergedBytes * 0.8, `python diff ${pyBytes} B is not much smaller than the merged tree ${pyMergedBytes} B`);
+  assert.ok(pyMergedBytes >= baseBytes, 'merged view is smaller than its base');
+  const imageBytes = (p: string) => statSync(p).size;
+  assert.ok(imageBytes(python.path) < imageBytes(base.path) + imageBytes(python.path));
+  assert.ok(imageBytes(python.path) < (imageBytes(base.path) + imageBytes(python.path)) * 0.8, 'python diff image is not much smaller than base+diff');
+});
+
+test('cached: a second call returns the same digest without rebuilding', async () => {
+  const mtime = statSync(python.path).mtimeMs;
+  const t0 = Date.now();
+  const again = await ensureRuntimeLayer(CACHE, 'python', progress);
+  const baseAgain = await ensureDebianBaseLayer(CACHE, progress);
+  const elapsed = Date.now() - t0;
+  assert.equal(again.digest, python.digest);
+  assert.equal(again.path, python.path);
+  assert.equal(baseAgain.digest, base.digest);
+  assert.equal(statSync(python.path).mtimeMs, mtime);
+  assert.ok(elapsed < 2000, `cached lookup took ${elapsed} ms`);
+  assert.notEqual(python.digest, node.digest);
+});
+
+test('DEBIAN_CATALOG: python and node entries stacking [base, runtime]', async () => {
+  assert.deepEqual(DEBIAN_CATALOG.map((e) => e.id), ['python', 'node']);
+  const py = DEBIAN_CATALOG[0];
+  assert.deepEqual(py.interpreter, ['python3', '-c']);
+  assert.deepEqual((await py.layers(CACHE, progress)).map((l) => l.digest), [base.digest, python.digest]);
+  const nd = DEBIAN_CATALOG[1];
+  assert.deepEqual(nd.interpreter, ['node', '-e']);
+  assert.deepEqual((await nd.layers(CACHE, progress)).map((l) => l.digest), [base.digest, node.digest]);
+});
