@@ -211,7 +211,8 @@ function parseLabelFilter(label: string | string[] | undefined): Record<string, 
 /** ISO 8601 or epoch seconds. */
 function parseTime(s: string, name: string): number {
   const t = /^\d+(\.\d+)?$/.test(s) ? Number(s) * 1000 : Date.parse(s);
-  if (!Number.isFinite(t)) throw new CollimateError('validation_error', `${name} must be ISO 8601 or epoch seconds.`);
+  // 8.64e15 ms is the range of a JS Date (year 275760); beyond it there is no ISO form to answer with.
+  if (!Number.isFinite(t) || Math.abs(t) > 8.64e15) throw new CollimateError('validation_error', `${name} must be ISO 8601 or epoch seconds.`);
   return t;
 }
 

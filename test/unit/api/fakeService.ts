@@ -7,6 +7,7 @@
  * `cat` (echoes stdin), `stderr WORDS`, `cat FILE`; `code` is echoed back; `commands` run in order.
  */
 import { randomBytes } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../../../src/errors.js';
 import type {
   CreateOptions,
@@ -54,12 +55,14 @@ export interface FakeOptions {
   /** Environments (non-catalog templates) per tenant. */
   environments?: Record<string, TemplateInfo[]>;
   now?: () => number;
+  /** Emit `transition` events like the engine ({id, tenant, state, op, snapshotBytes?}). */
+  events?: boolean;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const iso = (ms: number) => new Date(ms).toISOString();
 
-export class FakeSandboxService implements SandboxService {
+export class FakeSandboxService extends EventEmitter implements SandboxService {
   readonly accel = 'tcg' as const;
   ready = true;
   private readonly boxes = new Map<string, Box>();
@@ -72,7 +75,11 @@ export class FakeSandboxService implements SandboxService {
   readonly calls: string[] = [];
   closed = false;
 
+  private readonly events: boolean;
+
   constructor(opts: FakeOptions = {}) {
+    super();
+    this.events = opts.events ?? false;
     this.opDelayMs = opts.opDelayMs ?? 1;
     this.environments = opts.environments ?? {};
     this.now = opts.now ?? Date.now;
@@ -110,6 +117,7 @@ export class FakeSandboxService implements SandboxService {
       throw new CollimateError('vmm_failed', 'The VMM failed to start; retry.');
     }
     const box = this.newBox(scope.tenant, tpl, opts.labels ?? {}, opts.timeoutSecs ?? 3600, null);
+    this.transition(box, 'create');
     return this.info(box);
   }
 
@@ -219,6 +227,7 @@ export class FakeSandboxService implements SandboxService {
       const child = this.newBox(parent.tenant, tpl, opts.labels ?? { ...parent.labels }, parent.timeoutSecs, parent.id);
       child.files = new Map(parent.files);
       parent.children.push(child.id);
+      this.transition(child, 'fork');
       children.push(this.info(child));
     }
     return children;
@@ -230,6 +239,7 @@ export class FakeSandboxService implements SandboxService {
     if (box.state !== 'running') throw invalidState(id, box.state, 'suspend', ['running']);
     await sleep(this.opDelayMs);
     box.state = 'suspended';
+    this.transition(box, 'suspend', box.memoryMib * 1024 * 1024);
     return this.info(box);
   }
 
@@ -239,6 +249,7 @@ export class FakeSandboxService implements SandboxService {
     if (box.state !== 'suspended') throw invalidState(id, box.state, 'resume', ['suspended']);
     await sleep(this.opDelayMs);
     box.state = 'running';
+    this.transition(box, 'resume');
     return this.info(box);
   }
 
@@ -247,6 +258,7 @@ export class FakeSandboxService implements SandboxService {
     const box = this.find(id, scope);
     box.state = 'deleted';
     this.boxes.delete(id);
+    this.transition(box, 'delete');
   }
 
   async readFile(id: string, path: string, scope?: Scope): Promise<Buffer> {
@@ -272,6 +284,10 @@ export class FakeSandboxService implements SandboxService {
   /** Test hook: the reaper / another front door removed a sandbox behind the API's back. */
   reap(id: string): void {
     this.boxes.delete(id);
+  }
+
+  private transition(b: Box, op: string, snapshotBytes?: number): void {
+    if (this.events) this.emit('transition', { id: b.id, tenant: b.tenant, state: b.state, op, ...(snapshotBytes === undefined ? {} : { snapshotBytes }) });
   }
 
   private find(id: string, scope?: Scope): Box {

@@ -1,0 +1,27 @@
+/**
+ * A stand-in for src/sandboxes/engine.ts with the same `Engine.open({home})` surface, backed by the
+ * in-memory fake. `collimate serve` loads it when COLLIMATE_ENGINE_MODULE points here (CLI tests).
+ */
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import '../../../src/api/migrations.js';
+import { openDb, type Db } from '../../../src/store/db.js';
+import { FakeSandboxService } from './fakeService.js';
+
+export class Engine extends FakeSandboxService {
+  db!: Db;
+  home!: string;
+
+  static async open(opts: { home: string }): Promise<Engine> {
+    const e = new Engine({ events: true });
+    e.home = opts.home;
+    e.db = openDb(join(opts.home, 'collimate.db'));
+    return e;
+  }
+
+  override async close(): Promise<void> {
+    await super.close();
+    this.db.close();
+    writeFileSync(join(this.home, 'engine-closed'), 'yes');
+  }
+}
