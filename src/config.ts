@@ -11,6 +11,8 @@ export interface EngineConfig {
   cacheDir: string;
   /** tmpfs directory for RAM files of templates and fork points (DESIGN.md: "Where RAM files live"). */
   ramDir: string;
+  /** tmpfs directory for artifact RAM files, tied to cacheDir (they are shared wherever it is). */
+  artifactRamDir: string;
   accel: AccelChoice;
   qemuBinary: string;
   /** Warm VMMs waiting in `-incoming defer`, per catalog template. */
@@ -42,13 +44,16 @@ export function defaultHome(env: NodeJS.ProcessEnv = process.env): string {
 
 export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.ProcessEnv = process.env): EngineConfig {
   const home = overrides.home ?? defaultHome(env);
-  const homeTag = createHash('sha256').update(home).digest('hex').slice(0, 12);
+  const tag = (p: string) => createHash('sha256').update(p).digest('hex').slice(0, 12);
+  const homeTag = tag(home);
+  const cacheDir = overrides.cacheDir ?? (env.COLLIMATE_CACHE_DIR || home);
   const reapAction = (env.COLLIMATE_REAP_ACTION ?? 'delete') as EngineConfig['reapAction'];
   if (reapAction !== 'delete' && reapAction !== 'suspend') throw new Error('COLLIMATE_REAP_ACTION must be "delete" or "suspend"');
   return {
     home,
-    cacheDir: env.COLLIMATE_CACHE_DIR || home,
+    cacheDir,
     ramDir: env.COLLIMATE_RAM_DIR || `/dev/shm/collimate-${homeTag}`,
+    artifactRamDir: env.COLLIMATE_RAM_DIR || `/dev/shm/collimate-${tag(cacheDir)}`,
     accel: detectAccel(env),
     qemuBinary: env.COLLIMATE_QEMU || 'qemu-system-x86_64',
     poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),

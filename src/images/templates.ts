@@ -44,7 +44,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       layers: layers.map((l) => l.path),
     };
     const artifact = await ensureArtifact(
-      { home: cfg.cacheDir, ramDir: cfg.ramDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress },
+      { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress },
       shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
     );
     out.push({ id: entry.id, description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath) });

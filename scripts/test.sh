@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up, type check, unit tests (seconds, no QEMU), then integration tests on
+# real microVMs. CI runs exactly this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export COLLIMATE_CACHE_DIR="${COLLIMATE_CACHE_DIR:-/var/tmp/collimate-test-cache}"
+echo "== type check" >&2
+node_modules/.bin/tsc -p tsconfig.json --noEmit
+echo "== unit tests" >&2
+node --import tsx --test --test-concurrency=4 'test/unit/**/*.test.ts'
+echo "== guest assets and catalog templates (cached in $COLLIMATE_CACHE_DIR)" >&2
+node --import tsx scripts/prepare.ts
+echo "== integration tests (real microVMs)" >&2
+node --import tsx --test --test-concurrency="${COLLIMATE_TEST_CONCURRENCY:-2}" --test-timeout=900000 'test/integration/**/*.test.ts'

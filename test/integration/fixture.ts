@@ -1,0 +1,68 @@
+import { mkdtempSync, mkdirSync, readdirSync, existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import assert from 'node:assert/strict';
+import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
+
+/** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
+export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
+
+export function testHome(name: string): string {
+  mkdirSync('/tmp/collimate-it', { recursive: true });
+  return mkdtempSync(join('/tmp/collimate-it', `${name}-`));
+}
+
+export async function openEngine(home: string, opts: EngineOptions = {}): Promise<Engine> {
+  mkdirSync(TEST_CACHE, { recursive: true });
+  return Engine.open({
+    home,
+    cacheDir: TEST_CACHE,
+    poolSize: 2,
+    progress: process.env.COLLIMATE_TEST_VERBOSE ? (m) => console.error(`[engine] ${m}`) : undefined,
+    ...opts,
+  });
+}
+
+/** QEMU processes whose command line mentions `needle` (a test home), by pid. */
+export function qemuProcesses(needle: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    let cmd = '';
+    try { cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8'); } catch { continue; }
+    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) {
+      try {
+        const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+        if (stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z') continue;
+      } catch { continue; }
+      pids.push(Number(p));
+    }
+  }
+  return pids;
+}
+
+function walk(dir: string, out: string[] = []): string[] {
+  if (!existsSync(dir)) return out;
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    if (e.isDirectory()) walk(p, out); else out.push(p);
+  }
+  return out;
+}
+
+/**
+ * The leak check: after every sandbox is deleted and the engine closed, no QEMU process, socket,
+ * per-sandbox file, fork point or RAM file of this home may remain.
+ */
+export async function assertNoLeaks(engine: Engine, home: string): Promise<void> {
+  const ramDir = engine.cfg.ramDir;
+  await engine.deleteAll();
+  await engine.close();
+  const deadline = Date.now() + 5000;
+  while (qemuProcesses(home).length > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  assert.deepEqual(qemuProcesses(home), [], 'QEMU processes left running');
+  assert.deepEqual(walk(join(home, 'sandboxes')), [], 'per-sandbox files left');
+  assert.deepEqual(walk(join(home, 'forkpoints')), [], 'fork point files left');
+  assert.deepEqual(walk(home).filter((f) => f.endsWith('.sock')), [], 'sockets left');
+  const ram = existsSync(ramDir) ? readdirSync(ramDir).filter((f) => !f.startsWith('artifact-')) : [];
+  assert.deepEqual(ram, [], 'RAM files left');
+}
