@@ -98,8 +98,8 @@ export const CreateSandboxRequest = named(
     template: described(z.string().min(1).max(128), 'Template (or catalog image) id; see GET /v1/templates.'),
     labels: Labels.optional(),
     timeout_secs: described(
-      z.number().int().min(1).max(7 * 24 * 3600),
-      'Maximum session duration in seconds. Default and maximum depend on the tier (demo: 900 max).',
+      z.number().int().min(1).max(2 ** 31 - 1),
+      'Maximum session duration in seconds. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden).',
     ).optional(),
   }),
 );

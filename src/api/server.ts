@@ -28,7 +28,7 @@ export interface BuildServerOptions {
   logger?: FastifyServerOptions['logger'];
   /** Readiness for /healthz; defaults to the service's isReady()/accel when it has them. */
   health?: () => { ready: boolean; accel: string };
-  /** Period of the metering reconcile against service.list(); 0 disables the timer. Default 10 s. */
+  /** Period of the metering reconcile against service.list(); 0 disables the timer. Default 10 s, or 60 s when the service emits transition events. */
   reconcileIntervalMs?: number;
   maxJsonBodyBytes?: number;
   maxFileBytes?: number;
@@ -139,7 +139,7 @@ function parseWith<T extends z.ZodType>(schema: T, data: unknown, where: string)
 }
 
 /** Maps anything thrown to a client-safe CollimateError (logging internal causes). */
-export function toClientError(err: unknown, log?: { error: (o: object, msg: string) => void }): CollimateError {
+export function toClientError(err: unknown, log?: { error: (o: object, msg: string) => void }, requestId?: string): CollimateError {
   if (err instanceof CollimateError) {
     if (err.status >= 500 && log) log.error({ err }, `service error ${err.code}`);
     return err;
@@ -159,7 +159,8 @@ export function toClientError(err: unknown, log?: { error: (o: object, msg: stri
     }
   }
   log?.error({ err }, 'internal error');
-  return new CollimateError('internal_error', 'Internal error; it has been logged. Retry, and report it if it persists.');
+  const ref = requestId ? ` (request ${requestId})` : '';
+  return new CollimateError('internal_error', `Internal error${ref}; it has been logged. Retry, and report it if it persists.`);
 }
 
 function sendError(reply: FastifyReply, err: CollimateError): void {
@@ -203,7 +204,9 @@ function parseLabelFilter(label: string | string[] | undefined): Record<string, 
   for (const l of Array.isArray(label) ? label : [label]) {
     const eq = l.indexOf('=');
     if (eq <= 0) throw new CollimateError('validation_error', `label filter ${JSON.stringify(l.slice(0, 100))} must be key=value.`);
-    out[l.slice(0, eq)] = l.slice(eq + 1);
+    const k = l.slice(0, eq);
+    if (!S.LABEL_KEY_RE.test(k)) throw new CollimateError('validation_error', `label key ${JSON.stringify(k.slice(0, 100))} must match ${S.LABEL_KEY_RE.source}.`);
+    out[k] = l.slice(eq + 1);
   }
   return out;
 }
@@ -285,7 +288,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
     },
     frameworkErrors: (err, req, reply) => {
-      sendError(reply, toClientError(err, req.log));
+      sendError(reply, toClientError(err, req.log, req.id));
     },
   });
 
@@ -320,7 +323,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   });
 
   app.setErrorHandler((err, req, reply) => {
-    sendError(reply, toClientError(err, req.log));
+    sendError(reply, toClientError(err, req.log, req.id));
   });
 
   app.setNotFoundHandler((req, reply) => {
@@ -437,7 +440,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       });
       let open = true;
       const send = (event: string, data: unknown) => {
-        if (open && !res.writableEnded) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+        // A client that went away just stops receiving; the exec itself runs to completion.
+        if (open && !res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
       };
       const finish = () => {
         if (!open) return;
@@ -451,7 +455,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
         finish();
       };
       streams.add(abort);
-      const ping = setInterval(() => open && res.write(': ping\n\n'), 15_000);
+      const ping = setInterval(() => open && !res.destroyed && res.write(': ping\n\n'), 15_000);
       ping.unref();
       const stop = execSeconds.startTimer();
       try {
@@ -462,7 +466,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
         stop();
         send('result', execResultView(r));
       } catch (err) {
-        send('error', toClientError(err, req.log).toJSON());
+        send('error', toClientError(err, req.log, req.id).toJSON());
       } finally {
         finish();
       }
@@ -619,7 +623,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
           return reply.type('application/json; charset=utf-8').send(result.body);
         } catch (err) {
           if (reply.raw.headersSent) return reply;
-          sendError(reply, toClientError(err, req.log));
+          sendError(reply, toClientError(err, req.log, req.id));
           return reply;
         }
       },
@@ -635,7 +639,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   };
   reconcile();
   const timers: NodeJS.Timeout[] = [];
-  const period = opts.reconcileIntervalMs ?? 10_000;
+  // With engine events the reconcile is only a safety net.
+  const period = opts.reconcileIntervalMs ?? (typeof emitter.on === 'function' ? 60_000 : 10_000);
   if (period > 0) timers.push(setInterval(reconcile, period));
   timers.push(setInterval(() => idempotency.prune(), 60 * 60 * 1000));
   timers.forEach((t) => t.unref());

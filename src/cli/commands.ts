@@ -146,8 +146,9 @@ async function serve(args: string[], io: Io): Promise<number> {
   // The engine module can be swapped for tests (COLLIMATE_ENGINE_MODULE, a path or URL).
   const override = io.env.COLLIMATE_ENGINE_MODULE;
   const spec = override ? (override.includes(':') && !isAbsolute(override) ? override : pathToFileURL(resolve(override)).href) : '../sandboxes/engine.js';
-  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string }): Promise<any> } };
-  const engine = await Engine.open({ home: dir });
+  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void }): Promise<any> } };
+  io.err(`collimate: opening ${dir} and warming catalog templates...\n`);
+  const engine = await Engine.open({ home: dir, progress: (m: string) => io.err(`  ${m}\n`) });
   const api = await buildServer({
     service: engine,
     db: engine.db,

@@ -106,7 +106,7 @@ describe('sandbox endpoints', () => {
       } while (cursor);
       assert.equal(pages, 3);
       assert.deepEqual([...seen].sort(), [...ids].sort());
-      for (const q of ['?state=deleted2', '?limit=0', '?limit=1001', '?limit=abc', '?label=novalue', '?bogus=1']) {
+      for (const q of ['?state=deleted2', '?limit=0', '?limit=1001', '?limit=abc', '?label=novalue', '?label=%22x%22=1', '?bogus=1']) {
         r = await g.req('listSandboxes', { url: `/v1/sandboxes${q}`, key: k });
         assertErrorBody(r, 'validation_error');
       }
@@ -186,6 +186,7 @@ describe('sandbox endpoints', () => {
       assert.equal(r.statusCode, 500);
       assert.equal(r.json().error.code, 'internal_error');
       assert.ok(!r.body.includes('secret'));
+      assert.match(r.json().error.message, /\(request req-[0-9a-z]+\)/, 'a request id to find the logged cause');
     } finally {
       f.svc.exec = orig;
     }

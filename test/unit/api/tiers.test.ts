@@ -107,7 +107,7 @@ describe('demo tier cap', () => {
     assertErrorBody(await create(pro, { template: 'base', timeout_secs: 86401 }), 'tier_forbidden');
     const ent = f.key('timeouts-ent', 'enterprise');
     assert.equal((await create(ent, { template: 'base', timeout_secs: 7 * 86400 })).statusCode, 201);
-    assertErrorBody(await create(ent, { template: 'base', timeout_secs: 7 * 86400 + 1 }), 'validation_error');
+    assertErrorBody(await create(ent, { template: 'base', timeout_secs: 7 * 86400 + 1 }), 'tier_forbidden');
   });
 
   test('pro and enterprise have no cap', async () => {
