@@ -61,7 +61,7 @@ export const ROUTES: RouteSpec[] = [
     body: S.CreateSandboxRequest,
     idempotent: true,
     responses: { 201: { description: 'Created, running.', schema: S.Sandbox } },
-    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused', 'conflict'],
+    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused'],
   },
   {
     operationId: 'listSandboxes',
@@ -119,7 +119,7 @@ export const ROUTES: RouteSpec[] = [
     bodyOptional: true,
     idempotent: true,
     responses: { 201: { description: 'The children, running.', schema: S.ForkResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'idempotency_key_reused', 'conflict'],
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'idempotency_key_reused'],
   },
   {
     operationId: 'suspendSandbox',
