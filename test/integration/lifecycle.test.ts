@@ -1,0 +1,228 @@
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Engine } from '../../src/sandboxes/engine.ts';
+import { isAlive } from '../../src/vmm/vmm.ts';
+import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
+
+const tenant = { tenant: 'it-lifecycle' };
+let engine: Engine;
+let home: string;
+
+before(async () => {
+  home = testHome('lifecycle');
+  engine = await openEngine(home);
+});
+
+after(async () => {
+  await assertNoLeaks(engine, home);
+});
+
+const COUNTER = '(i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $!';
+
+async function sh(id: string, command: string, eng: Engine = engine): Promise<string> {
+  const r = await eng.exec(id, { command });
+  assert.equal(r.exit_code, 0, `${command}: ${r.stderr}`);
+  return r.stdout.trim();
+}
+
+async function counter(id: string, eng: Engine = engine): Promise<number> {
+  return Number(await sh(id, 'cat /root/counter', eng));
+}
+
+test('live fork: every child runs the parent\'s process with its memory; files are private; identities differ', async () => {
+  const parent = await engine.create({ template: 'base', labels: { run: 'fork-test' } }, tenant);
+  const pid = await sh(parent.id, COUNTER);
+  await sleep(1500);
+  const atFork = await counter(parent.id);
+  assert.ok(atFork >= 3, `counter should be running in the parent (got ${atFork})`);
+
+  const children = await engine.fork(parent.id, { count: 3, labels: { branch: 'yes' } });
+  assert.equal(children.length, 3);
+  for (const c of children) {
+    assert.equal(c.parent, parent.id);
+    assert.ok(c.forked_at);
+    assert.equal(c.state, 'running');
+    assert.deepEqual(c.labels, { run: 'fork-test', branch: 'yes' });
+  }
+  assert.deepEqual(engine.get(parent.id).children.sort(), children.map((c) => c.id).sort());
+
+  await sleep(1000);
+  for (const c of children) {
+    assert.equal(await sh(c.id, `kill -0 ${pid} && echo alive`), 'alive', 'the same process (same pid) runs in the child');
+    const v = await counter(c.id);
+    // Continues from the parent's value rather than starting again from zero.
+    assert.ok(v >= atFork, `child counter ${v} should continue from ${atFork}`);
+  }
+  const parentNow = await counter(parent.id);
+  assert.ok(parentNow > atFork, 'the parent keeps running');
+
+  // Files a child writes are invisible to its siblings and to the parent.
+  await sh(children[0].id, 'echo mine > /root/child0');
+  for (const other of [parent.id, children[1].id, children[2].id]) {
+    const r = await engine.exec(other, { command: 'cat /root/child0' });
+    assert.notEqual(r.exit_code, 0);
+  }
+
+  // Fresh identity: four different random streams and boot ids.
+  const ids = [parent.id, ...children.map((c) => c.id)];
+  const rand = await Promise.all(ids.map((id) => sh(id, 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"')));
+  assert.equal(new Set(rand).size, 4, `urandom must differ: ${rand.join(' ')}`);
+  const boot = await Promise.all(ids.map((id) => sh(id, 'cat /proc/sys/kernel/random/boot_id')));
+  assert.equal(new Set(boot).size, 4, `boot_id must differ: ${boot.join(' ')}`);
+
+  // The fork tree survives the parent: children keep their shared pages and disk.
+  await engine.delete(parent.id);
+  assert.ok((await counter(children[1].id)) > atFork);
+  for (const c of children) await engine.delete(c.id);
+});
+
+test('suspend frees the VMM; resume continues processes and files; fork of a suspended sandbox', async () => {
+  const sb = await engine.create({ template: 'base' }, tenant);
+  const pid = await sh(sb.id, COUNTER);
+  await sh(sb.id, 'echo persisted > /root/file');
+  await sleep(800);
+  const before = await counter(sb.id);
+  const vmmPid = engine.repo.get(sb.id)!.vmm!.pid;
+
+  const s = await engine.suspend(sb.id);
+  assert.equal(s.state, 'suspended');
+  assert.equal(engine.get(sb.id).state, 'suspended');
+  assert.equal(isAlive(vmmPid), false, 'the VMM process is gone while suspended');
+
+  await assert.rejects(engine.exec(sb.id, { command: 'true' }), (e: any) => e.code === 'invalid_state' && /suspended/.test(e.message));
+  await assert.rejects(engine.suspend(sb.id), { code: 'invalid_state' });
+
+  // Fork of a suspended sandbox restores the children from its snapshot.
+  const kids = await engine.fork(sb.id, { count: 2 });
+  for (const k of kids) {
+    assert.equal(await sh(k.id, `kill -0 ${pid} && cat /root/file`), 'persisted');
+    assert.ok((await counter(k.id)) >= before);
+  }
+  assert.equal(engine.get(sb.id).state, 'suspended', 'forking a suspended sandbox leaves it suspended');
+
+  const r = await engine.resume(sb.id);
+  assert.equal(r.state, 'running');
+  await assert.rejects(engine.resume(sb.id), (e: any) => e.code === 'invalid_state' && /running/.test(e.message));
+  assert.equal(await sh(sb.id, `kill -0 ${pid} && cat /root/file`), 'persisted');
+  const after1 = await counter(sb.id);
+  assert.ok(after1 >= before, `counter ${after1} continues from ${before}`);
+  await sleep(600);
+  assert.ok((await counter(sb.id)) > after1, 'the process keeps running after resume');
+
+  for (const k of kids) await engine.delete(k.id);
+  await engine.delete(sb.id);
+  await assert.rejects(engine.resume(sb.id), { code: 'sandbox_not_found' });
+  await assert.rejects(engine.fork(sb.id, { count: 1 }), { code: 'sandbox_not_found' });
+});
+
+test('delete from the suspended state removes the snapshot', async () => {
+  const sb = await engine.create({ template: 'base' }, tenant);
+  await engine.suspend(sb.id);
+  await engine.delete(sb.id);
+  assert.throws(() => engine.get(sb.id), { code: 'sandbox_not_found' });
+});
+
+test('a sandbox past its maximum session duration is reaped', async () => {
+  const sb = await engine.create({ template: 'base', timeoutSecs: 1 }, tenant);
+  const keep = await engine.create({ template: 'base', timeoutSecs: 600 }, tenant);
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    try { engine.get(sb.id); } catch { break; }
+    await sleep(200);
+  }
+  assert.throws(() => engine.get(sb.id), { code: 'sandbox_not_found' });
+  assert.equal(engine.get(keep.id).state, 'running');
+  await engine.delete(keep.id);
+});
+
+test('age, idle and exec count are tracked', async () => {
+  const sb = await engine.create({ template: 'base' }, tenant);
+  await sh(sb.id, 'true');
+  await sh(sb.id, 'true');
+  await sleep(1200);
+  const info = engine.get(sb.id);
+  assert.equal(info.exec_count, 2);
+  assert.ok(info.age_secs >= 1.2);
+  assert.ok(info.idle_secs >= 1.0 && info.idle_secs <= info.age_secs);
+  await engine.delete(sb.id);
+});
+
+// ---- crash safety: a separate process plays the server and is SIGKILLed at injected points -------
+
+const worker = fileURLToPath(new URL('./crashWorker.ts', import.meta.url));
+
+function runWorker(crashHome: string, args: string[], crashAt?: string): Promise<string> {
+  return new Promise((resolve) => {
+    execFile(process.execPath, ['--import', 'tsx', worker, crashHome, TEST_CACHE, ...args], {
+      env: { ...process.env, ...(crashAt ? { COLLIMATE_CRASH_AT: crashAt } : {}) },
+      timeout: 180_000,
+    }, (_err, stdout) => resolve(stdout));
+  });
+}
+
+test('SIGKILL while suspended, restart, resume: intact', async () => {
+  const crashHome = testHome('crash-suspended');
+  const out = await runWorker(crashHome, ['create-and-suspend']);
+  const { id } = JSON.parse(out.trim().split('\n').pop()!);
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.equal(e2.get(id).state, 'suspended');
+    await e2.resume(id);
+    assert.equal(await sh(id, 'cat /root/marker', e2), 'kept');
+    const c = await counter(id, e2);
+    await sleep(500);
+    assert.ok((await counter(id, e2)) > c);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
+
+for (const point of ['fork:before-stop', 'fork:after-disk', 'fork:after-migrate', 'fork:children-spawned', 'fork:children-restored']) {
+  test(`SIGKILL inside a fork of 4 at ${point}: after restart every sandbox is wholly there or wholly gone`, async () => {
+    const crashHome = testHome('crash-fork');
+    const { id } = JSON.parse((await runWorker(crashHome, ['setup'])).trim().split('\n').pop()!);
+    await runWorker(crashHome, ['fork', id], point);
+    const e2 = await openEngine(crashHome, { poolSize: 1 });
+    try {
+      const all = e2.list({}, { tenant: 'crash' }).sandboxes;
+      const parent = all.find((s) => s.id === id)!;
+      assert.equal(parent.state, 'running');
+      assert.equal(await sh(id, 'cat /root/marker', e2), 'before');
+      const c = await counter(id, e2);
+      await sleep(500);
+      assert.ok((await counter(id, e2)) > c, 'the parent runs on after the crash');
+      const kids = all.filter((s) => s.parent === id);
+      assert.equal(kids.length, 0, 'children of an unacknowledged fork are rolled back');
+      // The rolled-back fork did not break the parent: it can fork again.
+      const again = await e2.fork(id, { count: 2 });
+      for (const k of again) assert.equal(await sh(k.id, 'cat /root/marker', e2), 'before');
+    } finally {
+      await assertNoLeaks(e2, crashHome);
+    }
+    assert.deepEqual(qemuProcesses(crashHome), []);
+  });
+}
+
+for (const point of ['suspend:before-save', 'suspend:after-save']) {
+  test(`SIGKILL inside a suspend at ${point}: the sandbox is wholly running or wholly suspended`, async () => {
+    const crashHome = testHome('crash-suspend');
+    const { id } = JSON.parse((await runWorker(crashHome, ['setup'])).trim().split('\n').pop()!);
+    await runWorker(crashHome, ['suspend', id], point);
+    const e2 = await openEngine(crashHome, { poolSize: 1 });
+    try {
+      const s = e2.get(id);
+      if (point === 'suspend:after-save') assert.equal(s.state, 'suspended', 'a complete snapshot finishes the suspend');
+      else assert.equal(s.state, 'running', 'an unfinished snapshot rolls the suspend back');
+      if (s.state === 'suspended') await e2.resume(id);
+      assert.equal(await sh(id, 'cat /root/marker', e2), 'before');
+      const c = await counter(id, e2);
+      await sleep(500);
+      assert.ok((await counter(id, e2)) > c);
+    } finally {
+      await assertNoLeaks(e2, crashHome);
+    }
+  });
+}
