@@ -6,6 +6,7 @@ import { ensureArtifact, type Artifact } from './bake.js';
 import { buildAgent } from '../guest/agentBuild.js';
 import { agentBinary } from './agentAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
+import { DEBIAN_CATALOG } from './debianRootfs.js';
 
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
@@ -24,6 +25,7 @@ export const CATALOG: CatalogEntry[] = [
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureBaseRootfs(home, progress)],
   },
+  ...DEBIAN_CATALOG,
 ];
 
 /** Builds (or finds cached) every guest asset and catalog artifact. Idempotent; the slow path runs once. */

@@ -1,4 +1,4 @@
-import { mkdirSync, readdirSync, readFileSync, existsSync, rmSync, renameSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmdirSync, readdirSync, readFileSync, existsSync, rmSync, renameSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
@@ -35,6 +35,8 @@ export interface EngineOptions extends Partial<EngineConfig> {
   home?: string;
   /** Progress lines during first-time set-up (template builds). */
   progress?: (msg: string) => void;
+  /** Catalog templates to warm (default: all of them). */
+  catalog?: string[];
   /** Skip warming catalog templates (for tools that only read the database, e.g. `keys`). */
   noTemplates?: boolean;
   /** Test hook: called at named points inside multi-step operations (crash injection). */
@@ -98,7 +100,7 @@ export class Engine extends EventEmitter implements SandboxService {
 
   private async warmTemplates(): Promise<void> {
     const progress = this.opts.progress ?? (() => {});
-    const templates = await loadCatalog(this.cfg, progress);
+    const templates = await loadCatalog(this.cfg, progress, this.opts.catalog);
     for (const t of templates) {
       this.templatesById.set(t.id, t);
       this.artifacts.set(t.artifact.key, t.artifact);
@@ -753,6 +755,8 @@ export class Engine extends EventEmitter implements SandboxService {
     for (const r of this.running.values()) { r.live.agent.close(); r.live.vmm.qmp.close(); }
     this.running.clear();
     this.db.close();
+    // The RAM directory goes too once nothing in it is left (running VMMs keep theirs).
+    try { rmdirSync(this.cfg.ramDir); } catch { /* not empty, or already gone */ }
   }
 
   /** Deletes every sandbox this engine holds (tests, `collimate` shutdown with --delete). */

@@ -17,6 +17,7 @@ export async function openEngine(home: string, opts: EngineOptions = {}): Promis
     home,
     cacheDir: TEST_CACHE,
     poolSize: 2,
+    catalog: ['base'],
     progress: process.env.COLLIMATE_TEST_VERBOSE ? (m) => console.error(`[engine] ${m}`) : undefined,
     ...opts,
   });
