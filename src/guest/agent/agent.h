@@ -1,0 +1,243 @@
+/*
+ * Collimate guest agent: shared declarations.
+ *
+ * The wire contract lives in docs/agent-protocol.md; the constants below must
+ * stay identical to src/guest/protocol.ts.
+ */
+#ifndef COLLIMATE_AGENT_H
+#define COLLIMATE_AGENT_H
+
+#define _GNU_SOURCE
+
+#include <limits.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define AGENT_VERSION "collimate-agent/1"
+
+#define FRAME_MAGIC 0x314D4C43u
+#define FRAME_HEADER_SIZE 16u
+#define MAX_FRAME_PAYLOAD (1024u * 1024u)
+#define OUTPUT_CHUNK_MAX (64u * 1024u)
+#define FILE_CHUNK_MAX (512u * 1024u)
+#define DEFAULT_MAX_OUTPUT (1024u * 1024u)
+#define IDENTITY_TEXT_MAX 4096u
+
+#define NS_PER_MS 1000000LL
+#define NS_PER_SEC 1000000000LL
+
+enum message_type {
+    MSG_PING = 1,
+    MSG_EXEC = 2,
+    MSG_RESTORED = 3,
+    MSG_FILE_READ = 4,
+    MSG_FILE_WRITE = 5,
+    MSG_PONG = 0x81,
+    MSG_STDOUT = 0x82,
+    MSG_STDERR = 0x83,
+    MSG_EXEC_RESULT = 0x84,
+    MSG_OK = 0x85,
+    MSG_FILE_DATA = 0x86,
+    MSG_ERROR = 0x8F,
+};
+
+enum field_tag {
+    TAG_ARGV_BEGIN = 10,
+    TAG_ARG = 11,
+    TAG_ENV = 12,
+    TAG_CWD = 13,
+    TAG_STDIN = 14,
+    TAG_FILE_PATH = 15,
+    TAG_FILE_MODE = 16,
+    TAG_FILE_DATA = 17,
+    TAG_TIMEOUT_MS = 18,
+    TAG_MAX_OUTPUT = 19,
+
+    TAG_EXIT_CODE = 30,
+    TAG_SIGNAL = 31,
+    TAG_TIMED_OUT = 32,
+    TAG_STDOUT_TRUNCATED = 35,
+    TAG_STDERR_TRUNCATED = 36,
+    TAG_STDOUT_BYTES = 37,
+    TAG_STDERR_BYTES = 38,
+    TAG_FAILED_INDEX = 39,
+    TAG_STARTED_NS = 40,
+    TAG_FINISHED_NS = 41,
+    TAG_ERROR_TEXT = 42,
+
+    TAG_ENTROPY = 50,
+    TAG_TIME_NS = 51,
+    TAG_SANDBOX_ID = 52,
+    TAG_TOKEN = 53,
+
+    TAG_PATH = 60,
+    TAG_DATA = 61,
+    TAG_OFFSET = 62,
+    TAG_LENGTH = 63,
+    TAG_SIZE = 64,
+    TAG_TRUNCATE = 65,
+    TAG_MODE = 16,
+
+    TAG_CODE = 70,
+    TAG_MESSAGE = 71,
+
+    TAG_AGENT_VERSION = 80,
+    TAG_UPTIME_MS = 81,
+};
+
+static inline uint16_t load_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t load_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t load_le64(const uint8_t *p) { return (uint64_t)load_le32(p) | ((uint64_t)load_le32(p + 4) << 32); }
+static inline void store_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void store_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void store_le64(uint8_t *p, uint64_t v)
+{
+    store_le32(p, (uint32_t)v);
+    store_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* ---- TLV payloads (wire.c) ---- */
+
+struct tlv_field {
+    uint16_t tag;
+    uint32_t len;
+    const uint8_t *value;
+};
+
+struct tlv_cursor {
+    const uint8_t *next;
+    size_t left;
+};
+
+void tlv_cursor_init(struct tlv_cursor *c, const uint8_t *payload, size_t len);
+/* 1 = produced a field, 0 = clean end, -1 = truncated field. */
+int tlv_next(struct tlv_cursor *c, struct tlv_field *f);
+bool tlv_well_formed(const uint8_t *payload, size_t len);
+bool tlv_as_u8(const struct tlv_field *f, uint8_t *out);
+bool tlv_as_u32(const struct tlv_field *f, uint32_t *out);
+bool tlv_as_u64(const struct tlv_field *f, uint64_t *out);
+bool tlv_has_nul(const struct tlv_field *f);
+/* Copies a NUL-free field into dst as a C string; false if it has a NUL or does not fit. */
+bool tlv_copy_text(const struct tlv_field *f, char *dst, size_t cap);
+
+/* ---- Outgoing frames (wire.c builds them, agent.c queues and sends them) ---- */
+
+struct out_frame {
+    struct out_frame *next;
+    size_t len;
+    size_t sent;
+    uint8_t bytes[];
+};
+
+struct frame_builder {
+    struct out_frame *frame;
+    size_t cap;
+    size_t open_field;
+    bool overflow;
+};
+
+bool frame_begin(struct frame_builder *b, uint16_t type, uint32_t id, size_t payload_cap);
+void frame_put_u8(struct frame_builder *b, uint16_t tag, uint8_t v);
+void frame_put_u32(struct frame_builder *b, uint16_t tag, uint32_t v);
+void frame_put_i32(struct frame_builder *b, uint16_t tag, int32_t v);
+void frame_put_u64(struct frame_builder *b, uint16_t tag, uint64_t v);
+void frame_put_bytes(struct frame_builder *b, uint16_t tag, const void *data, size_t len);
+void frame_put_text(struct frame_builder *b, uint16_t tag, const char *text);
+void frame_put_raw(struct frame_builder *b, const void *data, size_t len);
+/* Reserve up to max_len value bytes of a field to fill in place; frame_close_field fixes the length. */
+uint8_t *frame_open_field(struct frame_builder *b, uint16_t tag, size_t max_len);
+void frame_close_field(struct frame_builder *b, size_t actual_len);
+void frame_send(struct frame_builder *b);
+
+void send_simple_frame(uint16_t type, uint32_t id, const void *raw, size_t len);
+void reply_ok(uint32_t id);
+void reply_error(uint32_t id, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Request handlers validate top-down and bail out at the first problem. */
+#define reject_request(id, code, ...)              \
+    do {                                           \
+        reply_error((id), (code), __VA_ARGS__);    \
+        return;                                    \
+    } while (0)
+
+/* ---- agent.c ---- */
+
+extern bool agent_debug;
+extern bool agent_test_mode;
+void agent_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void agent_log_to_fd(int fd);
+
+void output_enqueue(struct out_frame *frame);
+bool output_backpressured(void);
+
+int64_t monotonic_ns(void);
+uint64_t realtime_ns(void);
+
+/* mkdir -p for every parent of path (0755); errors surface when the file itself is opened. */
+void make_parent_directories(const char *path);
+int make_directories(const char *path, mode_t mode);
+bool write_all(int fd, const void *data, size_t len);
+
+/* KEY=VALUE strings every command starts from; NULL-terminated. */
+extern char **base_environment;
+extern size_t base_environment_count;
+void base_environment_init(char *const *overrides, size_t count);
+
+/* ---- Poll set shared by the transport and the exec engine ---- */
+
+enum poll_owner {
+    POLL_SIGNALS,
+    POLL_TRANSPORT,
+    POLL_LISTENER,
+    POLL_EXEC_STDIN,
+    POLL_EXEC_STDOUT,
+    POLL_EXEC_STDERR,
+    POLL_BACKGROUND,
+};
+
+#define POLL_SET_MAX 320
+
+struct poll_set {
+    struct pollfd fds[POLL_SET_MAX];
+    uint8_t owner[POLL_SET_MAX];
+    nfds_t count;
+};
+
+void poll_set_add(struct poll_set *ps, int fd, short events, enum poll_owner owner);
+
+/* ---- exec.c ---- */
+
+void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len);
+void exec_child_exited(pid_t pid, int status);
+void exec_add_poll_fds(struct poll_set *ps);
+void exec_handle_poll(enum poll_owner owner, int fd, short revents);
+/* Monotonic ns of the next timer the exec engine needs, or -1. */
+int64_t exec_next_deadline_ns(void);
+void exec_tick(void);
+/* The host went away: keep the processes running as background jobs, forget the request. */
+void exec_detach(void);
+
+/* ---- boot.c ---- */
+
+void boot_system(void);
+int open_agent_port(void);
+
+/* RESTORED's privileged steps; each returns 0, or -1 with a reason in why. */
+int restore_mix_entropy(const uint8_t *data, size_t len, char *why, size_t why_cap);
+int restore_set_clock(uint64_t realtime_ns_value, char *why, size_t why_cap);
+int restore_refresh_boot_id(char *why, size_t why_cap);
+int restore_publish_sandbox_id(const char *sandbox_id, char *why, size_t why_cap);
+
+#endif

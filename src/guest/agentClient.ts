@@ -1,0 +1,357 @@
+/**
+ * Talks to one guest agent over a connected stream (the QEMU virtio-serial chardev
+ * socket, or a test-mode agent's unix socket).
+ *
+ * One request is in flight at a time: the agent runs a single exec anyway, and
+ * strict ordering makes every reply unambiguous. Receive-side memory is bounded by
+ * the frame decoder (one frame), the exec output caps and the readFile limit.
+ */
+import { EventEmitter } from 'node:events';
+import { randomInt } from 'node:crypto';
+import type { Duplex } from 'node:stream';
+import {
+  DEFAULT_MAX_OUTPUT,
+  ErrorCode,
+  FILE_CHUNK_MAX,
+  FrameDecoder,
+  MessageType,
+  ProtocolError,
+  decodeError,
+  decodeExecResult,
+  decodeFileData,
+  decodePong,
+  encodeExec,
+  encodeFileRead,
+  encodeFileWrite,
+  encodeFrame,
+  encodePing,
+  encodeRestored,
+  type ExecRequest,
+  type ExecResult,
+  type FileData,
+  type Frame,
+  type Pong,
+  type RestoredRequest,
+} from './protocol.js';
+
+/** Codes raised by the client itself, next to the guest's ErrorCode values. */
+export const ClientErrorCode = {
+  Disconnected: 'agent_disconnected',
+  Timeout: 'timeout',
+  FileTooLarge: 'file_too_large',
+  /** The request cannot be encoded (invalid field, or larger than one frame). */
+  InvalidRequest: 'invalid_request',
+  UnexpectedReply: 'unexpected_reply',
+} as const;
+
+export class AgentError extends Error {
+  override name = 'AgentError';
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export interface AgentClientOptions {
+  /** readFile refuses files larger than this (default 64 MiB). */
+  maxReadFileBytes?: number;
+}
+
+export interface ExecHandlers {
+  onStdout?(chunk: Buffer): void;
+  onStderr?(chunk: Buffer): void;
+  /** Client-side limit on waiting for the result; the guest's own timeout is req.timeoutMs. */
+  timeoutMs?: number;
+}
+
+export interface ExecOutcome {
+  result: ExecResult;
+  stdout: Buffer;
+  stderr: Buffer;
+}
+
+export interface ReadFileOptions {
+  maxBytes?: number;
+}
+
+const DEFAULT_MAX_READ_FILE_BYTES = 64 * 1024 * 1024;
+const MAX_REQUEST_ID = 0xffffffff;
+
+interface PendingRequest {
+  id: number;
+  onFrame(frame: Frame): void;
+  fail(error: AgentError): void;
+}
+
+/** Keeps at most `cap` bytes of a stream; the guest caps too, this guards against a misbehaving one. */
+class CappedBuffer {
+  private parts: Buffer[] = [];
+  private length = 0;
+
+  constructor(private readonly cap: number) {}
+
+  append(chunk: Buffer): void {
+    const room = this.cap - this.length;
+    if (room <= 0) return;
+    const kept = chunk.length <= room ? chunk : chunk.subarray(0, room);
+    this.parts.push(kept);
+    this.length += kept.length;
+  }
+
+  toBuffer(): Buffer {
+    return Buffer.concat(this.parts, this.length);
+  }
+}
+
+function errorFromFrame(frame: Frame): AgentError {
+  try {
+    const { code, message } = decodeError(frame.payload);
+    return new AgentError(code, message);
+  } catch (e) {
+    return new AgentError(ClientErrorCode.UnexpectedReply, `undecodable ERROR frame: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * Events: 'guestError' (AgentError) for ERROR frames not tied to a request, such as
+ * the agent's bad_frame resync report; 'resync' (skippedBytes) when the guest's byte
+ * stream had to be resynchronised here; 'close' once the stream is gone.
+ */
+export class AgentClient extends EventEmitter {
+  private readonly decoder = new FrameDecoder();
+  private readonly maxReadFileBytes: number;
+  private pending: PendingRequest | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+  /** Random start so a reconnecting host cannot mistake stale replies for answers to new ids. */
+  private nextId = randomInt(1, 0x7fffffff);
+  private closedReason: string | undefined;
+
+  constructor(
+    private readonly stream: Duplex,
+    options: AgentClientOptions = {},
+  ) {
+    super();
+    this.maxReadFileBytes = options.maxReadFileBytes ?? DEFAULT_MAX_READ_FILE_BYTES;
+    stream.on('data', (chunk: Buffer) => this.receive(chunk));
+    stream.on('error', (err) => this.shutdown(`stream error: ${err.message}`));
+    stream.on('end', () => this.shutdown('stream ended'));
+    stream.on('close', () => this.shutdown('stream closed'));
+  }
+
+  get closed(): boolean {
+    return this.closedReason !== undefined;
+  }
+
+  async ping(timeoutMs = 5000): Promise<Pong> {
+    return this.serialized(() =>
+      this.request(MessageType.Ping, encodePing(), timeoutMs, (frame, done) => {
+        if (frame.type !== MessageType.Pong) return false;
+        done(decodePong(frame.payload));
+        return true;
+      }),
+    );
+  }
+
+  async exec(req: ExecRequest, handlers: ExecHandlers = {}): Promise<ExecOutcome> {
+    const payload = encodeOrThrow(() => encodeExec(req));
+    const cap = req.maxOutput ?? DEFAULT_MAX_OUTPUT;
+    return this.serialized(() => {
+      const stdout = new CappedBuffer(cap);
+      const stderr = new CappedBuffer(cap);
+      return this.request<ExecOutcome>(MessageType.Exec, payload, handlers.timeoutMs, (frame, done) => {
+        switch (frame.type) {
+          case MessageType.Stdout:
+            stdout.append(frame.payload);
+            handlers.onStdout?.(frame.payload);
+            return true;
+          case MessageType.Stderr:
+            stderr.append(frame.payload);
+            handlers.onStderr?.(frame.payload);
+            return true;
+          case MessageType.ExecResult:
+            done({ result: decodeExecResult(frame.payload), stdout: stdout.toBuffer(), stderr: stderr.toBuffer() });
+            return true;
+          default:
+            return false;
+        }
+      });
+    });
+  }
+
+  async restored(req: RestoredRequest): Promise<void> {
+    const payload = encodeOrThrow(() => encodeRestored(req));
+    await this.serialized(() => this.request<void>(MessageType.Restored, payload, undefined, expectOk));
+  }
+
+  async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {
+    const maxBytes = options.maxBytes ?? this.maxReadFileBytes;
+    return this.serialized(async () => {
+      const parts: Buffer[] = [];
+      let offset = 0;
+      for (;;) {
+        const payload = encodeOrThrow(() => encodeFileRead({ path, offset, length: FILE_CHUNK_MAX }));
+        const chunk = await this.request<FileData>(MessageType.FileRead, payload, undefined, (frame, done) => {
+          if (frame.type !== MessageType.FileData) return false;
+          done(decodeFileData(frame.payload));
+          return true;
+        });
+        // Checked on every chunk: the file may grow while we read it.
+        if (chunk.size > maxBytes || offset + chunk.data.length > maxBytes) {
+          throw new AgentError(ClientErrorCode.FileTooLarge, `${path} is ${chunk.size} bytes, over the ${maxBytes}-byte limit`);
+        }
+        if (chunk.data.length > 0) parts.push(chunk.data);
+        offset += chunk.data.length;
+        if (chunk.data.length === 0 || offset >= chunk.size) return Buffer.concat(parts, offset);
+      }
+    });
+  }
+
+  async writeFile(path: string, data: Buffer, mode?: number): Promise<void> {
+    await this.serialized(async () => {
+      let offset = 0;
+      do {
+        const piece = data.subarray(offset, offset + FILE_CHUNK_MAX);
+        const first = offset === 0;
+        const payload = encodeOrThrow(() =>
+          encodeFileWrite(first ? { path, data: piece, truncate: true, mode } : { path, data: piece, offset }),
+        );
+        await this.request<void>(MessageType.FileWrite, payload, undefined, expectOk);
+        offset += piece.length;
+      } while (offset < data.length);
+    });
+  }
+
+  close(): void {
+    this.shutdown('closed by client');
+    this.stream.destroy();
+  }
+
+  // ------------------------------------------------------------ internals
+
+  private serialized<T>(task: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(task, task);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private allocateId(): number {
+    const id = this.nextId;
+    this.nextId = this.nextId >= MAX_REQUEST_ID ? 1 : this.nextId + 1;
+    return id;
+  }
+
+  /**
+   * Sends one request and feeds frames carrying its id to `handle`, which calls
+   * `done` with the final value and returns false for frame types it does not expect.
+   */
+  private request<T>(
+    type: number,
+    payload: Buffer,
+    timeoutMs: number | undefined,
+    handle: (frame: Frame, done: (value: T) => void) => boolean,
+  ): Promise<T> {
+    if (this.closedReason !== undefined) {
+      return Promise.reject(new AgentError(ClientErrorCode.Disconnected, `agent connection is closed (${this.closedReason})`));
+    }
+    let frame: Buffer;
+    try {
+      frame = encodeFrame(type, 0, payload);
+    } catch (e) {
+      return Promise.reject(new AgentError(ClientErrorCode.InvalidRequest, (e as Error).message));
+    }
+    const id = this.allocateId();
+    frame.writeUInt32LE(id, 8);
+
+    return new Promise<T>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const settle = () => {
+        if (timer) clearTimeout(timer);
+        if (this.pending === entry) this.pending = undefined;
+      };
+      const entry: PendingRequest = {
+        id,
+        onFrame: (reply) => {
+          if (reply.type === MessageType.Error) {
+            settle();
+            reject(errorFromFrame(reply));
+            return;
+          }
+          try {
+            const understood = handle(reply, (value) => {
+              settle();
+              resolve(value);
+            });
+            if (!understood) {
+              settle();
+              reject(new AgentError(ClientErrorCode.UnexpectedReply, `unexpected reply type 0x${reply.type.toString(16)} to request ${id}`));
+            }
+          } catch (e) {
+            settle();
+            const message = e instanceof ProtocolError ? e.message : String(e);
+            reject(new AgentError(ClientErrorCode.UnexpectedReply, `undecodable reply to request ${id}: ${message}`));
+          }
+        },
+        fail: (error) => {
+          settle();
+          reject(error);
+        },
+      };
+      this.pending = entry;
+      if (timeoutMs !== undefined) {
+        timer = setTimeout(() => entry.fail(new AgentError(ClientErrorCode.Timeout, `no reply to request ${id} within ${timeoutMs} ms`)), timeoutMs);
+      }
+      this.stream.write(frame);
+    });
+  }
+
+  private receive(chunk: Buffer): void {
+    let events;
+    try {
+      events = this.decoder.push(chunk);
+    } catch (e) {
+      this.shutdown(`decoder failure: ${(e as Error).message}`);
+      return;
+    }
+    for (const event of events) {
+      if (event.kind === 'resync') {
+        this.emit('resync', event.skippedBytes);
+        continue;
+      }
+      const frame = event.frame;
+      if (this.pending && frame.id === this.pending.id) {
+        this.pending.onFrame(frame);
+      } else if (frame.type === MessageType.Error) {
+        this.emit('guestError', errorFromFrame(frame));
+      }
+      // Anything else answers a request we gave up on (timed out); dropping it is correct.
+    }
+  }
+
+  private shutdown(reason: string): void {
+    if (this.closedReason !== undefined) return;
+    this.closedReason = reason;
+    this.decoder.reset();
+    const pending = this.pending;
+    this.pending = undefined;
+    pending?.fail(new AgentError(ClientErrorCode.Disconnected, `agent connection lost (${reason})`));
+    this.emit('close', reason);
+  }
+}
+
+function encodeOrThrow(encode: () => Buffer): Buffer {
+  try {
+    return encode();
+  } catch (e) {
+    throw new AgentError(ClientErrorCode.InvalidRequest, (e as Error).message);
+  }
+}
+
+function expectOk(frame: Frame, done: (value: void) => void): boolean {
+  if (frame.type !== MessageType.Ok) return false;
+  done();
+  return true;
+}
+
+export { ErrorCode };

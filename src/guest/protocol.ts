@@ -1,0 +1,605 @@
+/**
+ * Host side of the guest agent wire protocol (docs/agent-protocol.md).
+ *
+ * Pure encoding/decoding, no I/O: AgentClient puts it on a socket, and tests drive
+ * it directly. Constants must stay identical to src/guest/agent/agent.h.
+ */
+
+export const MAGIC = 0x314d4c43;
+/** The magic as it appears on the wire (little-endian "CLM1"); what resync scans for. */
+export const MAGIC_BYTES = Buffer.from([0x43, 0x4c, 0x4d, 0x31]);
+export const FRAME_HEADER_SIZE = 16;
+export const MAX_FRAME_PAYLOAD = 1024 * 1024;
+export const OUTPUT_CHUNK_MAX = 64 * 1024;
+export const FILE_CHUNK_MAX = 512 * 1024;
+export const DEFAULT_MAX_OUTPUT = 1024 * 1024;
+export const ENTROPY_MIN_BYTES = 32;
+export const ENTROPY_MAX_BYTES = 512;
+const TLV_HEADER_SIZE = 6;
+
+export const MessageType = {
+  Ping: 0x01,
+  Exec: 0x02,
+  Restored: 0x03,
+  FileRead: 0x04,
+  FileWrite: 0x05,
+  Pong: 0x81,
+  Stdout: 0x82,
+  Stderr: 0x83,
+  ExecResult: 0x84,
+  Ok: 0x85,
+  FileData: 0x86,
+  Error: 0x8f,
+} as const;
+export type MessageType = (typeof MessageType)[keyof typeof MessageType];
+
+/** TLV tags. Tag numbers are only unique per message (MODE and FILE_MODE share 16). */
+export const Tag = {
+  ArgvBegin: 10,
+  Arg: 11,
+  Env: 12,
+  Cwd: 13,
+  Stdin: 14,
+  FilePath: 15,
+  FileMode: 16,
+  FileData: 17,
+  TimeoutMs: 18,
+  MaxOutput: 19,
+
+  ExitCode: 30,
+  Signal: 31,
+  TimedOut: 32,
+  StdoutTruncated: 35,
+  StderrTruncated: 36,
+  StdoutBytes: 37,
+  StderrBytes: 38,
+  FailedIndex: 39,
+  StartedNs: 40,
+  FinishedNs: 41,
+  ErrorText: 42,
+
+  Entropy: 50,
+  TimeNs: 51,
+  SandboxId: 52,
+  Token: 53,
+
+  Path: 60,
+  Data: 61,
+  Offset: 62,
+  Length: 63,
+  Size: 64,
+  Truncate: 65,
+  Mode: 16,
+
+  Code: 70,
+  Message: 71,
+
+  AgentVersion: 80,
+  UptimeMs: 81,
+} as const;
+
+export const ErrorCode = {
+  BadFrame: 'bad_frame',
+  BadRequest: 'bad_request',
+  Busy: 'busy',
+  FileWriteFailed: 'file_write_failed',
+  FileNotFound: 'file_not_found',
+  FileReadFailed: 'file_read_failed',
+  NotAFile: 'not_a_file',
+  RestoreFailed: 'restore_failed',
+} as const;
+
+/** Raised for bytes that do not follow the protocol (and for requests we refuse to encode). */
+export class ProtocolError extends Error {
+  override name = 'ProtocolError';
+}
+
+// ---------------------------------------------------------------- frames
+
+export interface Frame {
+  type: number;
+  flags: number;
+  id: number;
+  payload: Buffer;
+}
+
+export function encodeFrame(type: number, id: number, payload: Buffer): Buffer {
+  if (payload.length > MAX_FRAME_PAYLOAD) {
+    throw new ProtocolError(`frame payload of ${payload.length} bytes exceeds ${MAX_FRAME_PAYLOAD}`);
+  }
+  const frame = Buffer.allocUnsafe(FRAME_HEADER_SIZE + payload.length);
+  frame.writeUInt32LE(MAGIC, 0);
+  frame.writeUInt16LE(type, 4);
+  frame.writeUInt16LE(0, 6);
+  frame.writeUInt32LE(id >>> 0, 8);
+  frame.writeUInt32LE(payload.length, 12);
+  payload.copy(frame, FRAME_HEADER_SIZE);
+  return frame;
+}
+
+export type DecoderEvent =
+  | { kind: 'frame'; frame: Frame }
+  /** The stream was out of sync; skippedBytes were dropped before the next valid header. */
+  | { kind: 'resync'; skippedBytes: number };
+
+/**
+ * Splits a byte stream into frames. A header with the wrong magic or an oversized
+ * length costs one byte, then we scan for the next magic; the episode is reported
+ * once, when a valid header is found. Holds at most one frame plus one pushed chunk.
+ */
+export class FrameDecoder {
+  private chunks: Buffer[] = [];
+  private buffered = 0;
+  private resyncing = false;
+  private skipped = 0;
+
+  constructor(private readonly maxPayload: number = MAX_FRAME_PAYLOAD) {}
+
+  get bufferedBytes(): number {
+    return this.buffered;
+  }
+
+  reset(): void {
+    this.chunks = [];
+    this.buffered = 0;
+    this.resyncing = false;
+    this.skipped = 0;
+  }
+
+  push(chunk: Buffer): DecoderEvent[] {
+    if (chunk.length > 0) {
+      this.chunks.push(chunk);
+      this.buffered += chunk.length;
+    }
+    const events: DecoderEvent[] = [];
+    for (;;) {
+      if (this.buffered < FRAME_HEADER_SIZE) {
+        if (this.resyncing) this.dropGarbage();
+        break;
+      }
+      const header = this.peek(FRAME_HEADER_SIZE);
+      const payloadLength = header.readUInt32LE(12);
+      if (header.readUInt32LE(0) !== MAGIC || payloadLength > this.maxPayload) {
+        if (!this.resyncing) {
+          this.resyncing = true;
+          this.skipped = 0;
+        }
+        this.consume(1);
+        this.skipped += 1;
+        this.dropGarbage();
+        continue;
+      }
+      if (this.resyncing) {
+        this.resyncing = false;
+        events.push({ kind: 'resync', skippedBytes: this.skipped });
+      }
+      if (this.buffered < FRAME_HEADER_SIZE + payloadLength) break;
+      const bytes = this.consume(FRAME_HEADER_SIZE + payloadLength);
+      events.push({
+        kind: 'frame',
+        frame: {
+          type: bytes.readUInt16LE(4),
+          flags: bytes.readUInt16LE(6),
+          id: bytes.readUInt32LE(8),
+          payload: Buffer.from(bytes.subarray(FRAME_HEADER_SIZE)),
+        },
+      });
+    }
+    return events;
+  }
+
+  /** Drops everything before the next magic; keeps a trailing partial magic. */
+  private dropGarbage(): void {
+    if (this.buffered === 0) return;
+    const all = this.peek(this.buffered);
+    let keepFrom = all.indexOf(MAGIC_BYTES);
+    if (keepFrom < 0) {
+      keepFrom = all.length;
+      for (let tail = Math.min(MAGIC_BYTES.length - 1, all.length); tail > 0; tail--) {
+        if (all.subarray(all.length - tail).equals(MAGIC_BYTES.subarray(0, tail))) {
+          keepFrom = all.length - tail;
+          break;
+        }
+      }
+    }
+    if (keepFrom > 0) {
+      this.consume(keepFrom);
+      this.skipped += keepFrom;
+    }
+  }
+
+  /** The first n buffered bytes as one buffer, merging chunks only as far as needed. */
+  private peek(n: number): Buffer {
+    if (this.chunks[0].length < n) {
+      let merged = 0;
+      let count = 0;
+      while (merged < n) merged += this.chunks[count++].length;
+      this.chunks.splice(0, count, Buffer.concat(this.chunks.slice(0, count), merged));
+    }
+    return this.chunks[0].subarray(0, n);
+  }
+
+  private consume(n: number): Buffer {
+    const taken = this.peek(n);
+    const first = this.chunks[0];
+    if (first.length === n) this.chunks.shift();
+    else this.chunks[0] = first.subarray(n);
+    this.buffered -= n;
+    return taken;
+  }
+}
+
+// ------------------------------------------------------------------ TLV
+
+export interface TlvField {
+  tag: number;
+  value: Buffer;
+}
+
+export class TlvWriter {
+  private parts: Buffer[] = [];
+  private length = 0;
+
+  get byteLength(): number {
+    return this.length;
+  }
+
+  private field(tag: number, value: Buffer): this {
+    const header = Buffer.allocUnsafe(TLV_HEADER_SIZE);
+    header.writeUInt16LE(tag, 0);
+    header.writeUInt32LE(value.length, 2);
+    this.parts.push(header, value);
+    this.length += TLV_HEADER_SIZE + value.length;
+    return this;
+  }
+
+  empty(tag: number): this {
+    return this.field(tag, Buffer.alloc(0));
+  }
+
+  u8(tag: number, value: number): this {
+    const b = Buffer.allocUnsafe(1);
+    b.writeUInt8(value, 0);
+    return this.field(tag, b);
+  }
+
+  u32(tag: number, value: number): this {
+    const b = Buffer.allocUnsafe(4);
+    b.writeUInt32LE(value, 0);
+    return this.field(tag, b);
+  }
+
+  i32(tag: number, value: number): this {
+    const b = Buffer.allocUnsafe(4);
+    b.writeInt32LE(value, 0);
+    return this.field(tag, b);
+  }
+
+  u64(tag: number, value: bigint | number): this {
+    const b = Buffer.allocUnsafe(8);
+    b.writeBigUInt64LE(BigInt(value), 0);
+    return this.field(tag, b);
+  }
+
+  bytes(tag: number, value: Buffer | Uint8Array): this {
+    return this.field(tag, Buffer.isBuffer(value) ? value : Buffer.from(value));
+  }
+
+  str(tag: number, value: string): this {
+    return this.field(tag, Buffer.from(value, 'utf8'));
+  }
+
+  finish(): Buffer {
+    return Buffer.concat(this.parts, this.length);
+  }
+}
+
+/** Splits a TLV payload; throws ProtocolError if a field runs past the end. */
+export function parseTlv(payload: Buffer): TlvField[] {
+  const fields: TlvField[] = [];
+  let offset = 0;
+  while (offset < payload.length) {
+    if (payload.length - offset < TLV_HEADER_SIZE) {
+      throw new ProtocolError(`truncated TLV header at offset ${offset}`);
+    }
+    const tag = payload.readUInt16LE(offset);
+    const length = payload.readUInt32LE(offset + 2);
+    const start = offset + TLV_HEADER_SIZE;
+    if (length > payload.length - start) {
+      throw new ProtocolError(`TLV field ${tag} at offset ${offset} claims ${length} bytes, ${payload.length - start} remain`);
+    }
+    fields.push({ tag, value: payload.subarray(start, start + length) });
+    offset = start + length;
+  }
+  return fields;
+}
+
+/** Typed access to a parsed payload; the last occurrence of a tag wins. */
+class TlvReader {
+  private readonly byTag = new Map<number, Buffer>();
+
+  constructor(
+    payload: Buffer,
+    private readonly message: string,
+  ) {
+    for (const field of parseTlv(payload)) this.byTag.set(field.tag, field.value);
+  }
+
+  has(tag: number): boolean {
+    return this.byTag.has(tag);
+  }
+
+  private sized(tag: number, width: number, required: boolean): Buffer | undefined {
+    const value = this.byTag.get(tag);
+    if (value === undefined) {
+      if (required) throw new ProtocolError(`${this.message}: missing field ${tag}`);
+      return undefined;
+    }
+    if (width >= 0 && value.length !== width) {
+      throw new ProtocolError(`${this.message}: field ${tag} is ${value.length} bytes, expected ${width}`);
+    }
+    return value;
+  }
+
+  u8(tag: number, fallback?: number): number {
+    const v = this.sized(tag, 1, fallback === undefined);
+    return v ? v.readUInt8(0) : (fallback as number);
+  }
+
+  u32(tag: number, fallback?: number): number {
+    const v = this.sized(tag, 4, fallback === undefined);
+    return v ? v.readUInt32LE(0) : (fallback as number);
+  }
+
+  i32(tag: number, fallback?: number): number {
+    const v = this.sized(tag, 4, fallback === undefined);
+    return v ? v.readInt32LE(0) : (fallback as number);
+  }
+
+  u64(tag: number, fallback?: bigint): bigint {
+    const v = this.sized(tag, 8, fallback === undefined);
+    return v ? v.readBigUInt64LE(0) : (fallback as bigint);
+  }
+
+  /** A u64 that is a byte count or a duration: fine as a JS number. */
+  u64Number(tag: number, fallback?: number): number {
+    const v = this.u64(tag, fallback === undefined ? undefined : BigInt(fallback));
+    if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new ProtocolError(`${this.message}: field ${tag} out of range`);
+    return Number(v);
+  }
+
+  bytes(tag: number, required = true): Buffer | undefined {
+    return this.sized(tag, -1, required);
+  }
+
+  str(tag: number, fallback?: string): string {
+    const v = this.sized(tag, -1, fallback === undefined);
+    return v ? v.toString('utf8') : (fallback as string);
+  }
+
+  optionalStr(tag: number): string | undefined {
+    const v = this.sized(tag, -1, false);
+    return v?.toString('utf8');
+  }
+}
+
+// ------------------------------------------------------ host → guest
+
+export interface ExecFile {
+  path: string;
+  mode?: number;
+  data: Buffer;
+}
+
+export interface ExecRequest {
+  /** argv lists, run in order like `a && b && c`; argv[0] is looked up on PATH. */
+  commands: ReadonlyArray<ReadonlyArray<string | Buffer>>;
+  env?: Record<string, string>;
+  cwd?: string;
+  stdin?: Buffer;
+  /** Written before anything runs; parents are created. */
+  files?: ReadonlyArray<ExecFile>;
+  timeoutMs?: number;
+  /** Per-stream cap in bytes (guest default 1 MiB). */
+  maxOutput?: number;
+}
+
+function hasNul(value: string | Buffer): boolean {
+  return typeof value === 'string' ? value.includes('\0') : value.includes(0);
+}
+
+function assertU32(name: string, value: number): void {
+  if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
+    throw new ProtocolError(`${name} must be an integer in [0, 2^32), got ${value}`);
+  }
+}
+
+/** EXEC payload. Throws ProtocolError for requests the guest would reject or that exceed one frame. */
+export function encodeExec(req: ExecRequest): Buffer {
+  if (req.commands.length === 0) throw new ProtocolError('exec needs at least one command');
+  const w = new TlvWriter();
+  for (const file of req.files ?? []) {
+    if (file.path.length === 0 || hasNul(file.path)) throw new ProtocolError(`invalid file path ${JSON.stringify(file.path)}`);
+    w.str(Tag.FilePath, file.path);
+    if (file.mode !== undefined) {
+      assertU32('file mode', file.mode);
+      w.u32(Tag.FileMode, file.mode);
+    }
+    w.bytes(Tag.FileData, file.data);
+  }
+  for (const argv of req.commands) {
+    if (argv.length === 0) throw new ProtocolError('a command needs at least the program name');
+    w.empty(Tag.ArgvBegin);
+    for (const arg of argv) {
+      if (hasNul(arg)) throw new ProtocolError('arguments cannot contain NUL');
+      w.bytes(Tag.Arg, typeof arg === 'string' ? Buffer.from(arg, 'utf8') : arg);
+    }
+  }
+  for (const [key, value] of Object.entries(req.env ?? {})) {
+    if (key.length === 0 || key.includes('=') || hasNul(key) || hasNul(value)) {
+      throw new ProtocolError(`invalid environment variable ${JSON.stringify(key)}`);
+    }
+    w.str(Tag.Env, `${key}=${value}`);
+  }
+  if (req.cwd !== undefined) {
+    if (req.cwd.length === 0 || hasNul(req.cwd)) throw new ProtocolError('invalid cwd');
+    w.str(Tag.Cwd, req.cwd);
+  }
+  if (req.stdin !== undefined) w.bytes(Tag.Stdin, req.stdin);
+  if (req.timeoutMs !== undefined) {
+    assertU32('timeoutMs', req.timeoutMs);
+    w.u32(Tag.TimeoutMs, req.timeoutMs);
+  }
+  if (req.maxOutput !== undefined) {
+    assertU32('maxOutput', req.maxOutput);
+    w.u32(Tag.MaxOutput, req.maxOutput);
+  }
+  if (w.byteLength > MAX_FRAME_PAYLOAD) {
+    throw new ProtocolError(
+      `exec request is ${w.byteLength} bytes, over the ${MAX_FRAME_PAYLOAD}-byte frame limit; send large files with FILE_WRITE`,
+    );
+  }
+  return w.finish();
+}
+
+export interface RestoredRequest {
+  entropy: Buffer;
+  /** CLOCK_REALTIME in nanoseconds. */
+  timeNs: bigint;
+  sandboxId: string;
+  token: string;
+}
+
+export function encodeRestored(req: RestoredRequest): Buffer {
+  if (req.entropy.length < ENTROPY_MIN_BYTES || req.entropy.length > ENTROPY_MAX_BYTES) {
+    throw new ProtocolError(`entropy must be ${ENTROPY_MIN_BYTES}-${ENTROPY_MAX_BYTES} bytes`);
+  }
+  if (hasNul(req.sandboxId) || hasNul(req.token)) throw new ProtocolError('sandboxId/token cannot contain NUL');
+  return new TlvWriter()
+    .bytes(Tag.Entropy, req.entropy)
+    .u64(Tag.TimeNs, req.timeNs)
+    .str(Tag.SandboxId, req.sandboxId)
+    .str(Tag.Token, req.token)
+    .finish();
+}
+
+export interface FileReadRequest {
+  path: string;
+  offset?: number;
+  length?: number;
+}
+
+export function encodeFileRead(req: FileReadRequest): Buffer {
+  const w = new TlvWriter().str(Tag.Path, req.path);
+  if (req.offset !== undefined) w.u64(Tag.Offset, req.offset);
+  if (req.length !== undefined) {
+    assertU32('length', req.length);
+    w.u32(Tag.Length, req.length);
+  }
+  return w.finish();
+}
+
+export interface FileWriteRequest {
+  path: string;
+  data: Buffer;
+  offset?: number;
+  /** Create or truncate the file before writing (the first chunk of a whole-file write). */
+  truncate?: boolean;
+  mode?: number;
+}
+
+export function encodeFileWrite(req: FileWriteRequest): Buffer {
+  const w = new TlvWriter().str(Tag.Path, req.path).bytes(Tag.Data, req.data);
+  if (req.offset !== undefined) w.u64(Tag.Offset, req.offset);
+  if (req.truncate) w.u8(Tag.Truncate, 1);
+  if (req.mode !== undefined) {
+    assertU32('mode', req.mode);
+    w.u32(Tag.Mode, req.mode);
+  }
+  if (w.byteLength > MAX_FRAME_PAYLOAD) throw new ProtocolError('file write chunk exceeds the frame limit');
+  return w.finish();
+}
+
+export function encodePing(): Buffer {
+  return Buffer.alloc(0);
+}
+
+// ------------------------------------------------------ guest → host
+
+export interface ExecResult {
+  exitCode: number;
+  signal?: number;
+  timedOut: boolean;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  /** Everything the commands wrote, including bytes dropped past the cap. */
+  stdoutBytes: number;
+  stderrBytes: number;
+  /** Index of the last command that ran. */
+  failedIndex: number;
+  startedNs: bigint;
+  finishedNs: bigint;
+  errorText?: string;
+}
+
+export function decodeExecResult(payload: Buffer): ExecResult {
+  const r = new TlvReader(payload, 'EXEC_RESULT');
+  const result: ExecResult = {
+    exitCode: r.i32(Tag.ExitCode),
+    timedOut: r.u8(Tag.TimedOut, 0) === 1,
+    stdoutTruncated: r.u8(Tag.StdoutTruncated, 0) === 1,
+    stderrTruncated: r.u8(Tag.StderrTruncated, 0) === 1,
+    stdoutBytes: r.u64Number(Tag.StdoutBytes, 0),
+    stderrBytes: r.u64Number(Tag.StderrBytes, 0),
+    failedIndex: r.u32(Tag.FailedIndex, 0),
+    startedNs: r.u64(Tag.StartedNs, 0n),
+    finishedNs: r.u64(Tag.FinishedNs, 0n),
+  };
+  if (r.has(Tag.Signal)) result.signal = r.u32(Tag.Signal);
+  const errorText = r.optionalStr(Tag.ErrorText);
+  if (errorText !== undefined) result.errorText = errorText;
+  return result;
+}
+
+export interface FileData {
+  data: Buffer;
+  /** Size of the whole file when the chunk was read. */
+  size: number;
+  mode: number;
+}
+
+export function decodeFileData(payload: Buffer): FileData {
+  const r = new TlvReader(payload, 'FILE_DATA');
+  return {
+    data: r.bytes(Tag.Data) as Buffer,
+    size: r.u64Number(Tag.Size),
+    mode: r.u32(Tag.Mode, 0o644),
+  };
+}
+
+export interface GuestError {
+  code: string;
+  message: string;
+}
+
+export function decodeError(payload: Buffer): GuestError {
+  const r = new TlvReader(payload, 'ERROR');
+  return { code: r.str(Tag.Code), message: r.str(Tag.Message, '') };
+}
+
+export interface Pong {
+  agentVersion: string;
+  /** CLOCK_BOOTTIME in the guest; keeps counting across suspend/restore. */
+  uptimeMs: number;
+  /** Last id set by RESTORED; empty before the first one. */
+  sandboxId: string;
+}
+
+export function decodePong(payload: Buffer): Pong {
+  const r = new TlvReader(payload, 'PONG');
+  return {
+    agentVersion: r.str(Tag.AgentVersion),
+    uptimeMs: r.u64Number(Tag.UptimeMs),
+    sandboxId: r.str(Tag.SandboxId, ''),
+  };
+}
