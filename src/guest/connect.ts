@@ -2,7 +2,7 @@ import { connect, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { AgentClient } from './agentClient.js';
 
-function connectUnix(path: string): Promise<Socket> {
+export function connectUnix(path: string): Promise<Socket> {
   return new Promise((resolve, reject) => {
     const s = connect(path);
     s.once('connect', () => { s.removeAllListeners('error'); resolve(s); });
@@ -39,4 +39,20 @@ export async function connectAgent(socketPath: string, timeoutMs: number): Promi
     client.close();
   }
   throw new Error(`guest agent at ${socketPath} did not answer within ${timeoutMs} ms: ${String((lastErr as Error)?.message ?? lastErr)}`);
+}
+
+/**
+ * For a guest that was already serving when it was checkpointed: connect and send the first request
+ * at once (no PING round trip first). The guest reads it as soon as it notices the host.
+ */
+export async function connectRestoredAgent(socketPath: string, timeoutMs: number): Promise<AgentClient> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      return new AgentClient(await connectUnix(socketPath));
+    } catch (e) {
+      if (Date.now() > deadline) throw new Error(`cannot connect to guest agent at ${socketPath}: ${(e as Error).message}`);
+      await sleep(1);
+    }
+  }
 }

@@ -225,7 +225,8 @@ export class Engine extends EventEmitter implements SandboxService {
       if (r.deleting) throw sandboxNotFound(id);
       const startedAt = Date.now();
       try {
-        const out = await r.live.agent.exec(agentReq, stream ?? {});
+        // The guest enforces the exec timeout; the client-side limit only catches a guest that hangs.
+        const out = await r.live.agent.exec(agentReq, { ...(stream ?? {}), timeoutMs: (agentReq.timeoutMs ?? 60_000) + 30_000 });
         const finishedAt = Date.now();
         this.touch(id, true);
         return toExecResult(out, { queuedAt, startedAt, finishedAt });

@@ -6,7 +6,7 @@ import { Vmm } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
 import type { EngineConfig } from '../config.js';
-import { connectAgent } from '../guest/connect.js';
+import { connectRestoredAgent } from '../guest/connect.js';
 import type { AgentClient } from '../guest/agentClient.js';
 import { run } from '../images/cache.js';
 import type { VmmRecord } from './repo.js';
@@ -68,20 +68,31 @@ export async function spawnIncoming(
 }
 
 /** Entropy, clock and a new identity for a guest that just woke up as a clone. */
-export async function announceRestore(agent: AgentClient, sandboxId: string): Promise<void> {
-  await agent.restored({
-    entropy: randomBytes(64),
-    timeNs: BigInt(Date.now()) * 1_000_000n,
-    sandboxId,
-    token: randomBytes(16).toString('hex'),
+export async function announceRestore(agent: AgentClient, sandboxId: string, timeoutMs = 15_000): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`guest agent did not acknowledge the restore within ${timeoutMs} ms`)), timeoutMs);
   });
+  try {
+    await Promise.race([
+      agent.restored({ entropy: randomBytes(64), timeNs: BigInt(Date.now()) * 1_000_000n, sandboxId, token: randomBytes(16).toString('hex') }),
+      timeout,
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Brings a restored VMM to running and connects its agent. */
 export async function finishRestore(pending: PendingVm, sandboxId: string): Promise<LiveVm> {
   await pending.vmm.waitRunning();
-  const agent = await connectAgent(vmmFiles(pending.dir).agentSocket, 30_000);
-  await announceRestore(agent, sandboxId);
+  const agent = await connectRestoredAgent(vmmFiles(pending.dir).agentSocket, 10_000);
+  try {
+    await announceRestore(agent, sandboxId);
+  } catch (e) {
+    agent.close();
+    throw e;
+  }
   return { vmm: pending.vmm, agent, record: pending.record };
 }
 
@@ -120,7 +131,9 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
     const upper = blocks.find((b) => b.device === 'disk-upper');
     if (upper?.inserted?.file && existsSync(upper.inserted.file)) rec.diskPath = upper.inserted.file;
-    const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 10_000);
+    const agent = await connectRestoredAgent(vmmFiles(rec.dir).agentSocket, 10_000);
+    // Proves the agent answers on the new connection; its identity is unchanged (not a clone).
+    await agent.ping(10_000);
     void sandboxId;
     return { vmm, agent, record: rec };
   } catch {
