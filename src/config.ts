@@ -28,6 +28,8 @@ export interface EngineConfig {
   /** Confine QEMU with `-sandbox on,...` (seccomp). */
   seccomp: boolean;
   debugGuest: boolean;
+  /** Guest RAM of every catalog template, overriding the catalog's own (benchmarks, big workloads). */
+  catalogMemoryMib?: number;
 }
 
 function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
@@ -64,6 +66,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     reapIntervalMs: 1000,
     seccomp: env.COLLIMATE_SECCOMP !== '0',
     debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
+    catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,
     ...overrides,
   };
 }

@@ -39,7 +39,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
     const layers: LayerAsset[] = await entry.layers(cfg.cacheDir, progress);
     const shape = {
       vcpus: entry.vcpus,
-      memoryMib: entry.memoryMib,
+      memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
       kernel: kernel.vmlinuz,
       initrd: initramfs.path,
       cmdline: kernelCmdline({ debug: cfg.debugGuest }),
