@@ -17,6 +17,7 @@ import { applyApiMigrations } from './migrations.js';
 import { renderOpenApi } from './openapi.js';
 import { matchPath, ROUTES, type RouteSpec } from './routes.js';
 import * as S from './schemas.js';
+import { registerMcp } from '../mcp/index.js';
 
 export const DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024;
@@ -381,8 +382,10 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   const handlers: Record<string, Handler> = {
     async createSandbox({ principal, scope, body }) {
       const tier = principal.tier;
-      const tpl = service.template(body.template, scope);
-      if (tpl.kind !== 'catalog' && !tier.ownImages) {
+      // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
+      const inCatalog = service.templates(scope).some((t) => t.id === body.template && t.kind === 'catalog');
+      const tpl = !tier.ownImages && !inCatalog ? null : service.template(body.template, scope);
+      if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
         throw new CollimateError(
           'template_forbidden',
           `Template ${body.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (GET /v1/images). Upgrade to Pro to use your own images.`,
@@ -669,6 +672,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     })();
     return shutdownPromise;
   };
+
+  registerMcp(app, { service, auth: authenticate, admission });
 
   await app.ready();
   return { app, keys, meter, admission, idempotency, metrics, reconcile, shutdown };

@@ -137,7 +137,8 @@ test('demo tier: the third concurrent create is 429 with Retry-After; suspending
   const c = await call('createSandbox', 'POST', '/v1/sandboxes', demoKey, { template: 'base' });
   assert.equal(c.status, 201);
   const forbidden = await call('createSandbox', 'POST', '/v1/sandboxes', demoKey, { template: 'my-own-env' });
-  assert.ok(forbidden.status === 403 || forbidden.status === 404, `non-catalog template: ${forbidden.status}`);
+  assert.equal(forbidden.status, 403);
+  assert.equal(forbidden.json().error.code, 'template_forbidden');
   for (const id of [a.id, b.id, c.json().id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, demoKey);
 });
 
@@ -245,7 +246,7 @@ test('SIGKILL the server holding 5 running and 2 suspended sandboxes; after rest
   for (let i = 0; i < 7; i++) {
     const r = await fetch(`${url}/v1/sandboxes`, { method: 'POST', headers: h, body: JSON.stringify({ template: 'base', labels: { i: String(i) } }) });
     assert.equal(r.status, 201);
-    const id = (await r.json()).id;
+    const id = ((await r.json()) as any).id;
     ids.push(id);
     await fetch(`${url}/v1/sandboxes/${id}/exec`, { method: 'POST', headers: h, body: JSON.stringify({ command: `echo ${i} > /root/i` }) });
   }
@@ -254,13 +255,13 @@ test('SIGKILL the server holding 5 running and 2 suspended sandboxes; after rest
   await new Promise((r) => server.once('exit', r));
   server = await startServe(serveHome, port);
   try {
-    const list = await (await fetch(`${url}/v1/sandboxes?limit=100`, { headers: h })).json();
+    const list = (await (await fetch(`${url}/v1/sandboxes?limit=100`, { headers: h })).json()) as any;
     const states = Object.fromEntries(list.sandboxes.map((s: any) => [s.id, s.state]));
     assert.deepEqual(Object.keys(states).sort(), [...ids].sort());
     for (const id of ids.slice(0, 5)) assert.equal(states[id], 'running');
     for (const id of ids.slice(5)) assert.equal(states[id], 'suspended');
     for (const [i, id] of ids.slice(0, 5).entries()) {
-      const r = await (await fetch(`${url}/v1/sandboxes/${id}/exec`, { method: 'POST', headers: h, body: JSON.stringify({ command: 'cat /root/i' }) })).json();
+      const r = (await (await fetch(`${url}/v1/sandboxes/${id}/exec`, { method: "POST", headers: h, body: JSON.stringify({ command: "cat /root/i" }) })).json()) as any;
       assert.equal(r.stdout, `${i}\n`);
     }
     for (const id of ids) assert.equal((await fetch(`${url}/v1/sandboxes/${id}`, { method: 'DELETE', headers: h })).status, 204);

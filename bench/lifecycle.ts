@@ -1,0 +1,122 @@
+// Lifecycle benchmark (issue: live fork, suspend/resume). In one run:
+//   fork latency (request → all N children running) for N = 1, 4, 16 from a 512 MiB sandbox with
+//   ~100 MB of dirtied memory; the memory each child adds before it writes; the replay tax (reaching
+//   a 20-step episode's state by replaying it in a fresh sandbox vs forking it); suspend and resume.
+// Usage: node --import tsx bench/lifecycle.ts [--runs 5]
+import { readFileSync, rmSync } from 'node:fs';
+import { Engine } from '../src/sandboxes/engine.ts';
+import { summary, fmt, timed, pssMiB, rssMiB } from './stats.ts';
+
+const arg = (name: string, dflt: number) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+};
+const RUNS = arg('runs', 5);
+const home = `/tmp/collimate-bench-lifecycle-${process.pid}`;
+const tenant = { tenant: 'bench' };
+const read = (p: string) => readFileSync(p, 'utf8');
+const log = (m: string) => console.error(`[bench] ${m}`);
+
+const engine = await Engine.open({
+  home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 2, catalog: ['base'], catalogMemoryMib: 512, progress: log,
+});
+const pid = (id: string) => engine.repo.get(id)!.vmm!.pid;
+const sh = async (id: string, command: string) => {
+  const r = await engine.exec(id, { command, timeout: 600 });
+  if (r.exit_code !== 0) throw new Error(`${command}: ${r.stderr}`);
+  return r.stdout;
+};
+
+/** PSS of the guest-RAM mapping alone (the memory-backend file), from smaps. */
+function guestRamPssMiB(p: number, memPath: string): number {
+  const smaps = read(`/proc/${p}/smaps`);
+  let total = 0;
+  let inRam = false;
+  for (const line of smaps.split('\n')) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) inRam = line.includes(memPath);
+    else if (inRam && line.startsWith('Pss:')) total += Number(line.split(/\s+/)[1]);
+  }
+  return total / 1024;
+}
+
+log('parent: 512 MiB guest, dirtying ~100 MB');
+const parent = await engine.create({ template: 'base' }, tenant);
+await sh(parent.id, 'dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=100 2>/dev/null; sync');
+await sh(parent.id, '(i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 1; done) >/dev/null 2>&1 &');
+const parentRss = rssMiB(pid(parent.id), read);
+
+const forkMs: Record<number, number[]> = { 1: [], 4: [], 16: [] };
+let childPss: number[] = [];
+let childRamPss: number[] = [];
+for (const n of [1, 4, 16]) {
+  for (let r = 0; r < (n === 16 ? Math.max(3, Math.ceil(RUNS / 2)) : RUNS); r++) {
+    const [ms, kids] = await timed(() => engine.fork(parent.id, { count: n }));
+    forkMs[n].push(ms);
+    log(`fork(${n}) run ${r + 1}: ${fmt(ms)} ms`);
+    if (n === 4 && r === 0) {
+      await new Promise((res) => setTimeout(res, 3000));
+      childPss = kids.map((k) => pssMiB(pid(k.id), read));
+      childRamPss = kids.map((k) => guestRamPssMiB(pid(k.id), engine.repo.get(k.id)!.vmm!.memPath));
+    }
+    for (const k of kids) await engine.delete(k.id);
+  }
+}
+
+log('replay tax: a 20-step episode');
+const STEP = 'i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done; echo step >> /root/episode';
+const episode = await engine.create({ template: 'base' }, tenant);
+for (let s = 0; s < 20; s++) await sh(episode.id, STEP);
+const replayMs: number[] = [];
+const forkReplayMs: number[] = [];
+for (let r = 0; r < Math.max(3, Math.ceil(RUNS / 2)); r++) {
+  const [ms, id] = await timed(async () => {
+    const fresh = await engine.create({ template: 'base' }, tenant);
+    for (let s = 0; s < 20; s++) await sh(fresh.id, STEP);
+    return fresh.id;
+  });
+  replayMs.push(ms);
+  await engine.delete(id);
+  const [fms, kids] = await timed(() => engine.fork(episode.id, { count: 1 }));
+  forkReplayMs.push(fms);
+  if ((await sh(kids[0].id, 'wc -l < /root/episode')).trim() !== '20') throw new Error('forked episode lost its state');
+  await engine.delete(kids[0].id);
+}
+
+log('suspend / resume of the 512 MiB sandbox');
+const suspendMs: number[] = [];
+const resumeMs: number[] = [];
+for (let r = 0; r < RUNS; r++) {
+  suspendMs.push((await timed(() => engine.suspend(parent.id)))[0]);
+  resumeMs.push((await timed(() => engine.resume(parent.id)))[0]);
+}
+
+await engine.deleteAll();
+await engine.close();
+rmSync(home, { recursive: true, force: true });
+
+const f1 = summary(forkMs[1]);
+const f4 = summary(forkMs[4]);
+const f16 = summary(forkMs[16]);
+const rp = summary(replayMs);
+const fr = summary(forkReplayMs);
+const su = summary(suspendMs);
+const re = summary(resumeMs);
+const cp = summary(childPss);
+const cr = summary(childRamPss);
+console.log([
+  `## Lifecycle (accel ${engine.cfg.accel.accel}; 512 MiB guest with ~100 MB dirtied; parent RSS ${parentRss.toFixed(0)} MiB)`,
+  '',
+  '| measure | n | p50 | p99 |',
+  '|---|---|---|---|',
+  `| fork(1): request → child running | ${f1.n} | ${fmt(f1.p50)} ms | ${fmt(f1.p99)} ms |`,
+  `| fork(4) | ${f4.n} | ${fmt(f4.p50)} ms | ${fmt(f4.p99)} ms |`,
+  `| fork(16) | ${f16.n} | ${fmt(f16.p50)} ms | ${fmt(f16.p99)} ms |`,
+  `| **fork(16) / fork(1) (p50)** | | **${(f16.p50 / f1.p50).toFixed(2)}×** | |`,
+  `| child PSS, whole QEMU process, before it writes | ${cp.n} | ${cp.p50.toFixed(1)} MiB (${((cp.p50 / parentRss) * 100).toFixed(1)} % of parent RSS) | ${cp.p99.toFixed(1)} MiB |`,
+  `| child PSS of its guest-RAM mapping only | ${cr.n} | ${cr.p50.toFixed(1)} MiB (${((cr.p50 / parentRss) * 100).toFixed(1)} %) | ${cr.p99.toFixed(1)} MiB |`,
+  `| replay a 20-step episode in a fresh sandbox | ${rp.n} | ${fmt(rp.p50)} ms | ${fmt(rp.p99)} ms |`,
+  `| fork the episode instead | ${fr.n} | ${fmt(fr.p50)} ms | ${fmt(fr.p99)} ms |`,
+  `| **replay / fork (p50)** | | **${(rp.p50 / fr.p50).toFixed(1)}×** | |`,
+  `| suspend (512 MiB, ~100 MB dirty) | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
+  `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`,
+].join('\n'));
