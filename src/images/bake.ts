@@ -25,6 +25,17 @@ export interface Artifact {
   bakedAt: string;
 }
 
+/** Ready parameters: what runs once at bake, after boot and before the checkpoint. */
+export interface ReadyParams {
+  /** A shell command (e.g. `pip install -r /app/requirements.txt`); must exit 0. */
+  command?: string;
+  /** A shell command that must exit 0 once the guest is ready (checked after `command`). */
+  probe?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  timeoutSecs?: number;
+}
+
 export interface BakeContext {
   home: string;
   ramDir: string;
@@ -32,6 +43,8 @@ export interface BakeContext {
   accel: Accel;
   seccomp: boolean;
   progress?: (m: string) => void;
+  /** Receives the guest's output of the ready steps (the bake log). */
+  log?: (chunk: string) => void;
 }
 
 const ARTIFACT_RECIPE = 'artifact-v1';
@@ -45,8 +58,8 @@ export function artifactKey(shape: MachineShape, diskMib: number, inputs: string
  * lost on reboot; the checkpoint is then re-made, which is a boot of a few seconds).
  * `inputs` are the content digests the shape's files were built from (kernel, initramfs, layers).
  */
-export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, inputs: string[]): Promise<Artifact> {
-  const key = artifactKey(shape, diskMib, inputs);
+export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, inputs: string[], ready?: ReadyParams): Promise<Artifact> {
+  const key = artifactKey(shape, diskMib, ready ? [...inputs, `ready:${JSON.stringify(ready)}`] : inputs);
   const root = join(homePaths(ctx.home).artifacts, key.slice(0, 24));
   mkdirSync(root, { recursive: true });
   // Newest complete build whose RAM file is still there.
@@ -57,10 +70,10 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
     const a = JSON.parse(readFileSync(manifest, 'utf8')) as Artifact;
     if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) return a;
   }
-  return bake(ctx, shape, diskMib, key, root);
+  return bake(ctx, shape, diskMib, key, root, ready);
 }
 
-async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key: string, root: string): Promise<Artifact> {
+async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key: string, root: string, ready?: ReadyParams): Promise<Artifact> {
   const progress = ctx.progress ?? (() => {});
   const buildId = `${Date.now().toString(36)}-${process.pid}`;
   const tmpDir = join(root, `tmp-${buildId}`);
@@ -85,6 +98,19 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {
       throw new Error(`${(e as Error).message}\nconsole:\n${tailFile(spec.consoleLog)}`);
     });
+    for (const [step, command] of [['ready command', ready?.command], ['readiness probe', ready?.probe]] as const) {
+      if (!command) continue;
+      progress(`baking artifact ${key.slice(0, 12)}: running the ${step}`);
+      ctx.log?.(`$ ${command}\n`);
+      const out = await agent.exec(
+        { commands: [['/bin/sh', '-c', command]], env: ready?.env, cwd: ready?.cwd, timeoutMs: (ready?.timeoutSecs ?? 1800) * 1000 },
+        { onStdout: (c) => ctx.log?.(c.toString()), onStderr: (c) => ctx.log?.(c.toString()), timeoutMs: (ready?.timeoutSecs ?? 1800) * 1000 + 30_000 },
+      );
+      if (out.result.exitCode !== 0) {
+        const tail = Buffer.concat([out.stdout, out.stderr]).toString().trim().split('\n').slice(-20).join('\n');
+        throw new BakeError(`the ${step} exited with ${out.result.timedOut ? 'a timeout' : out.result.exitCode}`, tail);
+      }
+    }
     // Make sure the guest has flushed everything to the writable layer before it is frozen.
     const sync = await agent.exec({ commands: [['/bin/sh', '-c', 'sync']], timeoutMs: 60_000 });
     if (sync.result.exitCode !== 0) throw new Error(`sync in guest failed: ${sync.stderr.toString()}`);
@@ -113,6 +139,14 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     rmSync(tmpDir, { recursive: true, force: true });
     rmSync(memPath, { force: true });
     throw e;
+  }
+}
+
+/** A bake that failed because of what the image or its ready parameters did, with the log tail. */
+export class BakeError extends Error {
+  constructor(message: string, readonly logTail: string) {
+    super(`${message}\n${logTail}`);
+    this.name = 'BakeError';
   }
 }
 

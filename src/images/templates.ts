@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import type { EngineConfig } from '../config.js';
 import { kernelCmdline } from '../vmm/argv.js';
 import { ensureKernel, ensureInitramfs, ensureBaseRootfs, type LayerAsset } from './guestAssets.js';
-import { ensureArtifact, type Artifact } from './bake.js';
+import { ensureArtifact, type Artifact, type ReadyParams } from './bake.js';
 import { buildAgent } from '../guest/agentBuild.js';
 import { agentBinary } from './agentAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
@@ -11,10 +11,65 @@ import { DEBIAN_CATALOG } from './debianRootfs.js';
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
   id: string;
+  kind: 'catalog' | 'environment';
+  /** Owner of an environment template; catalog templates belong to everyone. */
+  tenant?: string;
   description: string;
   interpreter: string[];
   artifact: Artifact;
   deviceState: Buffer;
+  /** Applied to every exec of the template's sandboxes (request fields win over env and cwd). */
+  execDefaults?: ExecDefaults;
+}
+
+export interface ExecDefaults {
+  env?: Record<string, string>;
+  cwd?: string;
+  /** argv prefix every command runs under, e.g. to switch to the image's User. */
+  prefix?: string[];
+}
+
+/** Everything that defines a non-catalog template: the image's layers and the environment's configuration. */
+export interface TemplateRecipe {
+  id: string;
+  tenant: string;
+  description: string;
+  interpreter: string[];
+  layers: LayerAsset[];
+  vcpus: number;
+  memoryMib: number;
+  diskMib: number;
+  ready?: ReadyParams;
+  execDefaults?: ExecDefaults;
+}
+
+/** The guest assets every template shares: kernel, agent, initramfs. */
+export async function guestBase(cfg: EngineConfig, progress: (m: string) => void) {
+  const kernel = await ensureKernel(cfg.cacheDir, progress);
+  const agent = await agentBinary(cfg.cacheDir, progress, buildAgent);
+  const initramfs = await ensureInitramfs(cfg.cacheDir, kernel, agent, progress);
+  return { kernel, initramfs };
+}
+
+/** Bakes (or finds cached) the artifact of a recipe; `log` gets the ready steps' output. */
+export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, progress: (m: string) => void, log?: (c: string) => void): Promise<ReadyTemplate> {
+  const { kernel, initramfs } = await guestBase(cfg, progress);
+  const shape = {
+    vcpus: recipe.vcpus,
+    memoryMib: recipe.memoryMib,
+    kernel: kernel.vmlinuz,
+    initrd: initramfs.path,
+    cmdline: kernelCmdline({ debug: cfg.debugGuest }),
+    layers: recipe.layers.map((l) => l.path),
+  };
+  const artifact = await ensureArtifact(
+    { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress, log },
+    shape, recipe.diskMib, [kernel.debSha256, initramfs.digest, ...recipe.layers.map((l) => l.digest)], recipe.ready,
+  );
+  return {
+    id: recipe.id, kind: 'environment', tenant: recipe.tenant, description: recipe.description, interpreter: recipe.interpreter,
+    artifact, deviceState: readFileSync(artifact.devStatePath), execDefaults: recipe.execDefaults,
+  };
 }
 
 export const CATALOG: CatalogEntry[] = [
@@ -49,7 +104,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress },
       shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
     );
-    out.push({ id: entry.id, description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath) });
+    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath) });
   }
   return out;
 }

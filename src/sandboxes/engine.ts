@@ -6,7 +6,7 @@ import { loadConfig, type EngineConfig } from '../config.js';
 import { openDb, type Db } from '../store/db.js';
 import { homePaths } from '../images/cache.js';
 import { ensureArtifact, type Artifact } from '../images/bake.js';
-import { loadCatalog, type ReadyTemplate } from '../images/templates.js';
+import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateRecipe } from '../images/templates.js';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { vmmFiles, type MachineShape } from '../vmm/machine.js';
 import { AgentError } from '../guest/agentClient.js';
@@ -132,21 +132,60 @@ export class Engine extends EventEmitter implements SandboxService {
 
   // ---- templates -------------------------------------------------------------------------------
 
-  templates(_scope?: Scope): TemplateInfo[] {
-    return [...this.templatesById.values()].map((t) => this.templateInfo(t));
+  /** The catalog plus, with a scope, that tenant's environments. */
+  templates(scope?: Scope): TemplateInfo[] {
+    return [...this.templatesById.values()]
+      .filter((t) => t.kind === 'catalog' || (scope && t.tenant === scope.tenant))
+      .map((t) => this.templateInfo(t));
   }
 
-  template(id: string, _scope?: Scope): TemplateInfo {
-    const t = this.templatesById.get(id);
-    if (!t) throw new CollimateError('template_not_found', `No template ${JSON.stringify(id)}. List them with GET /v1/templates.`);
-    return this.templateInfo(t);
+  template(id: string, scope?: Scope): TemplateInfo {
+    return this.templateInfo(this.resolveTemplate(id, scope?.tenant));
+  }
+
+  /** A tenant's environment of that name, else the catalog template. */
+  private resolveTemplate(id: string, tenant: string | undefined): ReadyTemplate {
+    const t = (tenant !== undefined ? this.templatesById.get(envKey(tenant, id)) : undefined) ?? this.templatesById.get(id);
+    if (!t || (t.kind === 'environment' && t.tenant !== tenant)) {
+      throw new CollimateError('template_not_found', `No template ${JSON.stringify(id)}. List them with GET /v1/templates.`);
+    }
+    return t;
   }
 
   private templateInfo(t: ReadyTemplate): TemplateInfo {
     return {
-      id: t.id, kind: 'catalog', description: t.description, interpreter: t.interpreter, ready: true,
+      id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, ready: true,
       vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib,
     };
+  }
+
+  /**
+   * Registers (baking if needed) a tenant's template: an image's layers plus an environment's
+   * configuration. Replaces an earlier one of the same name; sandboxes already made from it keep
+   * running on their own artifact.
+   */
+  async addTemplate(recipe: TemplateRecipe, opts: { progress?: (m: string) => void; log?: (c: string) => void; poolSize?: number } = {}): Promise<TemplateInfo> {
+    this.assertOpen();
+    const t = await bakeRecipe(this.cfg, recipe, opts.progress ?? (() => {}), opts.log);
+    const key = envKey(recipe.tenant, recipe.id);
+    await this.removeTemplateKey(key);
+    this.templatesById.set(key, t);
+    this.artifacts.set(t.artifact.key, t.artifact);
+    const pool = new WarmPool<PendingVm>(key, opts.poolSize ?? this.cfg.environmentPoolSize, () => this.spawnForTemplate(t), (p) => this.destroyPending(p));
+    this.pools.set(key, pool);
+    pool.refill();
+    return this.templateInfo(t);
+  }
+
+  async removeTemplate(tenant: string, id: string): Promise<void> {
+    await this.removeTemplateKey(envKey(tenant, id));
+  }
+
+  private async removeTemplateKey(key: string): Promise<void> {
+    const pool = this.pools.get(key);
+    this.pools.delete(key);
+    this.templatesById.delete(key);
+    await pool?.close();
   }
 
   // ---- reads -----------------------------------------------------------------------------------
@@ -180,9 +219,8 @@ export class Engine extends EventEmitter implements SandboxService {
 
   async create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo> {
     this.assertOpen();
-    const t = this.templatesById.get(opts.template);
-    if (!t) throw new CollimateError('template_not_found', `No template ${JSON.stringify(opts.template)}. List them with GET /v1/templates.`);
-    const pool = this.pools.get(t.id)!;
+    const t = this.resolveTemplate(opts.template, scope.tenant);
+    const pool = this.pools.get(t.kind === 'catalog' ? t.id : envKey(scope.tenant, t.id))!;
     const pending = await pool.take();
     let live: LiveVm | undefined;
     try {
@@ -218,8 +256,13 @@ export class Engine extends EventEmitter implements SandboxService {
   async exec(id: string, req: ExecRequest, scope?: Scope, stream?: ExecStreamHandlers): Promise<ExecResult> {
     this.assertOpen();
     const r = this.runningFor(id, scope, 'exec');
-    const t = this.templatesById.get(this.repo.get(id)!.template);
-    const agentReq = buildAgentExec(req, { interpreter: t?.interpreter ?? ['/bin/sh', '-c'], defaultTimeoutSecs: this.cfg.defaultExecTimeoutSecs, maxOutputBytes: this.cfg.maxOutputBytes });
+    const row = this.repo.get(id)!;
+    let t: ReadyTemplate | undefined;
+    try { t = this.resolveTemplate(row.template, row.tenant); } catch { t = undefined; /* removed since; run with defaults */ }
+    const agentReq = buildAgentExec(req, {
+      interpreter: t?.interpreter ?? ['/bin/sh', '-c'], defaultTimeoutSecs: this.cfg.defaultExecTimeoutSecs, maxOutputBytes: this.cfg.maxOutputBytes,
+      defaults: t?.execDefaults,
+    });
     const queuedAt = Date.now();
     return r.queue.run(async () => {
       if (r.deleting) throw sandboxNotFound(id);
@@ -772,6 +815,10 @@ export class Engine extends EventEmitter implements SandboxService {
   private async fault(name: string): Promise<void> {
     await this.opts.faultPoint?.(name);
   }
+}
+
+function envKey(tenant: string, id: string): string {
+  return `${tenant}/${id}`;
 }
 
 function vmmFailure(op: string, e: unknown): CollimateError {

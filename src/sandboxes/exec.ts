@@ -34,7 +34,10 @@ const bad = (msg: string) => new CollimateError('validation_error', msg);
  * Turns the spec's three exec forms into argv lists for the agent: `command` is a shell string
  * (`/bin/sh -c`), `code` goes to the template's interpreter, `commands` are run as given, in order.
  */
-export function buildAgentExec(req: ExecRequest, opts: { interpreter: string[]; defaultTimeoutSecs: number; maxOutputBytes: number }): AgentExecRequest {
+export function buildAgentExec(
+  req: ExecRequest,
+  opts: { interpreter: string[]; defaultTimeoutSecs: number; maxOutputBytes: number; defaults?: { env?: Record<string, string>; cwd?: string; prefix?: string[] } },
+): AgentExecRequest {
   const forms = [req.command !== undefined, req.code !== undefined, req.commands !== undefined].filter(Boolean).length;
   if (forms !== 1) throw bad('Give exactly one of command (a shell string), code (source for the template interpreter) or commands (a list of argv lists).');
   let commands: string[][];
@@ -55,7 +58,8 @@ export function buildAgentExec(req: ExecRequest, opts: { interpreter: string[]; 
   for (const argv of commands) for (const a of argv) if (a.includes('\0')) throw bad('arguments cannot contain NUL bytes.');
   const timeout = req.timeout ?? opts.defaultTimeoutSecs;
   if (typeof timeout !== 'number' || !(timeout > 0) || timeout > MAX_EXEC_TIMEOUT_SECS) throw bad(`timeout must be a number of seconds greater than 0 and at most ${MAX_EXEC_TIMEOUT_SECS}.`);
-  const env: Record<string, string> = {};
+  if (opts.defaults?.prefix?.length) commands = commands.map((argv) => [...opts.defaults!.prefix!, ...argv]);
+  const env: Record<string, string> = { ...(opts.defaults?.env ?? {}) };
   for (const [k, v] of Object.entries(req.env ?? {})) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw bad(`env name ${JSON.stringify(k)} is not a valid variable name.`);
     if (typeof v !== 'string' || v.includes('\0')) throw bad(`env value of ${k} must be a string without NUL bytes.`);
@@ -73,7 +77,7 @@ export function buildAgentExec(req: ExecRequest, opts: { interpreter: string[]; 
   return {
     commands,
     env,
-    cwd: req.cwd,
+    cwd: req.cwd ?? opts.defaults?.cwd,
     stdin: req.stdin === undefined ? undefined : Buffer.from(req.stdin, 'utf8'),
     files,
     timeoutMs: Math.round(timeout * 1000),
