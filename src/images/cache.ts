@@ -11,6 +11,8 @@ export function homePaths(home: string) {
     assets: join(home, 'assets'),
     artifacts: join(home, 'artifacts'),
     sandboxes: join(home, 'sandboxes'),
+    /** qcow2 disk layers of sandboxes and fork points, by path; shared within a fork tree. */
+    disks: join(home, 'disks'),
     snapshots: join(home, 'snapshots'),
     tmp: join(home, 'tmp'),
     db: join(home, 'collimate.db'),

@@ -1,4 +1,4 @@
-import { mkdirSync, rmdirSync, readdirSync, readFileSync, existsSync, rmSync, renameSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmdirSync, readdirSync, readFileSync, existsSync, rmSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
@@ -15,7 +15,7 @@ import { WarmPool } from './warmPool.js';
 import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js';
 import { buildAgentExec, toExecResult } from './exec.js';
 import {
-  newSandboxId, newForkPointId, spawnIncoming, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
+  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import type {
@@ -73,7 +73,7 @@ export class Engine extends EventEmitter implements SandboxService {
   static async open(opts: EngineOptions = {}): Promise<Engine> {
     const cfg = loadConfig(opts);
     const paths = homePaths(cfg.home);
-    for (const d of [paths.home, paths.sandboxes, paths.tmp, join(cfg.home, 'forkpoints'), cfg.ramDir]) mkdirSync(d, { recursive: true });
+    for (const d of [paths.home, paths.sandboxes, paths.disks, paths.tmp, join(cfg.home, 'forkpoints'), cfg.ramDir]) mkdirSync(d, { recursive: true });
     const db = openDb(paths.db);
     const engine = new Engine(cfg, db, opts);
     if (!opts.noTemplates) {
@@ -121,13 +121,18 @@ export class Engine extends EventEmitter implements SandboxService {
     const id = newSandboxId();
     return spawnIncoming(this.cfg, t.artifact.shape, {
       id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
-      backing: { path: t.artifact.diskPath, format: 'raw' }, artifactKey: t.artifact.key,
+      backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: t.artifact.key,
     });
+  }
+
+  private get disksDir(): string {
+    return homePaths(this.cfg.home).disks;
   }
 
   private async destroyPending(p: PendingVm): Promise<void> {
     await p.vmm.kill();
     rmSync(p.dir, { recursive: true, force: true });
+    rmSync(p.record.diskPath, { force: true });
   }
 
   // ---- templates -------------------------------------------------------------------------------
@@ -374,11 +379,12 @@ export class Engine extends EventEmitter implements SandboxService {
     const fpId = newForkPointId();
     const fpDir = join(this.cfg.home, 'forkpoints', fpId);
     const fpMem = join(this.cfg.ramDir, `${fpId}.mem`);
-    const fpDisk = join(fpDir, 'disk.qcow2');
+    // The parent's current top layer becomes the fork point's frozen disk, in place.
+    const fpDisk = r.live.record.diskPath;
     mkdirSync(fpDir, { recursive: true });
-    // Persist first: the fork point is referenced by the parent from the moment its disk moves there.
+    // Persist first: the fork point is referenced by the parent from the moment its disk freezes.
     this.repo.tx(() => {
-      this.repo.addForkPoint(fpId, fpDir, fpMem);
+      this.repo.addForkPoint(fpId, fpDir, fpMem, fpDisk);
       this.repo.addRef(fpId, r.id);
       for (const up of this.repo.refsOf(r.id)) if (up !== fpId) this.repo.addRef(up, fpId);
       this.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: fpId, startedAt: Date.now() } });
@@ -391,21 +397,15 @@ export class Engine extends EventEmitter implements SandboxService {
       await this.fault('fork:before-stop');
       await vmm.qmp.execute('stop');
       parentStopped = true;
-      const oldDisk = r.live.record.diskPath;
-      const newDisk = join(r.live.record.dir, `disk-${fpId}.qcow2`);
-      const nodeName = `upper-${fpId}`;
-      await vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': nodeName, format: 'qcow2', mode: 'absolute-paths' });
-      // The parent's old top layer becomes the fork point's frozen disk. QEMU keeps its open fd;
-      // the new overlay's header is pointed at the new path.
-      renameSync(oldDisk, fpDisk);
-      await vmm.qmp.execute('change-backing-file', { device: 'disk-upper', 'image-node-name': nodeName, 'backing-file': fpDisk });
+      const newDisk = newDiskPath(this.disksDir, r.id);
+      await vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': `upper-${fpId}`, format: 'qcow2', mode: 'absolute-paths' });
       r.live.record.diskPath = newDisk;
       this.repo.update(r.id, { vmm: r.live.record });
       await this.fault('fork:after-disk');
 
       recv = await spawnIncoming(this.cfg, shape, {
         id: fpId, dir: join(fpDir, 'recv'), memPath: fpMem, memShared: true,
-        backing: { path: fpDisk, format: 'qcow2' }, artifactKey: r.live.record.artifactKey,
+        backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: r.live.record.artifactKey,
       });
       const inSock = join(recv.dir, 'in.sock');
       await recv.vmm.listenIncoming(inSock, false);
@@ -418,11 +418,10 @@ export class Engine extends EventEmitter implements SandboxService {
       parentStopped = false;
       const devState = join(fpDir, 'device.state');
       await recv.vmm.checkpointDeviceState(devState, join(recv.dir, 'save.sock'));
-      await recv.vmm.kill();
-      rmSync(recv.dir, { recursive: true, force: true });
+      await this.destroyPending(recv);
       recv = undefined;
       this.repo.markForkPointReady(fpId);
-      return await this.spawnChildren(parentRow, shape, fpId, fpDir, fpMem, readFileSync(devState), opts, children);
+      return await this.spawnChildren(parentRow, shape, fpId, fpDisk, fpMem, readFileSync(devState), opts, children);
     } catch (e) {
       if (parentStopped) await vmm.cont().catch(() => {});
       if (recv) await this.destroyPending(recv).catch(() => {});
@@ -434,17 +433,16 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   private async spawnChildren(
-    parentRow: SandboxRow, shape: MachineShape, fpId: string, fpDir: string, fpMem: string, devState: Buffer,
+    parentRow: SandboxRow, shape: MachineShape, fpId: string, fpDisk: string, fpMem: string, devState: Buffer,
     opts: ForkOptions, children: PendingVm[],
   ): Promise<SandboxInfo[]> {
-    const fpDisk = join(fpDir, 'disk.qcow2');
     const lives: LiveVm[] = [];
     try {
       const spawned = await Promise.all(Array.from({ length: opts.count }, async () => {
         const id = newSandboxId();
         const p = await spawnIncoming(this.cfg, shape, {
           id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: fpMem, memShared: false,
-          backing: { path: fpDisk, format: 'qcow2' }, artifactKey: parentRow.vmm?.artifactKey ?? '',
+          backing: { path: fpDisk, format: 'qcow2' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: parentRow.vmm?.artifactKey ?? '',
         });
         children.push(p);
         return p;
@@ -489,32 +487,31 @@ export class Engine extends EventEmitter implements SandboxService {
       const fpId = newForkPointId();
       const fpDir = join(this.cfg.home, 'forkpoints', fpId);
       const fpMem = join(this.cfg.ramDir, `${fpId}.mem`);
-      const fpDisk = join(fpDir, 'disk.qcow2');
+      // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
+      const fpDisk = row.vmm!.diskPath;
+      const newDisk = newDiskPath(this.disksDir, row.id);
       mkdirSync(fpDir, { recursive: true });
+      await createOverlay(newDisk, fpDisk, 'qcow2');
       this.repo.tx(() => {
-        this.repo.addForkPoint(fpId, fpDir, fpMem);
+        this.repo.addForkPoint(fpId, fpDir, fpMem, fpDisk);
         this.repo.addRef(fpId, row.id);
         for (const up of this.repo.refsOf(row.id)) if (up !== fpId) this.repo.addRef(up, fpId);
+        this.repo.update(row.id, { vmm: { ...row.vmm!, diskPath: newDisk } });
       });
       const children: PendingVm[] = [];
       let recv: PendingVm | undefined;
       try {
-        // The suspended disk becomes the fork point's; the sandbox gets a fresh overlay on it.
-        const disk = row.vmm!.diskPath;
-        renameSync(disk, fpDisk);
-        await createOverlay(disk, fpDisk, 'qcow2');
         recv = await spawnIncoming(this.cfg, shape, {
           id: fpId, dir: join(fpDir, 'recv'), memPath: fpMem, memShared: true,
-          backing: { path: fpDisk, format: 'qcow2' }, artifactKey: row.vmm!.artifactKey,
+          backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: row.vmm!.artifactKey,
         });
         await restoreStream(recv, snap.statePath);
         const devState = join(fpDir, 'device.state');
         await recv.vmm.checkpointDeviceState(devState, join(recv.dir, 'save.sock'));
-        await recv.vmm.kill();
-        rmSync(recv.dir, { recursive: true, force: true });
+        await this.destroyPending(recv);
         recv = undefined;
         this.repo.markForkPointReady(fpId);
-        return await this.spawnChildren(row, shape, fpId, fpDir, fpMem, readFileSync(devState), opts, children);
+        return await this.spawnChildren(row, shape, fpId, fpDisk, fpMem, readFileSync(devState), opts, children);
       } catch (e) {
         if (recv) await this.destroyPending(recv).catch(() => {});
         for (const c of children) await this.destroyPending(c).catch(() => {});
@@ -595,7 +592,7 @@ export class Engine extends EventEmitter implements SandboxService {
       try {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
         pending = await spawnIncoming(this.cfg, shape, {
-          id, dir: rec.dir, memPath, memShared: false, backing: null, diskPath: rec.diskPath, artifactKey: rec.artifactKey,
+          id, dir: rec.dir, memPath, memShared: false, backing: null, diskPath: this.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
         });
         await restoreStream(pending, snap.statePath);
         live = await finishRestore(pending, id);
@@ -643,6 +640,8 @@ export class Engine extends EventEmitter implements SandboxService {
 
   private removeSandboxFiles(row: SandboxRow): void {
     rmSync(join(homePaths(this.cfg.home).sandboxes, row.id), { recursive: true, force: true });
+    // Only its own top layer: every layer below it is a fork point's, removed with the fork point.
+    if (row.vmm?.diskPath) rmSync(row.vmm.diskPath, { force: true });
     rmSync(join(this.cfg.ramDir, `${row.id}.mem`), { force: true });
   }
 
@@ -654,6 +653,7 @@ export class Engine extends EventEmitter implements SandboxService {
       for (const fp of dead) {
         rmSync(fp.dir, { recursive: true, force: true });
         rmSync(fp.mem_path, { force: true });
+        rmSync(fp.disk_path, { force: true });
         this.repo.removeForkPoint(fp.id);
       }
     }
@@ -719,6 +719,16 @@ export class Engine extends EventEmitter implements SandboxService {
     }
     // A half-made fork point stays while its parent's disk chain refers to it; otherwise it goes.
     this.gcForkPoints();
+    // Disk layers no row accounts for: warm-pool disks of the previous process, children of a fork
+    // that never committed.
+    const inUse = new Set<string>([
+      ...this.repo.live().map((r) => r.vmm?.diskPath).filter((p): p is string => !!p),
+      ...this.repo.allForkPoints().map((f) => f.disk_path),
+    ]);
+    for (const f of readdirSync(this.disksDir)) {
+      const p = join(this.disksDir, f);
+      if (!inUse.has(p)) rmSync(p, { force: true });
+    }
     for (const f of readdirSync(this.cfg.ramDir)) {
       const p = join(this.cfg.ramDir, f);
       if (f.startsWith('artifact-')) continue;

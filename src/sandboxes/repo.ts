@@ -123,8 +123,8 @@ export class SandboxRepo {
     return (this.db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state IN ('running','creating','resuming','suspending')").get(tenant) as any).n;
   }
 
-  addForkPoint(id: string, dir: string, memPath: string): void {
-    this.db.prepare('INSERT INTO fork_points (id, dir, mem_path, created_at) VALUES (?, ?, ?, ?)').run(id, dir, memPath, Date.now());
+  addForkPoint(id: string, dir: string, memPath: string, diskPath: string): void {
+    this.db.prepare('INSERT INTO fork_points (id, dir, mem_path, disk_path, created_at) VALUES (?, ?, ?, ?, ?)').run(id, dir, memPath, diskPath, Date.now());
   }
 
   markForkPointReady(id: string): void {
@@ -144,16 +144,16 @@ export class SandboxRepo {
   }
 
   /** Fork points nothing refers to any more. */
-  unreferencedForkPoints(): Array<{ id: string; dir: string; mem_path: string }> {
-    return this.db.prepare('SELECT id, dir, mem_path FROM fork_points WHERE id NOT IN (SELECT fork_point FROM fork_point_refs)').all() as any;
+  unreferencedForkPoints(): Array<{ id: string; dir: string; mem_path: string; disk_path: string }> {
+    return this.db.prepare('SELECT id, dir, mem_path, disk_path FROM fork_points WHERE id NOT IN (SELECT fork_point FROM fork_point_refs)').all() as any;
   }
 
-  forkPoint(id: string): { id: string; dir: string; mem_path: string; ready: number } | undefined {
+  forkPoint(id: string): { id: string; dir: string; mem_path: string; disk_path: string; ready: number } | undefined {
     return this.db.prepare('SELECT * FROM fork_points WHERE id = ?').get(id) as any;
   }
 
-  allForkPoints(): Array<{ id: string; dir: string; mem_path: string }> {
-    return this.db.prepare('SELECT id, dir, mem_path FROM fork_points').all() as any;
+  allForkPoints(): Array<{ id: string; dir: string; mem_path: string; disk_path: string }> {
+    return this.db.prepare('SELECT id, dir, mem_path, disk_path FROM fork_points').all() as any;
   }
 
   removeForkPoint(id: string): void {

@@ -6,7 +6,7 @@ import { Vmm } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
 import type { EngineConfig } from '../config.js';
-import { connectRestoredAgent } from '../guest/connect.js';
+import { connectAgent, connectRestoredAgent } from '../guest/connect.js';
 import type { AgentClient } from '../guest/agentClient.js';
 import { run } from '../images/cache.js';
 import type { VmmRecord } from './repo.js';
@@ -28,6 +28,11 @@ export interface PendingVm {
 
 export function newSandboxId(): string {
   return `sbx_${randomBytes(6).toString('hex')}`;
+}
+
+/** A fresh disk file name in the disks directory: disks are never renamed (QEMU keeps them open). */
+export function newDiskPath(disksDir: string, owner: string): string {
+  return join(disksDir, `${owner}-${randomBytes(4).toString('hex')}.qcow2`);
 }
 
 export function newForkPointId(): string {
@@ -53,10 +58,10 @@ function specFor(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, incomin
 export async function spawnIncoming(
   cfg: EngineConfig,
   shape: MachineShape,
-  opts: { id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath?: string; artifactKey: string },
+  opts: { id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath: string; artifactKey: string },
 ): Promise<PendingVm> {
   mkdirSync(opts.dir, { recursive: true });
-  const diskPath = opts.diskPath ?? join(opts.dir, 'disk.qcow2');
+  const diskPath = opts.diskPath;
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
   const vmm = await Vmm.spawn(specFor(cfg, shape, record, true), { logPath: vmmFiles(opts.dir).qemuLog });
@@ -131,9 +136,8 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
     const upper = blocks.find((b) => b.device === 'disk-upper');
     if (upper?.inserted?.file && existsSync(upper.inserted.file)) rec.diskPath = upper.inserted.file;
-    const agent = await connectRestoredAgent(vmmFiles(rec.dir).agentSocket, 10_000);
-    // Proves the agent answers on the new connection; its identity is unchanged (not a clone).
-    await agent.ping(10_000);
+    // PING with retries: the guest may not yet have noticed that the previous server went away.
+    const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
     void sandboxId;
     return { vmm, agent, record: rec };
   } catch {

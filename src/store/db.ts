@@ -49,6 +49,8 @@ const migrations: Migration[] = [
         id          TEXT PRIMARY KEY,
         dir         TEXT NOT NULL,
         mem_path    TEXT NOT NULL,
+        -- The frozen disk layer (the parent's former top overlay, never renamed: QEMU holds it open).
+        disk_path   TEXT NOT NULL,
         created_at  INTEGER NOT NULL,
         ready       INTEGER NOT NULL DEFAULT 0
       );

@@ -63,6 +63,7 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
   assert.deepEqual(qemuProcesses(home), [], 'QEMU processes left running');
   assert.deepEqual(walk(join(home, 'sandboxes')), [], 'per-sandbox files left');
   assert.deepEqual(walk(join(home, 'forkpoints')), [], 'fork point files left');
+  assert.deepEqual(walk(join(home, 'disks')), [], 'disk layers left');
   assert.deepEqual(walk(home).filter((f) => f.endsWith('.sock')), [], 'sockets left');
   const ram = existsSync(ramDir) ? readdirSync(ramDir).filter((f) => !f.startsWith('artifact-')) : [];
   assert.deepEqual(ram, [], 'RAM files left');

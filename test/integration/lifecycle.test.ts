@@ -79,6 +79,32 @@ test('live fork: every child runs the parent\'s process with its memory; files a
   for (const c of children) await engine.delete(c.id);
 });
 
+test('repeated forks of one parent and forks of a child (a fork tree three deep) keep every disk chain intact', async () => {
+  const root = await engine.create({ template: 'base' }, tenant);
+  await sh(root.id, 'echo gen0 > /root/g0');
+  const first = await engine.fork(root.id, { count: 1 });
+  await sh(root.id, 'echo gen1 > /root/g1');
+  const second = await engine.fork(root.id, { count: 2 });
+  await sh(second[0].id, 'echo gen2 > /root/g2');
+  const grand = await engine.fork(second[0].id, { count: 2 });
+  const third = await engine.fork(root.id, { count: 1 });
+  assert.equal(await sh(first[0].id, 'cat /root/g0; ls /root'), 'gen0\ng0');
+  assert.equal(await sh(second[1].id, 'cat /root/g0 /root/g1'), 'gen0\ngen1');
+  for (const g of grand) assert.equal(await sh(g.id, 'cat /root/g0 /root/g1 /root/g2'), 'gen0\ngen1\ngen2');
+  assert.equal(await sh(third[0].id, 'cat /root/g0 /root/g1; ls /root/g2 2>/dev/null || echo none'), 'gen0\ngen1\nnone');
+  // A suspended member of the tree resumes on its chain, and so does a fork of it.
+  await engine.suspend(second[0].id);
+  const fromSuspended = await engine.fork(second[0].id, { count: 1 });
+  await engine.resume(second[0].id);
+  assert.equal(await sh(second[0].id, 'cat /root/g2'), 'gen2');
+  assert.equal(await sh(fromSuspended[0].id, 'cat /root/g2'), 'gen2');
+  // Deleting the middle of the tree leaves descendants working.
+  await engine.delete(second[0].id);
+  await engine.delete(root.id);
+  for (const g of grand) assert.equal(await sh(g.id, 'cat /root/g2'), 'gen2');
+  for (const s of [...first, second[1], ...grand, ...third, ...fromSuspended]) await engine.delete(s.id);
+});
+
 test('suspend frees the VMM; resume continues processes and files; fork of a suspended sandbox', async () => {
   const sb = await engine.create({ template: 'base' }, tenant);
   const pid = await sh(sb.id, COUNTER);
@@ -159,7 +185,10 @@ function runWorker(crashHome: string, args: string[], crashAt?: string): Promise
     execFile(process.execPath, ['--import', 'tsx', worker, crashHome, TEST_CACHE, ...args], {
       env: { ...process.env, ...(crashAt ? { COLLIMATE_CRASH_AT: crashAt } : {}) },
       timeout: 180_000,
-    }, (_err, stdout) => resolve(stdout));
+    }, (_err, stdout, stderr) => {
+      if (!stdout.trim() && args[0] !== 'fork' && args[0] !== 'suspend') console.error(`crash worker ${args.join(' ')} printed nothing:\n${stderr}`);
+      resolve(stdout);
+    });
   });
 }
 
