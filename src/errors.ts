@@ -10,6 +10,7 @@ export const ERROR_CODES = {
   unauthorized: 401,
   tier_forbidden: 403,
   template_forbidden: 403,
+  origin_forbidden: 403,
   sandbox_not_found: 404,
   template_not_found: 404,
   image_not_found: 404,

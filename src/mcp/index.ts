@@ -1,0 +1,117 @@
+/**
+ * The MCP endpoint: `/mcp` on the REST server, Streamable HTTP through the official SDK
+ * (McpServer + StreamableHTTPServerTransport), in stateless mode — every POST carries its own
+ * Bearer key and gets a fresh server and transport bound to that key's tenant and tier, so there is
+ * no session table to keep, lose on restart or pin to one replica; the state an agent cares about
+ * lives in the sandboxes, addressed by id. GET (a standalone server→client stream) and DELETE
+ * (ending a session) have nothing to do without sessions and answer 405.
+ *
+ * Authentication is the REST API's own function; tier rules use the server's shared Admission.
+ */
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { CollimateError } from '../errors.js';
+import type { Admission } from '../api/admission.js';
+import type { Principal } from '../api/keys.js';
+import { toClientError } from '../api/server.js';
+import type { SandboxService } from '../sandboxes/types.js';
+import { allowedOriginsFromEnv, originAllowed } from './origin.js';
+import { registerTools } from './tools.js';
+
+export const MCP_PATH = '/mcp';
+
+export interface RegisterMcpOptions {
+  service: SandboxService;
+  /** The REST API's authenticate(req): the principal, or a thrown `unauthorized` CollimateError. */
+  auth: (req: FastifyRequest) => Principal;
+  /** The REST server's Admission, so both front doors share one concurrency reservation table. */
+  admission: Admission;
+  /** Browser origins allowed besides loopback ones (default: $COLLIMATE_MCP_ALLOWED_ORIGINS). */
+  allowedOrigins?: string[];
+}
+
+const INSTRUCTIONS =
+  'Collimate runs code in isolated Linux microVM sandboxes. Typical flow: list_images → create_sandbox ' +
+  '(template "base") → exec (repeat; files and processes persist) → fork_sandbox to branch a prepared ' +
+  'state into several live copies → delete_sandbox every sandbox you created. Errors start with a ' +
+  'stable code such as invalid_state or concurrency_limit, followed by how to fix it.';
+
+function sendError(reply: FastifyReply, err: CollimateError, headers: Record<string, string> = {}): void {
+  for (const [k, v] of Object.entries(headers)) reply.header(k, v);
+  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
+}
+
+function jsonRpcError(reply: FastifyReply, status: number, code: number, message: string, headers: Record<string, string> = {}): void {
+  for (const [k, v] of Object.entries(headers)) reply.header(k, v);
+  reply.code(status).type('application/json; charset=utf-8').send({ jsonrpc: '2.0', error: { code, message }, id: null });
+}
+
+export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): void {
+  const allowed = (opts.allowedOrigins ?? allowedOriginsFromEnv()).map((o) => o.replace(/\/+$/, '').toLowerCase());
+  const version = '0.1.0';
+
+  /** Origin first (a foreign page learns nothing, not even whether its key was valid), then the key. */
+  const gate = (req: FastifyRequest, reply: FastifyReply): Principal | null => {
+    const origin = req.headers.origin;
+    if (!originAllowed(origin, allowed)) {
+      sendError(reply, new CollimateError('origin_forbidden', `Origin ${String(origin).slice(0, 200)} is not allowed to use ${MCP_PATH}. Allowed: no Origin, loopback origins, and COLLIMATE_MCP_ALLOWED_ORIGINS.`));
+      return null;
+    }
+    try {
+      return opts.auth(req);
+    } catch (err) {
+      sendError(reply, toClientError(err, req.log, req.id), { 'www-authenticate': 'Bearer realm="collimate"' });
+      return null;
+    }
+  };
+
+  app.route({
+    method: 'POST',
+    url: MCP_PATH,
+    handler: async (req, reply) => {
+      const principal = gate(req, reply);
+      if (!principal) return reply;
+      let body: unknown;
+      try {
+        const raw = Buffer.isBuffer(req.body) ? req.body.toString('utf8') : '';
+        body = JSON.parse(raw);
+      } catch {
+        jsonRpcError(reply, 400, -32700, 'Parse error: the body must be a JSON-RPC message (application/json).');
+        return reply;
+      }
+      const server = new McpServer({ name: 'collimate', version }, { instructions: INSTRUCTIONS });
+      registerTools(server, { service: opts.service, admission: opts.admission, principal, log: req.log });
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
+      reply.hijack();
+      reply.raw.on('close', () => {
+        void transport.close().catch(() => {});
+        void server.close().catch(() => {});
+      });
+      try {
+        await server.connect(transport);
+        await transport.handleRequest(req.raw, reply.raw, body);
+      } catch (err) {
+        req.log.error({ err }, 'mcp request failed');
+        if (!reply.raw.headersSent) {
+          reply.raw.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
+          reply.raw.end(JSON.stringify({ jsonrpc: '2.0', error: { code: -32603, message: 'Internal error' }, id: null }));
+        }
+      }
+      return reply;
+    },
+  });
+
+  for (const method of ['GET', 'DELETE'] as const) {
+    app.route({
+      method,
+      url: MCP_PATH,
+      handler: async (req, reply) => {
+        if (!gate(req, reply)) return reply;
+        jsonRpcError(reply, 405, -32000, `Method not allowed: ${MCP_PATH} is stateless; send JSON-RPC messages with POST.`, { allow: 'POST' });
+        return reply;
+      },
+    });
+  }
+}

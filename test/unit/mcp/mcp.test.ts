@@ -1,0 +1,125 @@
+/** The MCP endpoint on the fake service: transport gate (Origin, key, methods), tools, tier parity with REST. */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { fixture, type Fixture } from '../api/helpers.js';
+import { originAllowed } from '../../../src/mcp/origin.js';
+
+let f: Fixture;
+let url: string;
+
+before(async () => {
+  f = await fixture({
+    fake: {
+      environments: {
+        'demo-t': [{ id: 'env-mine', kind: 'environment', description: 'own', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 }],
+      },
+    },
+  });
+  url = (await f.api.app.listen({ host: '127.0.0.1', port: 0 })) + '/mcp';
+});
+after(() => f.close());
+
+async function connect(key: string): Promise<Client> {
+  const c = new Client({ name: 'unit', version: '1' });
+  await c.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: { authorization: `Bearer ${key}` } } }));
+  return c;
+}
+const text = (r: any) => (r.content as Array<{ text: string }>)[0].text;
+
+test('originAllowed: absent and loopback pass, others only when listed', () => {
+  assert.equal(originAllowed(undefined, []), true);
+  for (const o of ['http://localhost', 'http://localhost:3000', 'https://127.0.0.1:8443', 'http://[::1]:7070', 'http://app.localhost']) assert.equal(originAllowed(o, []), true, o);
+  for (const o of ['http://evil.example', 'null', 'file://', 'http://127.0.0.1.evil.example', 'chrome-extension://abc']) assert.equal(originAllowed(o, []), false, o);
+  assert.equal(originAllowed('https://app.example.com', ['https://app.example.com']), true);
+  assert.equal(originAllowed('https://APP.example.com/', ['https://app.example.com']), true);
+});
+
+test('the HTTP gate: 403 foreign Origin before auth, 401 without a valid key, 405 GET/DELETE, 400 bad JSON', async () => {
+  const key = f.key('gate-t', 'pro');
+  const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' });
+  const h = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
+  let r = await fetch(url, { method: 'POST', headers: { ...h, origin: 'http://evil.example' }, body });
+  assert.equal(r.status, 403);
+  assert.equal(((await r.json()) as any).error.code, 'origin_forbidden');
+  r = await fetch(url, { method: 'POST', headers: h, body });
+  assert.equal(r.status, 401);
+  assert.equal(((await r.json()) as any).error.code, 'unauthorized');
+  r = await fetch(url, { method: 'POST', headers: { ...h, authorization: 'Bearer clm_' + 'z'.repeat(40) }, body });
+  assert.equal(r.status, 401);
+  for (const method of ['GET', 'DELETE']) {
+    r = await fetch(url, { method, headers: { authorization: `Bearer ${key}` } });
+    assert.equal(r.status, 405);
+    assert.equal(r.headers.get('allow'), 'POST');
+  }
+  r = await fetch(url, { method: 'POST', headers: { ...h, authorization: `Bearer ${key}` }, body: '{nope' });
+  assert.equal(r.status, 400);
+  assert.equal(((await r.json()) as any).error.code, -32700);
+});
+
+test('tools carry input and output schemas; results are JSON text and structuredContent', async () => {
+  const c = await connect(f.key('tools-t', 'pro'));
+  try {
+    const { tools } = await c.listTools();
+    assert.equal(tools.length, 11);
+    for (const t of tools) {
+      assert.ok(t.outputSchema, `${t.name} has an output schema`);
+      assert.equal(t.inputSchema.additionalProperties, false, `${t.name} rejects unknown arguments`);
+    }
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', labels: { k: 'v' } } })).structuredContent as any;
+    assert.deepEqual(sb.labels, { k: 'v' });
+    const r = await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo hi' } });
+    assert.equal((r.structuredContent as any).stdout, 'hi\n');
+    assert.deepEqual(JSON.parse(text(r)), r.structuredContent);
+    const unknownArg = await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo', shell: 'bash' } });
+    assert.equal(unknownArg.isError, true);
+    const malformedId = await c.callTool({ name: 'get_sandbox', arguments: { sandbox_id: '../etc' } });
+    assert.match(text(malformedId), /^sandbox_not_found: /);
+    const other = f.key('other-t', 'pro');
+    const foreign = await (await connect(other)).callTool({ name: 'get_sandbox', arguments: { sandbox_id: sb.id } });
+    assert.match(text(foreign), /^sandbox_not_found: /, "another tenant's id reads as not found");
+    const badLabel = await c.callTool({ name: 'list_sandboxes', arguments: { labels: { 'bad key!': 'x' } } });
+    assert.match(text(badLabel), /^validation_error: /);
+  } finally {
+    await c.close();
+  }
+});
+
+test('tier rules are REST\'s: same codes for the same requests, one concurrency cap across both doors', async () => {
+  const key = f.key('demo-t', 'demo');
+  const c = await connect(key);
+  try {
+    const rest = async (body: unknown) => (await f.req('createSandbox', { url: '/v1/sandboxes', key, body })).json();
+    const cases: Array<[Record<string, unknown>, string | null]> = [
+      [{ template: 'env-mine' }, 'template_forbidden'],
+      [{ template: 'base', timeout_secs: 901 }, 'tier_forbidden'],
+      [{ template: 'nope' }, null], // whatever REST answers
+    ];
+    for (const [args, expected] of cases) {
+      const code = (await rest(args)).error.code;
+      if (expected) assert.equal(code, expected);
+      const m = await c.callTool({ name: 'create_sandbox', arguments: args });
+      assert.equal(m.isError, true);
+      assert.ok(text(m).startsWith(`${code}: `), text(m));
+    }
+    const viaRest = await rest({ template: 'base' });
+    const viaMcp = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })).structuredContent as any;
+    assert.equal(viaMcp.timeout_secs, 900, "the tier's default session");
+    const third = await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } });
+    assert.match(text(third), /^concurrency_limit: .*\(retry after 5 s\)$/);
+    assert.equal((await rest({ template: 'base' })).error.code, 'concurrency_limit');
+    // Suspend frees a slot through either door; resume takes it back under the same cap.
+    await c.callTool({ name: 'suspend_sandbox', arguments: { sandbox_id: viaRest.id } });
+    const fits = await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } });
+    assert.ok(!fits.isError, text(fits));
+    const resume = await c.callTool({ name: 'resume_sandbox', arguments: { sandbox_id: viaRest.id } });
+    assert.match(text(resume), /^concurrency_limit: /);
+    const fork = await c.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: viaMcp.id } });
+    assert.match(text(fork), /^concurrency_limit: /);
+    const forkSuspended = await c.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: viaRest.id } });
+    assert.match(text(forkSuspended), /^invalid_state: /, 'like REST, fork needs a running sandbox');
+  } finally {
+    await c.close();
+  }
+});
