@@ -1,0 +1,179 @@
+/**
+ * The SDK's error classes and the ONE mapping from API error codes (src/errors.ts) to them. Every
+ * error the SDK throws is a CollimateError carrying the server's stable `code` and HTTP `status`
+ * (0 when no HTTP response was involved: connection failures and client-side timeouts).
+ */
+
+export interface ErrorInit {
+  code: string;
+  status: number;
+  details?: Record<string, unknown>;
+  retryAfter?: number;
+  cause?: unknown;
+}
+
+export class CollimateError extends Error {
+  /** Status used when the error did not come with an HTTP status (an SSE `error` event). */
+  static readonly defaultStatus: number = 0;
+  readonly code: string;
+  readonly status: number;
+  /** Extra machine-readable detail from the error body (e.g. `state`, `limit`, `issues`). */
+  readonly details: Record<string, unknown>;
+
+  constructor(message: string, init: ErrorInit) {
+    super(message, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = new.target.name;
+    this.code = init.code;
+    this.status = init.status;
+    this.details = init.details ?? {};
+  }
+}
+
+/** 401: the API key is missing, unknown or revoked. */
+export class AuthenticationError extends CollimateError {
+  static override readonly defaultStatus = 401;
+}
+
+/** 404: no such sandbox, template, image or file (other tenants' ids read as not found too). */
+export class NotFoundError extends CollimateError {
+  static override readonly defaultStatus = 404;
+}
+
+/** 409: the sandbox is in the wrong state for the operation (e.g. exec on a suspended sandbox). */
+export class InvalidStateError extends CollimateError {
+  static override readonly defaultStatus = 409;
+  /** The sandbox's state when the operation was refused, when the server says. */
+  get state(): string | undefined {
+    return typeof this.details.state === 'string' ? this.details.state : undefined;
+  }
+}
+
+/** 429: the tier's cap on running sandboxes is reached. Suspend or delete one, then retry. */
+export class ConcurrencyLimitError extends CollimateError {
+  static override readonly defaultStatus = 429;
+  /** Seconds to wait before retrying (from Retry-After). */
+  readonly retryAfter: number | undefined;
+  constructor(message: string, init: ErrorInit) {
+    super(message, init);
+    this.retryAfter = init.retryAfter;
+  }
+}
+
+/** 400 (and 422 for a reused Idempotency-Key): the request is malformed; `details.issues` says where. */
+export class ValidationError extends CollimateError {
+  static override readonly defaultStatus = 400;
+}
+
+/** 413: a body (file upload, exec files) over the server's limit. */
+export class PayloadTooLargeError extends CollimateError {
+  static override readonly defaultStatus = 413;
+}
+
+/** 403: the tier does not allow this (a session longer than its maximum, a non-catalog template). */
+export class TierForbiddenError extends CollimateError {
+  static override readonly defaultStatus = 403;
+}
+
+/** The client gave up waiting (its own timeout), or the server reported `exec_timeout`. */
+export class TimeoutError extends CollimateError {
+  static override readonly defaultStatus = 0;
+}
+
+/** 5xx: a server or VMM failure. Safe operations were already retried. */
+export class ServerError extends CollimateError {
+  static override readonly defaultStatus = 500;
+}
+
+/** No HTTP response at all: the server is unreachable or the connection dropped. */
+export class ConnectionError extends CollimateError {
+  static override readonly defaultStatus = 0;
+}
+
+type ErrorClass = { new (message: string, init: ErrorInit): CollimateError; readonly defaultStatus: number };
+
+/**
+ * The mapping. Keyed by the server's codes (every code of src/errors.ts; a unit test checks it stays
+ * complete); an unknown code falls back to its HTTP status class.
+ */
+export const ERROR_CLASSES: Record<string, ErrorClass> = {
+  validation_error: ValidationError,
+  invalid_json: ValidationError,
+  unsupported_media_type: ValidationError,
+  method_not_allowed: ValidationError,
+  idempotency_key_reused: ValidationError,
+  unauthorized: AuthenticationError,
+  tier_forbidden: TierForbiddenError,
+  template_forbidden: TierForbiddenError,
+  origin_forbidden: TierForbiddenError,
+  sandbox_not_found: NotFoundError,
+  template_not_found: NotFoundError,
+  image_not_found: NotFoundError,
+  environment_not_found: NotFoundError,
+  not_found: NotFoundError,
+  file_not_found: NotFoundError,
+  invalid_state: InvalidStateError,
+  conflict: InvalidStateError,
+  payload_too_large: PayloadTooLargeError,
+  concurrency_limit: ConcurrencyLimitError,
+  rate_limited: ConcurrencyLimitError,
+  exec_timeout: TimeoutError,
+  internal_error: ServerError,
+  agent_unavailable: ServerError,
+  vmm_failed: ServerError,
+  template_not_ready: ServerError,
+  shutting_down: ServerError,
+  image_pull_failed: ServerError,
+  bake_failed: ServerError,
+};
+
+function classForStatus(status: number): ErrorClass {
+  if (status >= 500) return ServerError;
+  switch (status) {
+    case 400:
+    case 405:
+    case 415:
+    case 422:
+      return ValidationError;
+    case 401:
+      return AuthenticationError;
+    case 403:
+      return TierForbiddenError;
+    case 404:
+      return NotFoundError;
+    case 408:
+      return TimeoutError;
+    case 409:
+      return InvalidStateError;
+    case 413:
+      return PayloadTooLargeError;
+    case 429:
+      return ConcurrencyLimitError;
+    default:
+      return CollimateError;
+  }
+}
+
+/**
+ * Builds the error for an API error body `{ error: { code, message, ... } }`. `status` is the HTTP
+ * status, or undefined when the error arrived inside a 200 SSE stream.
+ */
+export function errorFromBody(status: number | undefined, body: unknown, retryAfterHeader?: string | null): CollimateError {
+  const e = body && typeof body === 'object' ? (body as { error?: unknown }).error : undefined;
+  const retryAfter = parseRetryAfter(retryAfterHeader);
+  if (e && typeof e === 'object' && typeof (e as { code?: unknown }).code === 'string') {
+    const { code, message, ...details } = e as { code: string; message?: unknown } & Record<string, unknown>;
+    const cls = ERROR_CLASSES[code] ?? classForStatus(status ?? 0);
+    return new cls(typeof message === 'string' ? message : code, { code, status: status ?? cls.defaultStatus, details, retryAfter });
+  }
+  const s = status ?? 0;
+  const text = typeof body === 'string' ? body.slice(0, 200) : '';
+  return new (classForStatus(s))(`HTTP ${s}${text ? `: ${text}` : ''}`, { code: 'http_error', status: s, retryAfter });
+}
+
+function parseRetryAfter(v: string | null | undefined): number | undefined {
+  if (v === null || v === undefined || v === '') return undefined;
+  const n = Number(v);
+  if (Number.isFinite(n) && n >= 0) return n;
+  const t = Date.parse(v);
+  return Number.isFinite(t) ? Math.max(0, Math.ceil((t - Date.now()) / 1000)) : undefined;
+}

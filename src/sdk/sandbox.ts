@@ -1,0 +1,159 @@
+/**
+ * A sandbox handle: one microVM on the server. Methods mirror the REST operations; state-changing
+ * calls refresh `info` from the server's answer.
+ */
+import { randomUUID } from 'node:crypto';
+import { errorFromBody, NotFoundError } from './errors.js';
+import type { Transport } from './transport.js';
+import type { ExecEvent, ExecHandlers, ExecRequest, ExecResult, ForkParams, SandboxInfo, SandboxState } from './types.js';
+
+/** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
+const EXEC_TIMEOUT_SLACK_MS = 30_000;
+const DEFAULT_EXEC_TIMEOUT_SECS = 60;
+/** Fork and resume restore whole VMs: give them longer than a plain request. */
+const LIFECYCLE_TIMEOUT_MS = 300_000;
+
+export class Sandbox {
+  /** The server's view of the sandbox as of the last call that returned it (see refresh()). */
+  info: SandboxInfo;
+  readonly files: SandboxFiles;
+
+  constructor(private readonly http: Transport, info: SandboxInfo) {
+    this.info = info;
+    this.files = new SandboxFiles(http, info.id);
+  }
+
+  get id(): string {
+    return this.info.id;
+  }
+  get state(): SandboxState {
+    return this.info.state;
+  }
+  get labels(): Record<string, string> {
+    return this.info.labels;
+  }
+  get template(): string {
+    return this.info.template;
+  }
+  /** The sandbox this one was live-forked from (null for a template create). */
+  get parent(): string | null {
+    return this.info.parent;
+  }
+
+  private path(suffix = ''): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.info.id)}${suffix}`;
+  }
+
+  /** Re-reads the sandbox from the server. */
+  async refresh(): Promise<this> {
+    this.info = await this.http.json<SandboxInfo>({ method: 'GET', path: this.path(), retry: 'safe' });
+    return this;
+  }
+
+  /**
+   * Runs a command; the sandbox must be running (InvalidStateError otherwise). Execs in one sandbox
+   * run one at a time, in order. With `onStdout`/`onStderr` the output is streamed to them as it is
+   * produced (SSE); the result still carries the whole (capped) output. Never retried: a command
+   * must not run twice behind your back.
+   */
+  async exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
+    if (!handlers || (!handlers.onStdout && !handlers.onStderr)) {
+      return this.http.json<ExecResult>({ method: 'POST', path: this.path('/exec'), json: req, retry: 'none', timeoutMs: execTimeoutMs(req) });
+    }
+    for await (const ev of this.execStream(req)) {
+      if (ev.type === 'stdout') handlers.onStdout?.(ev.data);
+      else if (ev.type === 'stderr') handlers.onStderr?.(ev.data);
+      else return ev.result;
+    }
+    throw new Error('unreachable: execStream ends with its result');
+  }
+
+  /**
+   * Runs a command and yields its output as it is produced: `{type: 'stdout'|'stderr', data}` chunks
+   * (raw bytes), then one `{type: 'result', result}`. Breaking out of the loop stops receiving; the
+   * command itself runs to completion in the sandbox.
+   */
+  async *execStream(req: ExecRequest): AsyncGenerator<ExecEvent, void, undefined> {
+    for await (const ev of this.http.sse({ method: 'POST', path: this.path('/exec'), json: req, retry: 'none', timeoutMs: execTimeoutMs(req) })) {
+      const payload = JSON.parse(ev.data);
+      if (ev.event === 'stdout' || ev.event === 'stderr') {
+        yield { type: ev.event, data: Buffer.from(payload.data, 'base64') };
+      } else if (ev.event === 'result') {
+        yield { type: 'result', result: payload as ExecResult };
+        return;
+      } else if (ev.event === 'error') {
+        throw errorFromBody(undefined, payload);
+      }
+    }
+    throw errorFromBody(undefined, { error: { code: 'stream_ended', message: 'The exec stream ended without a result.' } });
+  }
+
+  /**
+   * Live-forks this running sandbox into `n` children that keep its memory and processes; the
+   * parent keeps running. Each child counts against the tier's cap. Safe to retry (idempotency key).
+   */
+  async fork(n = 1, params: ForkParams = {}): Promise<Sandbox[]> {
+    const body: Record<string, unknown> = { count: n };
+    if (params.labels) body.labels = params.labels;
+    const r = await this.http.json<{ sandboxes: SandboxInfo[] }>({
+      method: 'POST',
+      path: this.path('/fork'),
+      json: body,
+      headers: { 'idempotency-key': randomUUID() },
+      retry: 'idempotent',
+      timeoutMs: LIFECYCLE_TIMEOUT_MS,
+    });
+    return r.sandboxes.map((info) => new Sandbox(this.http, info));
+  }
+
+  /** Suspends this running sandbox to disk: it stops counting against the cap until resumed. */
+  async suspend(): Promise<this> {
+    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/suspend'), timeoutMs: LIFECYCLE_TIMEOUT_MS });
+    return this;
+  }
+
+  /** Resumes this suspended sandbox with its memory and processes; takes a slot of the cap. */
+  async resume(): Promise<this> {
+    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/resume'), timeoutMs: LIFECYCLE_TIMEOUT_MS });
+    return this;
+  }
+
+  /** Deletes the sandbox (running or suspended). */
+  async delete(): Promise<void> {
+    await this.http.json<void>({ method: 'DELETE', path: this.path() });
+    this.info = { ...this.info, state: 'deleted' };
+  }
+
+  /** `await using sb = await client.sandboxes.create(...)` deletes it on scope exit. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.info.state === 'deleted') return;
+    try {
+      await this.delete();
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
+  }
+}
+
+export class SandboxFiles {
+  constructor(private readonly http: Transport, private readonly id: string) {}
+
+  /** Reads a file (absolute path) from the running sandbox. */
+  read(path: string): Promise<Buffer> {
+    return this.http.bytes({ method: 'GET', path: `/v1/sandboxes/${encodeURIComponent(this.id)}/files`, query: { path }, retry: 'safe' });
+  }
+
+  /** Writes a file (absolute path; parent directories are created); `mode` is octal, e.g. 0o755. */
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<{ path: string; size: number }> {
+    return this.http.json({
+      method: 'PUT',
+      path: `/v1/sandboxes/${encodeURIComponent(this.id)}/files`,
+      query: { path, mode: opts.mode === undefined ? undefined : opts.mode.toString(8).padStart(3, '0') },
+      raw: typeof data === 'string' ? Buffer.from(data, 'utf8') : data,
+    });
+  }
+}
+
+function execTimeoutMs(req: ExecRequest): number {
+  return (req.timeout ?? DEFAULT_EXEC_TIMEOUT_SECS) * 1000 + EXEC_TIMEOUT_SLACK_MS;
+}
