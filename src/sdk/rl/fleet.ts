@@ -1,0 +1,60 @@
+/**
+ * The RL SDK's common interface. A Fleet creates sandboxes for one training run and tags every
+ * sandbox it creates or forks with the run label `{collimate_run: <runId>}`, so a crashed trainer's
+ * sandboxes can always be found and swept. Two implementations share it: connect() (over HTTP,
+ * through the TypeScript SDK) and createLocalFleet() (in-process, calling a SandboxService directly
+ * with no HTTP hop). The helpers (bestOfN, treeSearch, map, sweep) are written once against it.
+ */
+import { randomBytes } from 'node:crypto';
+import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
+
+/** The label key every sandbox of a run carries. */
+export const RUN_LABEL = 'collimate_run';
+
+export function newRunId(): string {
+  const stamp = new Date().toISOString().slice(0, 19).replace(/[-:T]/g, '');
+  return `run-${stamp}-${randomBytes(4).toString('hex')}`;
+}
+
+/** One sandbox of a fleet. */
+export interface Sandbox {
+  readonly id: string;
+  /** As of creation (or the last call that returned it). */
+  readonly info: SandboxInfo;
+  /** Runs a command (the sandbox must be running); output streams to `handlers` when given. */
+  exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult>;
+  /** Live-forks into `n` children that keep this sandbox's memory and processes; they carry the run label. */
+  fork(n: number, opts?: { labels?: Record<string, string> }): Promise<Sandbox[]>;
+  suspend(): Promise<void>;
+  resume(): Promise<void>;
+  delete(): Promise<void>;
+  readFile(path: string): Promise<Buffer>;
+  writeFile(path: string, data: string | Uint8Array, mode?: number): Promise<void>;
+  /** `await using sb = await fleet.create('base')` deletes it on scope exit. */
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+export interface CreateOptions {
+  labels?: Record<string, string>;
+  timeoutSecs?: number;
+}
+
+export interface Fleet {
+  readonly runId: string;
+  /** `{collimate_run: runId}`: merged into the labels of everything this fleet creates or forks. */
+  readonly runLabel: Record<string, string>;
+  create(template: string, opts?: CreateOptions): Promise<Sandbox>;
+  /** Ids of the tenant's sandboxes matching every label (all pages). */
+  listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]>;
+  /** Deletes by id; NotFoundError when it is already gone. */
+  deleteById(id: string): Promise<void>;
+  /** Deletes every sandbox carrying the run label of `runId` (default: this fleet's run). Returns how many. */
+  sweep(runId?: string, opts?: SweepOptions): Promise<number>;
+}
+
+export interface SweepOptions {
+  /** After the list comes back empty, wait this long and look once more (creates in flight when a trainer died land late). Default 1000 ms. */
+  quietMs?: number;
+  /** Give up after this many rounds (default 30). */
+  maxRounds?: number;
+}

@@ -1,0 +1,121 @@
+/**
+ * createLocalFleet(): the in-process hot path. It drives a SandboxService (the Engine) directly —
+ * no HTTP, no JSON, no auth — with the same interface as connect(). Service errors are mapped to the
+ * SDK's error classes, so code written against one fleet handles the other's errors the same way.
+ * There are no tier caps here: the process holding the engine is trusted.
+ */
+import { CollimateError as ServiceError } from '../../errors.js';
+import type { ExecRequest as ServiceExecRequest, SandboxService, Scope } from '../../sandboxes/types.js';
+import { errorFromBody, NotFoundError } from '../errors.js';
+import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
+import { newRunId, RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
+import { sweep } from './helpers.js';
+
+export interface LocalFleetOptions {
+  runId?: string;
+}
+
+export function createLocalFleet(service: SandboxService, scope: Scope, opts: LocalFleetOptions = {}): LocalFleet {
+  return new LocalFleet(service, scope, opts.runId ?? newRunId());
+}
+
+/** Rethrows service errors as the SDK's classes (same code, status, details, retryAfter). */
+async function mapped<T>(call: () => T | Promise<T>): Promise<T> {
+  try {
+    return await call();
+  } catch (e) {
+    if (e instanceof ServiceError) {
+      const err = errorFromBody(e.status, e.toJSON(), e.retryAfterSecs === undefined ? undefined : String(e.retryAfterSecs));
+      (err as { cause?: unknown }).cause = e;
+      throw err;
+    }
+    throw e;
+  }
+}
+
+function view(info: SandboxInfo & { tenant?: string }): SandboxInfo {
+  const { tenant: _tenant, ...rest } = info;
+  return rest;
+}
+
+export class LocalFleet implements Fleet {
+  readonly runLabel: Record<string, string>;
+  constructor(readonly service: SandboxService, readonly scope: Scope, readonly runId: string) {
+    this.runLabel = { [RUN_LABEL]: runId };
+  }
+
+  async create(template: string, opts: CreateOptions = {}): Promise<Sandbox> {
+    const info = await mapped(() => this.service.create({ template, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }, this.scope));
+    return new LocalSandbox(this, view(info));
+  }
+
+  /** A fleet handle on an existing sandbox of this scope. */
+  async get(id: string): Promise<Sandbox> {
+    return new LocalSandbox(this, view(await mapped(() => this.service.get(id, this.scope))));
+  }
+
+  async listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]> {
+    const ids: string[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await mapped(() => this.service.list({ labels: filter.labels, state: filter.state, after, limit: 1000 }, this.scope));
+      ids.push(...page.sandboxes.filter((s) => s.tenant === this.scope.tenant).map((s) => s.id));
+      if (!page.next || page.sandboxes.length === 0) return ids;
+      after = page.next;
+    }
+  }
+
+  async deleteById(id: string): Promise<void> {
+    await mapped(() => this.service.delete(id, this.scope));
+  }
+
+  sweep(runId: string = this.runId, opts?: SweepOptions): Promise<number> {
+    return sweep(this, runId, opts);
+  }
+}
+
+export class LocalSandbox implements Sandbox {
+  constructor(private readonly fleet: LocalFleet, public info: SandboxInfo) {}
+
+  get id(): string {
+    return this.info.id;
+  }
+
+  private get svc(): SandboxService {
+    return this.fleet.service;
+  }
+
+  exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
+    return mapped(() => this.svc.exec(this.info.id, req as ServiceExecRequest, this.fleet.scope, handlers));
+  }
+
+  async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
+    const kids = await mapped(() => this.svc.fork(this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }, this.fleet.scope));
+    return kids.map((k) => new LocalSandbox(this.fleet, view(k)));
+  }
+
+  async suspend(): Promise<void> {
+    this.info = view(await mapped(() => this.svc.suspend(this.info.id, this.fleet.scope)));
+  }
+  async resume(): Promise<void> {
+    this.info = view(await mapped(() => this.svc.resume(this.info.id, this.fleet.scope)));
+  }
+  async delete(): Promise<void> {
+    await mapped(() => this.svc.delete(this.info.id, this.fleet.scope));
+    this.info = { ...this.info, state: 'deleted' };
+  }
+  readFile(path: string): Promise<Buffer> {
+    return mapped(() => this.svc.readFile(this.info.id, path, this.fleet.scope));
+  }
+  writeFile(path: string, data: string | Uint8Array, mode?: number): Promise<void> {
+    return mapped(() => this.svc.writeFile(this.info.id, path, typeof data === 'string' ? Buffer.from(data) : Buffer.from(data), this.fleet.scope, mode));
+  }
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.info.state === 'deleted') return;
+    try {
+      await this.delete();
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
+  }
+}
