@@ -1,0 +1,388 @@
+"""The Collimate client: ``Collimate(api_key=None, base_url=None)``, then ``client.sandboxes.create(...)``.
+
+Defaults come from ``COLLIMATE_API_KEY`` and ``COLLIMATE_BASE_URL`` (http://127.0.0.1:7070).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from ._http import Transport
+from .errors import CollimateError, NotFoundError
+from .types import ExecChunk, ExecResult, SandboxInfo, Template
+
+__all__ = ["Collimate", "Sandboxes", "SandboxPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
+
+DEFAULT_BASE_URL = "http://127.0.0.1:7070"
+#: Client-side slack over an exec's own timeout before the SDK gives up waiting.
+EXEC_TIMEOUT_SLACK_SECS = 30.0
+DEFAULT_EXEC_TIMEOUT_SECS = 60.0
+#: Create, fork and resume restore whole VMs: give them longer than a plain request.
+LIFECYCLE_TIMEOUT_SECS = 300.0
+
+FilesArg = Union[Mapping[str, Union[str, bytes]], Sequence[Mapping[str, Any]], None]
+
+
+class Collimate:
+    """A client for one server and API key. Thread-safe; close() (or ``with``) frees its connections."""
+
+    def __init__(
+        self,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        *,
+        max_retries: int = 3,
+        timeout: float = 60.0,
+    ) -> None:
+        self.http = Transport(
+            base_url or os.environ.get("COLLIMATE_BASE_URL") or DEFAULT_BASE_URL,
+            api_key if api_key is not None else os.environ.get("COLLIMATE_API_KEY"),
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+        self.sandboxes = Sandboxes(self)
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    def images(self) -> List[Template]:
+        """Catalog images: ready to run on every tier, no build step."""
+        return [Template.from_json(t) for t in self.http.json("GET", "/v1/images", retry="safe")["images"]]
+
+    def templates(self) -> List[Template]:
+        """Every template you can create from (catalog images and, on Pro, your environments)."""
+        return [Template.from_json(t) for t in self.http.json("GET", "/v1/templates", retry="safe")["templates"]]
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "Collimate":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Sandboxes:
+    def __init__(self, client: Collimate) -> None:
+        self._client = client
+
+    def _wrap(self, info: Mapping[str, Any]) -> "Sandbox":
+        return Sandbox(self._client, SandboxInfo.from_json(info))
+
+    def create(
+        self,
+        template: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_secs: Optional[int] = None,
+    ) -> "Sandbox":
+        """A running sandbox from ``template`` (e.g. ``"base"``; see ``client.images()``).
+
+        Counts against the tier's concurrency cap (ConcurrencyLimitError with ``retry_after`` when
+        full). Safe to retry: one Idempotency-Key goes with every attempt.
+        """
+        body: Dict[str, Any] = {"template": template}
+        if labels:
+            body["labels"] = dict(labels)
+        if timeout_secs is not None:
+            body["timeout_secs"] = timeout_secs
+        info = self._client.http.json(
+            "POST",
+            "/v1/sandboxes",
+            json_body=body,
+            headers={"idempotency-key": str(uuid.uuid4())},
+            retry="idempotent",
+            timeout=LIFECYCLE_TIMEOUT_SECS,
+        )
+        return self._wrap(info)
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox (NotFoundError for unknown ids and other tenants')."""
+        return self._wrap(self._client.http.json("GET", f"/v1/sandboxes/{_q(sandbox_id)}", retry="safe"))
+
+    def list(
+        self,
+        *,
+        state: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        limit: Optional[int] = None,
+    ) -> "SandboxPages":
+        """Your sandboxes; iterate for pages (lists of Sandbox), or call ``.all()``."""
+        return SandboxPages(self, state, labels, limit)
+
+
+class SandboxPages:
+    def __init__(self, sandboxes: Sandboxes, state: Optional[str], labels: Optional[Mapping[str, str]], limit: Optional[int]) -> None:
+        self._sandboxes = sandboxes
+        self._state = state
+        self._labels = dict(labels or {})
+        self._limit = limit
+
+    def __iter__(self) -> Iterator[List["Sandbox"]]:
+        after: Optional[str] = None
+        http = self._sandboxes._client.http
+        while True:
+            page = http.json(
+                "GET",
+                "/v1/sandboxes",
+                query={
+                    "state": self._state,
+                    "label": [f"{k}={v}" for k, v in self._labels.items()],
+                    "limit": self._limit,
+                    "after": after,
+                },
+                retry="safe",
+            )
+            yield [self._sandboxes._wrap(s) for s in page["sandboxes"]]
+            if not page.get("next") or not page["sandboxes"]:
+                return
+            after = page["next"]
+
+    def all(self) -> List["Sandbox"]:
+        return [sb for page in self for sb in page]
+
+
+def _q(s: str) -> str:
+    from urllib.parse import quote
+
+    return quote(s, safe="")
+
+
+def _files_body(files: FilesArg) -> Optional[List[Dict[str, Any]]]:
+    if files is None:
+        return None
+    if isinstance(files, Mapping):
+        out = []
+        for path, content in files.items():
+            if isinstance(content, (bytes, bytearray)):
+                out.append({"path": path, "content": base64.b64encode(bytes(content)).decode("ascii"), "encoding": "base64"})
+            else:
+                out.append({"path": path, "content": content})
+        return out
+    return [dict(f) for f in files]
+
+
+class Sandbox:
+    """A handle on one sandbox (a microVM). State-changing calls refresh ``info``."""
+
+    def __init__(self, client: Collimate, info: SandboxInfo) -> None:
+        self._client = client
+        self.info = info
+        self.files = SandboxFiles(client, info.id)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r}, template={self.template!r})"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return self.info.labels
+
+    @property
+    def template(self) -> str:
+        return self.info.template
+
+    @property
+    def parent(self) -> Optional[str]:
+        return self.info.parent
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{_q(self.id)}{suffix}"
+
+    def _wrap(self, info: Mapping[str, Any]) -> "Sandbox":
+        return type(self)(self._client, SandboxInfo.from_json(info))
+
+    def refresh(self) -> "Sandbox":
+        self.info = SandboxInfo.from_json(self._client.http.json("GET", self._path(), retry="safe"))
+        return self
+
+    @staticmethod
+    def _exec_body(
+        command: Optional[str],
+        code: Optional[str],
+        commands: Optional[Sequence[Sequence[str]]],
+        files: FilesArg,
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        stdin: Optional[str],
+        timeout: Optional[float],
+        seed: Optional[str],
+    ) -> Dict[str, Any]:
+        body: Dict[str, Any] = {}
+        if command is not None:
+            body["command"] = command
+        if code is not None:
+            body["code"] = code
+        if commands is not None:
+            body["commands"] = [list(c) for c in commands]
+        fb = _files_body(files)
+        if fb is not None:
+            body["files"] = fb
+        if env is not None:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        if stdin is not None:
+            body["stdin"] = stdin
+        if timeout is not None:
+            body["timeout"] = timeout
+        if seed is not None:
+            body["seed"] = str(seed)
+        return body
+
+    def exec(
+        self,
+        command: Optional[str] = None,
+        *,
+        code: Optional[str] = None,
+        commands: Optional[Sequence[Sequence[str]]] = None,
+        files: FilesArg = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        timeout: Optional[float] = None,
+        seed: Optional[str] = None,
+        on_stdout: Optional[Callable[[bytes], None]] = None,
+        on_stderr: Optional[Callable[[bytes], None]] = None,
+    ) -> ExecResult:
+        """Runs exactly one of ``command`` (a /bin/sh -c string), ``code`` (the template's
+        interpreter) or ``commands`` (argv lists in order, stopping at the first failure).
+
+        The sandbox must be running (InvalidStateError otherwise). With ``on_stdout``/``on_stderr``
+        output is streamed to them as produced. ``files`` is ``{path: str | bytes}`` or a list of
+        ``{"path", "content", "encoding"?, "mode"?}``. Never retried.
+        """
+        if on_stdout is not None or on_stderr is not None:
+            for ev in self.exec_stream(command, code=code, commands=commands, files=files, env=env, cwd=cwd, stdin=stdin, timeout=timeout, seed=seed):
+                if isinstance(ev, ExecResult):
+                    return ev
+                cb = on_stdout if ev.type == "stdout" else on_stderr
+                if cb is not None:
+                    cb(ev.data)
+            raise AssertionError("unreachable: exec_stream ends with its result")
+        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed)
+        data = self._client.http.json("POST", self._path("/exec"), json_body=body, timeout=_exec_timeout(timeout))
+        return ExecResult.from_json(data)
+
+    def exec_stream(
+        self,
+        command: Optional[str] = None,
+        *,
+        code: Optional[str] = None,
+        commands: Optional[Sequence[Sequence[str]]] = None,
+        files: FilesArg = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        timeout: Optional[float] = None,
+        seed: Optional[str] = None,
+    ) -> Iterator[Union[ExecChunk, ExecResult]]:
+        """Like exec(), as a generator: ``ExecChunk(type, data)`` items as output is produced, then
+        the ``ExecResult`` (its ``type`` is ``"result"``). Stopping early stops receiving; the
+        command itself runs to completion in the sandbox."""
+        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed)
+        outcome: Union[ExecResult, CollimateError, None] = None
+        with contextlib.closing(self._client.http.sse("POST", self._path("/exec"), json_body=body, timeout=_exec_timeout(timeout))) as events:
+            for ev in events:
+                payload = json.loads(ev.data)
+                if ev.event in ("stdout", "stderr"):
+                    yield ExecChunk(ev.event, base64.b64decode(payload["data"]))  # type: ignore[arg-type]
+                elif ev.event == "result":
+                    outcome = ExecResult.from_json(payload)
+                elif ev.event == "error":
+                    from .errors import error_from_body
+
+                    outcome = error_from_body(None, payload)
+            # The server ends the stream right after the result: reading to the end lets the
+            # connection be reused.
+        if isinstance(outcome, ExecResult):
+            yield outcome
+            return
+        if isinstance(outcome, CollimateError):
+            raise outcome
+        from .errors import ConnectionError
+
+        raise ConnectionError("The exec stream ended without a result.", code="stream_ended", status=0)
+
+    def fork(self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None) -> List["Sandbox"]:
+        """Live-forks this running sandbox into ``n`` children that keep its memory and processes;
+        the parent keeps running. Each child counts against the cap. Safe to retry."""
+        body: Dict[str, Any] = {"count": n}
+        if labels:
+            body["labels"] = dict(labels)
+        r = self._client.http.json(
+            "POST",
+            self._path("/fork"),
+            json_body=body,
+            headers={"idempotency-key": str(uuid.uuid4())},
+            retry="idempotent",
+            timeout=LIFECYCLE_TIMEOUT_SECS,
+        )
+        return [self._wrap(s) for s in r["sandboxes"]]
+
+    def suspend(self) -> "Sandbox":
+        """Suspends to disk (memory and processes kept); frees its concurrency slot."""
+        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/suspend"), timeout=LIFECYCLE_TIMEOUT_SECS))
+        return self
+
+    def resume(self) -> "Sandbox":
+        """Resumes a suspended sandbox where it was; takes a concurrency slot."""
+        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/resume"), timeout=LIFECYCLE_TIMEOUT_SECS))
+        return self
+
+    def delete(self) -> None:
+        """Deletes the sandbox (running or suspended)."""
+        self._client.http.request("DELETE", self._path())
+        self.info = _replace_state(self.info, "deleted")
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.state == "deleted":
+            return
+        try:
+            self.delete()
+        except NotFoundError:
+            pass
+
+
+class SandboxFiles:
+    def __init__(self, client: Collimate, sandbox_id: str) -> None:
+        self._client = client
+        self._id = sandbox_id
+
+    def read(self, path: str) -> bytes:
+        """The bytes of a file (absolute path) in the running sandbox."""
+        return self._client.http.request("GET", f"/v1/sandboxes/{_q(self._id)}/files", query={"path": path}, retry="safe").body
+
+    def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> Dict[str, Any]:
+        """Writes a file (absolute path; parent directories are created); ``mode`` e.g. 0o755."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        query: Dict[str, Any] = {"path": path}
+        if mode is not None:
+            query["mode"] = format(mode, "03o")
+        return self._client.http.json("PUT", f"/v1/sandboxes/{_q(self._id)}/files", query=query, raw=raw)
+
+
+def _exec_timeout(timeout: Optional[float]) -> float:
+    return (timeout if timeout is not None else DEFAULT_EXEC_TIMEOUT_SECS) + EXEC_TIMEOUT_SLACK_SECS
+
+
+def _replace_state(info: SandboxInfo, state: str) -> SandboxInfo:
+    import dataclasses
+
+    return dataclasses.replace(info, state=state)

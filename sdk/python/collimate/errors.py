@@ -1,0 +1,207 @@
+"""The SDK's exception classes and the ONE mapping from API error codes (src/errors.ts) to them.
+
+Every error the SDK raises is a :class:`CollimateError` carrying the server's stable ``code`` and
+HTTP ``status`` (0 when no HTTP response was involved: connection failures, client-side timeouts).
+The classes and the mapping mirror the TypeScript SDK (src/sdk/errors.ts).
+"""
+from __future__ import annotations
+
+import email.utils
+import time
+from typing import Any, Dict, Mapping, Optional, Type
+
+__all__ = [
+    "CollimateError",
+    "AuthenticationError",
+    "NotFoundError",
+    "InvalidStateError",
+    "ConcurrencyLimitError",
+    "ValidationError",
+    "PayloadTooLargeError",
+    "TierForbiddenError",
+    "TimeoutError",
+    "ServerError",
+    "ConnectionError",
+    "ERROR_CLASSES",
+    "error_from_body",
+]
+
+
+class CollimateError(Exception):
+    """Base class. ``code`` is the API's stable error code, ``status`` the HTTP status (0 if none)."""
+
+    default_status = 0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int,
+        details: Optional[Dict[str, Any]] = None,
+        retry_after: Optional[float] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.details: Dict[str, Any] = dict(details or {})
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, status={self.status}, message={self.message!r})"
+
+
+class AuthenticationError(CollimateError):
+    """401: the API key is missing, unknown or revoked."""
+
+    default_status = 401
+
+
+class NotFoundError(CollimateError):
+    """404: no such sandbox, template, image or file (other tenants' ids read as not found too)."""
+
+    default_status = 404
+
+
+class InvalidStateError(CollimateError):
+    """409: the sandbox is in the wrong state for the operation (e.g. exec while suspended)."""
+
+    default_status = 409
+
+    @property
+    def state(self) -> Optional[str]:
+        s = self.details.get("state")
+        return s if isinstance(s, str) else None
+
+
+class ConcurrencyLimitError(CollimateError):
+    """429: the tier's cap on running sandboxes is reached; ``retry_after`` is in seconds."""
+
+    default_status = 429
+
+
+class ValidationError(CollimateError):
+    """400 (and 422 for a reused Idempotency-Key): the request is malformed; ``details['issues']`` says where."""
+
+    default_status = 400
+
+
+class PayloadTooLargeError(CollimateError):
+    """413: a body over the server's limit."""
+
+    default_status = 413
+
+
+class TierForbiddenError(CollimateError):
+    """403: the tier does not allow this (a session over its maximum, a non-catalog template)."""
+
+    default_status = 403
+
+
+class TimeoutError(CollimateError):  # noqa: A001 - mirrors the TypeScript SDK's class name
+    """The client gave up waiting (its own timeout), or the server reported ``exec_timeout``."""
+
+    default_status = 0
+
+
+class ServerError(CollimateError):
+    """5xx: a server or VMM failure. Safe operations were already retried."""
+
+    default_status = 500
+
+
+class ConnectionError(CollimateError):  # noqa: A001 - mirrors the TypeScript SDK's class name
+    """No HTTP response at all: the server is unreachable or the connection dropped."""
+
+    default_status = 0
+
+
+#: The mapping, keyed by the server's codes (a test checks it covers every code of src/errors.ts);
+#: unknown codes fall back to their HTTP status class.
+ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
+    "validation_error": ValidationError,
+    "invalid_json": ValidationError,
+    "unsupported_media_type": ValidationError,
+    "method_not_allowed": ValidationError,
+    "idempotency_key_reused": ValidationError,
+    "unauthorized": AuthenticationError,
+    "tier_forbidden": TierForbiddenError,
+    "template_forbidden": TierForbiddenError,
+    "origin_forbidden": TierForbiddenError,
+    "sandbox_not_found": NotFoundError,
+    "template_not_found": NotFoundError,
+    "image_not_found": NotFoundError,
+    "environment_not_found": NotFoundError,
+    "not_found": NotFoundError,
+    "file_not_found": NotFoundError,
+    "invalid_state": InvalidStateError,
+    "conflict": InvalidStateError,
+    "payload_too_large": PayloadTooLargeError,
+    "concurrency_limit": ConcurrencyLimitError,
+    "rate_limited": ConcurrencyLimitError,
+    "exec_timeout": TimeoutError,
+    "internal_error": ServerError,
+    "agent_unavailable": ServerError,
+    "vmm_failed": ServerError,
+    "template_not_ready": ServerError,
+    "shutting_down": ServerError,
+    "image_pull_failed": ServerError,
+    "bake_failed": ServerError,
+}
+
+_BY_STATUS: Dict[int, Type[CollimateError]] = {
+    400: ValidationError,
+    405: ValidationError,
+    415: ValidationError,
+    422: ValidationError,
+    401: AuthenticationError,
+    403: TierForbiddenError,
+    404: NotFoundError,
+    408: TimeoutError,
+    409: InvalidStateError,
+    413: PayloadTooLargeError,
+    429: ConcurrencyLimitError,
+}
+
+
+def _class_for_status(status: int) -> Type[CollimateError]:
+    if status >= 500:
+        return ServerError
+    return _BY_STATUS.get(status, CollimateError)
+
+
+def _parse_retry_after(value: Optional[str]) -> Optional[float]:
+    if not value:
+        return None
+    try:
+        n = float(value)
+        return n if n >= 0 else None
+    except ValueError:
+        pass
+    try:
+        t = email.utils.parsedate_to_datetime(value).timestamp()
+        return max(0.0, t - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def error_from_body(status: Optional[int], body: Any, retry_after: Optional[str] = None) -> CollimateError:
+    """The error for an API error body ``{"error": {"code", "message", ...}}``.
+
+    ``status`` is the HTTP status, or None when the error arrived inside a 200 SSE stream.
+    """
+    ra = _parse_retry_after(retry_after)
+    err = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(err, Mapping) and isinstance(err.get("code"), str):
+        code = err["code"]
+        message = err.get("message") if isinstance(err.get("message"), str) else code
+        details = {k: v for k, v in err.items() if k not in ("code", "message")}
+        cls = ERROR_CLASSES.get(code) or _class_for_status(status or 0)
+        return cls(message, code=code, status=status if status is not None else cls.default_status, details=details, retry_after=ra)
+    s = status or 0
+    text = body[:200] if isinstance(body, str) else ""
+    return _class_for_status(s)(f"HTTP {s}" + (f": {text}" if text else ""), code="http_error", status=s, retry_after=ra)

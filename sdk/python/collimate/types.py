@@ -1,0 +1,113 @@
+"""Data classes for the wire shapes (the REST API's Sandbox, Template, ExecResult)."""
+from __future__ import annotations
+
+import base64
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
+
+__all__ = ["SandboxInfo", "Template", "ExecTiming", "ExecResult", "ExecChunk"]
+
+T = TypeVar("T")
+
+
+def _known(cls: Type[T], data: Mapping[str, Any]) -> Dict[str, Any]:
+    """The fields of ``cls`` present in ``data``: fields the server adds later are ignored."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    id: str
+    template: str
+    state: str
+    labels: Dict[str, str]
+    created_at: str
+    age_secs: float
+    idle_secs: float
+    exec_count: int
+    parent: Optional[str]
+    forked_at: Optional[str]
+    children: List[str]
+    timeout_secs: float
+    expires_at: str
+    vcpus: float
+    memory_mib: float
+    disk_mib: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Template:
+    id: str
+    kind: str
+    description: str
+    interpreter: List[str]
+    ready: bool
+    vcpus: float
+    memory_mib: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Template":
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class ExecTiming:
+    queued_at: str
+    started_at: str
+    finished_at: str
+    queued_ms: float
+    run_ms: float
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one exec. ``stdout``/``stderr`` are text, or base64 when ``*_encoding`` says so."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool
+    stdout_encoding: str = "utf8"
+    stderr_encoding: str = "utf8"
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    failed_index: Optional[int] = None
+    signal: Optional[int] = None
+    error: Optional[str] = None
+    timing: Optional[ExecTiming] = None
+    seed: Optional[str] = None
+    type: Literal["result"] = field(default="result", init=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ExecResult":
+        kw = _known(cls, data)
+        kw.pop("type", None)
+        if isinstance(kw.get("timing"), Mapping):
+            kw["timing"] = ExecTiming(**_known(ExecTiming, kw["timing"]))
+        return cls(**kw)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        return base64.b64decode(self.stdout) if self.stdout_encoding == "base64" else self.stdout.encode("utf-8")
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        return base64.b64decode(self.stderr) if self.stderr_encoding == "base64" else self.stderr.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ExecChunk:
+    """A piece of streamed output: raw bytes (a chunk may split a UTF-8 sequence)."""
+
+    type: Literal["stdout", "stderr"]
+    data: bytes
