@@ -72,6 +72,12 @@ test('tools carry input and output schemas; results are JSON text and structured
     const r = await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo hi' } });
     assert.equal((r.structuredContent as any).stdout, 'hi\n');
     assert.deepEqual(JSON.parse(text(r)), r.structuredContent);
+    // With a progress token, exec output arrives as progress notifications before the result.
+    const progress: Array<{ progress: number; message?: string }> = [];
+    const streamed = await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo streamed' } }, undefined, { onprogress: (p) => progress.push(p) });
+    assert.equal((streamed.structuredContent as any).stdout, 'streamed\n');
+    assert.equal(progress.map((p) => p.message).join(''), 'streamed\n');
+    assert.equal(progress[progress.length - 1].progress, 'streamed\n'.length, 'progress counts output bytes');
     const unknownArg = await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo', shell: 'bash' } });
     assert.equal(unknownArg.isError, true);
     const malformedId = await c.callTool({ name: 'get_sandbox', arguments: { sandbox_id: '../etc' } });
