@@ -129,3 +129,16 @@ test('tier rules are REST\'s: same codes for the same requests, one concurrency 
     await c.close();
   }
 });
+
+test('protocol revisions: the SDK (1.32) answers 2025-11-25 by default and echoes older supported ones', async () => {
+  const key = f.key('proto-t', 'pro');
+  const h = { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${key}` };
+  const negotiated = async (v: string) => {
+    const r = await fetch(url, { method: 'POST', headers: h, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: v, capabilities: {}, clientInfo: { name: 'x', version: '1' } } }) });
+    return /"protocolVersion":"([^"]+)"/.exec(await r.text())?.[1];
+  };
+  for (const v of ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05']) assert.equal(await negotiated(v), v);
+  assert.equal(await negotiated('1999-01-01'), '2025-11-25');
+  const r = await fetch(url, { method: 'POST', headers: { ...h, 'mcp-protocol-version': '2030-01-01' }, body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/list' }) });
+  assert.equal(r.status, 400);
+});
