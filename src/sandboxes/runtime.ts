@@ -60,6 +60,7 @@ export async function spawnIncoming(
   shape: MachineShape,
   opts: { id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath: string; artifactKey: string },
 ): Promise<PendingVm> {
+  if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
   mkdirSync(opts.dir, { recursive: true });
   const diskPath = opts.diskPath;
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
