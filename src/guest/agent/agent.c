@@ -33,8 +33,9 @@
 /* Above this we also stop handling host requests, so a host that writes but never
    reads cannot grow the queue: requests wait in the (bounded) receive buffer. */
 #define OUTPUT_REQUEST_THROTTLE (4u * 1024u * 1024u)
-#define RECONNECT_BACKOFF_MIN_MS 1
-#define RECONNECT_BACKOFF_MAX_MS 20
+/* While no host is attached the agent waits for the port driver's SIGIO (sent when the
+   host connects); this timer only covers a signal that never comes. */
+#define RECONNECT_FALLBACK_MS 1000
 
 bool agent_debug;
 bool agent_test_mode;
@@ -47,10 +48,12 @@ static struct {
     int fd;        /* the channel; -1 while a socket-mode agent waits for a connection */
     int listen_fd; /* socket mode only */
     /* virtio-serial reads return EOF while no host is attached; we then stop polling
-       the port (it reports POLLHUP continuously) and retry on a backoff timer. */
+       the port (it reports POLLHUP continuously) and wait for SIGIO on the signalfd:
+       the port is O_ASYNC, and virtio_console signals its owner when the host connects
+       or disconnects (VIRTIO_CONSOLE_PORT_OPEN) and when data arrives. */
     bool host_connected;
-    int backoff_ms;
     int64_t retry_at_ns;
+    int64_t lost_at_ns;
 } transport = {.fd = -1, .listen_fd = -1, .host_connected = true};
 
 static struct {
@@ -236,15 +239,7 @@ static void host_went_away(void)
     exec_detach();
 }
 
-static void schedule_port_retry(void)
-{
-    if (transport.backoff_ms == 0) transport.backoff_ms = RECONNECT_BACKOFF_MIN_MS;
-    else if (transport.backoff_ms < RECONNECT_BACKOFF_MAX_MS) {
-        transport.backoff_ms *= 2;
-        if (transport.backoff_ms > RECONNECT_BACKOFF_MAX_MS) transport.backoff_ms = RECONNECT_BACKOFF_MAX_MS;
-    }
-    transport.retry_at_ns = monotonic_ns() + transport.backoff_ms * NS_PER_MS;
-}
+static void schedule_port_retry(void) { transport.retry_at_ns = monotonic_ns() + RECONNECT_FALLBACK_MS * NS_PER_MS; }
 
 static void transport_lost(const char *why)
 {
@@ -253,6 +248,7 @@ static void transport_lost(const char *why)
         if (transport.host_connected) {
             agent_log("host disconnected (%s)", why);
             transport.host_connected = false;
+            transport.lost_at_ns = monotonic_ns();
             host_went_away();
         }
         schedule_port_retry();
@@ -272,9 +268,8 @@ static void transport_lost(const char *why)
 static void transport_alive(void)
 {
     if (transport.kind != TRANSPORT_VIRTIO_PORT) return;
-    if (!transport.host_connected) agent_log("host connected");
+    if (!transport.host_connected) agent_log("host connected (%lld us after it went away)", (long long)(monotonic_ns() - transport.lost_at_ns) / 1000);
     transport.host_connected = true;
-    transport.backoff_ms = 0;
 }
 
 static void transport_read(void)
@@ -409,14 +404,22 @@ static void handle_restored(uint32_t id, const uint8_t *payload, size_t len)
     /* Every step runs even if an earlier one failed: a half-restored guest (say, a
        fresh clock but a cloned CRNG) is still better than one that skipped the rest. */
     char why[512] = "", first_failure[512] = "";
+    int64_t t0 = monotonic_ns();
     if (restore_mix_entropy(entropy.value, entropy.len, why, sizeof why) != 0 && !first_failure[0])
         snprintf(first_failure, sizeof first_failure, "%s", why);
+    int64_t t1 = monotonic_ns();
     if (restore_set_clock(time_ns, why, sizeof why) != 0 && !first_failure[0])
         snprintf(first_failure, sizeof first_failure, "%s", why);
+    /* CLOCK_MONOTONIC is not touched by clock_settime, so the step timings stay valid. */
+    int64_t t2 = monotonic_ns();
     if (restore_refresh_boot_id(why, sizeof why) != 0 && !first_failure[0])
         snprintf(first_failure, sizeof first_failure, "%s", why);
+    int64_t t3 = monotonic_ns();
     if (restore_publish_sandbox_id(identity.sandbox_id, why, sizeof why) != 0 && !first_failure[0])
         snprintf(first_failure, sizeof first_failure, "%s", why);
+    int64_t t4 = monotonic_ns();
+    agent_log("RESTORED steps (us): entropy %lld, clock %lld, boot_id %lld, sandbox_id %lld", (long long)(t1 - t0) / 1000,
+              (long long)(t2 - t1) / 1000, (long long)(t3 - t2) / 1000, (long long)(t4 - t3) / 1000);
     if (first_failure[0]) reject_request(id, "restore_failed", "%s", first_failure);
     reply_ok(id);
 }
@@ -638,11 +641,18 @@ static void rx_process(void)
 
 /* ---------------------------------------------------------------- reaping */
 
-static void reap_children(void)
+static void handle_signals(void)
 {
     struct signalfd_siginfo info;
+    bool child = false, port_event = false;
     while (read(signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
+        if (info.ssi_signo == SIGCHLD) child = true;
+        else if (info.ssi_signo == SIGIO) port_event = true;
     }
+    /* A disconnected port is not polled; SIGIO says the host may be back, and a read
+       tells (EOF: still gone). While connected, SIGIO only duplicates POLLIN. */
+    if (port_event && transport.kind == TRANSPORT_VIRTIO_PORT && !transport.host_connected) transport_read();
+    if (!child) return;
     /* SIGCHLD coalesces, and as PID 1 we inherit every orphan: reap until none is left
        and let the exec engine pick out the one process it is waiting for. */
     for (;;) {
@@ -703,7 +713,7 @@ static void serve_forever(void)
             short revents = ps.fds[i].revents;
             if (!revents) continue;
             switch ((enum poll_owner)ps.owner[i]) {
-            case POLL_SIGNALS: reap_children(); break;
+            case POLL_SIGNALS: handle_signals(); break;
             case POLL_LISTENER: accept_connection(); break;
             case POLL_TRANSPORT:
                 if (ps.fds[i].fd != transport.fd) break;
@@ -810,11 +820,12 @@ int main(int argc, char **argv)
     /* A vanished host must surface as a write error, not kill PID 1. Children get the
        default disposition back before exec. */
     signal(SIGPIPE, SIG_IGN);
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &chld, NULL);
-    signal_fd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    sigset_t handled;
+    sigemptyset(&handled);
+    sigaddset(&handled, SIGCHLD);
+    sigaddset(&handled, SIGIO);
+    sigprocmask(SIG_BLOCK, &handled, NULL);
+    signal_fd = signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
 
     if (agent_test_mode) {
         agent_log_to_fd(2);

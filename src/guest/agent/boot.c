@@ -36,8 +36,19 @@
 #define DISK_WAIT_NS (10 * NS_PER_SEC)
 #define BOOT_ID_PATH "/proc/sys/kernel/random/boot_id"
 #define RUN_DIR "/run/collimate"
+#define BOOT_ID_FILE RUN_DIR "/boot_id"
+#define SANDBOX_ID_FILE RUN_DIR "/sandbox_id"
+#define BOOT_ID_TEXT_LEN 37 /* 36-character UUID and a newline, like the kernel's */
 
 static char *kernel_env[KERNEL_ENV_MAX];
+
+static int install_boot_id(char *why, size_t why_cap);
+
+/* Held open from boot for RESTORED (-1 until then, or if opening failed). */
+static int urandom_fd = -1;
+static int boot_id_fd = -1;
+static int sandbox_id_fd = -1;
+static size_t sandbox_id_len; /* bytes in SANDBOX_ID_FILE */
 static size_t kernel_env_count;
 
 static void sleep_ms(long ms)
@@ -294,6 +305,18 @@ static void mount_system_filesystems(void)
     (void)!symlink("/proc/self/fd/2", "/dev/stderr");
 }
 
+/* /run/collimate: what the agent publishes to the guest (boot id, sandbox id). */
+static void prepare_run_directory(void)
+{
+    char why[512];
+    if (install_boot_id(why, sizeof why) != 0) agent_log("boot id: %s", why);
+    urandom_fd = open("/dev/urandom", O_RDWR | O_CLOEXEC);
+    if (urandom_fd < 0) agent_log("open /dev/urandom: %s", strerror(errno));
+    sandbox_id_fd = open(SANDBOX_ID_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+    if (sandbox_id_fd < 0) agent_log("create %s: %s", SANDBOX_ID_FILE, strerror(errno));
+    else fchmod(sandbox_id_fd, 0444);
+}
+
 static void bring_up_loopback(void)
 {
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -323,6 +346,7 @@ void boot_system(void)
     load_modules();
     if (assemble_root() && switch_root()) mount_system_filesystems();
     else agent_log("continuing without the sandbox root filesystem");
+    prepare_run_directory();
 
     bring_up_loopback();
     if (sethostname("sandbox", 7) != 0) agent_log("sethostname: %s", strerror(errno));
@@ -358,6 +382,10 @@ int open_agent_port(void)
         if (find_agent_port(dev_path, sizeof dev_path)) {
             int fd = open(dev_path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
             if (fd >= 0) {
+                /* virtio_console sends SIGIO to the port's owner when the host connects or
+                   disconnects and when data arrives; a disconnected agent sleeps until then. */
+                if (fcntl(fd, F_SETOWN, getpid()) != 0 || fcntl(fd, F_SETFL, O_NONBLOCK | O_ASYNC) != 0)
+                    agent_log("O_ASYNC on %s: %s (falling back to a 1 s reconnect poll)", dev_path, strerror(errno));
                 agent_log("serving on %s", dev_path);
                 return fd;
             }
@@ -389,12 +417,13 @@ int restore_mix_entropy(const uint8_t *data, size_t len, char *why, size_t why_c
     pool.buf_size = (int)len;
     memcpy(pool.buf, data, len);
 
-    int fd = open("/dev/urandom", O_RDWR | O_CLOEXEC);
-    if (fd < 0) return fail(why, why_cap, "open /dev/urandom");
+    /* Opened once at boot: a restore runs on cold caches (under TCG every kernel path
+       it touches is translated afresh), so it avoids the open/close paths. */
+    if (urandom_fd < 0) urandom_fd = open("/dev/urandom", O_RDWR | O_CLOEXEC);
+    if (urandom_fd < 0) return fail(why, why_cap, "open /dev/urandom");
     int rc = 0;
-    if (ioctl(fd, RNDADDENTROPY_IOCTL, &pool) != 0) rc = fail(why, why_cap, "RNDADDENTROPY");
-    else if (ioctl(fd, RNDRESEEDCRNG_IOCTL) != 0) rc = fail(why, why_cap, "RNDRESEEDCRNG");
-    close(fd);
+    if (ioctl(urandom_fd, RNDADDENTROPY_IOCTL, &pool) != 0) rc = fail(why, why_cap, "RNDADDENTROPY");
+    else if (ioctl(urandom_fd, RNDRESEEDCRNG_IOCTL) != 0) rc = fail(why, why_cap, "RNDRESEEDCRNG");
     memset(&pool, 0, sizeof pool);
     return rc;
 }
@@ -410,8 +439,12 @@ static int publish_file(const char *path, const char *content, mode_t mode, char
 {
     char temp[PATH_MAX];
     snprintf(temp, sizeof temp, "%s.new", path);
-    if (make_directories(RUN_DIR, 0755) != 0) return fail(why, why_cap, "mkdir " RUN_DIR);
     int fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) {
+        /* /run/collimate is made at boot; only a guest that booted without it gets here. */
+        if (make_directories(RUN_DIR, 0755) != 0) return fail(why, why_cap, "mkdir " RUN_DIR);
+        fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    }
     if (fd < 0) return fail(why, why_cap, temp);
     bool ok = write_all(fd, content, strlen(content)) && fchmod(fd, mode) == 0;
     if (close(fd) != 0) ok = false;
@@ -423,23 +456,86 @@ static int publish_file(const char *path, const char *content, mode_t mode, char
     return 0;
 }
 
-int restore_refresh_boot_id(char *why, size_t why_cap)
+static void format_uuid_v4(const uint8_t raw[16], char text[BOOT_ID_TEXT_LEN + 1])
 {
     uint8_t u[16];
-    if (getrandom(u, sizeof u, 0) != (ssize_t)sizeof u) return fail(why, why_cap, "getrandom");
+    memcpy(u, raw, sizeof u);
     u[6] = (uint8_t)((u[6] & 0x0f) | 0x40);
     u[8] = (uint8_t)((u[8] & 0x3f) | 0x80);
-    char text[40];
-    snprintf(text, sizeof text, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", u[0], u[1], u[2], u[3], u[4],
-             u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-    if (publish_file(RUN_DIR "/boot_id", text, 0444, why, why_cap) != 0) return -1;
-    /* The rename made a new inode, so the old bind (if any) shows the old id: replace it. */
-    if (umount2(BOOT_ID_PATH, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) return fail(why, why_cap, "umount " BOOT_ID_PATH);
-    if (mount(RUN_DIR "/boot_id", BOOT_ID_PATH, NULL, MS_BIND, NULL) != 0) return fail(why, why_cap, "bind mount " BOOT_ID_PATH);
+    snprintf(text, BOOT_ID_TEXT_LEN + 1, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", u[0], u[1], u[2], u[3],
+             u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/*
+ * The guest's boot id is /run/collimate/boot_id, bind-mounted over the kernel's
+ * /proc/sys/kernel/random/boot_id once, here; RESTORED then only rewrites the file's
+ * bytes in place. (Re-binding on every restore costs an umount, whose RCU grace
+ * period is slow under TCG.) The first value is the kernel's own boot id.
+ */
+static int install_boot_id(char *why, size_t why_cap)
+{
+    char text[BOOT_ID_TEXT_LEN + 8];
+    if (!read_small_file(BOOT_ID_PATH, text, sizeof text) || strlen(text) + 1 != BOOT_ID_TEXT_LEN) {
+        uint8_t raw[16];
+        if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) return fail(why, why_cap, "getrandom");
+        format_uuid_v4(raw, text);
+    } else {
+        strcat(text, "\n");
+    }
+    if (make_directories(RUN_DIR, 0755) != 0) return fail(why, why_cap, "mkdir " RUN_DIR);
+    if (boot_id_fd >= 0) close(boot_id_fd);
+    boot_id_fd = open(BOOT_ID_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+    if (boot_id_fd < 0) return fail(why, why_cap, BOOT_ID_FILE);
+    if (!write_all(boot_id_fd, text, BOOT_ID_TEXT_LEN) || fchmod(boot_id_fd, 0444) != 0) return fail(why, why_cap, BOOT_ID_FILE);
+    if (mount(BOOT_ID_FILE, BOOT_ID_PATH, NULL, MS_BIND, NULL) != 0) {
+        fail(why, why_cap, "bind mount " BOOT_ID_PATH);
+        close(boot_id_fd);
+        boot_id_fd = -1;
+        return -1;
+    }
     return 0;
 }
 
+int restore_refresh_boot_id(char *why, size_t why_cap)
+{
+    uint8_t raw[16];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) return fail(why, why_cap, "getrandom");
+    char text[BOOT_ID_TEXT_LEN + 1];
+    format_uuid_v4(raw, text);
+    /* The boot-time bind failed: try again now. */
+    if (boot_id_fd < 0 && install_boot_id(why, why_cap) != 0) return -1;
+    /* Same length every time, so an in-place overwrite never shows a reader an empty or
+       short file (as O_TRUNC then write could). */
+    ssize_t n = pwrite(boot_id_fd, text, BOOT_ID_TEXT_LEN, 0);
+    if (n != (ssize_t)BOOT_ID_TEXT_LEN) {
+        if (n >= 0) errno = EIO;
+        return fail(why, why_cap, "write " BOOT_ID_FILE);
+    }
+    return 0;
+}
+
+/*
+ * /run/collimate/sandbox_id, created empty at boot and held open. An id of the same
+ * length as the current one (every engine id is), or a first id over the empty file, is
+ * written in place with one pwrite, which is cheap on a cold restore (a reader racing
+ * that write could in principle see a torn value, as with boot_id). Any other change of
+ * length writes aside and renames over, so a reader never sees a stale tail.
+ */
 int restore_publish_sandbox_id(const char *sandbox_id, char *why, size_t why_cap)
 {
-    return publish_file(RUN_DIR "/sandbox_id", sandbox_id, 0444, why, why_cap);
+    size_t len = strlen(sandbox_id);
+    if (sandbox_id_fd >= 0 && (len == sandbox_id_len || sandbox_id_len == 0)) {
+        ssize_t n = len ? pwrite(sandbox_id_fd, sandbox_id, len, 0) : 0;
+        if (n == (ssize_t)len) {
+            sandbox_id_len = len;
+            return 0;
+        }
+        if (n >= 0) errno = EIO;
+        return fail(why, why_cap, "write " SANDBOX_ID_FILE);
+    }
+    if (publish_file(SANDBOX_ID_FILE, sandbox_id, 0444, why, why_cap) != 0) return -1;
+    if (sandbox_id_fd >= 0) close(sandbox_id_fd);
+    sandbox_id_fd = open(SANDBOX_ID_FILE, O_WRONLY | O_CLOEXEC);
+    sandbox_id_len = len;
+    return 0;
 }
