@@ -41,6 +41,13 @@ function openApiPath(path: string): string {
   return path.replace(/:([A-Za-z_]+)/g, '{$1}');
 }
 
+const PARAM_DESCRIPTIONS: Record<string, string> = {
+  sandbox: 'Sandbox id (^sbx_[0-9a-f]{12}$; anything else is 404).',
+  template: 'Template id.',
+  image: 'Image id: sha256:<64 hex> (the manifest digest).',
+  environment: 'Environment name.',
+};
+
 function parameters(route: RouteSpec): Json[] {
   const out: Json[] = [];
   for (const [name, kind] of Object.entries(route.params ?? {})) {
@@ -48,7 +55,7 @@ function parameters(route: RouteSpec): Json[] {
       name,
       in: 'path',
       required: true,
-      description: kind === 'sandbox' ? 'Sandbox id (^sbx_[0-9a-f]{12}$; anything else is 404).' : 'Template id.',
+      description: PARAM_DESCRIPTIONS[kind],
       schema: kind === 'sandbox' ? { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' } : { type: 'string' },
     });
   }
@@ -161,6 +168,8 @@ export function buildOpenApi(): Json {
     tags: [
       { name: 'sandboxes', description: 'Create, exec, fork, suspend, resume, delete.' },
       { name: 'templates', description: 'Catalog images and your environments (/v1/templates is the alias for both).' },
+      { name: 'images', description: 'Catalog images, and your own OCI images (Pro): OCI layout, docker save / OCI archive, or a registry.' },
+      { name: 'environments', description: 'Your named configurations of an image: ready command and probe, secrets, VM size. A ready environment is a template.' },
       { name: 'usage', description: 'Metering.' },
       { name: 'operations', description: 'Health, metrics, this document.' },
     ],

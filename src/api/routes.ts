@@ -25,10 +25,10 @@ export interface RouteSpec {
   path: string;
   summary: string;
   description?: string;
-  tag: 'sandboxes' | 'templates' | 'usage' | 'operations';
+  tag: 'sandboxes' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Record<string, 'sandbox' | 'template'>;
+  params?: Record<string, 'sandbox' | 'template' | 'image' | 'environment'>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
   bodyKind?: 'json' | 'raw';
@@ -192,11 +192,112 @@ export const ROUTES: RouteSpec[] = [
     operationId: 'listImages',
     method: 'GET',
     path: '/v1/images',
-    summary: 'List catalog images (ready to run on every tier)',
-    tag: 'templates',
+    summary: 'List catalog images (ready to run on every tier) and your own images',
+    tag: 'images',
     auth: true,
-    responses: { 200: { description: 'The catalog.', schema: S.ImageList } },
+    responses: { 200: { description: 'The catalog in `images`, your own images in `own`.', schema: S.ImageList } },
     errors: [],
+  },
+  {
+    operationId: 'createImage',
+    method: 'POST',
+    path: '/v1/images',
+    summary: 'Register your own OCI image (Pro, Enterprise)',
+    description:
+      'Resolves the source to one linux/amd64 manifest now (a bad reference, credentials, or manifest fail this request), then pulls ' +
+      'the layers in the background: each blob is verified against its digest, unpacked (whiteouts, opaque directories, hard links, ' +
+      'owners, modes), and stored once by diff id as a read-only erofs layer. Layers already held are not transferred again. ' +
+      'Poll GET /v1/images/{id} until `state` is ready or failed. Demo keys get 403 tier_forbidden.',
+    tag: 'images',
+    auth: true,
+    bodyKind: 'json',
+    body: S.CreateImageRequest,
+    responses: { 202: { description: 'Accepted: pulling (or ready, if nothing was missing).', schema: S.Image } },
+    errors: ['tier_forbidden', 'image_not_found', 'image_pull_failed'],
+  },
+  {
+    operationId: 'getImage',
+    method: 'GET',
+    path: '/v1/images/:id',
+    summary: 'Get one of your images',
+    tag: 'images',
+    auth: true,
+    params: { id: 'image' },
+    responses: { 200: { description: 'The image.', schema: S.Image } },
+    errors: ['image_not_found'],
+  },
+  {
+    operationId: 'deleteImage',
+    method: 'DELETE',
+    path: '/v1/images/:id',
+    summary: 'Forget one of your images',
+    description: 'Refused (409) while an environment uses it. Layers shared with other images stay in the store.',
+    tag: 'images',
+    auth: true,
+    params: { id: 'image' },
+    responses: { 204: { description: 'Deleted.' } },
+    errors: ['image_not_found', 'conflict'],
+  },
+  {
+    operationId: 'createEnvironment',
+    method: 'POST',
+    path: '/v1/environments',
+    summary: 'Create an environment: your named configuration of an image, baked into a template (Pro, Enterprise)',
+    description:
+      'Bakes in the background: boots the image, runs ready_command and ready_probe once, checkpoints. Poll GET ' +
+      '/v1/environments/{name} until `state` is ready (then POST /v1/sandboxes with template = name) or failed (see error and log_tail). ' +
+      'Secrets are injected into every exec as environment variables and are never returned.',
+    tag: 'environments',
+    auth: true,
+    bodyKind: 'json',
+    body: S.CreateEnvironmentRequest,
+    responses: { 202: { description: 'Accepted: pending or baking.', schema: S.Environment } },
+    errors: ['tier_forbidden', 'image_not_found', 'conflict'],
+  },
+  {
+    operationId: 'listEnvironments',
+    method: 'GET',
+    path: '/v1/environments',
+    summary: 'List your environments',
+    tag: 'environments',
+    auth: true,
+    responses: { 200: { description: 'Your environments.', schema: S.EnvironmentList } },
+    errors: [],
+  },
+  {
+    operationId: 'getEnvironment',
+    method: 'GET',
+    path: '/v1/environments/:name',
+    summary: 'Get an environment',
+    tag: 'environments',
+    auth: true,
+    params: { name: 'environment' },
+    responses: { 200: { description: 'The environment.', schema: S.Environment } },
+    errors: ['environment_not_found'],
+  },
+  {
+    operationId: 'getEnvironmentLog',
+    method: 'GET',
+    path: '/v1/environments/:name/log',
+    summary: 'The bake log of an environment',
+    description: 'Progress lines (prefixed #) and the output of the ready command and probe; the last 256 KiB.',
+    tag: 'environments',
+    auth: true,
+    params: { name: 'environment' },
+    responses: { 200: { description: 'Plain text.', contentType: 'text/plain; charset=utf-8' } },
+    errors: ['environment_not_found'],
+  },
+  {
+    operationId: 'deleteEnvironment',
+    method: 'DELETE',
+    path: '/v1/environments/:name',
+    summary: 'Delete an environment',
+    description: 'Its template goes at once; sandboxes already created from it keep running.',
+    tag: 'environments',
+    auth: true,
+    params: { name: 'environment' },
+    responses: { 204: { description: 'Deleted.' } },
+    errors: ['environment_not_found'],
   },
   {
     operationId: 'listTemplates',

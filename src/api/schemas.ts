@@ -7,6 +7,7 @@
  * updating this file fails the response-validation tests instead of silently drifting from the doc.
  */
 import { z } from 'zod';
+import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE } from '../sandboxes/exec.js';
 
 /** Metadata registry for the OpenAPI document: schemas with an `id` become components. */
 export const apiRegistry = z.registry<{ id?: string; description?: string; examples?: unknown[] }>();
@@ -146,6 +147,19 @@ export const ExecFile = named(
   'A file written into the guest before the command runs.',
 );
 
+const ExecSeedDescription =
+  'CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". ' +
+  'Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), ' +
+  'replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, ' +
+  'Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG ' +
+  'stay truly random. See docs/determinism.md.';
+/** A fresh schema per use, so each can carry its own description. */
+const execSeed = () =>
+  z
+    .string({ error: SEED_FORMAT_MESSAGE })
+    .regex(SEED_RE, { message: SEED_FORMAT_MESSAGE })
+    .refine((v) => !SEED_RE.test(v) || BigInt(v) <= MAX_SEED, { message: SEED_FORMAT_MESSAGE });
+
 export const ExecRequest = named(
   'ExecRequest',
   z
@@ -161,6 +175,7 @@ export const ExecRequest = named(
       cwd: z.string().min(1).max(4096).optional(),
       stdin: z.string().optional(),
       timeout: described(z.number().positive().max(3600), 'Seconds; default 60, max 3600.').optional(),
+      seed: described(execSeed(), ExecSeedDescription + ' Absent: the server draws one at random; the result reports it either way.').optional(),
     })
     .refine((r) => [r.command, r.code, r.commands].filter((x) => x !== undefined).length === 1, {
       message: 'exactly one of command, code, commands is required',
@@ -192,6 +207,7 @@ export const ExecResult = named(
     failed_index: described(z.number().int(), 'With `commands`: index of the last command that ran.').optional(),
     signal: z.number().int().optional(),
     error: z.string().optional(),
+    seed: described(execSeed(), 'The CRNG seed this exec ran with (the one given, or the one the server drew); pass it back as `seed` to replay it.'),
     timing: ExecTiming,
   }),
 );
@@ -233,7 +249,131 @@ export const Template = named(
 );
 
 export const TemplateList = named('TemplateList', z.strictObject({ templates: z.array(Template) }));
-export const ImageList = named('ImageList', z.strictObject({ images: z.array(Template) }));
+
+// ---------------------------------------------------------------------------------------------
+// Images (bring your own: Pro and Enterprise)
+
+export const ENV_NAME_RE = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const AbsPath = () => z.string().startsWith('/').max(4096);
+
+export const ImageSource = named(
+  'ImageSource',
+  z.discriminatedUnion('kind', [
+    z.strictObject({
+      kind: z.literal('oci-layout'),
+      path: described(AbsPath(), 'An OCI image layout directory on the server, inside its import directory (COLLIMATE_IMPORT_DIR).'),
+      tag: described(z.string().min(1).max(128), 'Picks the index entry annotated org.opencontainers.image.ref.name=tag.').optional(),
+    }),
+    z.strictObject({
+      kind: z.literal('archive'),
+      path: described(AbsPath(), 'A `docker save` or OCI archive tarball (optionally gzip or zstd) inside the import directory.'),
+      tag: described(z.string().min(1).max(128), 'Which image of a multi-image docker save archive (a RepoTag).').optional(),
+    }),
+    z.strictObject({
+      kind: z.literal('registry'),
+      ref: described(z.string().min(1).max(512), 'host[:port]/name[:tag][@sha256:…]; docker.io and library/ are the defaults.'),
+      username: z.string().max(1024).optional(),
+      password: described(z.string().max(8192), 'Password or token; used for the pull only, never stored.').optional(),
+    }),
+  ]),
+  'Where the image comes from.',
+);
+
+export const CreateImageRequest = named('CreateImageRequest', z.strictObject({ source: ImageSource }));
+
+export const ImageLayer = named(
+  'ImageLayer',
+  z.strictObject({
+    digest: described(z.string(), 'Digest of the (compressed) blob.'),
+    diff_id: described(z.string(), 'Digest of the uncompressed tar; the layer store key.'),
+    size: described(z.number().int(), 'Blob bytes.'),
+    media_type: z.string(),
+    stored_bytes: described(z.number().int().nullable(), 'Bytes of the stored erofs layer (null until pulled).'),
+  }),
+);
+
+export const Image = named(
+  'Image',
+  z.strictObject({
+    id: described(z.string(), 'sha256 digest of the image manifest.'),
+    ref: z.string(),
+    source: z.enum(['oci-layout', 'archive', 'registry']),
+    state: described(z.enum(['pulling', 'ready', 'failed']), 'pulling → ready | failed.'),
+    error: z.string().nullable(),
+    progress: z.string().nullable(),
+    layers: z.array(ImageLayer),
+    config: z.strictObject({
+      env: z.array(z.string()),
+      working_dir: z.string().nullable(),
+      user: z.string().nullable(),
+      entrypoint: described(z.array(z.string()).nullable(), 'Recorded, not run: sandboxes start from the baked ready state.'),
+      cmd: z.array(z.string()).nullable(),
+    }),
+    warnings: described(z.array(z.string()), 'E.g. no /bin/sh, or a User that cannot be applied.'),
+    transferred_bytes: described(z.number().int(), 'Layer bytes the last pull moved (0 when every layer was already held).'),
+    created_at: IsoTime,
+    updated_at: IsoTime,
+  }),
+  "One of your images. Its layers live once each in the server's content-addressed layer store.",
+);
+
+export const ImageList = named(
+  'ImageList',
+  z.strictObject({
+    images: described(z.array(Template), 'Catalog images, ready to run on every tier.'),
+    own: described(z.array(Image).optional(), 'Your own images (Pro and Enterprise); always sent by REST.'),
+  }),
+);
+
+// ---------------------------------------------------------------------------------------------
+// Environments
+
+export const ENVIRONMENT_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+export const CreateEnvironmentRequest = named(
+  'CreateEnvironmentRequest',
+  z.strictObject({
+    name: described(z.string().regex(ENVIRONMENT_NAME_RE), 'The template id sandboxes are created with.'),
+    image: described(z.string().min(1).max(512), 'An image id (sha256:…) or the ref it was registered by.'),
+    description: z.string().max(1024).optional(),
+    interpreter: described(z.array(z.string().min(1)).min(1).max(16), 'argv prefix that runs `code` (default ["/bin/sh", "-c"]).').optional(),
+    ready_command: described(z.string().min(1).max(65536), 'Shell command run once at bake (as root, with the image Env and WorkingDir); its result is in every sandbox.').optional(),
+    ready_probe: described(z.string().min(1).max(65536), 'Shell command that must exit 0 before the checkpoint.').optional(),
+    ready_timeout_secs: z.number().int().min(1).max(7200).optional(),
+    secrets: described(
+      z.record(z.string().regex(ENV_NAME_RE), z.string().max(65536)).refine((v) => Object.keys(v).length <= 64, { message: 'at most 64 secrets' }),
+      'Injected as environment variables into every exec. Write-only: never returned, logged, or stored in plaintext.',
+    ).optional(),
+    vcpus: described(z.number().int().min(1).max(64), 'Default 1; at most the tier maximum.').optional(),
+    memory_mib: described(z.number().int().min(64).max(1048576), 'Default 256; at most the tier maximum.').optional(),
+    egress: described(z.literal('allow'), 'Reserved: only "allow" for now.').optional(),
+  }),
+);
+
+export const Environment = named(
+  'Environment',
+  z.strictObject({
+    name: z.string(),
+    image: z.string(),
+    state: described(z.enum(['pending', 'baking', 'ready', 'failed']), 'pending → baking → ready | failed.'),
+    error: z.string().nullable(),
+    progress: z.string().nullable(),
+    log_tail: described(z.string(), 'The last lines of the bake log (GET …/log for all of it).'),
+    description: z.string(),
+    interpreter: z.array(z.string()),
+    ready_command: z.string().nullable(),
+    ready_probe: z.string().nullable(),
+    secret_names: described(z.array(z.string()), 'Names only; values are write-only.'),
+    vcpus: z.number().int(),
+    memory_mib: z.number().int(),
+    egress: z.literal('allow'),
+    created_at: IsoTime,
+    updated_at: IsoTime,
+  }),
+  'Your named configuration of an image; once ready, its name is a template id for POST /v1/sandboxes.',
+);
+
+export const EnvironmentList = named('EnvironmentList', z.strictObject({ environments: z.array(Environment) }));
 
 // ---------------------------------------------------------------------------------------------
 // Usage

@@ -18,6 +18,8 @@ import { renderOpenApi } from './openapi.js';
 import { matchPath, ROUTES, type RouteSpec } from './routes.js';
 import * as S from './schemas.js';
 import { registerMcp } from '../mcp/index.js';
+import type { ImageService } from '../images/service.js';
+import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 
 export const DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024;
@@ -27,6 +29,8 @@ export interface BuildServerOptions {
   /** The database the API keeps its tables in (the engine's own database in production). */
   db: Db;
   logger?: FastifyServerOptions['logger'];
+  /** Own images and environments (Pro); without it those endpoints answer 404 not_found. */
+  images?: ImageService;
   /** Readiness for /healthz; defaults to the service's isReady()/accel when it has them. */
   health?: () => { ready: boolean; accel: string };
   /** Period of the metering reconcile against service.list(); 0 disables the timer. Default 10 s, or 60 s when the service emits transition events. */
@@ -97,6 +101,51 @@ export function templateView(t: TemplateInfo): z.infer<typeof S.Template> {
   return { id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, ready: t.ready, vcpus: t.vcpus, memory_mib: t.memory_mib };
 }
 
+export function imageView(r: ImageRow): z.infer<typeof S.Image> {
+  return {
+    id: r.id,
+    ref: r.ref,
+    source: r.source_kind as 'oci-layout' | 'archive' | 'registry',
+    state: r.state,
+    error: r.error,
+    progress: r.progress,
+    layers: r.layers.map((l) => ({ digest: l.digest, diff_id: l.diffId, size: l.size, media_type: l.mediaType, stored_bytes: l.storedBytes })),
+    config: {
+      env: r.config.env,
+      working_dir: r.config.workingDir ?? null,
+      user: r.config.user ?? null,
+      entrypoint: r.config.entrypoint ?? null,
+      cmd: r.config.cmd ?? null,
+    },
+    warnings: r.runtime?.warnings ?? [],
+    transferred_bytes: r.transferred_bytes,
+    created_at: new Date(r.created_at).toISOString(),
+    updated_at: new Date(r.updated_at).toISOString(),
+  };
+}
+
+/** Secret values never appear here: only their names. */
+export function environmentView(r: EnvironmentRow): z.infer<typeof S.Environment> {
+  return {
+    name: r.name,
+    image: r.image,
+    state: r.state,
+    error: r.error,
+    progress: r.progress,
+    log_tail: r.log.trimEnd().split('\n').slice(-20).join('\n'),
+    description: r.description,
+    interpreter: r.interpreter,
+    ready_command: r.ready_command,
+    ready_probe: r.ready_probe,
+    secret_names: r.secret_names,
+    vcpus: r.vcpus,
+    memory_mib: r.memory_mib,
+    egress: 'allow',
+    created_at: new Date(r.created_at).toISOString(),
+    updated_at: new Date(r.updated_at).toISOString(),
+  };
+}
+
 export function execResultView(r: ExecResult): z.infer<typeof S.ExecResult> {
   const v: z.infer<typeof S.ExecResult> = {
     stdout: r.stdout,
@@ -107,6 +156,7 @@ export function execResultView(r: ExecResult): z.infer<typeof S.ExecResult> {
     timed_out: r.timed_out,
     stdout_truncated: r.stdout_truncated,
     stderr_truncated: r.stderr_truncated,
+    seed: r.seed,
     timing: {
       queued_at: r.timing.queued_at,
       started_at: r.timing.started_at,
@@ -376,6 +426,21 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
 
   const openApiText = renderOpenApi();
 
+  const imagesOrThrow = (): ImageService => {
+    if (!opts.images) throw new CollimateError('not_found', 'This server runs without an image service.');
+    return opts.images;
+  };
+  const requireOwnImages = (principal: Principal, what: string) => {
+    if (!principal.tier.ownImages) {
+      throw new CollimateError('tier_forbidden', `The ${principal.tier.name} tier cannot ${what}; it creates from catalog images only (GET /v1/images). Upgrade to Pro to bring your own images.`);
+    }
+  };
+  /** An environment the image service knows but the engine has not (yet) registered. */
+  const unbakedEnvironment = (scope: Scope, id: string): EnvironmentRow | undefined => {
+    const env = opts.images?.repo.getEnv(scope.tenant, id);
+    return env && env.state !== 'ready' ? env : undefined;
+  };
+
   // -------------------------------------------------------------------------------------------
   // Handlers, by operationId.
 
@@ -384,6 +449,14 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       const tier = principal.tier;
       // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
       const inCatalog = service.templates(scope).some((t) => t.id === body.template && t.kind === 'catalog');
+      const unbaked = tier.ownImages ? unbakedEnvironment(scope, body.template) : undefined;
+      if (unbaked) {
+        throw new CollimateError(
+          'template_not_ready',
+          `Environment ${body.template} is ${unbaked.state}${unbaked.error ? ` (${unbaked.error})` : ''}; create sandboxes from it once GET /v1/environments/${body.template} shows state ready.`,
+          unbaked.state === 'failed' ? {} : { retryAfterSecs: 10 },
+        );
+      }
       const tpl = !tier.ownImages && !inCatalog ? null : service.template(body.template, scope);
       if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
         throw new CollimateError(
@@ -539,17 +612,77 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     },
 
     listImages({ scope }) {
-      return { status: 200, body: { images: service.templates(scope).filter((t) => t.kind === 'catalog').map(templateView) } };
+      return {
+        status: 200,
+        body: {
+          images: service.templates(scope).filter((t) => t.kind === 'catalog').map(templateView),
+          own: (opts.images?.images(scope.tenant) ?? []).map(imageView),
+        },
+      };
+    },
+
+    async createImage({ principal, scope, body }) {
+      requireOwnImages(principal, 'register images');
+      const img = await imagesOrThrow().pull(scope.tenant, body.source);
+      return { status: 202, body: imageView(img) };
+    },
+
+    getImage({ scope, params }) {
+      if (!/^sha256:[a-f0-9]{64}$/.test(params.id)) throw new CollimateError('image_not_found', `No image ${params.id.slice(0, 80)}; image ids are sha256:<64 hex>.`);
+      return { status: 200, body: imageView(imagesOrThrow().image(scope.tenant, params.id)) };
+    },
+
+    deleteImage({ scope, params }) {
+      if (!/^sha256:[a-f0-9]{64}$/.test(params.id)) throw new CollimateError('image_not_found', `No image ${params.id.slice(0, 80)}; image ids are sha256:<64 hex>.`);
+      imagesOrThrow().deleteImage(scope.tenant, params.id);
+      return { status: 204 };
+    },
+
+    createEnvironment({ principal, scope, body }) {
+      requireOwnImages(principal, 'create environments');
+      const tier = principal.tier;
+      if ((body.vcpus ?? 1) > tier.maxVcpus || (body.memory_mib ?? 256) > tier.maxMemoryMib) {
+        throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
+      }
+      const env = imagesOrThrow().createEnvironment(scope.tenant, {
+        name: body.name, image: body.image, description: body.description, interpreter: body.interpreter,
+        readyCommand: body.ready_command, readyProbe: body.ready_probe, readyTimeoutSecs: body.ready_timeout_secs,
+        secrets: body.secrets, vcpus: body.vcpus, memoryMib: body.memory_mib, egress: body.egress,
+      });
+      return { status: 202, body: environmentView(env) };
+    },
+
+    listEnvironments({ scope }) {
+      return { status: 200, body: { environments: (opts.images?.environments(scope.tenant) ?? []).map(environmentView) } };
+    },
+
+    getEnvironment({ scope, params }) {
+      return { status: 200, body: environmentView(imagesOrThrow().environment(scope.tenant, params.name)) };
+    },
+
+    getEnvironmentLog({ scope, params, reply }) {
+      const env = imagesOrThrow().environment(scope.tenant, params.name);
+      reply.code(200).type('text/plain; charset=utf-8').send(env.log);
+      return null;
+    },
+
+    async deleteEnvironment({ scope, params }) {
+      await imagesOrThrow().deleteEnvironment(scope.tenant, params.name);
+      return { status: 204 };
     },
 
     listTemplates({ scope }) {
-      return { status: 200, body: { templates: service.templates(scope).map(templateView) } };
+      const baked = service.templates(scope);
+      const unbaked = (opts.images?.templateInfos(scope) ?? []).filter((t) => !t.ready && !baked.some((b) => b.kind === 'environment' && b.id === t.id));
+      return { status: 200, body: { templates: [...baked, ...unbaked].map(templateView) } };
     },
 
     getTemplate({ scope, params }) {
       if (!S.TEMPLATE_ID_RE.test(params.id)) {
         throw new CollimateError('template_not_found', `No template ${params.id.slice(0, 130)}. List them with GET /v1/templates.`);
       }
+      const unbaked = unbakedEnvironment(scope, params.id);
+      if (unbaked) return { status: 200, body: templateView(opts.images!.templateInfos(scope).find((t) => t.id === params.id)!) };
       return { status: 200, body: templateView(service.template(params.id, scope)) };
     },
 

@@ -14,6 +14,9 @@ export interface Tier {
   maxSessionSecs: number;
   /** timeout_secs when the request omits it. */
   defaultSessionSecs: number;
+  /** Largest VM an environment may ask for (vcpus, memory_mib). */
+  maxVcpus: number;
+  maxMemoryMib: number;
 }
 
 const MIN = 60;
@@ -21,9 +24,9 @@ const HOUR = 60 * MIN;
 const DAY = 24 * HOUR;
 
 export const TIERS: Record<TierName, Tier> = {
-  demo: { name: 'demo', maxRunning: 2, ownImages: false, maxSessionSecs: 15 * MIN, defaultSessionSecs: 15 * MIN },
-  pro: { name: 'pro', maxRunning: null, ownImages: true, maxSessionSecs: DAY, defaultSessionSecs: HOUR },
-  enterprise: { name: 'enterprise', maxRunning: null, ownImages: true, maxSessionSecs: 7 * DAY, defaultSessionSecs: HOUR },
+  demo: { name: 'demo', maxRunning: 2, ownImages: false, maxSessionSecs: 15 * MIN, defaultSessionSecs: 15 * MIN, maxVcpus: 1, maxMemoryMib: 512 },
+  pro: { name: 'pro', maxRunning: null, ownImages: true, maxSessionSecs: DAY, defaultSessionSecs: HOUR, maxVcpus: 4, maxMemoryMib: 8192 },
+  enterprise: { name: 'enterprise', maxRunning: null, ownImages: true, maxSessionSecs: 7 * DAY, defaultSessionSecs: HOUR, maxVcpus: 16, maxMemoryMib: 65536 },
 };
 
 export const TIER_NAMES = Object.keys(TIERS) as TierName[];

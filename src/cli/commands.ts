@@ -149,8 +149,17 @@ async function serve(args: string[], io: Io): Promise<number> {
   const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void }): Promise<any> } };
   io.err(`collimate: opening ${dir} and warming catalog templates...\n`);
   const engine = await Engine.open({ home: dir, progress: (m: string) => io.err(`  ${m}\n`) });
+  // Own images and environments: ready environments are registered with the engine again before
+  // the server listens (their artifacts are cached), interrupted bakes resume in the background.
+  const { ImageService } = await import('../images/service.js');
+  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: (m: string) => io.err(`  ${m}\n`) }) : undefined;
+  if (images) {
+    io.err(`collimate: restoring environments...\n`);
+    await images.restore();
+  }
   const api = await buildServer({
     service: engine,
+    images,
     db: engine.db,
     logger: { level: values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info' },
     health: () => ({ ready: engine.isReady(), accel: engine.accel }),
@@ -168,6 +177,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       io.err(`${signal}: draining requests, then closing (VMs are left running for re-adoption)\n`);
       try {
         await api.shutdown();
+        await images?.close();
         await engine.close();
       } finally {
         done();

@@ -1,0 +1,100 @@
+import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { openDb, type Db } from '../../../src/store/db.ts';
+import { ImageService, type TemplateHost } from '../../../src/images/service.ts';
+import type { TemplateRecipe } from '../../../src/images/templates.ts';
+import { busyboxEntries, image, layer, writeLayout } from '../../support/oci.ts';
+import { assertErrorBody, fixture, type Fixture } from './helpers.ts';
+
+class FakeHost implements TemplateHost {
+  recipes: TemplateRecipe[] = [];
+  constructor(readonly cfg: { home: string; cacheDir: string }) {}
+  async addTemplate(recipe: TemplateRecipe) {
+    this.recipes.push(recipe);
+    return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib };
+  }
+  async removeTemplate() {}
+}
+
+describe('REST /v1/images and /v1/environments', () => {
+  let dir: string; let db: Db; let f: Fixture; let images: ImageService; let layout: string;
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'collimate-api-images-'));
+    mkdirSync(join(dir, 'imports'));
+    db = openDb(join(dir, 'collimate.db'));
+    images = new ImageService({ host: new FakeHost({ home: dir, cacheDir: join(dir, 'cache') }), db, importDir: join(dir, 'imports') });
+    f = await fixture({ dbPath: join(dir, 'collimate.db'), server: { images } });
+    layout = writeLayout(join(dir, 'imports', 'img'), image([layer(busyboxEntries())], { Env: ['X=1'], Cmd: ['/bin/sh'] }));
+  });
+  after(async () => { await images.close(); await f.close(); db.close(); rmSync(dir, { recursive: true, force: true }); });
+
+  test('demo keys get 403 tier_forbidden for own images and environments; the catalog still lists', async () => {
+    const key = f.key('demo-t', 'demo');
+    assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: layout } } }), 'tier_forbidden');
+    assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'e', image: 'x' } }), 'tier_forbidden');
+    const list = await f.req('listImages', { url: '/v1/images', key });
+    assert.equal(list.statusCode, 200);
+    assert.ok(list.json().images.some((t: any) => t.id === 'base'));
+    assert.deepEqual(list.json().own, []);
+  });
+
+  test('pro: register, poll, create an environment with secrets that never come back, template listed, delete', async () => {
+    const key = f.key('pro-t', 'pro');
+    const r = await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: layout } } });
+    assert.equal(r.statusCode, 202, r.body);
+    const id = r.json().id;
+    assert.match(id, /^sha256:[a-f0-9]{64}$/);
+    await images.idle();
+    const got = await f.req('getImage', { url: `/v1/images/${id}`, key });
+    assert.equal(got.json().state, 'ready');
+    assert.deepEqual(got.json().config.cmd, ['/bin/sh']);
+    assert.equal(got.json().layers[0].stored_bytes > 0, true);
+    assertErrorBody(await f.req('getImage', { url: `/v1/images/${id}`, key: f.key('other', 'pro') }), 'image_not_found');
+    assert.equal((await f.req('listImages', { url: '/v1/images', key })).json().own.length, 1);
+
+    assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'big', image: id, vcpus: 64 } }), 'tier_forbidden');
+    assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'e', image: id, egress: 'deny' } }), 'validation_error');
+    assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'e', image: id, secrets: { 'bad-name': 'x' } } }), 'validation_error');
+    const secret = 'hunter2-secret-value';
+    const c = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'app', image: id, ready_command: 'true', secrets: { TOKEN: secret } } });
+    assert.equal(c.statusCode, 202, c.body);
+    assert.deepEqual(c.json().secret_names, ['TOKEN']);
+    assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'app', image: id } }), 'conflict');
+    await images.idle();
+    const bodies = [
+      (await f.req('getEnvironment', { url: '/v1/environments/app', key })).body,
+      (await f.req('listEnvironments', { url: '/v1/environments', key })).body,
+      (await f.req('getEnvironmentLog', { url: '/v1/environments/app/log', key })).body,
+      (await f.req('listTemplates', { url: '/v1/templates', key })).body,
+      c.body,
+    ];
+    for (const b of bodies) assert.ok(!b.includes(secret), `secret in ${b.slice(0, 200)}`);
+    assert.equal(JSON.parse(bodies[0]).state, 'ready');
+    assertErrorBody(await f.req('deleteImage', { url: `/v1/images/${id}`, key }), 'conflict');
+    assert.equal((await f.req('deleteEnvironment', { url: '/v1/environments/app', key })).statusCode, 204);
+    assertErrorBody(await f.req('getEnvironment', { url: '/v1/environments/app', key }), 'environment_not_found');
+    assert.equal((await f.req('deleteImage', { url: `/v1/images/${id}`, key })).statusCode, 204);
+  });
+
+  test('an unbaked environment is listed as a template that is not ready, and create says template_not_ready', async () => {
+    const key = f.key('pro-u', 'pro');
+    const r = await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: layout } } });
+    // Created while the pull is still queued: pending until the image is ready.
+    const c = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'slow', image: r.json().id } });
+    assert.equal(c.json().state, 'pending');
+    const t = (await f.req('listTemplates', { url: '/v1/templates', key })).json().templates.find((x: any) => x.id === 'slow');
+    assert.equal(t.ready, false);
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'slow' } }), 'template_not_ready');
+    await images.idle();
+  });
+
+  test('bad sources: a missing path and a bad reference are clear errors', async () => {
+    const key = f.key('pro-b', 'pro');
+    assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: join(dir, 'imports', 'nope') } } }), 'image_not_found');
+    assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'registry', ref: 'UPPER/Case' } } }), 'validation_error');
+    assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'ftp', path: '/x' } } }), 'validation_error');
+  });
+});
