@@ -11,6 +11,8 @@ DEBIAN_PACKAGES=(
   busybox-static                    # the base template's userland
   musl-tools gcc make libc6-dev     # the static guest agent
   erofs-utils squashfs-tools        # read-only layer images
+  zstd attr                         # own images: zstd layers (Node 20's zlib has no zstd), setfattr for opaque dirs and capabilities
+  docker-registry apache2-utils     # the image tests' local OCI registry, and htpasswd -B for its basic auth
   e2fsprogs                         # the writable ext4 layer
   cpio                              # the initramfs
   debootstrap                       # the Debian base layer of the python and node templates
