@@ -24,12 +24,16 @@ export interface BuildAgentOptions {
   cc?: string;
 }
 
+/** Headers from outside agent/ that the agent includes (the seed environment). */
+const AGENT_EXTRA_HEADERS = [resolve(AGENT_SOURCE_DIR, '..', 'seed', 'seed_env.h')];
+
 /** Absolute paths of every source and header that goes into the binary, sorted. */
 export function agentSourceFiles(): string[] {
   return readdirSync(AGENT_SOURCE_DIR)
     .filter((name) => name.endsWith('.c') || name.endsWith('.h'))
-    .sort()
-    .map((name) => join(AGENT_SOURCE_DIR, name));
+    .map((name) => join(AGENT_SOURCE_DIR, name))
+    .concat(AGENT_EXTRA_HEADERS)
+    .sort();
 }
 
 export async function buildAgent(outDir: string, options: BuildAgentOptions = {}): Promise<string> {

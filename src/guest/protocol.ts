@@ -45,6 +45,7 @@ export const Tag = {
   FileData: 17,
   TimeoutMs: 18,
   MaxOutput: 19,
+  Seed: 20,
 
   ExitCode: 30,
   Signal: 31,
@@ -402,6 +403,8 @@ export interface ExecRequest {
   timeoutMs?: number;
   /** Per-stream cap in bytes (guest default 1 MiB). */
   maxOutput?: number;
+  /** u64 seed of the commands' user-space randomness (docs/determinism.md); absent = unseeded. */
+  seed?: bigint;
 }
 
 function hasNul(value: string | Buffer): boolean {
@@ -453,6 +456,12 @@ export function encodeExec(req: ExecRequest): Buffer {
   if (req.maxOutput !== undefined) {
     assertU32('maxOutput', req.maxOutput);
     w.u32(Tag.MaxOutput, req.maxOutput);
+  }
+  if (req.seed !== undefined) {
+    if (typeof req.seed !== 'bigint' || req.seed < 0n || req.seed > 0xffffffffffffffffn) {
+      throw new ProtocolError(`seed must be a bigint in [0, 2^64), got ${String(req.seed)}`);
+    }
+    w.u64(Tag.Seed, req.seed);
   }
   if (w.byteLength > MAX_FRAME_PAYLOAD) {
     throw new ProtocolError(

@@ -74,11 +74,25 @@ export async function moduleLoadOrder(kernel: KernelAsset): Promise<string[]> {
 
 export interface InitramfsAsset { path: string; digest: string; modules: string[] }
 
-export async function ensureInitramfs(home: string, kernel: KernelAsset, agentBinary: string, progress: Progress = () => {}): Promise<InitramfsAsset> {
+/** A file the initramfs carries besides the agent and the modules, e.g. the seed library. */
+export interface InitramfsFile {
+  /** Absolute path inside the initramfs, e.g. /lib/collimate/libcollimate-seed.so. */
+  path: string;
+  /** The file on the host. */
+  source: string;
+  mode: number;
+}
+
+/** Where the agent expects the seed library in the initramfs (SEED_LIBRARY_INITRAMFS_PATH in agent.h). */
+export const SEED_LIBRARY_INITRAMFS_PATH = '/lib/collimate/libcollimate-seed.so';
+
+export async function ensureInitramfs(home: string, kernel: KernelAsset, agentBinary: string, progress: Progress = () => {}, files: InitramfsFile[] = []): Promise<InitramfsAsset> {
   const paths = homePaths(home);
   const modules = await moduleLoadOrder(kernel);
   const agentSha = await sha256File(agentBinary);
-  const digest = sha256Hex(INITRAMFS_RECIPE, kernel.debSha256, agentSha, modules.join('\n'));
+  for (const f of files) if (!f.path.startsWith('/') || f.path.split('/').includes('..')) throw new Error(`initramfs file path must be absolute: ${f.path}`);
+  const fileParts = await Promise.all(files.map(async (f) => `${f.path}\0${f.mode.toString(8)}\0${await sha256File(f.source)}`));
+  const digest = sha256Hex(INITRAMFS_RECIPE, kernel.debSha256, agentSha, modules.join('\n'), ...fileParts);
   const dir = join(paths.assets, `initramfs-${digest.slice(0, 16)}`);
   await buildOnce(dir, paths.tmp, async (tmp) => {
     progress('building initramfs');
@@ -91,6 +105,12 @@ export async function ensureInitramfs(home: string, kernel: KernelAsset, agentBi
       copyFileSync(join(kernel.root, rel), join(stage, rel));
     }
     writeFileSync(join(stage, 'lib/modules/collimate.order'), modules.join('\n') + '\n');
+    for (const f of files) {
+      const target = join(stage, f.path.slice(1));
+      mkdirSync(dirname(target), { recursive: true });
+      copyFileSync(f.source, target);
+      chmodSync(target, f.mode);
+    }
     // Uncompressed newc: decompressing under TCG costs more boot time than the extra bytes.
     await run('sh', ['-c', `cd "${stage}" && find . -print0 | LC_ALL=C sort -z | cpio --quiet --null -o -H newc --owner=0:0 > "${join(tmp, 'initramfs.cpio')}"`]);
     await run('rm', ['-rf', stage]);

@@ -1,10 +1,11 @@
 import { readFileSync } from 'node:fs';
 import type { EngineConfig } from '../config.js';
 import { kernelCmdline } from '../vmm/argv.js';
-import { ensureKernel, ensureInitramfs, ensureBaseRootfs, type LayerAsset } from './guestAssets.js';
+import { ensureKernel, ensureInitramfs, ensureBaseRootfs, SEED_LIBRARY_INITRAMFS_PATH, type LayerAsset } from './guestAssets.js';
 import { ensureArtifact, type Artifact, type ReadyParams } from './bake.js';
 import { buildAgent } from '../guest/agentBuild.js';
 import { agentBinary } from './agentAsset.js';
+import { seedLibrary } from './seedAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { DEBIAN_CATALOG } from './debianRootfs.js';
 
@@ -43,11 +44,13 @@ export interface TemplateRecipe {
   execDefaults?: ExecDefaults;
 }
 
-/** The guest assets every template shares: kernel, agent, initramfs. */
+/** The guest assets every template shares: kernel, agent, seed library, initramfs. */
 export async function guestBase(cfg: EngineConfig, progress: (m: string) => void) {
   const kernel = await ensureKernel(cfg.cacheDir, progress);
   const agent = await agentBinary(cfg.cacheDir, progress, buildAgent);
-  const initramfs = await ensureInitramfs(cfg.cacheDir, kernel, agent, progress);
+  // The agent copies it to /run/collimate at boot and preloads it into seeded execs (docs/determinism.md).
+  const seedLib = await seedLibrary(cfg.cacheDir, progress);
+  const initramfs = await ensureInitramfs(cfg.cacheDir, kernel, agent, progress, [{ path: SEED_LIBRARY_INITRAMFS_PATH, source: seedLib, mode: 0o755 }]);
   return { kernel, initramfs };
 }
 
@@ -85,9 +88,7 @@ export const CATALOG: CatalogEntry[] = [
 
 /** Builds (or finds cached) every guest asset and catalog artifact. Idempotent; the slow path runs once. */
 export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => void, only?: string[]): Promise<ReadyTemplate[]> {
-  const kernel = await ensureKernel(cfg.cacheDir, progress);
-  const agent = await agentBinary(cfg.cacheDir, progress, buildAgent);
-  const initramfs = await ensureInitramfs(cfg.cacheDir, kernel, agent, progress);
+  const { kernel, initramfs } = await guestBase(cfg, progress);
   const out: ReadyTemplate[] = [];
   for (const entry of CATALOG) {
     if (only && !only.includes(entry.id)) continue;

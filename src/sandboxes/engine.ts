@@ -277,7 +277,7 @@ export class Engine extends EventEmitter implements SandboxService {
         const out = await r.live.agent.exec(agentReq, { ...(stream ?? {}), timeoutMs: (agentReq.timeoutMs ?? 60_000) + 30_000 });
         const finishedAt = Date.now();
         this.touch(id, true);
-        return toExecResult(out, { queuedAt, startedAt, finishedAt });
+        return toExecResult(out, { queuedAt, startedAt, finishedAt }, agentReq.seed);
       } catch (e) {
         throw this.agentFailure(r, e);
       }

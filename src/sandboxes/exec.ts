@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { CollimateError } from '../errors.js';
 import type { ExecRequest, ExecResult } from './types.js';
 
@@ -10,6 +11,8 @@ export interface AgentExecRequest {
   files?: { path: string; mode?: number; data: Buffer }[];
   timeoutMs?: number;
   maxOutput?: number;
+  /** Seed of the exec's user-space randomness (docs/determinism.md); always set by buildAgentExec. */
+  seed: bigint;
 }
 
 export interface AgentExecOutput {
@@ -29,6 +32,19 @@ export interface AgentExecOutput {
 export const MAX_EXEC_TIMEOUT_SECS = 3600;
 
 const bad = (msg: string) => new CollimateError('validation_error', msg);
+
+export const MAX_SEED = (1n << 64n) - 1n;
+/** Canonical decimal of a u64: "0", or no leading zero, at most 20 digits (the range is checked apart). */
+export const SEED_RE = /^(0|[1-9][0-9]{0,19})$/;
+export const SEED_FORMAT_MESSAGE =
+  'seed must be an unsigned 64-bit integer written as a decimal string without leading zeros, from "0" to "18446744073709551615" (e.g. "42"; a JSON number would lose precision).';
+
+/** The seed of an exec: the caller's, validated, or a fresh one from the host CSPRNG. */
+export function execSeed(seed: unknown): bigint {
+  if (seed === undefined) return randomBytes(8).readBigUInt64LE(0);
+  if (typeof seed !== 'string' || !SEED_RE.test(seed) || BigInt(seed) > MAX_SEED) throw bad(SEED_FORMAT_MESSAGE);
+  return BigInt(seed);
+}
 
 /**
  * Turns the spec's three exec forms into argv lists for the agent: `command` is a shell string
@@ -66,6 +82,7 @@ export function buildAgentExec(
     env[k] = v;
   }
   if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/'))) throw bad('cwd must be an absolute path.');
+  const seed = execSeed(req.seed);
   const files = (req.files ?? []).map((f) => {
     if (typeof f?.path !== 'string' || !f.path.startsWith('/') || f.path.includes('\0')) throw bad('each file needs an absolute path.');
     if (typeof f.content !== 'string') throw bad(`file ${f.path}: content must be a string (utf8, or base64 with encoding "base64").`);
@@ -82,6 +99,7 @@ export function buildAgentExec(
     files,
     timeoutMs: Math.round(timeout * 1000),
     maxOutput: opts.maxOutputBytes,
+    seed,
   };
 }
 
@@ -96,7 +114,8 @@ export function encodeOutput(buf: Buffer): { text: string; encoding: 'utf8' | 'b
   }
 }
 
-export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; startedAt: number; finishedAt: number }): ExecResult {
+/** `seed` is the one the request was sent with (AgentExecRequest.seed); the result echoes it. */
+export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; startedAt: number; finishedAt: number }, seed: bigint): ExecResult {
   const so = encodeOutput(out.stdout);
   const se = encodeOutput(out.stderr);
   const r = out.result;
@@ -112,6 +131,7 @@ export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; starte
     ...(r.failedIndex !== undefined ? { failed_index: r.failedIndex } : {}),
     ...(r.signal !== undefined ? { signal: r.signal } : {}),
     ...(r.errorText ? { error: r.errorText } : {}),
+    seed: seed.toString(),
     timing: {
       queued_at: new Date(t.queuedAt).toISOString(),
       started_at: new Date(t.startedAt).toISOString(),

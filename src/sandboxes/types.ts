@@ -55,6 +55,12 @@ export interface ExecRequest {
   stdin?: string;
   /** Seconds; default 60, max 3600. */
   timeout?: number;
+  /**
+   * The CRNG seed for user-space randomness, an unsigned 64-bit integer as a decimal string
+   * ("0".."18446744073709551615", no leading zeros). Absent: the host draws one. The same seed in
+   * the same sandbox state replays the exec's randomness (docs/determinism.md says what is covered).
+   */
+  seed?: string;
 }
 
 export interface ExecTiming {
@@ -79,6 +85,8 @@ export interface ExecResult {
   failed_index?: number;
   signal?: number;
   error?: string;
+  /** The CRNG seed the exec ran with (decimal u64), given or drawn; pass it back to replay. */
+  seed: string;
   timing: ExecTiming;
 }
 

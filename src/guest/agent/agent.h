@@ -26,6 +26,11 @@
 #define DEFAULT_MAX_OUTPUT (1024u * 1024u)
 #define IDENTITY_TEXT_MAX 4096u
 
+/* The seed library: carried in the initramfs, copied at boot to /run (the initramfs is
+   unreachable after the switch to the sandbox root). */
+#define SEED_LIBRARY_INITRAMFS_PATH "/lib/collimate/libcollimate-seed.so"
+#define SEED_LIBRARY_GUEST_PATH "/run/collimate/libcollimate-seed.so"
+
 #define NS_PER_MS 1000000LL
 #define NS_PER_SEC 1000000000LL
 
@@ -55,6 +60,7 @@ enum field_tag {
     TAG_FILE_DATA = 17,
     TAG_TIMEOUT_MS = 18,
     TAG_MAX_OUTPUT = 19,
+    TAG_SEED = 20,
 
     TAG_EXIT_CODE = 30,
     TAG_SIGNAL = 31,

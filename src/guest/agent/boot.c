@@ -44,6 +44,13 @@ static char *kernel_env[KERNEL_ENV_MAX];
 
 static int install_boot_id(char *why, size_t why_cap);
 
+/* The seed library, read from the initramfs before the switch to the sandbox root
+   (after it the initramfs is unreachable) and written to /run once that exists. */
+static struct {
+    uint8_t *data;
+    size_t len;
+} seed_library;
+
 /* Held open from boot for RESTORED (-1 until then, or if opening failed). */
 static int urandom_fd = -1;
 static int boot_id_fd = -1;
@@ -305,11 +312,56 @@ static void mount_system_filesystems(void)
     (void)!symlink("/proc/self/fd/2", "/dev/stderr");
 }
 
-/* /run/collimate: what the agent publishes to the guest (boot id, sandbox id). */
+static void load_seed_library(void)
+{
+    int fd = open(SEED_LIBRARY_INITRAMFS_PATH, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size > 64 * 1024 * 1024) {
+        agent_log("no seed library at %s; seeded execs run without it", SEED_LIBRARY_INITRAMFS_PATH);
+        if (fd >= 0) close(fd);
+        return;
+    }
+    uint8_t *data = malloc((size_t)st.st_size);
+    size_t got = 0;
+    while (data && got < (size_t)st.st_size) {
+        ssize_t n = read(fd, data + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (!data || got != (size_t)st.st_size) {
+        agent_log("reading %s failed", SEED_LIBRARY_INITRAMFS_PATH);
+        free(data);
+        return;
+    }
+    seed_library.data = data;
+    seed_library.len = got;
+}
+
+/* Written aside and renamed, so a process never maps a half-written library. */
+static void install_seed_library(void)
+{
+    if (!seed_library.data) return;
+    const char *temp = SEED_LIBRARY_GUEST_PATH ".new";
+    make_directories(RUN_DIR, 0755);
+    int fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write_all(fd, seed_library.data, seed_library.len) && fchmod(fd, 0755) == 0;
+    if (fd >= 0 && close(fd) != 0) ok = false;
+    if (!ok || rename(temp, SEED_LIBRARY_GUEST_PATH) != 0) {
+        agent_log("installing %s failed: %s", SEED_LIBRARY_GUEST_PATH, strerror(errno));
+        unlink(temp);
+    }
+    free(seed_library.data);
+    seed_library.data = NULL;
+}
+
+/* /run/collimate: what the agent publishes to the guest (boot id, sandbox id, seed library). */
 static void prepare_run_directory(void)
 {
     char why[512];
     if (install_boot_id(why, sizeof why) != 0) agent_log("boot id: %s", why);
+    install_seed_library();
     urandom_fd = open("/dev/urandom", O_RDWR | O_CLOEXEC);
     if (urandom_fd < 0) agent_log("open /dev/urandom: %s", strerror(errno));
     sandbox_id_fd = open(SANDBOX_ID_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
@@ -344,6 +396,7 @@ void boot_system(void)
     agent_log("%s booting", AGENT_VERSION);
 
     load_modules();
+    load_seed_library();
     if (assemble_root() && switch_root()) mount_system_filesystems();
     else agent_log("continuing without the sandbox root filesystem");
     prepare_run_directory();

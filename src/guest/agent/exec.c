@@ -12,9 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "../seed/seed_env.h"
 
 /* After the main process exits, output still in flight must arrive within this quiet gap... */
 #define DRAIN_QUIET_NS (20 * NS_PER_MS)
@@ -26,6 +29,11 @@
 #define BACKGROUND_PIPES_MAX 256
 /* Keeps the quadratic ENV override merge cheap no matter what the host sends. */
 #define ENV_FIELDS_MAX 4096
+/* Entries a seeded exec may add: LD_PRELOAD, COLLIMATE_SEED, PYTHONHASHSEED. */
+#define SEED_ENV_ENTRIES 3
+/* The glibc loader: only where it exists can the (glibc) seed library be preloaded. A
+   dynamically linked musl program (an Alpine image) would fail to start with it. */
+#define GLIBC_LOADER_PATH "/lib64/ld-linux-x86-64.so.2"
 
 struct output_stream {
     int fd;
@@ -49,6 +57,11 @@ struct exec_run {
     bool has_stdin;
     uint64_t max_output;
     uint32_t timeout_ms;
+    bool seeded;
+    uint64_t seed;
+    char seed_entry[COLLIMATE_SEED_ENTRY_MAX];
+    char hash_entry[COLLIMATE_SEED_ENTRY_MAX];
+    char *preload_entry; /* malloc'ed; NULL when the library is not preloaded */
 
     /* Progress. */
     size_t current;
@@ -165,6 +178,11 @@ static bool measure_request(const uint8_t *payload, size_t len, struct exec_shap
         case TAG_MAX_OUTPUT:
             if (!tlv_as_u32(&f, &ignored)) reject_shape("TIMEOUT_MS/MAX_OUTPUT must be a u32");
             break;
+        case TAG_SEED: {
+            uint64_t seed;
+            if (!tlv_as_u64(&f, &seed)) reject_shape("SEED must be a u64");
+            break;
+        }
         }
     }
     if (rc < 0) reject_shape("EXEC payload is truncated");
@@ -196,10 +214,55 @@ static void merge_env(char **envp, size_t *count, char *entry)
 
 static const char *default_cwd(void) { return access("/root", X_OK) == 0 ? "/root" : "/"; }
 
+static bool env_key_is(const char *entry, const char *key)
+{
+    size_t n = strlen(key);
+    return strncmp(entry, key, n) == 0 && entry[n] == '=';
+}
+
+static void remove_env(char **envp, size_t *count, const char *key)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < *count; i++)
+        if (!env_key_is(envp[i], key)) envp[kept++] = envp[i];
+    *count = kept;
+}
+
+static const char *env_value(char *const *envp, size_t count, const char *key)
+{
+    for (size_t i = 0; i < count; i++)
+        if (env_key_is(envp[i], key)) return envp[i] + strlen(key) + 1;
+    return NULL;
+}
+
+/*
+ * A seeded exec (docs/determinism.md): every command's environment gets
+ * COLLIMATE_SEED=<seed> (replacing any value from ENV or the base environment),
+ * PYTHONHASHSEED from seed_env.h unless ENV or the base environment set one,
+ * LD_PRELOAD=<library>[:<the value it would otherwise have>] if the library and the
+ * glibc loader exist in the guest, and loses the library's own bookkeeping variables.
+ */
+static void apply_seed_environment(struct exec_run *r, size_t *count)
+{
+    remove_env(r->envp, count, "COLLIMATE_SEED");
+    remove_env(r->envp, count, "COLLIMATE_SEED_LINEAGE");
+    remove_env(r->envp, count, "COLLIMATE_SEED_NODE_ARG");
+    collimate_seed_env_entries(r->seed, r->seed_entry, r->hash_entry);
+    r->envp[(*count)++] = r->seed_entry;
+    if (!env_value(r->envp, *count, "PYTHONHASHSEED")) r->envp[(*count)++] = r->hash_entry;
+    if (access(SEED_LIBRARY_GUEST_PATH, R_OK) != 0 || access(GLIBC_LOADER_PATH, X_OK) != 0) return;
+    const char *existing = env_value(r->envp, *count, "LD_PRELOAD");
+    size_t cap = sizeof "LD_PRELOAD=" + sizeof SEED_LIBRARY_GUEST_PATH + (existing ? strlen(existing) + 1 : 0);
+    r->preload_entry = malloc(cap);
+    if (!r->preload_entry) return;
+    snprintf(r->preload_entry, cap, "LD_PRELOAD=%s%s%s", SEED_LIBRARY_GUEST_PATH, existing && *existing ? ":" : "", existing ? existing : "");
+    merge_env(r->envp, count, r->preload_entry);
+}
+
 /* Lays the whole request out in one allocation so a run is freed with one free(). */
 static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t len, const struct exec_shape *shape)
 {
-    size_t env_slots = base_environment_count + shape->envs + 1;
+    size_t env_slots = base_environment_count + shape->envs + SEED_ENV_ENTRIES + 1;
     size_t arena_size = shape->commands * sizeof(char **) + (shape->args + shape->commands) * sizeof(char *) +
                         env_slots * sizeof(char *) + shape->text_bytes + shape->stdin_bytes;
     struct exec_run *r = calloc(1, sizeof *r);
@@ -252,9 +315,13 @@ static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t le
             tlv_as_u32(&f, &u32);
             r->max_output = u32;
             break;
+        case TAG_SEED:
+            r->seeded = tlv_as_u64(&f, &r->seed);
+            break;
         }
     }
     *argv_slot = NULL;
+    if (r->seeded) apply_seed_environment(r, &env_count);
     r->envp[env_count] = NULL;
     return r;
 }
@@ -265,6 +332,7 @@ static void free_run(void)
     if (run->stdin_fd >= 0) close(run->stdin_fd);
     if (run->out.fd >= 0) close(run->out.fd);
     if (run->err.fd >= 0) close(run->err.fd);
+    free(run->preload_entry);
     free(run->arena);
     free(run);
     run = NULL;
@@ -387,6 +455,12 @@ static void __attribute__((noreturn)) become_command(struct exec_run *r, char **
         report.error = errno;
         (void)!write(report_fd, &report, sizeof report);
         _exit(126);
+    }
+    /* Seeded: addresses are part of what replays (docs/determinism.md, ASLR). Inherited
+       by everything the command starts. */
+    if (r->seeded) {
+        int current = personality(0xffffffff);
+        if (current != -1) personality((unsigned long)current | ADDR_NO_RANDOMIZE);
     }
     /* execvp searches the PATH of the environment it runs in: make that the command's. */
     environ = r->envp;

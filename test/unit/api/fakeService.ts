@@ -9,6 +9,7 @@
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../../../src/errors.js';
+import { execSeed } from '../../../src/sandboxes/exec.js';
 import type {
   CreateOptions,
   ExecRequest,
@@ -200,6 +201,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
         timed_out: timedOut,
         stdout_truncated: false,
         stderr_truncated: false,
+        // Like the engine: the caller's seed echoed, or a fresh one.
+        seed: execSeed(req.seed).toString(),
         timing: {
           queued_at: iso(queuedMs),
           started_at: iso(startedMs),

@@ -140,6 +140,28 @@ describe('sandbox endpoints', () => {
     assert.equal(g.json().exec_count, 5);
   });
 
+  test('exec seed: a decimal u64 string, echoed; drawn when absent; anything else is a 400 naming the format', async () => {
+    const s = await create();
+    for (const seed of ['0', '42', '18446744073709551615']) {
+      const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'true', seed } });
+      assert.equal(r.statusCode, 200);
+      assert.equal(r.json().seed, seed);
+    }
+    const drawn = new Set<string>();
+    for (let i = 0; i < 3; i++) {
+      const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'true' } });
+      assert.match(r.json().seed, /^(0|[1-9][0-9]{0,19})$/);
+      assert.ok(BigInt(r.json().seed) < 1n << 64n);
+      drawn.add(r.json().seed);
+    }
+    assert.equal(drawn.size, 3, 'a drawn seed is fresh for every exec');
+    for (const seed of [42, '', '042', '-1', '+1', '1.0', '0x10', ' 1', '18446744073709551616', '99999999999999999999', '123456789012345678901', null]) {
+      const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'true', seed } });
+      assertErrorBody(r, 'validation_error');
+      assert.match(JSON.stringify(r.json()), /seed must be an unsigned 64-bit integer written as a decimal string/, JSON.stringify(seed));
+    }
+  });
+
   test('exec streams SSE with Accept: text/event-stream', async () => {
     const s = await create();
     const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { commands: [['echo', 'out'], ['stderr', 'err'], ['printf-bytes', 'ff']] }, headers: { accept: 'text/event-stream' } });

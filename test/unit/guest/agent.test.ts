@@ -261,9 +261,73 @@ describe('exec', () => {
       );
       const SIGPIPE_BIT = 1n << 12n;
       const SIGCHLD_BIT = 1n << 16n;
+      const SIGIO_BIT = 1n << 28n;
       assert.equal(BigInt(`0x${masks.SigIgn}`) & SIGPIPE_BIT, 0n, 'SIGPIPE must not be ignored');
       assert.equal(BigInt(`0x${masks.SigBlk}`) & SIGCHLD_BIT, 0n, 'SIGCHLD must not be blocked');
+      assert.equal(BigInt(`0x${masks.SigBlk}`) & SIGIO_BIT, 0n, 'SIGIO (the agent waits for it) must not be blocked');
     });
+  });
+
+  it('seeds an exec: COLLIMATE_SEED and PYTHONHASHSEED the caller cannot override, no stale lineage, ASLR off', async () => {
+    // splitmix64's finalizer, as in src/guest/seed/seed_env.h.
+    const mix = (seed: bigint) => {
+      const M = (1n << 64n) - 1n;
+      let x = (seed + 0x9e3779b97f4a7c15n) & M;
+      x = ((x ^ (x >> 30n)) * 0xbf58476d1ce4e5b9n) & M;
+      x = ((x ^ (x >> 27n)) * 0x94d049bb133111ebn) & M;
+      return (x ^ (x >> 31n)) & 0xffffffffn;
+    };
+    const show = ['sh', '-c', 'env | grep -E "^(COLLIMATE_|PYTHONHASHSEED=|LD_PRELOAD=)" | sort; cat /proc/self/personality'];
+    // The library is only preloaded where it (and the glibc loader) exist; on this host, only if installed there.
+    const preloads = existsSync('/run/collimate/libcollimate-seed.so') && existsSync('/lib64/ld-linux-x86-64.so.2');
+    await withClient(async (client) => {
+      const seeded = await client.exec({
+        commands: [show, show],
+        env: { COLLIMATE_SEED: '7', COLLIMATE_SEED_LINEAGE: 'ab'.repeat(32), COLLIMATE_SEED_NODE_ARG: '--random-seed=1' },
+        seed: 18446744073709551615n,
+      });
+      assert.equal(seeded.result.exitCode, 0, seeded.result.errorText);
+      const lines = [
+        ...(preloads ? ['LD_PRELOAD=/run/collimate/libcollimate-seed.so'] : []),
+        'COLLIMATE_SEED=18446744073709551615',
+        `PYTHONHASHSEED=${mix(18446744073709551615n)}`,
+        '00040000',
+      ].sort((a, b) => (a === '00040000' ? 1 : b === '00040000' ? -1 : a < b ? -1 : 1));
+      const expected = lines.join('\n') + '\n';
+      assert.equal(seeded.stdout.toString(), expected + expected, 'every command gets the seed environment');
+
+      // A caller's PYTHONHASHSEED wins; a caller's LD_PRELOAD follows the library.
+      const own = await client.exec({ commands: [show], env: { PYTHONHASHSEED: '0', LD_PRELOAD: '/nonexistent.so' }, seed: 0n });
+      assert.match(own.stdout.toString(), /^PYTHONHASHSEED=0$/m);
+      assert.match(own.stdout.toString(), /^COLLIMATE_SEED=0$/m);
+      if (preloads) assert.match(own.stdout.toString(), /^LD_PRELOAD=\/run\/collimate\/libcollimate-seed\.so:\/nonexistent\.so$/m);
+
+      // Without SEED nothing changes: the caller's variables pass through, ASLR stays as it was.
+      const plain = await client.exec({ commands: [show], env: { COLLIMATE_SEED: '7' } });
+      assert.equal(plain.stdout.toString().split('\n')[0], 'COLLIMATE_SEED=7');
+      assert.doesNotMatch(plain.stdout.toString(), /PYTHONHASHSEED|LD_PRELOAD|LINEAGE/);
+      assert.equal((BigInt(`0x${plain.stdout.toString().trim().split('\n').pop()}`) & 0x40000n) === 0x40000n,
+        (BigInt(`0x${readFileSync('/proc/self/personality', 'utf8').trim()}`) & 0x40000n) === 0x40000n);
+    });
+  });
+
+  it('refuses a SEED that is not a u64', async () => {
+    const socket = await connectSocket(socketPath);
+    try {
+      const decoder = new FrameDecoder();
+      const payload = new TlvWriter().empty(Tag.ArgvBegin).str(Tag.Arg, 'true').u32(Tag.Seed, 1).finish();
+      socket.write(encodeFrame(MessageType.Exec, 77, payload));
+      const frame = await new Promise<Frame>((resolve) => {
+        socket.on('data', (chunk) => {
+          for (const e of decoder.push(chunk)) if (e.kind === 'frame') resolve(e.frame);
+        });
+      });
+      assert.equal(frame.type, MessageType.Error);
+      assert.equal(frame.id, 77);
+      assert.deepEqual(decodeError(frame.payload), { code: 'bad_request', message: 'SEED must be a u64' });
+    } finally {
+      socket.destroy();
+    }
   });
 
   it('passes commands only their three stdio descriptors', async () => {

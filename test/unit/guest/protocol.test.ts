@@ -184,6 +184,16 @@ describe('TLV', () => {
     assert.equal(env?.value.toString(), 'K=v');
   });
 
+  it('encodes SEED as a u64 only when given, and refuses seeds outside [0, 2^64)', () => {
+    assert.equal(parseTlv(encodeExec({ commands: [['x']] })).some((f) => f.tag === Tag.Seed), false);
+    const max = parseTlv(encodeExec({ commands: [['x']], seed: 18446744073709551615n })).find((f) => f.tag === Tag.Seed);
+    assert.equal(max?.value.length, 8);
+    assert.equal(max?.value.readBigUInt64LE(0), 18446744073709551615n);
+    assert.throws(() => encodeExec({ commands: [['x']], seed: 1n << 64n }), ProtocolError);
+    assert.throws(() => encodeExec({ commands: [['x']], seed: -1n }), ProtocolError);
+    assert.throws(() => encodeExec({ commands: [['x']], seed: 5 as unknown as bigint }), ProtocolError);
+  });
+
   it('refuses exec requests the guest would reject or that exceed a frame', () => {
     assert.throws(() => encodeExec({ commands: [] }), ProtocolError);
     assert.throws(() => encodeExec({ commands: [[]] }), ProtocolError);
