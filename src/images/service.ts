@@ -12,7 +12,7 @@ import { ImageRepo, type EnvironmentRow, type ImageLayerRecord, type ImageRow, t
 import type { ImageConfig } from './oci.js';
 import { SecretBox } from './secrets.js';
 import { openSource, resolveImage, type ImageSource, type ResolvedImage, type SourceSpec } from './sources.js';
-import { lookupMerged, newBudget, type LayerFacts } from './unpack.js';
+import { LINK_MARK, lookupMerged, newBudget, type LayerFacts } from './unpack.js';
 
 /**
  * The image service: brings a tenant's own OCI images in (pull → verify → unpack → one erofs per
@@ -128,9 +128,13 @@ export function imageRuntime(config: ImageConfig, topFirst: LayerFacts[]): Image
     if ('error' in r) warnings.push(`${r.error}; commands run as root`);
     else if (r.uid !== 0 || r.gid !== 0) {
       home = r.home || '/';
-      const setpriv = ['usr/bin/setpriv', 'bin/setpriv', 'usr/sbin/setpriv', 'sbin/setpriv', 'usr/local/bin/setpriv'].find((p) => lookupMerged(topFirst, p) !== undefined);
+      // util-linux setpriv; busybox's applet of that name cannot change ids.
+      const setpriv = ['usr/bin/setpriv', 'bin/setpriv', 'usr/sbin/setpriv', 'sbin/setpriv', 'usr/local/bin/setpriv'].find((p) => {
+        const v = lookupMerged(topFirst, p);
+        return v !== undefined && !(typeof v === 'string' && v.startsWith(LINK_MARK) && /(^|\/)busybox$/.test(v.slice(LINK_MARK.length)));
+      });
       if (setpriv) prefix = [`/${setpriv}`, `--reuid=${r.uid}`, `--regid=${r.gid}`, r.inPasswd ? '--init-groups' : '--clear-groups', '--'];
-      else warnings.push(`the image's User ${config.user} needs setpriv (util-linux) in the image to be applied; commands run as root`);
+      else warnings.push(`the image's User ${config.user} needs util-linux setpriv in the image to be applied; commands run as root`);
     } else home = r.home || '/root';
   }
   env.HOME ??= home;

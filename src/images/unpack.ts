@@ -38,7 +38,7 @@ export function newBudget(maxBytes: number, maxEntries = 2_000_000): UnpackBudge
 export interface LayerFacts {
   /** Kinds of the top-level names this layer sets: dir, file, whiteout, or `link:TARGET`. */
   top: Record<string, string>;
-  /** Paths of interest this layer holds, with the content of the small text ones (etc/passwd, etc/group). */
+  /** Paths of interest this layer holds, with the content of the small text ones (etc/passwd, etc/group), or LINK_MARK + target for symlinks. */
   present: Record<string, string | null>;
   /** Whiteouts and opaque directories up to depth 3. */
   whiteouts: string[];
@@ -50,6 +50,8 @@ export interface LayerFacts {
 const SETPRIV_DIRS = ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'usr/local/bin', 'usr/local/sbin'];
 export const INTERESTING = new Set(['etc/passwd', 'etc/group', 'bin/sh', 'usr/bin/sh', ...SETPRIV_DIRS.map((d) => `${d}/setpriv`)]);
 const CONTENT_PATHS = new Set(['etc/passwd', 'etc/group']);
+/** How `present` marks a symlink (its target follows), e.g. busybox applets. */
+export const LINK_MARK = '\0link:';
 /** Xattrs an image may set: file capabilities and user.*. trusted.* (overlay's own metadata) never. */
 const XATTR_ALLOWED = /^(security\.capability|user\..+)$/;
 
@@ -204,7 +206,7 @@ export async function unpackLayer(entries: AsyncIterable<TarEntry>, root: string
         symlinkSync(t, path);
         lchownSync(path, h.uid, h.gid);
         lutimesSync(path, h.mtime, h.mtime);
-        if (INTERESTING.has(rel)) facts.present[rel] = null;
+        if (INTERESTING.has(rel)) facts.present[rel] = `${LINK_MARK}${t}`;
         recordTop(rel, `link:${t}`);
         break;
       }

@@ -125,7 +125,7 @@ describe('unpack', () => {
     const base = (await unpack([{ name: 'bin', type: 'symlink', linkname: 'usr/bin' }, { name: 'usr/bin/sh', type: 'symlink', linkname: 'busybox' }, { name: 'etc/passwd', data: 'root:x:0:0::/root:/bin/sh\n' }])).facts;
     const upper = (await unpack([{ name: 'etc/.wh.passwd', data: '' }])).facts;
     const opq = (await unpack([{ name: 'usr/bin/.wh..wh..opq', data: '' }])).facts;
-    assert.equal(lookupMerged([base], 'bin/sh'), null);
+    assert.equal(lookupMerged([base], 'bin/sh'), '\0link:busybox');
     assert.equal(lookupMerged([base], 'etc/passwd'), 'root:x:0:0::/root:/bin/sh\n');
     assert.equal(lookupMerged([upper, base], 'etc/passwd'), undefined);
     assert.equal(lookupMerged([opq, base], 'bin/sh'), undefined);
