@@ -38,6 +38,8 @@ export interface ImageServiceOptions {
   importDir?: string;
   /** Cap on the unpacked size of one image (tar bombs). Default $COLLIMATE_MAX_IMAGE_BYTES or 16 GiB. */
   maxUnpackedBytes?: number;
+  /** Root of the layer store (default: the engine's cacheDir, shared like the other built assets). */
+  storeDir?: string;
   /** Warm VMMs per environment (default: the engine's COLLIMATE_ENV_POOL_SIZE). */
   poolSize?: number;
   /** Operational log lines (never secret values). */
@@ -157,7 +159,7 @@ export class ImageService {
   constructor(private readonly opts: ImageServiceOptions) {
     const { home } = opts.host.cfg;
     this.repo = new ImageRepo(opts.db);
-    this.layers = new LayerStore(opts.host.cfg.cacheDir);
+    this.layers = new LayerStore(opts.storeDir ?? opts.host.cfg.cacheDir);
     this.importDir = opts.importDir ?? (process.env.COLLIMATE_IMPORT_DIR || join(home, 'imports'));
     this.maxUnpackedBytes = opts.maxUnpackedBytes ?? intEnv('COLLIMATE_MAX_IMAGE_BYTES', 16 * GIB);
     this.secrets = new SecretBox(join(home, 'secrets.key'));
@@ -181,7 +183,7 @@ export class ImageService {
    */
   async pull(tenant: string, spec: SourceSpec): Promise<ImageRow> {
     this.assertOpen();
-    const tmp = homePaths(this.opts.host.cfg.cacheDir).tmp;
+    const tmp = homePaths(this.layers.cacheDir).tmp;
     mkdirSync(tmp, { recursive: true });
     const src = await openSource(spec, { importDir: this.importDir, tmpDir: tmp, maxBytes: this.maxUnpackedBytes });
     let resolved: ResolvedImage;
@@ -213,7 +215,8 @@ export class ImageService {
   }
 
   private async fetchLayers(tenant: string, img: ResolvedImage, src: ImageSource): Promise<void> {
-    const stage = mkdtempSync(join(homePaths(this.opts.host.cfg.cacheDir).tmp, 'pull-'));
+    mkdirSync(homePaths(this.layers.cacheDir).tmp, { recursive: true });
+    const stage = mkdtempSync(join(homePaths(this.layers.cacheDir).tmp, 'pull-'));
     const budget = newBudget(this.maxUnpackedBytes);
     const staged = new Map<string, StagedLayer>();
     const records: ImageLayerRecord[] = [];
