@@ -407,6 +407,7 @@ export class Engine extends EventEmitter implements SandboxService {
         id: fpId, dir: join(fpDir, 'recv'), memPath: fpMem, memShared: true,
         backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: r.live.record.artifactKey,
       });
+      await this.fault('fork:recv-spawned');
       const inSock = join(recv.dir, 'in.sock');
       await recv.vmm.listenIncoming(inSock, false);
       const received = recv.vmm.waitMigration(300_000);
