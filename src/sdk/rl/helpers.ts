@@ -196,14 +196,18 @@ export async function map<T, R>(items: Iterable<T>, fn: (item: T, index: number)
   const results = new Array<R>(list.length);
   let next = 0;
   let failure: { error: unknown } | undefined;
-  let nextStartAt = 0;
-  const gate = async () => {
-    if (rate === undefined) return;
-    // Slots are handed out synchronously, so concurrent workers never share one.
-    const now = Date.now();
-    const at = Math.max(now, nextStartAt);
-    nextStartAt = at + 1000 / rate;
-    if (at > now) await sleep(at - now);
+  // Starts pass one at a time through a chain, each at least 1/rate after the previous one actually
+  // started: a late timer can delay a start but never bunch two together.
+  let chain: Promise<void> = Promise.resolve();
+  let lastStart = -Infinity;
+  const gate = (): Promise<void> => {
+    if (rate === undefined) return Promise.resolve();
+    chain = chain.then(async () => {
+      const wait = lastStart + 1000 / rate - Date.now();
+      if (wait > 0) await sleep(wait);
+      lastStart = Date.now();
+    });
+    return chain;
   };
   const worker = async () => {
     while (!failure && next < list.length) {
