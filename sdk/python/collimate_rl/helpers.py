@@ -199,7 +199,10 @@ def map(  # noqa: A001 - the RL SDK's name for it
     todo = list(items)
     results: List[Any] = [None] * len(todo)
     lock = threading.Lock()
-    state = {"next": 0, "next_start": 0.0}
+    # Starts pass one at a time, each at least 1/rate after the previous one actually started: a
+    # late wake-up can delay a start but never bunch two together.
+    start_lock = threading.Lock()
+    state = {"next": 0, "last_start": -math.inf}
     failure: List[BaseException] = []
 
     def take() -> Optional[int]:
@@ -208,14 +211,12 @@ def map(  # noqa: A001 - the RL SDK's name for it
                 return None
             i = int(state["next"])
             state["next"] += 1
-            delay = 0.0
-            if rate_per_sec is not None:
-                now = time.monotonic()
-                at = max(now, state["next_start"])
-                state["next_start"] = at + 1.0 / rate_per_sec
-                delay = at - now
-        if delay > 0:
-            time.sleep(delay)
+        if rate_per_sec is not None:
+            with start_lock:
+                wait = state["last_start"] + 1.0 / rate_per_sec - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                state["last_start"] = time.monotonic()
         return i
 
     def worker() -> None:
