@@ -61,7 +61,7 @@ class Fleet:
     def delete_by_id(self, sandbox_id: str) -> None:
         self.client.http.request("DELETE", "/v1/sandboxes/" + urllib.parse.quote(sandbox_id, safe=""))
 
-    def sweep(self, run_id: Optional[str] = None, *, quiet_secs: float = 1.0) -> int:
+    def sweep(self, run_id: Optional[str] = None, *, quiet_secs: float = 2.0) -> int:
         from .helpers import sweep
 
         return sweep(self, run_id or self.run_id, quiet_secs=quiet_secs)

@@ -264,7 +264,7 @@ def map_sandboxes(
     return map(items, one, concurrency=concurrency, rate_per_sec=rate_per_sec)
 
 
-def sweep(fleet: Fleet, run_id: Optional[str] = None, *, quiet_secs: float = 1.0, max_rounds: int = 30) -> int:
+def sweep(fleet: Fleet, run_id: Optional[str] = None, *, quiet_secs: float = 2.0, max_rounds: int = 30) -> int:
     """Deletes every sandbox carrying ``{collimate_run: run_id}`` (default: the fleet's run) —
     running, suspended, forked — e.g. after a trainer crashed. Once the list is empty it waits
     ``quiet_secs`` and looks again (creates in flight when the trainer died land late)."""

@@ -53,7 +53,7 @@ export interface Fleet {
 }
 
 export interface SweepOptions {
-  /** After the list comes back empty, wait this long and look once more (creates in flight when a trainer died land late). Default 1000 ms. */
+  /** After the list comes back empty, wait this long and look once more (creates in flight when a trainer died land late). Default 2000 ms: a live fork on a loaded TCG host can take a second or more to land. */
   quietMs?: number;
   /** Give up after this many rounds (default 30). */
   maxRounds?: number;

@@ -262,7 +262,7 @@ export function mapSandboxes<T, R>(
  * list is empty it waits `quietMs` and looks again. Returns how many it deleted.
  */
 export async function sweep(fleet: Fleet, runId: string, opts: SweepOptions = {}): Promise<number> {
-  const quietMs = opts.quietMs ?? 1000;
+  const quietMs = opts.quietMs ?? 2000;
   const maxRounds = opts.maxRounds ?? 30;
   let deleted = 0;
   let quiet = false;
