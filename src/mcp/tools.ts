@@ -48,6 +48,7 @@ export const INPUTS = {
     cwd: E.cwd.describe('Working directory (absolute path).'),
     stdin: E.stdin.describe('Text fed to the command on standard input.'),
     timeout: E.timeout.describe('Seconds before the command is killed (default 60, max 3600); the result then has timed_out: true, exit_code 124.'),
+    seed: E.seed.describe('CRNG seed (decimal u64 string). Pass the `seed` a result reported to replay that exec in the same state; absent: a fresh one.'),
   }),
   fork_sandbox: z.strictObject({
     sandbox_id: sandboxId,

@@ -93,6 +93,8 @@ test('TS SDK: create, exec, streaming, files, fork, suspend, resume, delete', as
     assert.deepEqual([r.stdout, r.stderr, r.exit_code], ['hello\n', 'oops\n', 3]);
     const withFiles = await sb.exec({ command: 'cat /root/in.txt; cat', files: [{ path: '/root/in.txt', content: 'from-file;' }], stdin: 'from-stdin', env: { A: '1' } });
     assert.equal(withFiles.stdout, 'from-file;from-stdin');
+    assert.match(withFiles.seed ?? '', /^\d+$/, 'the server reports the seed it drew');
+    assert.equal((await sb.exec({ command: 'true', seed: '12345' })).seed, '12345', 'a given seed passes through');
 
     // Streaming callbacks get chunks while the command is still running.
     const chunks: Buffer[] = [];
@@ -406,6 +408,8 @@ test('MCP: the official client lists the tools and drives create → exec → fo
     const ex = await mcp.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo 42 > /root/answer; cat /root/answer; exit 2' } });
     assert.equal((ex.structuredContent as any).stdout, '42\n');
     assert.equal((ex.structuredContent as any).exit_code, 2);
+    const seeded = await mcp.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'true', seed: '777' } });
+    assert.equal((seeded.structuredContent as any).seed, '777');
     assert.ok(!ex.isError, 'a failing command is a result, not a tool error');
 
     const w = await mcp.callTool({ name: 'write_file', arguments: { sandbox_id: sb.id, path: '/root/bin.dat', content: Buffer.from([0, 255, 1]).toString('base64'), encoding: 'base64' } });

@@ -53,6 +53,8 @@ class SdkTest(unittest.TestCase):
 
             r = sb.exec(code="echo $((6*7))", env={"X": "1"}, cwd="/tmp")
             self.assertEqual(r.stdout, "42\n")
+            self.assertTrue((r.seed or "").isdigit(), "the server reports the seed it drew")
+            self.assertEqual(sb.exec("true", seed="12345").seed, "12345")
             sb.exec("mkdir -p /root/w")
             r = sb.exec(commands=[["sh", "-c", "echo in-$(pwd)"], ["false"], ["echo", "never"]], cwd="/root/w")
             self.assertEqual((r.stdout, r.exit_code, r.failed_index), ("in-/root/w\n", 1, 1))
