@@ -2,6 +2,8 @@ import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
 import { detectAccel, type AccelChoice } from './vmm/accel.js';
+import type { JailSettings } from './vmm/jail.js';
+import type { CgroupMode } from './vmm/cgroup.js';
 
 /** Engine settings with their embedded defaults. Every knob has an environment override. */
 export interface EngineConfig {
@@ -29,6 +31,10 @@ export interface EngineConfig {
   reapIntervalMs: number;
   /** Confine QEMU with `-sandbox on,...` (seccomp). */
   seccomp: boolean;
+  /** Confinement of VMM processes: own uid, no capabilities, private mount view, cgroup limits (docs/security.md). */
+  jail: JailSettings;
+  /** Short digest of the home: names this home's RAM directory and VMM cgroups. */
+  homeTag: string;
   debugGuest: boolean;
   /** Guest RAM of every catalog template, overriding the catalog's own (benchmarks, big workloads). */
   catalogMemoryMib?: number;
@@ -44,6 +50,26 @@ function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
 
 export function defaultHome(env: NodeJS.ProcessEnv = process.env): string {
   return env.COLLIMATE_HOME || join(homedir(), '.collimate');
+}
+
+function enumEnv<T extends string>(env: NodeJS.ProcessEnv, name: string, allowed: readonly T[], dflt: T): T {
+  const v = env[name];
+  if (v === undefined || v === '') return dflt;
+  if (!(allowed as readonly string[]).includes(v)) throw new Error(`${name} must be one of ${allowed.join(', ')}, not ${JSON.stringify(v)}`);
+  return v as T;
+}
+
+export function jailSettings(env: NodeJS.ProcessEnv = process.env): JailSettings {
+  return {
+    mode: enumEnv(env, 'COLLIMATE_JAIL', ['auto', 'on', 'off'] as const, 'auto'),
+    uidBase: intEnv(env, 'COLLIMATE_VMM_UID_BASE', 200_000),
+    uidCount: intEnv(env, 'COLLIMATE_VMM_UID_COUNT', 65_536),
+    runDir: env.COLLIMATE_RUN_DIR || '/run/collimate',
+    cgroups: enumEnv<CgroupMode>(env, 'COLLIMATE_CGROUPS', ['auto', 'v1', 'v2', 'off'], 'auto'),
+    cgroupParent: env.COLLIMATE_CGROUP_PARENT || undefined,
+    memoryOverheadMib: intEnv(env, 'COLLIMATE_VMM_MEMORY_OVERHEAD_MIB', 192),
+    pidsMax: intEnv(env, 'COLLIMATE_VMM_PIDS_MAX', 128),
+  };
 }
 
 export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.ProcessEnv = process.env): EngineConfig {
@@ -68,6 +94,8 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     reapAction,
     reapIntervalMs: 1000,
     seccomp: env.COLLIMATE_SECCOMP !== '0',
+    jail: jailSettings(env),
+    homeTag,
     debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
     catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,
     ...overrides,

@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { Vmm } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { Accel } from '../vmm/argv.js';
+import { sealShared, type Jailer } from '../vmm/jail.js';
 import { connectAgent } from '../guest/connect.js';
 import { homePaths, run, sha256Hex } from './cache.js';
 
@@ -42,6 +43,8 @@ export interface BakeContext {
   qemuBinary: string;
   accel: Accel;
   seccomp: boolean;
+  /** Confines the template's VMM like a sandbox's (it runs the image's ready command). */
+  jail?: Jailer | null;
   progress?: (m: string) => void;
   /** Receives the guest's output of the ready steps (the bake log). */
   log?: (chunk: string) => void;
@@ -94,7 +97,18 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     });
     progress(`baking artifact ${key.slice(0, 12)}: booting the guest`);
     const t0 = Date.now();
-    vmm = await Vmm.spawn(spec, { logPath: vmmFiles(tmpDir).qemuLog });
+    const jail = ctx.jail
+      ? await ctx.jail.prepare({
+        name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
+        memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'),
+      })
+      : undefined;
+    try {
+      vmm = await Vmm.spawn(spec, { logPath: vmmFiles(tmpDir).qemuLog, jail });
+    } catch (e) {
+      await jail?.release();
+      throw e;
+    }
     const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {
       throw new Error(`${(e as Error).message}\nconsole:\n${tailFile(spec.consoleLog)}`);
     });
@@ -124,6 +138,9 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     for (const f of readdirSync(tmpDir)) {
       if (f.endsWith('.sock')) rmSync(join(tmpDir, f), { force: true });
     }
+    // From now on every sandbox of this template maps the RAM and reads the disk: read-only, root's.
+    sealShared(memPath);
+    sealShared(diskTmp);
     renameSync(tmpDir, finalDir);
     const artifact: Artifact = {
       key, dir: finalDir, shape, diskMib, memPath,

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import type { EngineConfig } from '../config.js';
 import { kernelCmdline } from '../vmm/argv.js';
+import { jailerFor } from '../vmm/jail.js';
 import { ensureKernel, ensureInitramfs, ensureBaseRootfs, SEED_LIBRARY_INITRAMFS_PATH, type LayerAsset } from './guestAssets.js';
 import { ensureArtifact, type Artifact, type ReadyParams } from './bake.js';
 import { buildAgent } from '../guest/agentBuild.js';
@@ -66,7 +67,7 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
     layers: recipe.layers.map((l) => l.path),
   };
   const artifact = await ensureArtifact(
-    { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress, log },
+    { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress, log },
     shape, recipe.diskMib, [kernel.debSha256, initramfs.digest, ...recipe.layers.map((l) => l.digest)], recipe.ready,
   );
   return {
@@ -102,7 +103,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       layers: layers.map((l) => l.path),
     };
     const artifact = await ensureArtifact(
-      { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, progress },
+      { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
       shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
     );
     out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath) });

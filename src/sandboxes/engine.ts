@@ -16,6 +16,7 @@ import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js'
 import { buildAgentExec, toExecResult } from './exec.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
+  snapshotUpperDisk, releaseRecorded, sweepConfinement,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import type {
@@ -398,7 +399,7 @@ export class Engine extends EventEmitter implements SandboxService {
       await vmm.qmp.execute('stop');
       parentStopped = true;
       const newDisk = newDiskPath(this.disksDir, r.id);
-      await vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': `upper-${fpId}`, format: 'qcow2', mode: 'absolute-paths' });
+      await snapshotUpperDisk(this.cfg, r.live, newDisk, `upper-${fpId}`);
       r.live.record.diskPath = newDisk;
       this.repo.update(r.id, { vmm: r.live.record });
       await this.fault('fork:after-disk');
@@ -408,11 +409,7 @@ export class Engine extends EventEmitter implements SandboxService {
         backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: r.live.record.artifactKey,
       });
       await this.fault('fork:recv-spawned');
-      const inSock = join(recv.dir, 'in.sock');
-      await recv.vmm.listenIncoming(inSock, false);
-      const received = recv.vmm.waitMigration(300_000);
-      await vmm.migrateTo(`unix:${inSock}`);
-      await received;
+      await vmm.migrateTo(recv.vmm, 300_000);
       await this.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
       await vmm.cont();
@@ -571,7 +568,7 @@ export class Engine extends EventEmitter implements SandboxService {
     this.running.delete(r.id);
     r.live.agent.close();
     await vmm.kill();
-    if (!r.live.record.memShared && r.live.record.memPath.startsWith(this.cfg.ramDir) && ownsMemFile(r.live.record.memPath, r.id)) rmSync(r.live.record.memPath, { force: true });
+    if (r.live.record.memPath.startsWith(this.cfg.ramDir) && ownsMemFile(r.live.record.memPath, r.id)) rmSync(r.live.record.memPath, { force: true });
     this.emit('transition', { id: r.id, tenant: this.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: bytes });
     return this.get(r.id);
   }
@@ -586,14 +583,16 @@ export class Engine extends EventEmitter implements SandboxService {
       const snap = cur.snapshot!;
       const rec = cur.vmm!;
       const shape = this.shapeOf(cur);
-      // A resumed sandbox owns its RAM outright (the stream carries every page).
+      // A resumed sandbox owns its RAM outright (the stream carries every page). Mapped share=on:
+      // share=off over an empty tmpfs file would cost each page twice (a zero page in the file,
+      // then the private copy), and the VMM's memory limit counts both.
       const memPath = join(this.cfg.ramDir, `${id}.mem`);
       let pending: PendingVm | undefined;
       let live: LiveVm | undefined;
       try {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
         pending = await spawnIncoming(this.cfg, shape, {
-          id, dir: rec.dir, memPath, memShared: false, backing: null, diskPath: this.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
+          id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: this.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
         });
         await restoreStream(pending, snap.statePath);
         live = await finishRestore(pending, id);
@@ -738,6 +737,8 @@ export class Engine extends EventEmitter implements SandboxService {
       if (owner.startsWith('sbx_') && this.running.has(owner)) continue;
       rmSync(p, { force: true });
     }
+    // Cgroups of VMMs that never started (a crash between preparing a VMM and spawning it).
+    await sweepConfinement(this.cfg);
   }
 
   private async reconcileRow(row: SandboxRow): Promise<void> {
@@ -849,10 +850,12 @@ function ownsMemFile(memPath: string, id: string): boolean {
 
 /** Stops a VMM known only by its record (not in memory: suspended, or found at start). */
 async function killRecorded(rec: VmmRecord): Promise<void> {
-  if (!rec.pid || !isAlive(rec.pid) || procStartTicks(rec.pid) !== rec.startTicks) return;
-  try { process.kill(rec.pid, 'SIGKILL'); } catch { return; }
-  const deadline = Date.now() + 5000;
-  while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  if (rec.pid && isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) {
+    try { process.kill(rec.pid, 'SIGKILL'); } catch { /* gone */ }
+    const deadline = Date.now() + 5000;
+    while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  }
+  await releaseRecorded(rec);
 }
 
 async function killFromDir(dir: string): Promise<void> {

@@ -1,4 +1,5 @@
 import type { Db } from '../store/db.js';
+import type { JailRecord } from '../vmm/jail.js';
 import type { SandboxInfo, SandboxState, ListFilter } from './types.js';
 
 /** Internal states: the spec's three plus the in-flight ones a crash can leave behind. */
@@ -15,6 +16,8 @@ export interface VmmRecord {
   memShared: boolean;
   /** The artifact the machine shape came from (kernel, initrd, layers, size). */
   artifactKey: string;
+  /** The VMM's uid and cgroup when it runs confined (src/vmm/jail.ts). */
+  jail?: JailRecord;
 }
 
 export interface SnapshotRecord {

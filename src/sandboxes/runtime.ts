@@ -1,8 +1,10 @@
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync, rmSync, createReadStream, existsSync } from 'node:fs';
-import { connect } from 'node:net';
+import { pipeline } from 'node:stream/promises';
 import { join } from 'node:path';
-import { Vmm } from '../vmm/vmm.js';
+import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
+import { jailerFor, releaseJail } from '../vmm/jail.js';
+import { homePaths } from '../images/cache.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
 import type { EngineConfig } from '../config.js';
@@ -65,11 +67,32 @@ export async function spawnIncoming(
   const diskPath = opts.diskPath;
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
-  const vmm = await Vmm.spawn(specFor(cfg, shape, record, true), { logPath: vmmFiles(opts.dir).qemuLog });
-  record.pid = vmm.pid;
-  record.startTicks = vmm.startTicks;
-  // Written before anything else refers to this VMM, so a restarted server can find and stop it.
-  writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record));
+  const spec = specFor(cfg, shape, record, true);
+  const jailer = await jailerFor(cfg);
+  const jail = jailer
+    ? await jailer.prepare({
+      name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
+      memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
+    })
+    : undefined;
+  if (jail) record.jail = jail.record;
+  let vmm: Vmm;
+  try {
+    vmm = await Vmm.spawn(spec, {
+      logPath: vmmFiles(opts.dir).qemuLog,
+      jail,
+      // Written the moment the process exists, so a server that dies while QEMU starts leaves a
+      // record the next start finds and stops it by.
+      onSpawned: (pid, startTicks) => {
+        record.pid = pid;
+        record.startTicks = startTicks;
+        writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record));
+      },
+    });
+  } catch (e) {
+    await jail?.release();
+    throw e;
+  }
   return { id: opts.id, dir: opts.dir, vmm, record };
 }
 
@@ -104,31 +127,57 @@ export async function finishRestore(pending: PendingVm, sandboxId: string): Prom
 
 /** Restores a checkpoint's device state (RAM comes from the mapped file) into a pending VMM. */
 export async function restoreCheckpoint(pending: PendingVm, deviceState: Buffer, sandboxId: string): Promise<LiveVm> {
-  await pending.vmm.restoreDeviceState(deviceState, vmmFiles(pending.dir).migrationSocket);
+  await pending.vmm.restoreDeviceState(deviceState);
   return finishRestore(pending, sandboxId);
 }
 
 /** Feeds a full migration stream (RAM included) from a file into a pending VMM. */
 export async function restoreStream(pending: PendingVm, statePath: string, timeoutMs = 120_000): Promise<void> {
-  const sock = vmmFiles(pending.dir).migrationSocket;
-  await pending.vmm.listenIncoming(sock, false);
   const done = pending.vmm.waitMigration(timeoutMs);
-  await new Promise<void>((resolve, reject) => {
-    const s = connect(sock);
-    s.once('error', reject);
-    s.once('connect', () => {
-      const rs = createReadStream(statePath);
-      rs.once('error', reject);
-      rs.pipe(s);
-      s.once('finish', () => resolve());
-    });
-  });
+  done.catch(() => {});
+  const sink = await pending.vmm.listenIncoming(false);
+  await pipeline(createReadStream(statePath), sink);
   await done;
+}
+
+/**
+ * Puts a new qcow2 top layer over a running VMM's disk (the first step of a live fork): the file is
+ * created here, shown to the VMM (its uid, its disks view) and then taken over with
+ * `blockdev-snapshot-sync mode=existing`, so a confined QEMU never creates files itself.
+ * Precondition: the VM is stopped.
+ */
+export async function snapshotUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk: string, nodeName: string): Promise<void> {
+  await createOverlay(newDisk, live.record.diskPath, 'qcow2');
+  try {
+    const jailer = live.record.jail ? await jailerFor(cfg) : null;
+    if (live.record.jail && jailer) jailer.exposeDisk(live.record.jail, live.record.dir, homePaths(cfg.home).disks, newDisk);
+    await live.vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': nodeName, format: 'qcow2', mode: 'existing' });
+  } catch (e) {
+    rmSync(newDisk, { force: true });
+    throw e;
+  }
+}
+
+/** How an adopted VMM is confined, from its record. */
+function confinementOf(rec: VmmRecord): VmmConfinement | undefined {
+  const jail = rec.jail;
+  if (!jail) return undefined;
+  return { uid: jail.uid, release: () => releaseJail(jail, { pid: rec.pid, startTicks: rec.startTicks }) };
+}
+
+/** Gives back the uid and cgroup of a recorded VMM whose process is gone (or never to be adopted). */
+export async function releaseRecorded(rec: VmmRecord): Promise<void> {
+  if (rec.jail) await releaseJail(rec.jail, { pid: rec.pid, startTicks: rec.startTicks });
+}
+
+/** Removes this home's VMM cgroups no process is in (run after reconcile has stopped every stray VMM). */
+export async function sweepConfinement(cfg: EngineConfig): Promise<void> {
+  await (await jailerFor(cfg))?.sweep();
 }
 
 /** Re-attaches to a running sandbox's VMM after a server restart. */
 export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, sandboxId: string): Promise<LiveVm | null> {
-  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false));
+  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false), confinementOf(rec));
   if (!vmm) return null;
   try {
     const status = await vmm.status();

@@ -29,6 +29,12 @@ export interface VmSpec {
   disks: VmDisk[];
   qmpSocket: string;
   agentSocket: string;
+  /**
+   * Listening sockets the server created (root, 0600) at qmpSocket/agentSocket and passes to QEMU
+   * as these inherited descriptors (`-chardev socket,fd=N,server=on`). Without them QEMU creates
+   * the sockets itself at the paths.
+   */
+  socketFds?: { qmp: number; agent: number };
   consoleLog: string;
   /** Start paused waiting for `migrate-incoming` (restore) instead of booting. */
   incoming: boolean;
@@ -72,11 +78,13 @@ export function qemuArgv(spec: VmSpec): string[] {
     argv.push('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny');
   }
   argv.push('-kernel', spec.kernel, '-initrd', spec.initrd, '-append', spec.cmdline);
-  argv.push('-chardev', `socket,id=qmp,path=${spec.qmpSocket},server=on,wait=off`, '-mon', 'chardev=qmp,mode=control');
+  const sock = (id: 'qmp' | 'agent', path: string) =>
+    `socket,id=${id},${spec.socketFds ? `fd=${spec.socketFds[id]}` : `path=${path}`},server=on,wait=off`;
+  argv.push('-chardev', sock('qmp', spec.qmpSocket), '-mon', 'chardev=qmp,mode=control');
   argv.push('-chardev', `file,id=console,path=${spec.consoleLog}`, '-serial', 'chardev:console');
   argv.push(
     '-device', 'virtio-serial-device,max_ports=2',
-    '-chardev', `socket,id=agent,path=${spec.agentSocket},server=on,wait=off`,
+    '-chardev', sock('agent', spec.agentSocket),
     '-device', 'virtserialport,chardev=agent,name=collimate.agent',
   );
   for (const d of spec.disks) {

@@ -1,9 +1,24 @@
-import { spawn } from 'node:child_process';
-import { createServer, connect, type Server, type Socket } from 'node:net';
-import { existsSync, openSync, closeSync, readFileSync, rmSync, createWriteStream } from 'node:fs';
+import { spawn, type StdioOptions } from 'node:child_process';
+import { createServer, type Server, type Socket } from 'node:net';
+import { openSync, closeSync, readFileSync, rmSync, createWriteStream, chmodSync, lchownSync, renameSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { QmpClient } from './qmp.js';
 import { qemuArgv, type VmSpec } from './argv.js';
+import type { JailLaunch } from './jail.js';
+
+/** Descriptors every VMM inherits: the QMP and agent listening sockets, the incoming migration stream. */
+const QMP_FD = 3;
+const AGENT_FD = 4;
+const INCOMING_FD = 5;
+
+/** How a VMM is confined, as far as the Vmm object needs to know: whom to hand sockets to, what to release. */
+export interface VmmConfinement {
+  uid: number;
+  /** Gives back the uid and removes the cgroup; called once the process is gone. */
+  release(): Promise<void>;
+}
 
 /**
  * One QEMU process. Spawned detached so that it outlives a crash of the server (the next start
@@ -15,6 +30,9 @@ import { qemuArgv, type VmSpec } from './argv.js';
 export class Vmm {
   private exited = false;
   private exitWaiters: Array<() => void> = [];
+  /** Our end of the socketpair QEMU reads an incoming migration from (`migrate-incoming fd:5`). */
+  private incoming?: Socket;
+  private released?: Promise<void>;
 
   private constructor(
     readonly pid: number,
@@ -22,44 +40,77 @@ export class Vmm {
     public qmp: QmpClient,
     /** process start time (clock ticks since boot, /proc/<pid>/stat field 22): a pid is only ours if it matches */
     readonly startTicks: string,
+    readonly confinement?: VmmConfinement,
   ) {}
 
-  static async spawn(spec: VmSpec, opts: { logPath: string; startPaused?: boolean; qmpTimeoutMs?: number }): Promise<Vmm> {
-    const argv = qemuArgv(spec);
+  /** The VMM's directory (its sockets and logs live there). */
+  get dir(): string {
+    return dirname(this.spec.qmpSocket);
+  }
+
+  /**
+   * Starts QEMU (confined by `jail` when given). The QMP and agent sockets are created here, by the
+   * server, mode 0600, and passed to QEMU as listening descriptors: QEMU never creates a socket
+   * the server trusts, and a confined QEMU needs no write access to any directory.
+   */
+  static async spawn(
+    spec: VmSpec,
+    opts: {
+      logPath: string; startPaused?: boolean; qmpTimeoutMs?: number; jail?: JailLaunch;
+      /** Called as soon as the process exists (before QMP is up), to record it: a crash from here on must find it. */
+      onSpawned?: (pid: number, startTicks: string) => void;
+    },
+  ): Promise<Vmm> {
+    const listeners = [await listenPrivate(spec.qmpSocket), await listenPrivate(spec.agentSocket)];
+    const full: VmSpec = { ...spec, socketFds: { qmp: QMP_FD, agent: AGENT_FD } };
+    const argv = qemuArgv(full);
     if (opts.startPaused) argv.push('-S');
-    for (const s of [spec.qmpSocket, spec.agentSocket]) rmSync(s, { force: true });
+    const launch = opts.jail ? opts.jail.command(argv) : { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
     const logFd = openSync(opts.logPath, 'a');
-    const child = spawn(argv[0], argv.slice(1), { detached: true, stdio: ['ignore', logFd, logFd] });
-    closeSync(logFd);
+    const stdio: StdioOptions = ['ignore', logFd, logFd, serverFd(listeners[0]), serverFd(listeners[1]), spec.incoming ? 'pipe' : 'ignore'];
+    let child;
+    try {
+      child = spawn(launch.file, launch.args, { detached: true, stdio, env: launch.env });
+    } finally {
+      closeSync(logFd);
+      // QEMU holds its own copies now; ours must not accept its clients.
+      for (const l of listeners) l.close();
+    }
     child.unref();
+    const incoming = spec.incoming ? ((child.stdio as unknown as Array<Socket | null>)[INCOMING_FD] ?? undefined) : undefined;
+    incoming?.on('error', () => { /* QEMU went away; the migration wait reports it */ });
+    incoming?.unref();
     const pid = child.pid;
     if (pid === undefined) throw new Error('QEMU failed to spawn');
+    const startTicks = procStartTicks(pid) ?? '';
+    opts.jail?.bind({ pid, startTicks });
+    opts.onSpawned?.(pid, startTicks);
     let exitInfo: string | undefined;
     child.once('exit', (code, sig) => { exitInfo = `exited with ${code ?? sig}`; });
     const deadline = Date.now() + (opts.qmpTimeoutMs ?? 10_000);
     let qmp: QmpClient | undefined;
     while (!qmp) {
-      if (exitInfo) throw new Error(`QEMU ${exitInfo}: ${tail(opts.logPath)}`);
+      if (exitInfo) { incoming?.destroy(); throw new Error(`QEMU ${exitInfo}: ${tail(opts.logPath)}`); }
       if (Date.now() > deadline) {
+        incoming?.destroy();
         try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
         throw new Error(`QEMU QMP socket did not come up: ${tail(opts.logPath)}`);
       }
-      if (existsSync(spec.qmpSocket)) {
-        try { qmp = await QmpClient.connect(spec.qmpSocket, 5000); } catch { await sleep(2); }
-      } else await sleep(2);
+      try { qmp = await QmpClient.connect(spec.qmpSocket, 5000); } catch { await sleep(2); }
     }
-    const vmm = new Vmm(pid, spec, qmp, procStartTicks(pid) ?? '');
+    const vmm = new Vmm(pid, full, qmp, startTicks, opts.jail ? { uid: opts.jail.uid, release: () => opts.jail!.release() } : undefined);
+    vmm.incoming = incoming;
     child.once('exit', () => vmm.markExited());
     qmp.once('closed', () => { if (!isAlive(pid)) vmm.markExited(); });
     return vmm;
   }
 
   /** Re-attaches to a QEMU left running by an earlier server process. Null if it is not ours any more. */
-  static async adopt(pid: number, startTicks: string, spec: VmSpec): Promise<Vmm | null> {
+  static async adopt(pid: number, startTicks: string, spec: VmSpec, confinement?: VmmConfinement): Promise<Vmm | null> {
     if (!isAlive(pid) || procStartTicks(pid) !== startTicks) return null;
     let qmp: QmpClient;
     try { qmp = await QmpClient.connect(spec.qmpSocket, 3000); } catch { return null; }
-    const vmm = new Vmm(pid, spec, qmp, startTicks);
+    const vmm = new Vmm(pid, spec, qmp, startTicks, confinement);
     // Not our child any more: poll for its exit instead of a process 'exit' event.
     const poll = setInterval(() => { if (!isAlive(pid)) { clearInterval(poll); vmm.markExited(); } }, 500);
     poll.unref();
@@ -101,36 +152,57 @@ export class Vmm {
    * Live-migrates the whole VM (RAM included) into a VMM listening on `destSock` — the receiving side
    * of a live fork. The source is stopped first so the copy is a consistent point in time.
    */
-  async migrateTo(destUri: string, timeoutMs = 120_000): Promise<void> {
+  async migrateTo(dest: Vmm, timeoutMs = 120_000): Promise<void> {
+    // The two VMMs see different mount views (and run as different uids), so neither can reach a
+    // socket of the other: the server relays, from a socket in this VMM's directory to the
+    // destination's incoming stream.
+    const sink = await dest.listenIncoming(false);
+    const received = dest.waitMigration(timeoutMs);
+    received.catch(() => {});
     await this.qmp.execute('stop');
     await this.qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: false }, { capability: 'events', state: true }] });
     // The default bandwidth cap (~32 MiB/s) would make a fork take seconds; this is a local copy.
     await this.qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
-    const done = this.waitMigration(timeoutMs);
-    await this.qmp.execute('migrate', { uri: destUri });
-    await done;
+    const sockPath = join(this.dir, 'migrate-out.sock');
+    const server = await this.listenForQemu(sockPath, (sock) => { sock.pipe(sink); });
+    try {
+      const sent = this.waitMigration(timeoutMs);
+      sent.catch(() => {});
+      await this.qmp.execute('migrate', { uri: `unix:${sockPath}` });
+      await sent;
+      await received;
+    } catch (e) {
+      sink.destroy();
+      throw e;
+    } finally {
+      server.close();
+      rmSync(sockPath, { force: true });
+    }
   }
 
   /** Restores device state into a VMM started with `-incoming defer` whose RAM file already holds the memory. */
-  async restoreDeviceState(state: Buffer, sockPath: string, timeoutMs = 30_000): Promise<void> {
-    await this.qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }, { capability: 'events', state: true }] });
-    rmSync(sockPath, { force: true });
+  async restoreDeviceState(state: Buffer, timeoutMs = 30_000): Promise<void> {
     const done = this.waitMigration(timeoutMs);
-    await this.qmp.execute('migrate-incoming', { uri: `unix:${sockPath}` });
-    await writeToUnix(sockPath, state);
+    done.catch(() => {});
+    const sink = await this.listenIncoming(true);
+    sink.end(state);
     await done;
   }
 
-  /** Prepares this VMM (started with -incoming defer) to receive a full live migration on `sockPath`. */
-  async listenIncoming(sockPath: string, ignoreShared: boolean): Promise<void> {
+  /**
+   * Starts the incoming migration of a VMM spawned with `-incoming defer` and returns the stream
+   * to write it to: QEMU reads it from an inherited socketpair (`migrate-incoming fd:5`), so no
+   * listening socket exists anywhere for anyone else to connect to. Once per VMM.
+   */
+  async listenIncoming(ignoreShared: boolean): Promise<Socket> {
+    const sink = this.incoming;
+    if (!sink || sink.destroyed) throw new Error('this VMM cannot receive a migration (not spawned -incoming, or already received one)');
+    this.incoming = undefined;
     await this.qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: ignoreShared }, { capability: 'events', state: true }] });
-    rmSync(sockPath, { force: true });
-    await this.qmp.execute('migrate-incoming', { uri: `unix:${sockPath}` });
-    const deadline = Date.now() + 5000;
-    while (!existsSync(sockPath)) {
-      if (Date.now() > deadline) throw new Error('incoming migration socket did not appear');
-      await sleep(1);
-    }
+    await this.qmp.execute('migrate-incoming', { uri: `fd:${INCOMING_FD}` });
+    sink.ref();
+    sink.once('close', () => sink.unref());
+    return sink;
   }
 
   waitMigration(timeoutMs: number): Promise<void> {
@@ -161,14 +233,24 @@ export class Vmm {
 
   /** Stops the VMM: QMP quit, then SIGKILL if it lingers. Idempotent. */
   async kill(graceMs = 2000): Promise<void> {
-    if (!this.alive) { this.qmp.close(); return; }
-    try { await this.qmp.execute('quit', undefined, 1000); } catch { /* already going */ }
-    const exited = await this.waitExit(graceMs);
-    if (!exited) {
-      try { process.kill(this.pid, 'SIGKILL'); } catch { /* gone */ }
-      await this.waitExit(5000);
+    this.incoming?.destroy();
+    if (this.alive) {
+      try { await this.qmp.execute('quit', undefined, 1000); } catch { /* already going */ }
+      const exited = await this.waitExit(graceMs);
+      if (!exited) {
+        try { process.kill(this.pid, 'SIGKILL'); } catch { /* gone */ }
+        await this.waitExit(5000);
+      }
     }
     this.qmp.close();
+    if (!isAlive(this.pid)) await this.release();
+  }
+
+  /** Gives back the uid and cgroup of a VMM whose process is gone. Idempotent. */
+  private release(): Promise<void> {
+    if (!this.confinement) return Promise.resolve();
+    this.released ??= this.confinement.release().catch(() => {});
+    return this.released;
   }
 
   waitExit(timeoutMs: number): Promise<boolean> {
@@ -186,14 +268,27 @@ export class Vmm {
   private markExited(): void {
     if (this.exited) return;
     this.exited = true;
+    this.incoming?.destroy();
     for (const w of this.exitWaiters.splice(0)) w();
+    void this.release();
+  }
+
+  /**
+   * A socket for this QEMU to connect to (outgoing migrations): created by the server in the VMM's
+   * root-owned directory, mode 0600, owned by the VMM's uid so that it alone may connect.
+   */
+  private async listenForQemu(sockPath: string, onConnection: (s: Socket) => void): Promise<Server> {
+    rmSync(sockPath, { force: true });
+    const server: Server = createServer(onConnection);
+    await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(sockPath, () => resolve()); });
+    chmodSync(sockPath, 0o600);
+    if (this.confinement) lchownSync(sockPath, this.confinement.uid, this.confinement.uid);
+    return server;
   }
 
   private async migrateToFile(path: string, sockPath: string): Promise<void> {
-    rmSync(sockPath, { force: true });
     const out = createWriteStream(path);
-    const server: Server = createServer((sock: Socket) => { sock.pipe(out); });
-    await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(sockPath, () => resolve()); });
+    const server = await this.listenForQemu(sockPath, (sock: Socket) => { sock.pipe(out); });
     try {
       const done = this.waitMigration(60_000);
       const written = new Promise<void>((resolve, reject) => { out.once('finish', () => resolve()); out.once('error', reject); });
@@ -207,19 +302,22 @@ export class Vmm {
   }
 }
 
-function writeToUnix(path: string, data: Buffer): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const attempt = (left: number) => {
-      const s = connect(path);
-      s.once('error', (e) => {
-        s.destroy();
-        if (left > 0) setTimeout(() => attempt(left - 1), 1);
-        else reject(e);
-      });
-      s.once('connect', () => { s.end(data, () => resolve()); });
-    };
-    attempt(2000);
-  });
+/** Listens on `path` (root, 0600): created under a temporary name, then renamed into place. */
+async function listenPrivate(path: string): Promise<Server> {
+  // The temporary name also keeps libuv from unlinking `path` when our handle closes.
+  const tmp = `${path}.${randomBytes(3).toString('hex')}`;
+  const server = createServer((s) => s.destroy());
+  await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(tmp, () => resolve()); });
+  chmodSync(tmp, 0o600);
+  renameSync(tmp, path);
+  return server;
+}
+
+/** The descriptor of a listening server (libuv exposes it on Unix). */
+function serverFd(server: Server): number {
+  const fd = (server as unknown as { _handle?: { fd?: number } })._handle?.fd;
+  if (typeof fd !== 'number' || fd < 0) throw new Error('cannot get the descriptor of a listening socket');
+  return fd;
 }
 
 export function isAlive(pid: number): boolean {

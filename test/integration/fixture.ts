@@ -2,6 +2,7 @@ import { mkdtempSync, mkdirSync, readdirSync, existsSync, readFileSync } from 'n
 import { join } from 'node:path';
 import assert from 'node:assert/strict';
 import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
+import { jailerFor } from '../../src/vmm/jail.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
 export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -52,7 +53,7 @@ function walk(dir: string, out: string[] = []): string[] {
 
 /**
  * The leak check: after every sandbox is deleted and the engine closed, no QEMU process, socket,
- * per-sandbox file, fork point or RAM file of this home may remain.
+ * per-sandbox file, fork point, RAM file or VMM cgroup of this home may remain.
  */
 export async function assertNoLeaks(engine: Engine, home: string): Promise<void> {
   const ramDir = engine.cfg.ramDir;
@@ -67,4 +68,6 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
   assert.deepEqual(walk(home).filter((f) => f.endsWith('.sock')), [], 'sockets left');
   const ram = existsSync(ramDir) ? readdirSync(ramDir).filter((f) => !f.startsWith('artifact-')) : [];
   assert.deepEqual(ram, [], 'RAM files left');
+  const jailer = await jailerFor(engine.cfg);
+  if (jailer) assert.deepEqual(jailer.cgroupDirs(), [], 'VMM cgroups left');
 }

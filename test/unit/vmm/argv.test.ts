@@ -59,6 +59,13 @@ test('QEMU argv of a restored TCG child is pinned', () => {
   );
 });
 
+test('with server-made sockets QEMU gets listening descriptors instead of paths', () => {
+  const argv = qemuArgv({ ...spec, socketFds: { qmp: 3, agent: 4 } }).join(' ');
+  assert.ok(argv.includes('-chardev socket,id=qmp,fd=3,server=on,wait=off -mon chardev=qmp,mode=control'));
+  assert.ok(argv.includes('-chardev socket,id=agent,fd=4,server=on,wait=off -device virtserialport,chardev=agent,name=collimate.agent'));
+  assert.ok(!argv.includes('qmp.sock') && !argv.includes('agent.sock'));
+});
+
 test('KVM argv uses the host CPU without arch-capabilities; a template is share=on and boots', () => {
   const argv = qemuArgv({ ...spec, accel: 'kvm', memShared: true, incoming: false, seccomp: false });
   assert.deepEqual(argv.slice(3, 7), ['-accel', 'kvm', '-cpu', 'host,-arch-capabilities']);

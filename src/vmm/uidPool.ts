@@ -1,0 +1,148 @@
+import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmdirSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
+import { randomInt } from 'node:crypto';
+
+/**
+ * Host-wide allocation of VMM uids from a range (default 200000…265535). Every VMM gets a uid of its
+ * own, so that one compromised QEMU cannot signal, ptrace or read /proc/<pid>/{mem,root} of another
+ * (those checks compare uids), nor open another's files. The range is shared by every Collimate
+ * server on the host (several data directories, concurrent test files), so claims are files in one
+ * directory on /run, created with O_EXCL: `<dir>/<uid>` holds the pid and start time of the process
+ * that owns it — the server while it prepares the spawn, then the QEMU process.
+ *
+ * A claim is stale when its owner is gone and no process runs with that uid (an orphaned QEMU
+ * whose claim still names the server that crashed keeps its uid).
+ */
+export interface ClaimOwner {
+  pid: number;
+  startTicks: string;
+}
+
+export class UidPool {
+  constructor(readonly dir: string, readonly base: number, readonly count: number) {
+    if (!Number.isInteger(base) || base < 1000 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
+      throw new Error(`bad VMM uid range ${base}+${count}`);
+    }
+  }
+
+  /** A free uid, claimed for `owner`. */
+  claim(owner: ClaimOwner): number {
+    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
+    const start = randomInt(this.count);
+    for (let i = 0; i < this.count; i++) {
+      const uid = this.base + ((start + i) % this.count);
+      if (this.tryClaim(uid, owner)) return uid;
+      if (this.reclaim(uid, owner)) return uid;
+    }
+    throw new Error(`no free VMM uid in ${this.base}…${this.base + this.count - 1} (${this.count} in use)`);
+  }
+
+  /** Hands the claim over to the VMM process once it runs. */
+  bind(uid: number, owner: ClaimOwner): void {
+    const tmp = `${this.path(uid)}.${process.pid}.tmp`;
+    const fd = openSync(tmp, 'w', 0o600);
+    try { writeSync(fd, JSON.stringify(owner)); } finally { closeSync(fd); }
+    renameSync(tmp, this.path(uid));
+  }
+
+  /** Releases `uid` if `owner` still holds it. */
+  release(uid: number, owner: ClaimOwner): void {
+    releaseClaim(this.path(uid), owner);
+  }
+
+  owner(uid: number): ClaimOwner | null {
+    return readClaim(this.path(uid));
+  }
+
+  claimPath(uid: number): string {
+    return this.path(uid);
+  }
+
+  /** Uids claimed right now (for tests and diagnostics). */
+  claimed(): number[] {
+    try {
+      return readdirSync(this.dir).filter((n) => /^\d+$/.test(n)).map(Number);
+    } catch {
+      return [];
+    }
+  }
+
+  private path(uid: number): string {
+    return join(this.dir, String(uid));
+  }
+
+  private tryClaim(uid: number, owner: ClaimOwner): boolean {
+    let fd: number;
+    try {
+      fd = openSync(this.path(uid), 'wx', 0o600);
+    } catch {
+      return false;
+    }
+    try { writeSync(fd, JSON.stringify(owner)); } finally { closeSync(fd); }
+    return true;
+  }
+
+  /** Takes over a stale claim, under a lock so that two servers cannot both take the same one. */
+  private reclaim(uid: number, owner: ClaimOwner): boolean {
+    const lock = join(this.dir, '.reclaim.lock');
+    try {
+      mkdirSync(lock);
+    } catch {
+      // A lock left by a crashed server expires after a few seconds.
+      try { if (Date.now() - statSync(lock).mtimeMs > 5000) rmdirSync(lock); } catch { /* gone */ }
+      return false;
+    }
+    try {
+      if (!this.isStale(uid)) return false;
+      try { unlinkSync(this.path(uid)); } catch { /* gone */ }
+      return this.tryClaim(uid, owner);
+    } finally {
+      try { rmdirSync(lock); } catch { /* gone */ }
+    }
+  }
+
+  private isStale(uid: number): boolean {
+    const o = this.owner(uid);
+    // Unreadable or half-written: stale only if nothing runs as that uid.
+    if (o && processMatches(o)) return false;
+    return !uidInUse(uid);
+  }
+}
+
+function readClaim(path: string): ClaimOwner | null {
+  try {
+    const v = JSON.parse(readFileSync(path, 'utf8'));
+    return typeof v?.pid === 'number' && typeof v?.startTicks === 'string' ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Removes the claim file at `path` if it names `owner`: a uid someone else has since claimed is left alone. */
+export function releaseClaim(path: string, owner: ClaimOwner): void {
+  const cur = readClaim(path);
+  if (!cur || cur.pid !== owner.pid || cur.startTicks !== owner.startTicks) return;
+  try { unlinkSync(path); } catch { /* already gone */ }
+}
+
+export function processMatches(o: ClaimOwner): boolean {
+  try {
+    const stat = readFileSync(`/proc/${o.pid}/stat`, 'utf8');
+    const rest = stat.slice(stat.lastIndexOf(')') + 2);
+    if (rest[0] === 'Z') return false;
+    return rest.split(' ')[19] === o.startTicks;
+  } catch {
+    return false;
+  }
+}
+
+/** Whether any process runs with effective uid `uid` (/proc/<pid> is owned by it). */
+export function uidInUse(uid: number): boolean {
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      if (statSync(`/proc/${p}`).uid === uid) return true;
+    } catch { /* exited meanwhile */ }
+  }
+  return false;
+}

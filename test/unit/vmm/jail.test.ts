@@ -1,0 +1,146 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { launchScript, vmmBinds, systemBinds, backingChain, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
+import { UidPool, releaseClaim } from '../../../src/vmm/uidPool.ts';
+
+test('vmmBinds: own dir, the links dir shown as the disks dir, shared files read-only, nothing bound twice', () => {
+  const binds = vmmBinds({
+    dir: '/h/sandboxes/sbx_1',
+    linksDir: '/h/sandboxes/sbx_1/disks',
+    disksDir: '/h/disks',
+    chain: ['/h/disks/sbx_1-a.qcow2', '/h/disks/sbx_0-b.qcow2', '/c/artifacts/k/b/disk.raw'],
+    memPath: '/dev/shm/c/artifact.mem',
+    memOwn: false,
+    readonlyFiles: ['/c/k/vmlinuz', '/c/k/initramfs.cpio', '/c/l/base.erofs', '/c/artifacts/k/b/disk.raw'],
+  });
+  assert.deepEqual(binds, [
+    { src: '/h/sandboxes/sbx_1', dst: '/h/sandboxes/sbx_1', kind: 'dir', ro: false },
+    { src: '/h/sandboxes/sbx_1/disks', dst: '/h/disks', kind: 'dir', ro: false },
+    { src: '/c/artifacts/k/b/disk.raw', dst: '/c/artifacts/k/b/disk.raw', kind: 'file', ro: true },
+    { src: '/dev/shm/c/artifact.mem', dst: '/dev/shm/c/artifact.mem', kind: 'file', ro: true },
+    { src: '/c/k/vmlinuz', dst: '/c/k/vmlinuz', kind: 'file', ro: true },
+    { src: '/c/k/initramfs.cpio', dst: '/c/k/initramfs.cpio', kind: 'file', ro: true },
+    { src: '/c/l/base.erofs', dst: '/c/l/base.erofs', kind: 'file', ro: true },
+  ]);
+});
+
+test('vmmBinds: a template boot writes its RAM file; its disk lives in its own dir; no disks dir', () => {
+  const binds = vmmBinds({
+    dir: '/c/artifacts/k/tmp-1', linksDir: '/c/artifacts/k/tmp-1/disks', disksDir: '/c/disks',
+    chain: ['/c/artifacts/k/tmp-1/disk.raw'], memPath: '/dev/shm/c/artifact-k.mem', memOwn: true, readonlyFiles: [],
+  });
+  assert.deepEqual(binds, [
+    { src: '/c/artifacts/k/tmp-1', dst: '/c/artifacts/k/tmp-1', kind: 'dir', ro: false },
+    { src: '/dev/shm/c/artifact-k.mem', dst: '/dev/shm/c/artifact-k.mem', kind: 'file', ro: false },
+  ]);
+});
+
+test('the launch script is pinned: cgroup, new root, binds, private proc, pivot, setpriv', () => {
+  const plan: ViewPlan = {
+    root: '/run/collimate/vmroot',
+    cgroupProcs: ['/sys/fs/cgroup/memory/collimate/t-sbx_1/cgroup.procs', '/sys/fs/cgroup/pids/collimate/t-sbx_1/cgroup.procs'],
+    binds: [
+      ...systemBinds({ accel: 'tcg', qemuBinary: 'qemu-system-x86_64', hasLdCache: true }),
+      { src: '/h/sandboxes/sbx_1', dst: '/h/sandboxes/sbx_1', kind: 'dir', ro: false },
+      { src: '/h/sandboxes/sbx_1/disks', dst: '/h/disks', kind: 'dir', ro: false },
+      { src: '/dev/shm/c/a.mem', dst: '/dev/shm/c/a.mem', kind: 'file', ro: true },
+    ],
+    symlinks: [['/bin', 'usr/bin'], ['/lib64', 'usr/lib64']],
+    proc: 'private',
+    uid: 200123,
+    gid: 200123,
+    groups: [],
+    env: { LD_PRELOAD: '/c/assets/ramro/libcollimate-ramro.so', COLLIMATE_RAM_RO: '/dev/shm/c/a.mem' },
+  };
+  assert.equal(launchScript(plan), [
+    'set -eu',
+    "echo $$ > '/sys/fs/cgroup/memory/collimate/t-sbx_1/cgroup.procs'",
+    "echo $$ > '/sys/fs/cgroup/pids/collimate/t-sbx_1/cgroup.procs'",
+    "mount -n -t tmpfs -o mode=0755,size=1m,nr_inodes=4096,nosuid,nodev collimate-vm '/run/collimate/vmroot'",
+    "cd '/run/collimate/vmroot'",
+    "mkdir -p './.old' './dev' './dev/shm/c' './etc' './h/disks' './h/sandboxes/sbx_1' './proc' './usr'",
+    "touch './dev/full' './dev/null' './dev/random' './dev/urandom' './dev/zero' './etc/ld.so.cache' './dev/shm/c/a.mem'",
+    "ln -s 'usr/bin' './bin'",
+    "ln -s 'usr/lib64' './lib64'",
+    "mount -n --bind -o ro,nosuid,nodev '/usr' './usr'",
+    "mount -n --bind '/dev/full' './dev/full'",
+    "mount -n --bind '/dev/null' './dev/null'",
+    "mount -n --bind '/dev/random' './dev/random'",
+    "mount -n --bind '/dev/urandom' './dev/urandom'",
+    "mount -n --bind '/dev/zero' './dev/zero'",
+    "mount -n --bind -o ro,nosuid,nodev '/etc/ld.so.cache' './etc/ld.so.cache'",
+    "mount -n --bind -o nosuid,nodev,noexec '/h/sandboxes/sbx_1/disks' './h/disks'",
+    "mount -n --bind -o nosuid,nodev,noexec '/h/sandboxes/sbx_1' './h/sandboxes/sbx_1'",
+    "mount -n --bind -o ro,nosuid,nodev '/dev/shm/c/a.mem' './dev/shm/c/a.mem'",
+    'mount -n -t proc -o nosuid,nodev,noexec,hidepid=2 proc ./proc',
+    'pivot_root . ./.old',
+    'umount -n -l /.old',
+    'rmdir /.old',
+    'mount -n -o remount,ro,nosuid,nodev /',
+    'cd /',
+    "export LD_PRELOAD='/c/assets/ramro/libcollimate-ramro.so'",
+    "export COLLIMATE_RAM_RO='/dev/shm/c/a.mem'",
+    'exec setpriv --reuid=200123 --regid=200123 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all -- "$@"',
+    '',
+  ].join('\n'));
+});
+
+test('KVM views add /dev/kvm and a read-only /sys; the kvm group is the only group kept', () => {
+  const b = systemBinds({ accel: 'kvm', qemuBinary: '/opt/qemu/bin/qemu-system-x86_64', hasLdCache: false });
+  assert.ok(b.some((x) => x.dst === '/dev/kvm' && !x.ro));
+  assert.ok(b.some((x) => x.dst === '/sys' && x.ro));
+  assert.ok(b.some((x) => x.dst === '/opt/qemu/bin/qemu-system-x86_64' && x.ro), 'a QEMU outside /usr is bound in');
+  assert.ok(!b.some((x) => x.dst === '/etc/ld.so.cache'));
+  const script = launchScript({ root: '/r', cgroupProcs: [], binds: b, symlinks: [], proc: 'bind', uid: 1, gid: 1, groups: [108], env: {} });
+  assert.match(script, /--groups=108 --no-new-privs/);
+  assert.match(script, /mount -n --rbind \/proc \.\/proc/);
+});
+
+test('shell quoting survives quotes and spaces', () => {
+  assert.equal(shq("a b'c"), `'a b'\\''c'`);
+});
+
+test('backingChain follows qcow2 headers (absolute and relative names) and stops at a raw image', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'chain-'));
+  const qcow2 = (path: string, backing?: string) => {
+    const name = backing ? Buffer.from(backing) : Buffer.alloc(0);
+    const h = Buffer.alloc(512);
+    h.writeUInt32BE(0x514649fb, 0);
+    h.writeUInt32BE(3, 4);
+    if (backing) { h.writeBigUInt64BE(256n, 8); h.writeUInt32BE(name.length, 16); name.copy(h, 256); }
+    writeFileSync(path, h);
+  };
+  writeFileSync(join(dir, 'base.raw'), Buffer.alloc(4096));
+  qcow2(join(dir, 'mid.qcow2'), join(dir, 'base.raw'));
+  qcow2(join(dir, 'top.qcow2'), 'mid.qcow2');
+  assert.deepEqual(backingChain(join(dir, 'top.qcow2')), [join(dir, 'top.qcow2'), join(dir, 'mid.qcow2'), join(dir, 'base.raw')]);
+  qcow2(join(dir, 'loop.qcow2'), 'loop.qcow2');
+  assert.throws(() => backingChain(join(dir, 'loop.qcow2')), /loops/);
+});
+
+test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed, release checks the owner', () => {
+  const dir = join(mkdtempSync(join(tmpdir(), 'uids-')), 'uids');
+  const self = { pid: process.pid, startTicks: readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ')[19] };
+  // Two uids only, in a range no process runs as.
+  const pool = new UidPool(dir, 3_000_000_000 % 2 ** 31, 2);
+  const a = pool.claim(self);
+  const b = pool.claim(self);
+  assert.notEqual(a, b);
+  assert.throws(() => pool.claim(self), /no free VMM uid/);
+  // A claim whose owner is gone is taken over.
+  const dead = { pid: 2 ** 22 + 12345, startTicks: '1' };
+  pool.bind(a, dead);
+  const c = pool.claim(self);
+  assert.equal(c, a);
+  assert.deepEqual(pool.owner(c), self);
+  // Releasing with the wrong owner leaves the claim alone.
+  pool.release(b, dead);
+  assert.ok(existsSync(pool.claimPath(b)));
+  releaseClaim(pool.claimPath(b), self);
+  assert.ok(!existsSync(pool.claimPath(b)));
+  assert.deepEqual(pool.claimed(), [a]);
+  mkdirSync(dir, { recursive: true });
+});
