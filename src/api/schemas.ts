@@ -429,6 +429,12 @@ export const Health = named(
     status: z.enum(['ok', 'starting', 'shutting_down']),
     accel: z.string(),
     templates_ready: z.boolean(),
+    mode: described(z.enum(['development', 'production']), '`development` without KVM (TCG): QEMU does not treat TCG guest escapes as security bugs, so guests are not a security boundary.').optional(),
+    isolation: z.string().optional(),
+    confinement: described(
+      z.strictObject({ enabled: z.boolean(), cgroups: z.string().optional(), reason: z.string().optional() }),
+      'Whether VMM processes run confined (own uid, no capabilities, private mount view) and which cgroup layout limits them.',
+    ).optional(),
   }),
 );
 

@@ -32,7 +32,7 @@ export interface BuildServerOptions {
   /** Own images and environments (Pro); without it those endpoints answer 404 not_found. */
   images?: ImageService;
   /** Readiness for /healthz; defaults to the service's isReady()/accel when it has them. */
-  health?: () => { ready: boolean; accel: string };
+  health?: () => HealthInfo;
   /** Period of the metering reconcile against service.list(); 0 disables the timer. Default 10 s, or 60 s when the service emits transition events. */
   reconcileIntervalMs?: number;
   maxJsonBodyBytes?: number;
@@ -40,6 +40,16 @@ export interface BuildServerOptions {
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
+}
+
+/** What /healthz reports beyond readiness: the accelerator mode and how VMMs are confined (docs/security.md). */
+export interface HealthInfo {
+  ready: boolean;
+  accel: string;
+  /** `development` under TCG: guests are not a security boundary (QEMU's security policy). */
+  mode?: 'development' | 'production';
+  isolation?: string;
+  confinement?: { enabled: boolean; cgroups?: string; reason?: string };
 }
 
 export interface ApiServer {
@@ -289,7 +299,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   const meter = new Meter(db, now);
   const admission = new Admission(service);
   const svc = service as SandboxService & { isReady?: () => boolean; accel?: string; poolSizes?: () => Record<string, number> };
-  const health =
+  const health: () => HealthInfo =
     opts.health ?? (() => ({ ready: typeof svc.isReady === 'function' ? svc.isReady() : true, accel: svc.accel ?? 'unknown' }));
 
   const listAll = (): SandboxInfo[] => {
@@ -703,7 +713,12 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     health() {
       const h = health();
       const status = draining ? 'shutting_down' : h.ready ? 'ok' : 'starting';
-      return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready } };
+      const extra = {
+        ...(h.mode ? { mode: h.mode } : {}),
+        ...(h.isolation ? { isolation: h.isolation } : {}),
+        ...(h.confinement ? { confinement: h.confinement } : {}),
+      };
+      return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
     },
 
     metrics({ reply }) {

@@ -35,7 +35,9 @@ class UsageError extends Error {}
 const USAGE = `collimate — self-hosted sandbox cloud
 
 Server
-  collimate serve [--host 127.0.0.1] [--port 7070] [--home DIR]
+  collimate serve [--host 127.0.0.1] [--port 7070] [--home DIR] [--allow-tcg]
+      Without KVM (TCG) the server runs in development mode; serving more than one tenant or
+      listening beyond loopback then needs --allow-tcg (see docs/security.md).
 
 API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate)
   collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N]   prints the key on its last line
@@ -136,12 +138,96 @@ function printSandbox(io: Io, s: any, asJson: boolean | undefined): void {
 
 // ---------------------------------------------------------------------------------------------
 
+/** Exit status of a `serve` that refuses to start because of the accelerator policy (sysexits EX_CONFIG). */
+export const EXIT_TCG_REFUSED = 78;
+
+export const QEMU_SECURITY_POLICY_URL = 'https://www.qemu.org/docs/master/system/security.html';
+
+export function isLoopbackHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '').toLowerCase();
+  return h === 'localhost' || h === '::1' || /^127\.\d+\.\d+\.\d+$/.test(h);
+}
+
+/**
+ * The accelerator policy of `serve`. QEMU treats only KVM-accelerated guests as a security
+ * boundary; under TCG a guest escape is not a QEMU security bug. So without KVM the server runs in
+ * an explicit development mode, and refuses what would make it a shared service — more than one
+ * tenant, or an address beyond loopback — unless the operator passes --allow-tcg.
+ * With KVM nothing is refused.
+ */
+export function tcgPolicy(opts: { accel: 'kvm' | 'tcg'; accelReason: string; host: string; tenants: number; allowTcg: boolean }):
+  { refuse: false; banner?: string } | { refuse: true; message: string } {
+  if (opts.accel === 'kvm') return { refuse: false };
+  const why: string[] = [];
+  if (opts.tenants > 1) why.push(`the keys table has ${opts.tenants} tenants`);
+  if (!isLoopbackHost(opts.host)) why.push(`--host ${opts.host} listens beyond loopback`);
+  if (why.length > 0 && !opts.allowTcg) {
+    return {
+      refuse: true,
+      message:
+        `collimate: refusing to serve: ${why.join(' and ')}, but this host has no usable KVM (accelerator TCG: ${opts.accelReason}).\n` +
+        `  QEMU's security policy treats only KVM-accelerated guests as a security boundary; a guest escaping TCG\n` +
+        `  is not a QEMU security bug (${QEMU_SECURITY_POLICY_URL}), so tenants would not be isolated from each other or the host.\n` +
+        `  Run on a host with hardware virtualization (kvm_intel or kvm_amd loaded), or pass --allow-tcg to serve anyway\n` +
+        `  (development and trusted tenants only).\n`,
+    };
+  }
+  return {
+    refuse: false,
+    banner:
+      `collimate: DEVELOPMENT MODE: accelerator TCG (${opts.accelReason}); QEMU does not treat TCG guest escapes as security bugs, ` +
+      `so guests are not a security boundary here (${QEMU_SECURITY_POLICY_URL})${why.length ? `; serving anyway (--allow-tcg): ${why.join(' and ')}` : ''}\n`,
+  };
+}
+
+/** A second tenant on a host without KVM changes what `serve` will do: say so when the key is made. */
+async function warnMultiTenantTcg(db: { prepare(sql: string): { get(): unknown } }, io: Io): Promise<void> {
+  const n = (db.prepare('SELECT COUNT(DISTINCT tenant) AS n FROM api_keys WHERE revoked_at IS NULL').get() as { n: number }).n;
+  if (n < 2) return;
+  const { detectAccel } = await import('../vmm/accel.js');
+  let accel;
+  try { accel = detectAccel(io.env); } catch { return; }
+  if (accel.accel === 'tcg') {
+    io.err(`note: ${n} tenants now hold keys and this host has no usable KVM (${accel.reason}): \`collimate serve\` will refuse to start without --allow-tcg (a running server keeps running; see docs/security.md)\n`);
+  }
+}
+
+/** Tenants that hold a key that can still authenticate. */
+async function countTenants(dir: string): Promise<number> {
+  const { openDb } = await import('../store/db.js');
+  const db = openDb(dbPathOf(dir));
+  try {
+    return (db.prepare('SELECT COUNT(DISTINCT tenant) AS n FROM api_keys WHERE revoked_at IS NULL').get() as { n: number }).n;
+  } finally {
+    db.close();
+  }
+}
+
+/** How this server's VMMs are confined, for /healthz (docs/security.md). */
+async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cacheDir: string } }): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
+  if (!engine.cfg?.jail) return { enabled: false, reason: 'engine without VMM confinement' };
+  const { jailerFor, jailAvailability } = await import('../vmm/jail.js');
+  const j = await jailerFor(engine.cfg);
+  if (!j) return { enabled: false, reason: jailAvailability(engine.cfg.jail).reason };
+  const st = j.status();
+  return { enabled: true, cgroups: st.cgroups };
+}
+
 async function serve(args: string[], io: Io): Promise<number> {
-  const { values } = parse(args, { ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' } });
+  const { values } = parse(args, { ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' }, 'allow-tcg': { type: 'boolean' } });
   const dir = homeDir(values.home, io);
   const host = values.host ?? '127.0.0.1';
   const port = num(values.port, 'port') ?? 7070;
   await import('../api/migrations.js'); // register the API's tables before the engine opens the db
+  // The accelerator policy is decided before anything is spawned.
+  const { detectAccel } = await import('../vmm/accel.js');
+  const accel = detectAccel(io.env);
+  const policy = tcgPolicy({ accel: accel.accel, accelReason: accel.reason, host, tenants: await countTenants(dir), allowTcg: values['allow-tcg'] === true });
+  if (policy.refuse) {
+    io.err(policy.message);
+    return EXIT_TCG_REFUSED;
+  }
+  if (policy.banner) io.err(policy.banner);
   const { buildServer } = await import('../api/server.js');
   // The engine module can be swapped for tests (COLLIMATE_ENGINE_MODULE, a path or URL).
   const override = io.env.COLLIMATE_ENGINE_MODULE;
@@ -149,6 +235,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void }): Promise<any> } };
   io.err(`collimate: opening ${dir} and warming catalog templates...\n`);
   const engine = await Engine.open({ home: dir, progress: (m: string) => io.err(`  ${m}\n`) });
+  const confinement = await vmmConfinement(engine);
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
   const { ImageService } = await import('../images/service.js');
@@ -162,7 +249,13 @@ async function serve(args: string[], io: Io): Promise<number> {
     images,
     db: engine.db,
     logger: { level: values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info' },
-    health: () => ({ ready: engine.isReady(), accel: engine.accel }),
+    health: () => ({
+      ready: engine.isReady(),
+      accel: engine.accel,
+      mode: engine.accel === 'kvm' ? 'production' : 'development',
+      ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
+      confinement,
+    }),
   });
   const address = await api.app.listen({ host, port });
   io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel})\n`);
@@ -205,6 +298,7 @@ async function keys(sub: string | undefined, args: string[], io: Io): Promise<nu
         if (values.tier !== undefined && !isTierName(values.tier)) throw new UsageError(`--tier must be one of ${TIER_NAMES.join(', ')}`);
         const { key, record, tierChanged } = store.create({ tenant, tier: values.tier as any, name: values.name });
         if (tierChanged) io.err(`note: tenant ${tenant} is now on the ${record.tier} tier (applies to all its keys)\n`);
+        await warnMultiTenantTcg(db, io);
         if (values.json) json(io, { ...record, key });
         else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier}); store the key now, it is not shown again:\n${key}\n`);
         return 0;
