@@ -49,6 +49,12 @@ test('python: the same seed in two forks of one parent gives the same bytes; oth
       const other = await run(b.id, { command, seed: '43' });
       assert.notEqual(other.stdout, same[0].stdout, `${command}: another seed, other output`);
     }
+    // The commands of one exec are each a root of the exec's stream (docs/determinism.md).
+    const roots = await run(a.id, { commands: [['head', '-c', '16', '/dev/urandom'], ['head', '-c', '16', '/dev/urandom']], seed: '42' });
+    const rootBytes = Buffer.from(roots.stdout, roots.stdout_encoding === 'base64' ? 'base64' : 'utf8');
+    assert.equal(rootBytes.length, 32);
+    assert.deepEqual(rootBytes.subarray(0, 16), rootBytes.subarray(16));
+
     const seed0 = await run(a.id, { command: PY_RANDOM, seed: '0' });
     const seedMax = await run(a.id, { command: PY_RANDOM, seed: '18446744073709551615' });
     assert.notEqual(seed0.stdout, seedMax.stdout);

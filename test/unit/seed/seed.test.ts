@@ -156,9 +156,16 @@ test('node: Math.random follows the seed (library adds --random-seed), nested no
   assert.equal(run(undefined, process.execPath, ['-p', 'process.execArgv.join(" ")']).trim(), '-p process.execArgv.join(" ")');
 });
 
-test('node: crypto.randomBytes is NOT reproducible (OpenSSL DRBG nonce mixes in time)', () => {
+test('node: crypto.randomBytes (OpenSSL, not interposed) differs with ASLR on, and replays with ADDR_NO_RANDOMIZE despite other pids and times', () => {
   const code = `console.log(require('crypto').randomBytes(16).toString('hex'))`;
   assert.notEqual(run('42', process.execPath, ['-e', code]), run('42', process.execPath, ['-e', code]));
+  // OpenSSL 3.0 seeds its DRBG from getrandom (interposed); what else differs between runs is an
+  // address. Every run is a new process (new pid) and a second or more apart.
+  const noAslr = () => run('42', '/usr/bin/setarch', ['-R', process.execPath, '-e', code]);
+  const first = noAslr();
+  execFileSync('sleep', ['1.1']);
+  assert.equal(noAslr(), first);
+  assert.notEqual(run('43', '/usr/bin/setarch', ['-R', process.execPath, '-e', code]), first);
 });
 
 test('seed_env.h: PYTHONHASHSEED entries are in range and differ between nearby seeds', () => {
