@@ -13,7 +13,7 @@ import { AgentError } from '../guest/agentClient.js';
 import { ExecQueue } from './execQueue.js';
 import { WarmPool } from './warmPool.js';
 import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js';
-import { buildAgentExec, toExecResult } from './exec.js';
+import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
   snapshotUpperDisk, releaseRecorded, sweepConfinement,
@@ -277,8 +277,9 @@ export class Engine extends EventEmitter implements SandboxService {
         // The guest enforces the exec timeout; the client-side limit only catches a guest that hangs.
         const out = await r.live.agent.exec(agentReq, { ...(stream ?? {}), timeoutMs: (agentReq.timeoutMs ?? 60_000) + 30_000 });
         const finishedAt = Date.now();
+        const oomKilled = killedBySigkill(out.result) ? await this.oomProbe(r, startedAt) : false;
         this.touch(id, true);
-        return toExecResult(out, { queuedAt, startedAt, finishedAt }, agentReq.seed);
+        return toExecResult({ ...out, oomKilled }, { queuedAt, startedAt, finishedAt }, agentReq.seed);
       } catch (e) {
         throw this.agentFailure(r, e);
       }
@@ -312,6 +313,17 @@ export class Engine extends EventEmitter implements SandboxService {
         throw this.agentFailure(r, e, path);
       }
     });
+  }
+
+  /** Whether the guest OOM killer struck during an exec that just ended by SIGKILL (exec.ts OOM_PROBE). */
+  private async oomProbe(r: Running, startedAt: number): Promise<boolean> {
+    try {
+      const probe = await r.live.agent.exec({ commands: [['/bin/sh', '-c', OOM_PROBE]], timeoutMs: 10_000, maxOutput: 64 * 1024, seed: execSeed(undefined) }, { timeoutMs: 20_000 });
+      // The window runs from the exec's start to the probe's answer, which read the guest's uptime.
+      return oomKilledDuring(probe.stdout.toString(), Date.now() - startedAt);
+    } catch {
+      return false;
+    }
   }
 
   private agentFailure(r: Running, e: unknown, path?: string): Error {

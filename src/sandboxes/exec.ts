@@ -27,6 +27,8 @@ export interface AgentExecOutput {
   };
   stdout: Buffer;
   stderr: Buffer;
+  /** Set by the engine when the guest OOM killer killed a process of this exec (see OOM_PROBE). */
+  oomKilled?: boolean;
 }
 
 export const MAX_EXEC_TIMEOUT_SECS = 3600;
@@ -130,6 +132,7 @@ export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; starte
     stderr_truncated: r.stderrTruncated,
     ...(r.failedIndex !== undefined ? { failed_index: r.failedIndex } : {}),
     ...(r.signal !== undefined ? { signal: r.signal } : {}),
+    ...(out.oomKilled ? { oom_killed: true } : {}),
     ...(r.errorText ? { error: r.errorText } : {}),
     seed: seed.toString(),
     timing: {
@@ -140,4 +143,35 @@ export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; starte
       run_ms: t.finishedAt - t.startedAt,
     },
   };
+}
+
+/**
+ * Run after an exec that ended by SIGKILL (signal 9, or a shell's exit 137) without a timeout, to
+ * tell a guest OOM kill from a plain `kill -9`: the agent cannot see why a child died, the guest
+ * kernel log can. Prints the guest uptime, then the last OOM-kill lines with their timestamps.
+ */
+export const OOM_PROBE = "cat /proc/uptime; dmesg 2>/dev/null | grep -i 'killed process' | tail -n 20";
+
+/** Whether the exec was SIGKILLed in a way worth probing for the OOM killer. */
+export function killedBySigkill(r: AgentExecOutput['result']): boolean {
+  return !r.timedOut && (r.signal === 9 || r.exitCode === 137);
+}
+
+/**
+ * True when the guest kernel logged an OOM kill during the exec's run: a `Killed process` line
+ * stamped within [uptime - runMs - slack, uptime], where runMs spans the exec's start to the probe's
+ * answer (kernel log stamps and /proc/uptime both count from the guest's boot, restored clones
+ * included). A process OOM-killed in that window that was not the exec's (a background job) would
+ * be attributed to it; the exec must also have died by SIGKILL.
+ */
+export function oomKilledDuring(probeStdout: string, runMs: number, slackMs = 500): boolean {
+  const lines = probeStdout.split('\n');
+  const uptime = Number.parseFloat(lines[0] ?? '');
+  if (!Number.isFinite(uptime)) return false;
+  const from = uptime - (runMs + slackMs) / 1000;
+  for (const l of lines.slice(1)) {
+    const m = /^\[\s*(\d+\.\d+)\]\s.*Killed process/.exec(l);
+    if (m && Number(m[1]) >= from && Number(m[1]) <= uptime + 1) return true;
+  }
+  return false;
 }

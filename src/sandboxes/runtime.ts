@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync, rmSync, createReadStream, existsSync } from 'node:fs';
+import { mkdirSync, writeFileSync, rmSync, createReadStream, existsSync, chmodSync } from 'node:fs';
 import { pipeline } from 'node:stream/promises';
 import { join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
@@ -86,7 +86,8 @@ export async function spawnIncoming(
       onSpawned: (pid, startTicks) => {
         record.pid = pid;
         record.startTicks = startTicks;
-        writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record));
+        writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record), { mode: 0o600 });
+        chmodSync(vmmFiles(opts.dir).vmmJson, 0o600);
       },
     });
   } catch (e) {

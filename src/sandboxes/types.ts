@@ -84,6 +84,8 @@ export interface ExecResult {
   /** With `commands`: the index of the last command that ran (the failing one, on failure). */
   failed_index?: number;
   signal?: number;
+  /** Present (true) when the exec was SIGKILLed and the guest kernel logged an OOM kill while it ran. */
+  oom_killed?: true;
   error?: string;
   /** The CRNG seed the exec ran with (decimal u64), given or drawn; pass it back to replay. */
   seed: string;

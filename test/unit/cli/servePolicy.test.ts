@@ -89,7 +89,7 @@ test('collimate serve --allow-tcg starts in development mode and /healthz says s
     });
     assert.match(stderr, /DEVELOPMENT MODE: accelerator TCG/);
     assert.match(stderr, /serving anyway \(--allow-tcg\): the keys table has 2 tenants and --host 0\.0\.0\.0 listens beyond loopback/);
-    const h = await (await fetch(`${address}/healthz`)).json();
+    const h = (await (await fetch(`${address}/healthz`)).json()) as any;
     assert.equal(h.mode, 'development');
     assert.equal(h.accel, 'tcg');
     assert.equal(h.isolation, 'QEMU does not treat TCG guest escapes as security bugs');

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { buildAgentExec, encodeOutput } from '../../../src/sandboxes/exec.ts';
+import { buildAgentExec, encodeOutput, killedBySigkill, oomKilledDuring } from '../../../src/sandboxes/exec.ts';
 
 const opts = { interpreter: ['python3', '-c'], defaultTimeoutSecs: 60, maxOutputBytes: 1024 };
 
@@ -34,4 +34,23 @@ test('defaults, files and limits', () => {
 test('output that is not UTF-8 is returned as base64, never mangled', () => {
   assert.deepEqual(encodeOutput(Buffer.from('héllo')), { text: 'héllo', encoding: 'utf8' });
   assert.deepEqual(encodeOutput(Buffer.from([0xff, 0xfe, 0x00])), { text: '//4A', encoding: 'base64' });
+});
+
+test('OOM kill detection: a SIGKILLed exec is marked when the guest logged an OOM kill while it ran', () => {
+  const res = (o: Partial<{ exitCode: number; signal: number; timedOut: boolean }>) => ({ exitCode: 0, timedOut: false, stdoutTruncated: false, stderrTruncated: false, failedIndex: 0, ...o });
+  assert.equal(killedBySigkill(res({ exitCode: 137 })), true, 'a shell reports a SIGKILLed child as 137');
+  assert.equal(killedBySigkill(res({ exitCode: 137, signal: 9 })), true);
+  assert.equal(killedBySigkill(res({ exitCode: 124, timedOut: true, signal: 9 })), false, 'a timeout kill is not an OOM kill');
+  assert.equal(killedBySigkill(res({ exitCode: 1 })), false);
+  const probe = [
+    '42.30 0.02',
+    '[    3.100000] Out of memory: Killed process 12 (old) total-vm:1kB, anon-rss:1kB',
+    '[   42.194268] Out of memory: Killed process 96 (tail) total-vm:184984kB, anon-rss:182884kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:392kB oom_score_adj:0',
+  ].join('\n');
+  assert.equal(oomKilledDuring(probe, 18_000), true);
+  // Only an old OOM kill (before this exec started): a plain kill -9.
+  assert.equal(oomKilledDuring(probe.split('\n').slice(0, 2).join('\n'), 5_000), false);
+  assert.equal(oomKilledDuring('42.30 0.02\n', 5_000), false);
+  assert.equal(oomKilledDuring('garbage', 5_000), false);
+  assert.equal(oomKilledDuring('10.0 1.0\n[    9.5] Memory cgroup out of memory: Killed process 7 (x)', 1_000), true);
 });
