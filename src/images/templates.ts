@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import type { EngineConfig } from '../config.js';
 import { kernelCmdline } from '../vmm/argv.js';
+import { guestClockArgs } from '../vmm/accel.js';
 import { jailerFor } from '../vmm/jail.js';
 import { ensureKernel, ensureInitramfs, ensureBaseRootfs, SEED_LIBRARY_INITRAMFS_PATH, type LayerAsset } from './guestAssets.js';
 import { ensureArtifact, type Artifact, type ReadyParams } from './bake.js';
@@ -63,7 +64,7 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
     memoryMib: recipe.memoryMib,
     kernel: kernel.vmlinuz,
     initrd: initramfs.path,
-    cmdline: kernelCmdline({ debug: cfg.debugGuest }),
+    cmdline: kernelCmdline({ debug: cfg.debugGuest, extra: guestClockArgs(cfg.accel.accel) }),
     layers: recipe.layers.map((l) => l.path),
   };
   const artifact = await ensureArtifact(
@@ -99,7 +100,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
       kernel: kernel.vmlinuz,
       initrd: initramfs.path,
-      cmdline: kernelCmdline({ debug: cfg.debugGuest }),
+      cmdline: kernelCmdline({ debug: cfg.debugGuest, extra: guestClockArgs(cfg.accel.accel) }),
       layers: layers.map((l) => l.path),
     };
     const artifact = await ensureArtifact(

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import type { Accel } from './argv.js';
 
 export interface AccelChoice {
@@ -25,4 +25,30 @@ export function detectAccel(env: NodeJS.ProcessEnv = process.env, host: { sysMod
     return { accel: 'kvm', reason: 'hardware virtualization (kvm_intel/kvm_amd)' };
   }
   return { accel: 'tcg', reason: '/dev/kvm present but no kvm_intel/kvm_amd module' };
+}
+
+/**
+ * Kernel arguments that keep a TCG guest's boot deterministic. Under TCG the guest TSC runs at the
+ * host's TSC rate, but the guest cannot calibrate it: with no HPET or ACPI PM timer on microvm it
+ * calibrates against the PIT, which fails when the host is loaded, and the boot then stalls for a
+ * long time. Telling the kernel the rate (tsc_early_khz) skips that calibration.
+ * With KVM the guest gets the rate from the hypervisor, so nothing is added.
+ */
+export function guestClockArgs(accel: Accel, cpuinfo = '/proc/cpuinfo'): string[] {
+  if (accel !== 'tcg') return [];
+  const mhz = hostTscMhz(cpuinfo);
+  return mhz ? [`tsc_early_khz=${mhz * 1000}`] : [];
+}
+
+/** The host TSC rate in whole MHz: the kernel's "cpu MHz" of a constant-TSC CPU, rounded so the
+ * value (part of every artifact key) is stable from one start to the next. */
+export function hostTscMhz(cpuinfo = '/proc/cpuinfo'): number | undefined {
+  try {
+    const text = readFileSync(cpuinfo, 'utf8');
+    if (!/^flags\s*:.*\bconstant_tsc\b/m.test(text)) return undefined;
+    const m = text.match(/^cpu MHz\s*:\s*([0-9.]+)/m);
+    return m ? Math.round(Number(m[1])) : undefined;
+  } catch {
+    return undefined;
+  }
 }
