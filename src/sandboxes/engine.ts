@@ -448,7 +448,9 @@ export class Engine extends EventEmitter implements SandboxService {
   ): Promise<SandboxInfo[]> {
     const lives: LiveVm[] = [];
     try {
-      const spawned = await Promise.all(Array.from({ length: opts.count }, async () => {
+      // allSettled, not all: when one child fails the others are still landing, and every one
+      // that lands must be in `children` for the caller to stop it.
+      const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, async () => {
         const id = newSandboxId();
         const p = await spawnIncoming(this.cfg, shape, {
           id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: fpMem, memShared: false,
@@ -457,8 +459,14 @@ export class Engine extends EventEmitter implements SandboxService {
         children.push(p);
         return p;
       }));
+      const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (spawnFailure) throw spawnFailure.reason;
+      const spawned = children.slice();
       await this.fault('fork:children-spawned');
-      for (const l of await Promise.all(spawned.map((p) => restoreCheckpoint(p, devState, p.id)))) lives.push(l);
+      const restored = await Promise.allSettled(spawned.map((p) => restoreCheckpoint(p, devState, p.id)));
+      for (const r of restored) if (r.status === 'fulfilled') lives.push(r.value);
+      const restoreFailure = restored.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (restoreFailure) throw restoreFailure.reason;
       await this.fault('fork:children-restored');
       const now = Date.now();
       const rows: SandboxRow[] = spawned.map((p, i) => ({

@@ -92,6 +92,9 @@ export async function spawnIncoming(
     });
   } catch (e) {
     await jail?.release();
+    // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
+    rmSync(opts.dir, { recursive: true, force: true });
+    if (opts.backing) rmSync(diskPath, { force: true });
     throw e;
   }
   return { id: opts.id, dir: opts.dir, vmm, record };
