@@ -3,7 +3,7 @@
  * applies them; `applyApiMigrations` also applies them to a database that was opened before this
  * module was imported (the engine may open the db first).
  */
-import { registerMigrations, type Db, type Migration } from '../store/db.js';
+import { applyMigrations, registerMigrations, type Db, type Migration } from '../store/db.js';
 
 export const API_MIGRATIONS: Migration[] = [
   {
@@ -71,13 +71,5 @@ export const API_MIGRATIONS: Migration[] = [
 registerMigrations(API_MIGRATIONS);
 
 export function applyApiMigrations(db: Db): void {
-  db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`);
-  const applied = new Set(db.prepare('SELECT version FROM schema_migrations').all().map((r: any) => r.version as number));
-  for (const m of API_MIGRATIONS) {
-    if (applied.has(m.version)) continue;
-    db.transaction(() => {
-      db.exec(m.sql);
-      db.prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(m.version, m.name, Date.now());
-    })();
-  }
+  applyMigrations(db, API_MIGRATIONS);
 }

@@ -1,4 +1,4 @@
-import { registerMigrations, type Db, type Migration } from '../store/db.js';
+import { applyMigrations, registerMigrations, type Db, type Migration } from '../store/db.js';
 
 /**
  * Tables of the image service (migration versions 20–29): a tenant's images (pulled manifests and
@@ -58,15 +58,7 @@ export const IMAGE_MIGRATIONS: Migration[] = [
 registerMigrations(IMAGE_MIGRATIONS);
 
 export function applyImageMigrations(db: Db): void {
-  db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`);
-  const applied = new Set(db.prepare('SELECT version FROM schema_migrations').all().map((r: any) => r.version as number));
-  for (const m of IMAGE_MIGRATIONS) {
-    if (applied.has(m.version)) continue;
-    db.transaction(() => {
-      db.exec(m.sql);
-      db.prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(m.version, m.name, Date.now());
-    })();
-  }
+  applyMigrations(db, IMAGE_MIGRATIONS);
 }
 
 export type ImageState = 'pulling' | 'ready' | 'failed';

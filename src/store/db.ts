@@ -92,9 +92,17 @@ export function openDb(path: string): Db {
 }
 
 function migrate(db: Db): void {
+  applyMigrations(db, migrations);
+}
+
+/**
+ * Applies those of `list` the database has not seen, each once, in its own transaction. Also for a
+ * subsystem whose module is loaded after the database was opened.
+ */
+export function applyMigrations(db: Db, list: readonly Migration[]): void {
   db.exec(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`);
   const applied = new Set(db.prepare('SELECT version FROM schema_migrations').all().map((r: any) => r.version as number));
-  for (const m of migrations) {
+  for (const m of [...list].sort((a, b) => a.version - b.version)) {
     if (applied.has(m.version)) continue;
     db.transaction(() => {
       db.exec(m.sql);
