@@ -100,7 +100,7 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     const jail = ctx.jail
       ? await ctx.jail.prepare({
         name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
-        memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'),
+        memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [],
       })
       : undefined;
     try {

@@ -123,7 +123,21 @@ export class Engine extends EventEmitter implements SandboxService {
     return spawnIncoming(this.cfg, t.artifact.shape, {
       id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
       backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: t.artifact.key,
+      trustedLayers: [t.artifact.diskPath],
     });
+  }
+
+  /**
+   * The read-only layers below `owner`'s disk as the server knows them (its fork points' disks and
+   * a fork point's own, and the artifact's). The backing chain a VMM is started on is read from
+   * qcow2 headers, which the previous VMM could write; a confined VMM only starts if every layer
+   * it names is one of these.
+   */
+  private layersOf(owner: string, artifactKey: string): string[] {
+    const fps = [owner, ...this.repo.refsOf(owner)].map((id) => this.repo.forkPoint(id)?.disk_path).filter((p): p is string => !!p);
+    let artifactDisk: string[] = [];
+    try { artifactDisk = [this.artifactFor(artifactKey).diskPath]; } catch { /* no artifact: no layer of it is trusted */ }
+    return [...fps, ...artifactDisk];
   }
 
   private get disksDir(): string {
@@ -419,6 +433,7 @@ export class Engine extends EventEmitter implements SandboxService {
       recv = await spawnIncoming(this.cfg, shape, {
         id: fpId, dir: join(fpDir, 'recv'), memPath: fpMem, memShared: true,
         backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: r.live.record.artifactKey,
+        trustedLayers: this.layersOf(fpId, r.live.record.artifactKey),
       });
       await this.fault('fork:recv-spawned');
       await vmm.migrateTo(recv.vmm, 300_000);
@@ -455,6 +470,7 @@ export class Engine extends EventEmitter implements SandboxService {
         const p = await spawnIncoming(this.cfg, shape, {
           id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: fpMem, memShared: false,
           backing: { path: fpDisk, format: 'qcow2' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: parentRow.vmm?.artifactKey ?? '',
+          trustedLayers: this.layersOf(fpId, parentRow.vmm?.artifactKey ?? ''),
         });
         children.push(p);
         return p;
@@ -522,6 +538,7 @@ export class Engine extends EventEmitter implements SandboxService {
         recv = await spawnIncoming(this.cfg, shape, {
           id: fpId, dir: join(fpDir, 'recv'), memPath: fpMem, memShared: true,
           backing: { path: fpDisk, format: 'qcow2' }, diskPath: join(fpDir, 'recv.qcow2'), artifactKey: row.vmm!.artifactKey,
+          trustedLayers: this.layersOf(fpId, row.vmm!.artifactKey),
         });
         await restoreStream(recv, snap.statePath);
         const devState = join(fpDir, 'device.state');
@@ -613,6 +630,7 @@ export class Engine extends EventEmitter implements SandboxService {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
         pending = await spawnIncoming(this.cfg, shape, {
           id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: this.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
+          trustedLayers: this.layersOf(id, rec.artifactKey),
         });
         await restoreStream(pending, snap.statePath);
         live = await finishRestore(pending, id);

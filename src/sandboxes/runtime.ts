@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync, rmSync, createReadStream, existsSync, chmodSync } from 'node:fs';
+import { mkdirSync, writeFileSync, rmSync, createReadStream, chmodSync, lstatSync } from 'node:fs';
 import { pipeline } from 'node:stream/promises';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
-import { jailerFor, releaseJail } from '../vmm/jail.js';
+import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
 import { homePaths } from '../images/cache.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
@@ -30,6 +30,16 @@ export interface PendingVm {
 
 export function newSandboxId(): string {
   return `sbx_${randomBytes(6).toString('hex')}`;
+}
+
+/** Whether `path` is a plain file in the disks directory with a name newDiskPath could have made. */
+export function isOwnDiskPath(disksDir: string, path: string): boolean {
+  if (dirname(path) !== disksDir || !/^[a-z]{2,4}_[0-9a-f]{12}-[0-9a-f]{8}\.qcow2$/.test(basename(path))) return false;
+  try {
+    return lstatSync(path).isFile();
+  } catch {
+    return false;
+  }
 }
 
 /** A fresh disk file name in the disks directory: disks are never renamed (QEMU keeps them open). */
@@ -60,7 +70,11 @@ function specFor(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, incomin
 export async function spawnIncoming(
   cfg: EngineConfig,
   shape: MachineShape,
-  opts: { id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath: string; artifactKey: string },
+  opts: {
+    id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath: string; artifactKey: string;
+    /** Every read-only layer the disk may sit on, as the server knows them (see JailRequest.trustedLayers). */
+    trustedLayers: string[];
+  },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
   mkdirSync(opts.dir, { recursive: true });
@@ -73,6 +87,7 @@ export async function spawnIncoming(
     ? await jailer.prepare({
       name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
       memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
+      trustedLayers: opts.trustedLayers,
     })
     : undefined;
   if (jail) record.jail = jail.record;
@@ -151,11 +166,14 @@ export async function restoreStream(pending: PendingVm, statePath: string, timeo
  * Precondition: the VM is stopped.
  */
 export async function snapshotUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk: string, nodeName: string): Promise<void> {
-  await createOverlay(newDisk, live.record.diskPath, 'qcow2');
+  const oldTop = live.record.diskPath;
+  await createOverlay(newDisk, oldTop, 'qcow2');
   try {
     const jailer = live.record.jail ? await jailerFor(cfg) : null;
     if (live.record.jail && jailer) jailer.exposeDisk(live.record.jail, live.record.dir, homePaths(cfg.home).disks, newDisk);
     await live.vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': nodeName, format: 'qcow2', mode: 'existing' });
+    // QEMU reopened the old top read-only; from now on it is a shared, frozen layer.
+    if (live.record.jail) sealShared(oldTop);
   } catch (e) {
     rmSync(newDisk, { force: true });
     throw e;
@@ -189,7 +207,11 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     if (status === 'paused' || status === 'postmigrate' || status === 'finish-migrate') await vmm.cont();
     const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
     const upper = blocks.find((b) => b.device === 'disk-upper');
-    if (upper?.inserted?.file && existsSync(upper.inserted.file)) rec.diskPath = upper.inserted.file;
+    // QEMU's word is input from a process that may be compromised: the server later deletes and
+    // chowns this path as root, so only a top layer of ours (a plain file in the disks directory,
+    // named like the ones newDiskPath makes) is believed.
+    const reported = upper?.inserted?.file;
+    if (reported && isOwnDiskPath(homePaths(cfg.home).disks, reported)) rec.diskPath = reported;
     // PING with retries: the guest may not yet have noticed that the previous server went away.
     const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
     void sandboxId;

@@ -74,6 +74,13 @@ export interface JailRequest {
   consoleLog: string;
   /** The data directory's disks directory: the view shows the VMM's own links directory there. */
   disksDir: string;
+  /**
+   * The read-only layers the disk may sit on, from the server's own records. The chain is read from
+   * qcow2 headers, which the VMM that wrote the disk controls: a backing name outside this list
+   * (another tenant's disk, /etc/shadow) would otherwise be chowned, made readable and bound into
+   * the view. Such a chain is refused.
+   */
+  trustedLayers: string[];
 }
 
 export interface JailLaunch {
@@ -231,6 +238,12 @@ function qcow2Backing(path: string): string | undefined {
   }
 }
 
+/** The first layer below the top of `chain` that is not in `trusted`, if any. */
+export function untrustedLayer(chain: string[], trusted: string[]): string | undefined {
+  const ok = new Set(trusted);
+  return chain.slice(1).find((p) => !ok.has(p));
+}
+
 // ---- the RAM shim --------------------------------------------------------------------------------
 
 const SHIM_SOURCE = join(dirname(fileURLToPath(import.meta.url)), 'ramro.c');
@@ -342,6 +355,8 @@ export class Jailer {
     let cgroup: { dirs: string[]; procsFiles: string[] } | null = null;
     try {
       const chain = backingChain(req.diskPath);
+      const bad = untrustedLayer(chain, req.trustedLayers);
+      if (bad) throw new Error(`the disk chain of ${req.diskPath} names ${bad}, which is not one of its layers; refusing to start a VMM on it`);
       const memOwn = req.memShared || !existsSync(req.memPath);
       rootDir(req.dir);
       const linksDir = join(req.dir, 'disks');

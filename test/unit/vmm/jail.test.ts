@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, readFileSync, existsSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { launchScript, vmmBinds, systemBinds, backingChain, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
+import { launchScript, vmmBinds, systemBinds, backingChain, untrustedLayer, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
+import { isOwnDiskPath } from '../../../src/sandboxes/runtime.ts';
 import { UidPool, releaseClaim } from '../../../src/vmm/uidPool.ts';
 
 test('vmmBinds: own dir, the links dir shown as the disks dir, shared files read-only, nothing bound twice', () => {
@@ -143,4 +144,23 @@ test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed,
   assert.ok(!existsSync(pool.claimPath(b)));
   assert.deepEqual(pool.claimed(), [a]);
   mkdirSync(dir, { recursive: true });
+});
+
+test('a backing chain naming a file the server did not record is refused (a VMM can write its qcow2 header)', () => {
+  const trusted = ['/h/disks/sbx_000000000001-0000000a.qcow2', '/c/artifacts/k/b/disk.raw'];
+  assert.equal(untrustedLayer(['/h/disks/top.qcow2', ...trusted], trusted), undefined);
+  assert.equal(untrustedLayer(['/h/disks/top.qcow2', '/etc/shadow'], trusted), '/etc/shadow');
+  assert.equal(untrustedLayer(['/h/disks/top.qcow2', '/h/disks/sbx_000000000009-0000000b.qcow2'], trusted), '/h/disks/sbx_000000000009-0000000b.qcow2', 'another sandbox\'s disk');
+  assert.equal(untrustedLayer(['/h/c/disk.raw'], []), undefined, 'a raw disk has no chain');
+});
+
+test('a top-disk path reported by QEMU is believed only if it is one of ours', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'disks-'));
+  const good = join(dir, 'sbx_0123456789ab-89abcdef.qcow2');
+  writeFileSync(good, '');
+  assert.equal(isOwnDiskPath(dir, good), true);
+  assert.equal(isOwnDiskPath(dir, '/etc/passwd'), false);
+  assert.equal(isOwnDiskPath(dir, join(dir, 'sbx_0123456789ab-00000000.qcow2')), false, 'missing');
+  assert.equal(isOwnDiskPath(dir, join(dir, '..', 'x', 'sbx_0123456789ab-89abcdef.qcow2')), false);
+  assert.equal(isOwnDiskPath(dir, join(dir, 'evil.qcow2')), false);
 });
