@@ -95,9 +95,10 @@ for (const id of idle) await engine.delete(id);
 log(`density: idle sandboxes up to ${DENSITY} while create p99 stays within 2x of its value with one sandbox`);
 const density: Array<{ held: number; p50: number; p99: number; memAvailMiB: number }> = [];
 const held: string[] = [];
+const PROBE = 40;
 const probe = async () => {
   const ms: number[] = [];
-  for (let i = 0; i < 20; i++) {
+  for (let i = 0; i < PROBE; i++) {
     const r = await warmCreate();
     ms.push(r.ms);
     await engine.delete(r.id);
@@ -138,14 +139,14 @@ const lines = [
   '',
   '| measure | n | p50 | p99 |',
   '|---|---|---|---|',
-  `| warm create (restore from pool) | ${c.n} | ${fmt(c.p50)} ms | ${fmt(c.p99)} ms |`,
+  `| warm create (claim a pool VMM restored from the checkpoint and paused) | ${c.n} | ${fmt(c.p50)} ms | ${fmt(c.p99)} ms |`,
   `| cold boot of the same template to first exec | ${b.n} | ${fmt(b.p50)} ms | ${fmt(b.p99)} ms |`,
   `| **cold boot / warm create (p50)** | | **${(b.p50 / c.p50).toFixed(0)}×** | |`,
   `| create → first exec result | ${f.n} | ${fmt(f.p50)} ms | ${fmt(f.p99)} ms |`,
   `| exec round trip of \`true\` | ${e.n} | ${fmt(e.p50)} ms | ${fmt(e.p99)} ms |`,
   `| PSS per idle sandbox | ${p.n} | ${p.p50.toFixed(1)} MiB | ${p.p99.toFixed(1)} MiB |`,
   '',
-  `Density (idle sandboxes held while 20 warm creates are timed; target: p99 within 2× of ${fmt(baseP99)} ms):`,
+  `Density (idle sandboxes held while ${PROBE} warm creates are timed; target: p99 within 2× of ${fmt(baseP99)} ms):`,
   '',
   '| sandboxes held | create p50 | create p99 | MemAvailable |',
   '|---|---|---|---|',

@@ -19,6 +19,8 @@ export interface EngineConfig {
   qemuBinary: string;
   /** Warm VMMs waiting in `-incoming defer`, per catalog template. */
   poolSize: number;
+  /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
+  prewarmPool: boolean;
   /** Warm VMMs per environment (tenant) template. */
   environmentPoolSize: number;
   /** Cap per output stream of one exec, in bytes. */
@@ -88,6 +90,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     qemuBinary: env.COLLIMATE_QEMU || 'qemu-system-x86_64',
     poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
+    prewarmPool: env.COLLIMATE_PREWARM !== '0',
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
     defaultExecTimeoutSecs: 60,
     defaultSessionSecs: intEnv(env, 'COLLIMATE_SESSION_SECS', 3600),

@@ -15,7 +15,7 @@ import { WarmPool } from './warmPool.js';
 import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js';
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
 import {
-  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
+  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, prewarm, claimWarm, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
   snapshotUpperDisk, releaseRecorded, sweepConfinement,
   type LiveVm, type PendingVm,
 } from './runtime.js';
@@ -118,13 +118,20 @@ export class Engine extends EventEmitter implements SandboxService {
     for (const [, pool] of this.pools) await pool.waitFull(60_000);
   }
 
-  private spawnForTemplate(t: ReadyTemplate): Promise<PendingVm> {
+  private async spawnForTemplate(t: ReadyTemplate): Promise<PendingVm> {
     const id = newSandboxId();
-    return spawnIncoming(this.cfg, t.artifact.shape, {
+    const pending = await spawnIncoming(this.cfg, t.artifact.shape, {
       id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
       backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: t.artifact.key,
       trustedLayers: [t.artifact.diskPath],
     });
+    if (!this.cfg.prewarmPool) return pending;
+    try {
+      return await prewarm(pending, t.deviceState);
+    } catch (e) {
+      await this.destroyPending(pending).catch(() => {});
+      throw e;
+    }
   }
 
   /**
@@ -145,6 +152,7 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   private async destroyPending(p: PendingVm): Promise<void> {
+    p.warm?.agent.close();
     await p.vmm.kill();
     rmSync(p.dir, { recursive: true, force: true });
     rmSync(p.record.diskPath, { force: true });
@@ -244,7 +252,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const pending = await pool.take();
     let live: LiveVm | undefined;
     try {
-      live = await restoreCheckpoint(pending, t.deviceState, pending.id);
+      live = pending.warm ? await claimWarm(pending.warm, pending.id) : await restoreCheckpoint(pending, t.deviceState, pending.id);
       const now = Date.now();
       const row: SandboxRow = {
         id: pending.id, tenant: scope.tenant, template: t.id, state: 'running', labels: opts.labels ?? {},

@@ -26,6 +26,11 @@ export interface PendingVm {
   dir: string;
   vmm: Vmm;
   record: VmmRecord;
+  /**
+   * Set when the pool already restored this VMM from its checkpoint, ran one warm-up exec and
+   * paused it: claiming it is `cont` plus a fresh identity (see claimWarm).
+   */
+  warm?: LiveVm;
 }
 
 export function newSandboxId(): string {
@@ -142,6 +147,31 @@ export async function finishRestore(pending: PendingVm, sandboxId: string): Prom
     throw e;
   }
   return { vmm: pending.vmm, agent, record: pending.record };
+}
+
+/**
+ * Restores a pool VMM ahead of time and warms it: under TCG every guest code path that runs for
+ * the first time in a new QEMU process is translated anew, so the first exec after a restore costs
+ * tens of milliseconds. Doing that once here, then pausing the VM, keeps it off the create path.
+ * The guest's identity is still the checkpoint's; claimWarm gives it a fresh one.
+ */
+export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<PendingVm> {
+  const live = await restoreCheckpoint(pending, deviceState, pending.id);
+  try {
+    await live.agent.exec({ commands: [['true']], timeoutMs: 30_000 }, { timeoutMs: 60_000 });
+    await live.vmm.qmp.execute('stop');
+  } catch (e) {
+    live.agent.close();
+    throw e;
+  }
+  return { ...pending, warm: live };
+}
+
+/** Resumes a prewarmed VMM and makes it a new sandbox: fresh entropy, clock, boot id, ids. */
+export async function claimWarm(warm: LiveVm, sandboxId: string): Promise<LiveVm> {
+  await warm.vmm.cont();
+  await announceRestore(warm.agent, sandboxId);
+  return warm;
 }
 
 /** Restores a checkpoint's device state (RAM comes from the mapped file) into a pending VMM. */
