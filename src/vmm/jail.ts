@@ -318,10 +318,19 @@ export class Jailer {
       if (settings.mode === 'on') throw new Error(`COLLIMATE_JAIL=on but VMMs cannot be confined here: ${st.reason}`);
       return null;
     }
+    const conflicts = uidRangeConflicts({ passwd: readOr('/etc/passwd'), subuid: readOr('/etc/subuid'), subgid: readOr('/etc/subgid') }, settings.uidBase, settings.uidCount);
+    if (conflicts.length) {
+      throw new Error(
+        `the VMM uid range ${settings.uidBase}…${settings.uidBase + settings.uidCount - 1} is also used by ${conflicts.join(', ')}: ` +
+        'processes of that user could run as a VMM\'s uid. Move the range with COLLIMATE_VMM_UID_BASE / COLLIMATE_VMM_UID_COUNT.',
+      );
+    }
     const layout = settings.cgroups === 'off' ? { version: 0 as const, reason: 'COLLIMATE_CGROUPS=off' } : hostCgroups(settings.cgroups, settings.cgroupParent);
     if (layout.version !== 0) ensureParents(layout);
     mkdirSync(join(settings.runDir, 'vmroot'), { recursive: true, mode: 0o755 });
     const j = new Jailer(settings, layout, opts.tag, { assets: opts.assetsDir, tmp: opts.tmpDir });
+    mkdirSync(j.uids.dir, { recursive: true, mode: 0o700 });
+    j.uids.sweepStale();
     j.shim = await ensureRamShim(opts.assetsDir, opts.tmpDir);
     return j;
   }
@@ -450,6 +459,33 @@ export function jailerFor(cfg: { jail: JailSettings; homeTag: string; cacheDir: 
     j.catch(() => jailers.delete(key));
   }
   return j;
+}
+
+/**
+ * Users and delegated ranges (/etc/passwd, /etc/subuid, /etc/subgid) that overlap the VMM uid range:
+ * a process of such a user (or of its user namespaces) could run as a VMM's uid and ptrace it.
+ */
+export function uidRangeConflicts(files: { passwd: string; subuid: string; subgid: string }, base: number, count: number): string[] {
+  const end = base + count;
+  const out: string[] = [];
+  for (const l of files.passwd.split('\n')) {
+    const f = l.split(':');
+    const uid = Number(f[2]);
+    if (f.length > 3 && Number.isInteger(uid) && uid >= base && uid < end) out.push(`user ${f[0]} (uid ${uid}) in /etc/passwd`);
+  }
+  for (const [name, text] of [['/etc/subuid', files.subuid], ['/etc/subgid', files.subgid]] as const) {
+    for (const l of text.split('\n')) {
+      const f = l.split(':');
+      const start = Number(f[1]);
+      const n = Number(f[2]);
+      if (f.length === 3 && Number.isInteger(start) && Number.isInteger(n) && start < end && start + n > base) out.push(`${f[0]}:${start}:${n} in ${name}`);
+    }
+  }
+  return out;
+}
+
+function readOr(path: string): string {
+  try { return readFileSync(path, 'utf8'); } catch { return ''; }
 }
 
 /** Whether this process can confine VMMs at all. */

@@ -84,18 +84,37 @@ export class UidPool {
 
   /** Takes over a stale claim, under a lock so that two servers cannot both take the same one. */
   private reclaim(uid: number, owner: ClaimOwner): boolean {
+    return this.locked(() => {
+      if (!this.isStale(uid)) return false;
+      try { unlinkSync(this.path(uid)); } catch { /* gone */ }
+      return this.tryClaim(uid, owner);
+    }) ?? false;
+  }
+
+  /** Removes stale claims (VMMs that died with no server to release them). Returns how many. */
+  sweepStale(): number {
+    return this.locked(() => {
+      let n = 0;
+      for (const uid of this.claimed()) {
+        if (!this.isStale(uid)) continue;
+        try { unlinkSync(this.path(uid)); n++; } catch { /* gone */ }
+      }
+      return n;
+    }) ?? 0;
+  }
+
+  /** Runs `fn` holding the pool's lock; undefined if another server holds it. */
+  private locked<T>(fn: () => T): T | undefined {
     const lock = join(this.dir, '.reclaim.lock');
     try {
       mkdirSync(lock);
     } catch {
       // A lock left by a crashed server expires after a few seconds.
       try { if (Date.now() - statSync(lock).mtimeMs > 5000) rmdirSync(lock); } catch { /* gone */ }
-      return false;
+      return undefined;
     }
     try {
-      if (!this.isStale(uid)) return false;
-      try { unlinkSync(this.path(uid)); } catch { /* gone */ }
-      return this.tryClaim(uid, owner);
+      return fn();
     } finally {
       try { rmdirSync(lock); } catch { /* gone */ }
     }

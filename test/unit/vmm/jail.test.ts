@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, readFileSync, existsSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { launchScript, vmmBinds, systemBinds, backingChain, untrustedLayer, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
+import { launchScript, vmmBinds, systemBinds, backingChain, untrustedLayer, uidRangeConflicts, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
 import { isOwnDiskPath } from '../../../src/sandboxes/runtime.ts';
 import { UidPool, releaseClaim } from '../../../src/vmm/uidPool.ts';
 
@@ -143,6 +143,9 @@ test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed,
   releaseClaim(pool.claimPath(b), self);
   assert.ok(!existsSync(pool.claimPath(b)));
   assert.deepEqual(pool.claimed(), [a]);
+  pool.bind(a, dead);
+  assert.equal(pool.sweepStale(), 1);
+  assert.deepEqual(pool.claimed(), []);
   mkdirSync(dir, { recursive: true });
 });
 
@@ -163,4 +166,16 @@ test('a top-disk path reported by QEMU is believed only if it is one of ours', (
   assert.equal(isOwnDiskPath(dir, join(dir, 'sbx_0123456789ab-00000000.qcow2')), false, 'missing');
   assert.equal(isOwnDiskPath(dir, join(dir, '..', 'x', 'sbx_0123456789ab-89abcdef.qcow2')), false);
   assert.equal(isOwnDiskPath(dir, join(dir, 'evil.qcow2')), false);
+});
+
+test('the VMM uid range must not overlap a user or a delegated subordinate range', () => {
+  const passwd = 'root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nodd:x:200007:200007::/:/bin/false\n';
+  // Debian gives each user 65536 subordinate ids from 100000: the second user's range reaches 231071.
+  const subuid = 'alice:100000:65536\nbob:165536:65536\n';
+  assert.deepEqual(uidRangeConflicts({ passwd, subuid, subgid: '' }, 200000, 65536), [
+    'user odd (uid 200007) in /etc/passwd',
+    'bob:165536:65536 in /etc/subuid',
+  ]);
+  assert.deepEqual(uidRangeConflicts({ passwd: 'root:x:0:0::/:/bin/sh', subuid: 'alice:100000:65536', subgid: 'alice:100000:65536' }, 200000, 65536), []);
+  assert.deepEqual(uidRangeConflicts({ passwd: '', subuid: '', subgid: 'x:265535:1' }, 200000, 65536), ['x:265535:1 in /etc/subgid']);
 });
