@@ -4,7 +4,7 @@
 // its quiet baseline (the target: p99 within 2x), what A was told, A's cgroup counters (CPU
 // throttling, peak memory) and the server's RSS. Run with COLLIMATE_JAIL=off to compare without
 // confinement.
-// Usage: node --import tsx bench/noisy-neighbour.ts [--baseline 200] [--pace-ms 50] [--flood-bytes 1000000000]
+// Usage: node --import tsx bench/noisy-neighbour.ts [--baseline 200] [--pace-ms 50] [--quiet-ms 5000] [--flood-bytes 1000000000]
 import { readFileSync, rmSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../src/sandboxes/engine.ts';
@@ -18,6 +18,7 @@ const arg = (name: string, dflt: number) => {
 const BASELINE = arg('baseline', 200);
 const FLOOD = arg('flood-bytes', 1_000_000_000);
 const PACE_MS = arg('pace-ms', 50);
+const QUIET_MS = arg('quiet-ms', 5000);
 const home = `/tmp/collimate-bench-noisy-${process.pid}`;
 const tenant = { tenant: 'bench' };
 const log = (m: string) => console.error(`[bench] ${m}`);
@@ -64,7 +65,14 @@ function probeB(): { stop: () => Promise<{ lat: number[]; failed: number }> } {
   return { stop: async () => { stop = true; await loop; return { lat, failed }; } };
 }
 
-interface Phase { name: string; outcome: string; aMs: number; b: ReturnType<typeof summary>; bFailed: number; throttledMs: number }
+interface Phase { name: string; outcome: string; aMs: number; quiet: ReturnType<typeof summary>; b: ReturnType<typeof summary>; bFailed: number; throttledMs: number }
+
+/** B's latency with A idle, just before a phase: the host's other load drifts, so each phase gets its own baseline. */
+async function quietB(): Promise<ReturnType<typeof summary>> {
+  const p = probeB();
+  await new Promise((res) => setTimeout(res, QUIET_MS));
+  return summary((await p.stop()).lat);
+}
 const phases: Phase[] = [];
 const rss0 = rssMiB();
 let rssMax = rss0;
@@ -78,12 +86,13 @@ const flags = (r: ExecResult) => [
 ].filter(Boolean).join(', ');
 async function phase(name: string, command: string, timeout: number, describe: (r: ExecResult) => string): Promise<void> {
   log(`phase: ${name}`);
+  const quiet = await quietB();
   const th0 = throttled();
   const probe = probeB();
   const [aMs, r] = await timed(() => engine.exec(a.id, { command, timeout }));
   const { lat, failed } = await probe.stop();
   const th1 = throttled();
-  phases.push({ name, outcome: describe(r), aMs, b: summary(lat), bFailed: failed, throttledMs: th1.ms - th0.ms });
+  phases.push({ name, outcome: describe(r), aMs, quiet, b: summary(lat), bFailed: failed, throttledMs: th1.ms - th0.ms });
   // A cleans up after itself between phases: what a fork bomb leaves running outlives its exec
   // (background processes survive an exec by design), so everything but the agent is killed.
   for (let attempt = 1; ; attempt++) {
@@ -101,6 +110,7 @@ const firstLine = (s: string) => s.split('\n').find((l) => l.trim()) ?? '';
   log('phase: fork bomb');
   const bomber = await engine.create({ template: 'base' }, tenant);
   const jailBomber = engine.repo.get(bomber.id)!.vmm!.jail;
+  const quiet = await quietB();
   const probe = probeB();
   const t0 = performance.now();
   let outcome: string;
@@ -114,7 +124,7 @@ const firstLine = (s: string) => s.split('\n').find((l) => l.trim()) ?? '';
   const hostPids = pidsDir ? readFileSync(join(pidsDir, 'pids.current'), 'utf8').trim() : 'n/a';
   const [delMs] = await timed(() => engine.delete(bomber.id));
   const { lat, failed } = await probe.stop();
-  phases.push({ name: 'fork bomb (own sandbox, 15 s timeout)', outcome: `${outcome}; VMM threads on the host ${hostPids}; deleted in ${fmt(delMs)} ms`, aMs, b: summary(lat), bFailed: failed, throttledMs: NaN });
+  phases.push({ name: 'fork bomb (own sandbox, 15 s timeout)', outcome: `${outcome}; VMM threads on the host ${hostPids}; deleted in ${fmt(delMs)} ms`, aMs, quiet, b: summary(lat), bFailed: failed, throttledMs: NaN });
 }
 await phase('memory hog past guest RAM', 'head -c 600m /dev/zero | tail', 300, (r) => `${flags(r)}; stderr "${firstLine(r.stderr)}"`);
 await phase('disk fill (dd until full)', 'dd if=/dev/zero of=/root/fill bs=1M', 900, (r) => `${flags(r)}; stderr "${firstLine(r.stderr)}"`);
@@ -131,11 +141,11 @@ const conf = jailA ? `confined, cgroup ${jailA.cgroups.length === 1 ? 'v2' : 'v1
 console.log([
   `## Noisy neighbour (accel ${engine.cfg.accel.accel}; VMMs ${conf}; 1 vCPU / 256 MiB guests; host ${readFileSync('/proc/cpuinfo', 'utf8').split('\n').filter((l) => l.startsWith('processor')).length} CPUs)`,
   '',
-  `B's \`true\` exec, one every ${PACE_MS} ms; quiet: n ${base.n}, p50 ${fmt(base.p50)} ms, p99 ${fmt(base.p99)} ms. Host load average ${load0} at the start, ${readFileSync('/proc/loadavg', 'utf8').split(' ')[0]} at the end (other work on the host included).`,
+  `B's \`true\` exec, one every ${PACE_MS} ms; quiet at the start: n ${base.n}, p50 ${fmt(base.p50)} ms, p99 ${fmt(base.p99)} ms; each phase is compared with ${QUIET_MS / 1000} s of quiet just before it. Host load average ${load0} at the start, ${readFileSync('/proc/loadavg', 'utf8').split(' ')[0]} at the end (other work on the host included).`,
   '',
-  '| phase in A | what A was told | A took | B n | B p50 | B p99 | B p99 / quiet p99 | B failures | A throttled |',
-  '|---|---|---|---|---|---|---|---|---|',
-  ...phases.map((p) => `| ${p.name} | ${p.outcome} | ${(p.aMs / 1000).toFixed(1)} s | ${p.b.n} | ${fmt(p.b.p50)} ms | ${fmt(p.b.p99)} ms | ${(p.b.p99 / base.p99).toFixed(2)}× | ${p.bFailed} | ${Number.isFinite(p.throttledMs) ? `${fmt(p.throttledMs)} ms` : 'n/a'} |`),
+  '| phase in A | what A was told | A took | B quiet just before: p50 / p99 | B during: n, p50 / p99 | B p99 during / quiet | B failures | A throttled |',
+  '|---|---|---|---|---|---|---|---|',
+  ...phases.map((p) => `| ${p.name} | ${p.outcome} | ${(p.aMs / 1000).toFixed(1)} s | ${fmt(p.quiet.p50)} / ${fmt(p.quiet.p99)} ms | ${p.b.n}, ${fmt(p.b.p50)} / ${fmt(p.b.p99)} ms | ${(p.b.p99 / p.quiet.p99).toFixed(2)}× | ${p.bFailed} | ${Number.isFinite(p.throttledMs) ? `${fmt(p.throttledMs)} ms` : 'n/a'} |`),
   '',
   `Server RSS: ${rss0.toFixed(0)} MiB before the phases, at most ${rssMax.toFixed(0)} MiB during them, ${rss1.toFixed(0)} MiB after.` +
     (Number.isFinite(memPeak) ? ` A's VMM cgroup: peak ${memPeak.toFixed(0)} MiB of a ${memLimit.toFixed(0)} MiB limit.` : ''),
