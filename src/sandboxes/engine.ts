@@ -686,8 +686,15 @@ export class Engine extends EventEmitter implements SandboxService {
 
   private removeSandboxFiles(row: SandboxRow): void {
     rmSync(join(homePaths(this.cfg.home).sandboxes, row.id), { recursive: true, force: true });
-    // Only its own top layer: every layer below it is a fork point's, removed with the fork point.
-    if (row.vmm?.diskPath) rmSync(row.vmm.diskPath, { force: true });
+    // Every disk layer named after it except those fork points hold (removed with the fork point).
+    // By name rather than by the row's top-disk path: a delete that overtakes a fork may read the
+    // row before the fork recorded the parent's new top layer.
+    const held = new Set(this.repo.allForkPoints().map((f) => f.disk_path));
+    if (row.vmm?.diskPath && !held.has(row.vmm.diskPath)) rmSync(row.vmm.diskPath, { force: true });
+    for (const f of readdirSync(this.disksDir)) {
+      const p = join(this.disksDir, f);
+      if (f.startsWith(`${row.id}-`) && !held.has(p)) rmSync(p, { force: true });
+    }
     rmSync(join(this.cfg.ramDir, `${row.id}.mem`), { force: true });
   }
 
