@@ -1,3 +1,5 @@
+import { parseSse } from '../sdk/transport.js';
+
 /**
  * A minimal HTTP client for the REST API, used by the CLI. Errors come back as CliHttpError carrying
  * the server's stable error code.
@@ -42,27 +44,12 @@ export class ApiClient {
       } catch {}
       throw toError(res.status, parsed);
     }
-    const decoder = new TextDecoder();
-    let buf = '';
     let result: any = undefined;
-    for await (const chunk of res.body as any as AsyncIterable<Uint8Array>) {
-      buf += decoder.decode(chunk, { stream: true });
-      let sep: number;
-      while ((sep = buf.indexOf('\n\n')) >= 0) {
-        const block = buf.slice(0, sep);
-        buf = buf.slice(sep + 2);
-        let event = 'message';
-        const data: string[] = [];
-        for (const line of block.split('\n')) {
-          if (line.startsWith('event:')) event = line.slice(6).trim();
-          else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
-        }
-        if (data.length === 0) continue;
-        const payload = JSON.parse(data.join('\n'));
-        if (event === 'error') throw toError(0, payload);
-        if (event === 'result') result = payload;
-        onEvent(event, payload);
-      }
+    for await (const { event, data } of parseSse(res.body)) {
+      const payload = JSON.parse(data);
+      if (event === 'error') throw toError(0, payload);
+      if (event === 'result') result = payload;
+      onEvent(event, payload);
     }
     if (result === undefined) throw new CliHttpError(0, 'stream_ended', 'The stream ended without a result.');
     return result;
