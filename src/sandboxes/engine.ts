@@ -411,18 +411,10 @@ export class Engine extends EventEmitter implements SandboxService {
   private async forkRunning(r: Running, opts: ForkOptions): Promise<SandboxInfo[]> {
     const parentRow = this.repo.get(r.id)!;
     const shape = this.shapeOf(parentRow);
-    const fpId = newForkPointId();
-    const fpDir = join(this.cfg.home, 'forkpoints', fpId);
-    const fpMem = join(this.cfg.ramDir, `${fpId}.mem`);
     // The parent's current top layer becomes the fork point's frozen disk, in place.
     const fpDisk = r.live.record.diskPath;
-    mkdirSync(fpDir, { recursive: true });
-    // Persist first: the fork point is referenced by the parent from the moment its disk freezes.
-    this.repo.tx(() => {
-      this.repo.addForkPoint(fpId, fpDir, fpMem, fpDisk);
-      this.repo.addRef(fpId, r.id);
-      for (const up of this.repo.refsOf(r.id)) if (up !== fpId) this.repo.addRef(up, fpId);
-      this.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: fpId, startedAt: Date.now() } });
+    const { fpId, fpDir, fpMem } = this.beginForkPoint(r.id, fpDisk, (id) => {
+      this.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: id, startedAt: Date.now() } });
     });
     const vmm = r.live.vmm;
     const children: PendingVm[] = [];
@@ -463,6 +455,25 @@ export class Engine extends EventEmitter implements SandboxService {
       this.gcForkPoints();
       throw vmmFailure('fork', e);
     }
+  }
+
+  /**
+   * Records a new fork point on `fpDisk` before anything moves, in one transaction with `alsoInTx`:
+   * the owner references it from the moment its disk freezes, and the fork point inherits the
+   * owner's references (its disk chain and RAM lie on those).
+   */
+  private beginForkPoint(owner: string, fpDisk: string, alsoInTx: (fpId: string) => void): { fpId: string; fpDir: string; fpMem: string } {
+    const fpId = newForkPointId();
+    const fpDir = join(this.cfg.home, 'forkpoints', fpId);
+    const fpMem = join(this.cfg.ramDir, `${fpId}.mem`);
+    mkdirSync(fpDir, { recursive: true });
+    this.repo.tx(() => {
+      this.repo.addForkPoint(fpId, fpDir, fpMem, fpDisk);
+      this.repo.addRef(fpId, owner);
+      for (const up of this.repo.refsOf(owner)) if (up !== fpId) this.repo.addRef(up, fpId);
+      alsoInTx(fpId);
+    });
+    return { fpId, fpDir, fpMem };
   }
 
   private async spawnChildren(
@@ -526,18 +537,11 @@ export class Engine extends EventEmitter implements SandboxService {
     if (!snap || !row.vmm) throw invalidState(row.id, row.state, 'fork', ['running', 'suspended']);
     return this.serialized(row.id, async () => {
       const shape = this.shapeOf(row);
-      const fpId = newForkPointId();
-      const fpDir = join(this.cfg.home, 'forkpoints', fpId);
-      const fpMem = join(this.cfg.ramDir, `${fpId}.mem`);
       // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
       const fpDisk = row.vmm!.diskPath;
       const newDisk = newDiskPath(this.disksDir, row.id);
-      mkdirSync(fpDir, { recursive: true });
       await createOverlay(newDisk, fpDisk, 'qcow2');
-      this.repo.tx(() => {
-        this.repo.addForkPoint(fpId, fpDir, fpMem, fpDisk);
-        this.repo.addRef(fpId, row.id);
-        for (const up of this.repo.refsOf(row.id)) if (up !== fpId) this.repo.addRef(up, fpId);
+      const { fpId, fpDir, fpMem } = this.beginForkPoint(row.id, fpDisk, () => {
         this.repo.update(row.id, { vmm: { ...row.vmm!, diskPath: newDisk } });
       });
       const children: PendingVm[] = [];
