@@ -4,6 +4,8 @@ import { createHash } from 'node:crypto';
 import { detectAccel, type AccelChoice } from './vmm/accel.js';
 import type { JailSettings } from './vmm/jail.js';
 import type { CgroupMode } from './vmm/cgroup.js';
+import type { NetSettings } from './net/netns.js';
+import { parseEgress, type EgressPolicy } from './net/policy.js';
 
 /** Engine settings with their embedded defaults. Every knob has an environment override. */
 export interface EngineConfig {
@@ -38,6 +40,10 @@ export interface EngineConfig {
   /** Short digest of the home: names this home's RAM directory and VMM cgroups. */
   homeTag: string;
   debugGuest: boolean;
+  /** Per-sandbox networking (src/net): namespaces, taps, egress policy, ports proxy. */
+  net: NetSettings;
+  /** Egress policy of catalog templates' sandboxes (COLLIMATE_CATALOG_EGRESS: none | allow | JSON allowlist). */
+  catalogEgress: EgressPolicy;
   /** Guest RAM of every catalog template, overriding the catalog's own (benchmarks, big workloads). */
   catalogMemoryMib?: number;
 }
@@ -74,6 +80,25 @@ export function jailSettings(env: NodeJS.ProcessEnv = process.env): JailSettings
   };
 }
 
+export function netSettings(env: NodeJS.ProcessEnv = process.env): NetSettings {
+  return {
+    mode: enumEnv(env, 'COLLIMATE_NET', ['auto', 'on', 'off'] as const, 'auto'),
+    transitCidr: env.COLLIMATE_NET_TRANSIT || '10.201.0.0/16',
+    dnsUpstream: env.COLLIMATE_DNS_UPSTREAM || undefined,
+    runDir: env.COLLIMATE_RUN_DIR || '/run/collimate',
+  };
+}
+
+function catalogEgress(env: NodeJS.ProcessEnv): EgressPolicy {
+  const v = env.COLLIMATE_CATALOG_EGRESS;
+  if (v === undefined || v === '') return 'allow';
+  try {
+    return parseEgress(v === 'none' || v === 'allow' ? v : JSON.parse(v), 'COLLIMATE_CATALOG_EGRESS');
+  } catch (e) {
+    throw new Error(`COLLIMATE_CATALOG_EGRESS must be none, allow or a JSON allowlist: ${(e as Error).message}`);
+  }
+}
+
 export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.ProcessEnv = process.env): EngineConfig {
   const home = overrides.home ?? defaultHome(env);
   const tag = (p: string) => createHash('sha256').update(p).digest('hex').slice(0, 12);
@@ -100,6 +125,8 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     jail: jailSettings(env),
     homeTag,
     debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
+    net: netSettings(env),
+    catalogEgress: catalogEgress(env),
     catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,
     ...overrides,
   };

@@ -10,6 +10,7 @@ import { agentBinary } from './agentAsset.js';
 import { seedLibrary } from './seedAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { DEBIAN_CATALOG } from './debianRootfs.js';
+import type { EgressPolicy } from '../net/policy.js';
 
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
@@ -23,6 +24,8 @@ export interface ReadyTemplate {
   deviceState: Buffer;
   /** Applied to every exec of the template's sandboxes (request fields win over env and cwd). */
   execDefaults?: ExecDefaults;
+  /** The egress policy of its sandboxes unless a create narrows it (src/net/policy.ts). */
+  egress: EgressPolicy;
 }
 
 export interface ExecDefaults {
@@ -44,6 +47,8 @@ export interface TemplateRecipe {
   diskMib: number;
   ready?: ReadyParams;
   execDefaults?: ExecDefaults;
+  /** The environment's egress policy (default: "allow"). */
+  egress?: EgressPolicy;
 }
 
 /** The guest assets every template shares: kernel, agent, seed library, initramfs. */
@@ -73,7 +78,7 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
   );
   return {
     id: recipe.id, kind: 'environment', tenant: recipe.tenant, description: recipe.description, interpreter: recipe.interpreter,
-    artifact, deviceState: readFileSync(artifact.devStatePath), execDefaults: recipe.execDefaults,
+    artifact, deviceState: readFileSync(artifact.devStatePath), execDefaults: recipe.execDefaults, egress: recipe.egress ?? 'allow',
   };
 }
 
@@ -107,7 +112,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
       shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
     );
-    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath) });
+    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress });
   }
   return out;
 }

@@ -21,7 +21,9 @@ import {
 } from './runtime.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
+  EgressPolicy, OpenPort, PortTarget,
 } from './types.js';
+import { widening } from '../net/policy.js';
 
 /** A sandbox that is running in this process: its VMM, agent link and operation queue. */
 interface Running {
@@ -248,6 +250,7 @@ export class Engine extends EventEmitter implements SandboxService {
   async create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo> {
     this.assertOpen();
     const t = this.resolveTemplate(opts.template, scope.tenant);
+    const egress = this.effectiveEgress(t, opts.egress);
     const pool = this.pools.get(t.kind === 'catalog' ? t.id : envKey(scope.tenant, t.id))!;
     const pending = await pool.take();
     let live: LiveVm | undefined;
@@ -259,7 +262,7 @@ export class Engine extends EventEmitter implements SandboxService {
         created_at: now, last_active: now, exec_count: 0, parent: null, forked_at: null,
         timeout_secs: opts.timeoutSecs ?? this.cfg.defaultSessionSecs, session_started_at: now,
         vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib, disk_mib: t.artifact.diskMib,
-        vmm: live.record, snapshot: null, pending_op: null,
+        egress, vmm: live.record, snapshot: null, pending_op: null,
       };
       this.repo.insert(row);
       this.running.set(row.id, { id: row.id, live, queue: new ExecQueue(), deleting: false });
@@ -270,6 +273,26 @@ export class Engine extends EventEmitter implements SandboxService {
       await this.destroyPending(pending).catch(() => {});
       throw vmmFailure('create', e);
     }
+  }
+
+  /** The template's policy, or the create's if it is the same or narrower. */
+  private effectiveEgress(t: ReadyTemplate, asked: EgressPolicy | undefined): EgressPolicy {
+    if (asked === undefined) return t.egress;
+    const wider = widening(asked, t.egress);
+    if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${t.id}'s: ${wider}. A sandbox may only narrow its environment's policy.`);
+    return asked;
+  }
+
+  // ---- ports -----------------------------------------------------------------------------------
+
+  async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
+    this.rowFor(id, scope);
+    return [];
+  }
+
+  portTarget(id: string, _port: number, scope?: Scope): PortTarget {
+    this.runningFor(id, scope, 'reaching a port');
+    throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
   }
 
   // ---- exec and files --------------------------------------------------------------------------
@@ -509,7 +532,7 @@ export class Engine extends EventEmitter implements SandboxService {
         labels: { ...parentRow.labels, ...(opts.labels ?? {}) },
         created_at: now, last_active: now, exec_count: 0, parent: parentRow.id, forked_at: now,
         timeout_secs: parentRow.timeout_secs, session_started_at: now,
-        vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib,
+        vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
         vmm: lives[i].record, snapshot: null, pending_op: null,
       }));
       this.repo.tx(() => {

@@ -1,6 +1,8 @@
 import type { Db } from '../store/db.js';
 import type { JailRecord } from '../vmm/jail.js';
-import type { SandboxInfo, SandboxState, ListFilter } from './types.js';
+import type { NetRecord } from '../net/netns.js';
+import type { EgressPolicy } from '../net/policy.js';
+import type { SandboxInfo, SandboxState, ListFilter, OpenPort } from './types.js';
 
 /** Internal states: the spec's three plus the in-flight ones a crash can leave behind. */
 export type RowState = SandboxState | 'creating' | 'suspending' | 'resuming' | 'deleting';
@@ -18,6 +20,8 @@ export interface VmmRecord {
   artifactKey: string;
   /** The VMM's uid and cgroup when it runs confined (src/vmm/jail.ts). */
   jail?: JailRecord;
+  /** The network namespace the VMM runs in, when networking is on (src/net/netns.ts). */
+  net?: NetRecord;
 }
 
 export interface SnapshotRecord {
@@ -48,6 +52,8 @@ export interface SandboxRow {
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
+  /** The effective egress policy (the environment's, or narrower if given at create); inherited by forks. */
+  egress: EgressPolicy;
   vmm: VmmRecord | null;
   snapshot: SnapshotRecord | null;
   pending_op: PendingOp | null;
@@ -57,6 +63,7 @@ function decode(r: any): SandboxRow {
   return {
     ...r,
     labels: JSON.parse(r.labels),
+    egress: JSON.parse(r.egress),
     vmm: r.vmm ? JSON.parse(r.vmm) : null,
     snapshot: r.snapshot ? JSON.parse(r.snapshot) : null,
     pending_op: r.pending_op ? JSON.parse(r.pending_op) : null,
@@ -69,11 +76,12 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, vcpus, memory_mib, disk_mib, vmm, snapshot, pending_op)
+        timeout_secs, session_started_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @vcpus, @memory_mib, @disk_mib, @vmm, @snapshot, @pending_op)`).run({
+        @timeout_secs, @session_started_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op)`).run({
       ...row,
       labels: JSON.stringify(row.labels),
+      egress: JSON.stringify(row.egress),
       vmm: row.vmm ? JSON.stringify(row.vmm) : null,
       snapshot: row.snapshot ? JSON.stringify(row.snapshot) : null,
       pending_op: row.pending_op ? JSON.stringify(row.pending_op) : null,
@@ -90,7 +98,7 @@ export class SandboxRepo {
     const vals: Record<string, unknown> = { id };
     for (const [k, v] of Object.entries(fields)) {
       cols.push(`${k} = @${k}`);
-      vals[k] = k === 'labels' || k === 'vmm' || k === 'snapshot' || k === 'pending_op' ? (v == null ? null : JSON.stringify(v)) : v;
+      vals[k] = k === 'labels' || k === 'egress' || k === 'vmm' || k === 'snapshot' || k === 'pending_op' ? (v == null ? null : JSON.stringify(v)) : v;
     }
     if (cols.length === 0) return;
     this.db.prepare(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = @id`).run(vals);
@@ -169,7 +177,7 @@ export class SandboxRepo {
   }
 }
 
-export function toInfo(row: SandboxRow, children: string[], now = Date.now()): SandboxInfo {
+export function toInfo(row: SandboxRow, children: string[], now = Date.now(), ports: OpenPort[] = []): SandboxInfo {
   const publicState: SandboxState = row.state === 'suspended' ? 'suspended' : row.state === 'deleted' ? 'deleted' : 'running';
   return {
     id: row.id,
@@ -189,6 +197,8 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now()): S
     vcpus: row.vcpus,
     memory_mib: row.memory_mib,
     disk_mib: row.disk_mib,
+    egress: row.egress,
+    ports,
   };
 }
 

@@ -3,6 +3,10 @@
  * SandboxService; nothing below it knows about HTTP or MCP.
  */
 
+import type { EgressPolicy } from '../net/policy.js';
+
+export type { EgressPolicy } from '../net/policy.js';
+
 export type SandboxState = 'running' | 'suspended' | 'deleted';
 
 /** Scope of a call: which tenant is acting. Ids of other tenants read as not found. */
@@ -30,6 +34,25 @@ export interface SandboxInfo {
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
+  /** What the sandbox may reach (src/net/policy.ts): its environment's policy, or narrower if given at create. */
+  egress: EgressPolicy;
+  /**
+   * TCP ports a server listens on inside the sandbox, reachable through the ports proxy
+   * (`/v1/sandboxes/{id}/ports/{port}/…`). Read live by GET of one sandbox when it is idle; other
+   * views show the last reading.
+   */
+  ports: OpenPort[];
+}
+
+export interface OpenPort {
+  port: number;
+  protocol: 'tcp';
+}
+
+/** Where the host reaches a port of a sandbox (the proxy connects here). */
+export interface PortTarget {
+  host: string;
+  port: number;
 }
 
 export interface ExecFile {
@@ -102,6 +125,8 @@ export interface CreateOptions {
   labels?: Record<string, string>;
   /** Maximum session duration in seconds (capped by the tier in the API layer). */
   timeoutSecs?: number;
+  /** Narrows the template's egress policy for this sandbox (never widens it: egress_forbidden). Default: the template's. */
+  egress?: EgressPolicy;
 }
 
 export interface ForkOptions {
@@ -140,6 +165,13 @@ export interface SandboxService {
   delete(id: string, scope?: Scope): Promise<void>;
   readFile(id: string, path: string, scope?: Scope): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, scope?: Scope, mode?: number): Promise<void>;
+  /** Reads the listening TCP ports inside a running sandbox (the last reading if an exec is running). */
+  openPorts(id: string, scope?: Scope): Promise<OpenPort[]>;
+  /**
+   * Where to connect to reach `port` inside the sandbox. Throws network_unavailable when the server
+   * runs without networking, invalid_state unless running.
+   */
+  portTarget(id: string, port: number, scope?: Scope): PortTarget;
   /** Number of running sandboxes the tenant holds (for tier caps). */
   countRunning(tenant: string): number;
 }

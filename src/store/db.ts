@@ -63,6 +63,12 @@ const migrations: Migration[] = [
       );
     `,
   },
+  {
+    version: 2,
+    name: 'sandbox egress policy',
+    // JSON of the sandbox's effective egress policy (src/net/policy.ts); rows from before networking read as "none".
+    sql: `ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '"none"';`,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

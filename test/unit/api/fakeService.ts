@@ -17,6 +17,8 @@ import type {
   ExecStreamHandlers,
   ForkOptions,
   ListFilter,
+  OpenPort,
+  PortTarget,
   SandboxInfo,
   SandboxService,
   SandboxState,
@@ -278,6 +280,16 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     box.files.set(path, Buffer.from(data));
   }
 
+  async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
+    this.find(id, scope);
+    return [];
+  }
+
+  portTarget(id: string, _port: number, scope?: Scope): PortTarget {
+    this.find(id, scope);
+    throw new CollimateError('network_unavailable', 'The fake service has no network.');
+  }
+
   countRunning(tenant: string): number {
     let n = 0;
     for (const b of this.boxes.values()) if (b.tenant === tenant && b.state === 'running') n++;
@@ -347,6 +359,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       vcpus: b.vcpus,
       memory_mib: b.memoryMib,
       disk_mib: b.diskMib,
+      egress: 'allow',
+      ports: [],
     };
   }
 }
