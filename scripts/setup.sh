@@ -16,7 +16,8 @@ DEBIAN_PACKAGES=(
   e2fsprogs                         # the writable ext4 layer
   cpio                              # the initramfs
   debootstrap                       # the Debian base layer of the python and node templates
-  iproute2 procps util-linux        # ip, ps, nsenter for tests and diagnostics
+  iproute2 procps util-linux        # ip (network namespaces, veth, tap), ps, nsenter
+  nftables                          # the egress policy in each sandbox's namespace (src/net/nft.ts)
   ca-certificates
 )
 

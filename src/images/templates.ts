@@ -11,6 +11,7 @@ import { seedLibrary } from './seedAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { DEBIAN_CATALOG } from './debianRootfs.js';
 import type { EgressPolicy } from '../net/policy.js';
+import { guestNetArg, networkingOn } from '../net/netns.js';
 
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
@@ -61,6 +62,17 @@ export async function guestBase(cfg: EngineConfig, progress: (m: string) => void
   return { kernel, initramfs };
 }
 
+/** The guest kernel's command line: clock set-up under TCG, the NIC's address when networking is on. */
+function guestCmdline(cfg: EngineConfig): string {
+  const extra = [...guestClockArgs(cfg.accel.accel), ...(networkingOn(cfg.net) ? [guestNetArg()] : [])];
+  return kernelCmdline({ debug: cfg.debugGuest, extra });
+}
+
+/** With networking on every template has a NIC (a restore must have the checkpoint's devices). */
+function nicOf(cfg: EngineConfig): { nic?: true } {
+  return networkingOn(cfg.net) ? { nic: true } : {};
+}
+
 /** Bakes (or finds cached) the artifact of a recipe; `log` gets the ready steps' output. */
 export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, progress: (m: string) => void, log?: (c: string) => void): Promise<ReadyTemplate> {
   const { kernel, initramfs } = await guestBase(cfg, progress);
@@ -69,8 +81,9 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
     memoryMib: recipe.memoryMib,
     kernel: kernel.vmlinuz,
     initrd: initramfs.path,
-    cmdline: kernelCmdline({ debug: cfg.debugGuest, extra: guestClockArgs(cfg.accel.accel) }),
+    cmdline: guestCmdline(cfg),
     layers: recipe.layers.map((l) => l.path),
+    ...nicOf(cfg),
   };
   const artifact = await ensureArtifact(
     { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress, log },
@@ -105,8 +118,9 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
       kernel: kernel.vmlinuz,
       initrd: initramfs.path,
-      cmdline: kernelCmdline({ debug: cfg.debugGuest, extra: guestClockArgs(cfg.accel.accel) }),
+      cmdline: guestCmdline(cfg),
       layers: layers.map((l) => l.path),
+      ...nicOf(cfg),
     };
     const artifact = await ensureArtifact(
       { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },

@@ -23,7 +23,9 @@ import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   EgressPolicy, OpenPort, PortTarget,
 } from './types.js';
-import { widening } from '../net/policy.js';
+import { policyKey, widening } from '../net/policy.js';
+import { netAvailability, netFor, forgetNet, type NetManager } from '../net/netns.js';
+import { listeningPorts } from '../net/ports.js';
 
 /** A sandbox that is running in this process: its VMM, agent link and operation queue. */
 interface Running {
@@ -63,6 +65,10 @@ export class Engine extends EventEmitter implements SandboxService {
   private dirtyActivity = new Set<string>();
   private ready = false;
   private closing = false;
+  /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
+  private net: NetManager | null = null;
+  /** The last reading of each running sandbox's listening ports. */
+  private readonly portCache = new Map<string, OpenPort[]>();
 
   private constructor(readonly cfg: EngineConfig, readonly db: Db, private readonly opts: EngineOptions) {
     super();
@@ -80,6 +86,8 @@ export class Engine extends EventEmitter implements SandboxService {
     const db = openDb(paths.db);
     const engine = new Engine(cfg, db, opts);
     if (!opts.noTemplates) {
+      engine.net = await netFor(cfg);
+      engine.net?.refill();
       // Reconcile before the pools spawn anything: every VMM dir found now belongs to the past.
       await engine.reconcile();
       await engine.warmTemplates();
@@ -125,10 +133,12 @@ export class Engine extends EventEmitter implements SandboxService {
     const pending = await spawnIncoming(this.cfg, t.artifact.shape, {
       id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
       backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: t.artifact.key,
-      trustedLayers: [t.artifact.diskPath],
+      trustedLayers: [t.artifact.diskPath], network: true,
     });
-    if (!this.cfg.prewarmPool) return pending;
     try {
+      // The template's policy is in place before the guest first runs; a create that narrows it re-applies.
+      if (pending.record.net) await this.net!.apply(pending.record.net, t.egress);
+      if (!this.cfg.prewarmPool) return pending;
       return await prewarm(pending, t.deviceState);
     } catch (e) {
       await this.destroyPending(pending).catch(() => {});
@@ -228,7 +238,7 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   get(id: string, scope?: Scope): SandboxInfo {
-    return toInfo(this.rowFor(id, scope), this.repo.children(id));
+    return toInfo(this.rowFor(id, scope), this.repo.children(id), Date.now(), this.portCache.get(id));
   }
 
   list(filter: ListFilter, scope?: Scope): { sandboxes: SandboxInfo[]; next: string | null } {
@@ -236,7 +246,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const rows = this.repo.list({ ...filter, limit }, scope?.tenant);
     const page = rows.slice(0, limit);
     return {
-      sandboxes: page.map((r) => toInfo(r, this.repo.children(r.id))),
+      sandboxes: page.map((r) => toInfo(r, this.repo.children(r.id), Date.now(), this.portCache.get(r.id))),
       next: rows.length > limit ? page[page.length - 1].id : null,
     };
   }
@@ -255,6 +265,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const pending = await pool.take();
     let live: LiveVm | undefined;
     try {
+      if (pending.record.net && policyKey(egress) !== policyKey(t.egress)) await this.net!.apply(pending.record.net, egress);
       live = pending.warm ? await claimWarm(pending.warm, pending.id) : await restoreCheckpoint(pending, t.deviceState, pending.id);
       const now = Date.now();
       const row: SandboxRow = {
@@ -277,6 +288,12 @@ export class Engine extends EventEmitter implements SandboxService {
 
   /** The template's policy, or the create's if it is the same or narrower. */
   private effectiveEgress(t: ReadyTemplate, asked: EgressPolicy | undefined): EgressPolicy {
+    if (!this.net || !t.artifact.shape.nic) {
+      if (asked !== undefined && asked !== 'none') {
+        throw new CollimateError('network_unavailable', `This server runs without networking (${this.networkReason()}), so sandboxes have no egress; create without egress or with "none".`);
+      }
+      return 'none';
+    }
     if (asked === undefined) return t.egress;
     const wider = widening(asked, t.egress);
     if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${t.id}'s: ${wider}. A sandbox may only narrow its environment's policy.`);
@@ -285,14 +302,42 @@ export class Engine extends EventEmitter implements SandboxService {
 
   // ---- ports -----------------------------------------------------------------------------------
 
-  async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
-    this.rowFor(id, scope);
-    return [];
+  private networkReason(): string {
+    return netAvailability(this.cfg.net).reason;
   }
 
-  portTarget(id: string, _port: number, scope?: Scope): PortTarget {
-    this.runningFor(id, scope, 'reaching a port');
-    throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
+  /** Networking as /healthz shows it. */
+  networkStatus(): { enabled: boolean; reason?: string } {
+    return this.net ? { enabled: true } : { enabled: false, reason: this.networkReason() };
+  }
+
+  /**
+   * The listening TCP ports of a running sandbox, read from the guest's /proc/net/tcp{,6} when no
+   * operation is queued on it (an exec may run for an hour: then the last reading).
+   */
+  async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
+    const row = this.rowFor(id, scope);
+    const r = this.running.get(id);
+    if (row.state !== 'running' || !r || r.deleting || !row.vmm?.net) return this.portCache.get(id) ?? [];
+    if (r.queue.depth > 0) return this.portCache.get(id) ?? [];
+    try {
+      const ports = await r.queue.run(async () => {
+        const tables = await Promise.all(['/proc/net/tcp', '/proc/net/tcp6'].map((p) => r.live.agent.readFile(p).then((b) => b.toString(), () => '')));
+        return listeningPorts(tables.join('\n'));
+      });
+      this.portCache.set(id, ports);
+      return ports;
+    } catch {
+      return this.portCache.get(id) ?? [];
+    }
+  }
+
+  portTarget(id: string, port: number, scope?: Scope): PortTarget {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new CollimateError('validation_error', `port must be an integer from 1 to 65535, not ${JSON.stringify(port)}.`);
+    const r = this.runningFor(id, scope, 'reaching a port');
+    const net = r.live.record.net;
+    if (!net) throw new CollimateError('network_unavailable', `Sandbox ${id} has no network (${this.net ? 'its template was baked without one' : this.networkReason()}), so its ports cannot be reached.`);
+    return { host: net.nsIp, port };
   }
 
   // ---- exec and files --------------------------------------------------------------------------
@@ -512,9 +557,11 @@ export class Engine extends EventEmitter implements SandboxService {
         const p = await spawnIncoming(this.cfg, shape, {
           id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: fpMem, memShared: false,
           backing: { path: fpDisk, format: 'qcow2' }, diskPath: newDiskPath(this.disksDir, id), artifactKey: parentRow.vmm?.artifactKey ?? '',
-          trustedLayers: this.layersOf(fpId, parentRow.vmm?.artifactKey ?? ''),
+          trustedLayers: this.layersOf(fpId, parentRow.vmm?.artifactKey ?? ''), network: true,
         });
         children.push(p);
+        // Children inherit the parent's policy, in place before they wake.
+        if (p.record.net) await this.net!.apply(p.record.net, parentRow.egress);
         return p;
       }));
       const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -665,8 +712,9 @@ export class Engine extends EventEmitter implements SandboxService {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
         pending = await spawnIncoming(this.cfg, shape, {
           id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: this.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
-          trustedLayers: this.layersOf(id, rec.artifactKey),
+          trustedLayers: this.layersOf(id, rec.artifactKey), network: true,
         });
+        if (pending.record.net) await this.net!.apply(pending.record.net, cur.egress);
         await restoreStream(pending, snap.statePath);
         live = await finishRestore(pending, id);
       } catch (e) {
@@ -697,7 +745,7 @@ export class Engine extends EventEmitter implements SandboxService {
       await r.live.vmm.kill();
       this.running.delete(id);
     } else if (row.vmm) {
-      await killRecorded(row.vmm);
+      await killRecorded(this.cfg, row.vmm);
     }
     this.removeSandboxFiles(row);
     this.repo.tx(() => {
@@ -707,6 +755,7 @@ export class Engine extends EventEmitter implements SandboxService {
     });
     this.activity.delete(id);
     this.dirtyActivity.delete(id);
+    this.portCache.delete(id);
     this.gcForkPoints();
     this.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: 'delete' });
   }
@@ -778,7 +827,7 @@ export class Engine extends EventEmitter implements SandboxService {
       known.add(row.id);
       await this.reconcileRow(row).catch(async (e) => {
         this.opts.progress?.(`reconcile ${row.id}: ${(e as Error).message}; marking it deleted`);
-        if (row.vmm) await killRecorded(row.vmm);
+        if (row.vmm) await killRecorded(this.cfg, row.vmm);
         this.markLost(row);
       });
     }
@@ -786,14 +835,14 @@ export class Engine extends EventEmitter implements SandboxService {
     const sbxRoot = homePaths(this.cfg.home).sandboxes;
     for (const d of readdirSync(sbxRoot)) {
       if (known.has(d) && this.repo.get(d)?.state !== 'deleted') continue;
-      await killFromDir(join(sbxRoot, d));
+      await killFromDir(this.cfg, join(sbxRoot, d));
       rmSync(join(sbxRoot, d), { recursive: true, force: true });
     }
     // Fork points whose recv VMM survived a crash mid-fork.
     const fpRoot = join(this.cfg.home, 'forkpoints');
     const fps = new Set(this.repo.allForkPoints().map((f) => f.id));
     for (const d of readdirSync(fpRoot)) {
-      await killFromDir(join(fpRoot, d, 'recv'));
+      await killFromDir(this.cfg, join(fpRoot, d, 'recv'));
       rmSync(join(fpRoot, d, 'recv'), { recursive: true, force: true });
       if (!fps.has(d)) rmSync(join(fpRoot, d), { recursive: true, force: true });
     }
@@ -819,11 +868,13 @@ export class Engine extends EventEmitter implements SandboxService {
     }
     // Cgroups of VMMs that never started (a crash between preparing a VMM and spawning it).
     await sweepConfinement(this.cfg);
+    // Namespaces of VMMs that are gone (or never started).
+    await this.net?.sweep(new Set([...this.running.values()].map((r) => r.live.record.net?.ns).filter((n): n is string => !!n)));
   }
 
   private async reconcileRow(row: SandboxRow): Promise<void> {
     if (row.state === 'deleting') {
-      if (row.vmm) await killRecorded(row.vmm);
+      if (row.vmm) await killRecorded(this.cfg, row.vmm);
       this.removeSandboxFiles(row);
       this.markLost(row);
       return;
@@ -831,7 +882,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const snapDir = join(homePaths(this.cfg.home).sandboxes, row.id, 'suspend');
     if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
       // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
-      if (row.vmm) await killRecorded(row.vmm);
+      if (row.vmm) await killRecorded(this.cfg, row.vmm);
       if (row.state !== 'suspended') {
         const statePath = join(snapDir, 'state.mig');
         this.repo.update(row.id, { state: 'suspended', snapshot: { statePath, bytes: statSync(statePath).size, suspendedAt: Date.now() }, pending_op: null });
@@ -843,6 +894,11 @@ export class Engine extends EventEmitter implements SandboxService {
     const artifact = this.artifactFor(row.vmm.artifactKey);
     const live = await adoptVm(this.cfg, artifact.shape, row.vmm, row.id);
     if (!live) throw new Error('its VMM is gone');
+    // The namespace kept its rules, but its resolver went with the previous server: point DNS at a new one.
+    if (live.record.net) {
+      if (!this.net) { await live.vmm.kill(); throw new Error('it has a network namespace but networking is off now'); }
+      await this.net.apply(live.record.net, row.egress);
+    }
     // A half-done suspend or fork is rolled back: adoptVm resumed a stopped VM.
     rmSync(snapDir, { recursive: true, force: true });
     this.repo.update(row.id, { state: 'running', vmm: live.record, pending_op: null });
@@ -890,6 +946,9 @@ export class Engine extends EventEmitter implements SandboxService {
     this.flushActivity();
     for (const r of this.running.values()) { r.live.agent.close(); r.live.vmm.qmp.close(); }
     this.running.clear();
+    // Running VMMs keep their namespaces (and rules) for the next server; the pool and resolvers go.
+    await this.net?.close();
+    forgetNet(this.cfg);
     this.db.close();
     // The RAM directory goes too once nothing in it is left (running VMMs keep theirs).
     try { rmdirSync(this.cfg.ramDir); } catch { /* not empty, or already gone */ }
@@ -929,20 +988,20 @@ function ownsMemFile(memPath: string, id: string): boolean {
 }
 
 /** Stops a VMM known only by its record (not in memory: suspended, or found at start). */
-async function killRecorded(rec: VmmRecord): Promise<void> {
+async function killRecorded(cfg: EngineConfig, rec: VmmRecord): Promise<void> {
   if (rec.pid && isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) {
     try { process.kill(rec.pid, 'SIGKILL'); } catch { /* gone */ }
     const deadline = Date.now() + 5000;
     while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
   }
-  await releaseRecorded(rec);
+  await releaseRecorded(cfg, rec);
 }
 
-async function killFromDir(dir: string): Promise<void> {
+async function killFromDir(cfg: EngineConfig, dir: string): Promise<void> {
   const f = vmmFiles(dir).vmmJson;
   if (!existsSync(f)) return;
   try {
-    await killRecorded(JSON.parse(readFileSync(f, 'utf8')) as VmmRecord);
+    await killRecorded(cfg, JSON.parse(readFileSync(f, 'utf8')) as VmmRecord);
   } catch {
     // unreadable record: nothing we can safely kill
   }

@@ -3,7 +3,8 @@ import { mkdirSync, writeFileSync, rmSync, createReadStream, chmodSync, lstatSyn
 import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
-import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
+import { jailerFor, releaseJail, sealShared, type JailLaunch } from '../vmm/jail.js';
+import { netFor, NETNS_DIR } from '../net/netns.js';
 import { homePaths } from '../images/cache.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
@@ -63,7 +64,7 @@ export async function createOverlay(path: string, backing: string, backingFormat
 function specFor(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, incoming: boolean): VmSpec {
   return machineSpec({
     qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, shape, dir: rec.dir,
-    memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming,
+    memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming, tap: !!rec.net,
   });
 }
 
@@ -79,6 +80,11 @@ export async function spawnIncoming(
     id: string; dir: string; memPath: string; memShared: boolean; backing: { path: string; format: 'raw' | 'qcow2' } | null; diskPath: string; artifactKey: string;
     /** Every read-only layer the disk may sit on, as the server knows them (see JailRequest.trustedLayers). */
     trustedLayers: string[];
+    /**
+     * A VMM that will run the guest as a sandbox: with networking on it gets a namespace and tap of
+     * its own (fork-point receivers and the like get the NIC on a backend that goes nowhere).
+     */
+    network?: boolean;
   },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
@@ -86,32 +92,41 @@ export async function spawnIncoming(
   const diskPath = opts.diskPath;
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
-  const spec = specFor(cfg, shape, record, true);
-  const jailer = await jailerFor(cfg);
-  const jail = jailer
-    ? await jailer.prepare({
-      name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
-      memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
-      trustedLayers: opts.trustedLayers,
-    })
-    : undefined;
-  if (jail) record.jail = jail.record;
+  const netm = opts.network && shape.nic ? await netFor(cfg) : null;
+  let jail: JailLaunch | undefined;
   let vmm: Vmm;
   try {
+    if (netm) record.net = await netm.acquire();
+    const spec = specFor(cfg, shape, record, true);
+    const jailer = await jailerFor(cfg);
+    jail = jailer
+      ? await jailer.prepare({
+        name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
+        memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
+        trustedLayers: opts.trustedLayers, tun: !!record.net,
+      })
+      : undefined;
+    if (jail) record.jail = jail.record;
+    if (netm && record.net) await netm.attachTap(record.net, jail?.uid);
+    const net = record.net;
     vmm = await Vmm.spawn(spec, {
       logPath: vmmFiles(opts.dir).qemuLog,
       jail,
+      netns: net ? join(NETNS_DIR, net.ns) : undefined,
+      release: netm && net ? () => netm.release(net, { pid: record.pid, startTicks: record.startTicks }) : undefined,
       // Written the moment the process exists, so a server that dies while QEMU starts leaves a
       // record the next start finds and stops it by.
       onSpawned: (pid, startTicks) => {
         record.pid = pid;
         record.startTicks = startTicks;
+        if (netm && net) netm.bind(net, { pid, startTicks });
         writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record), { mode: 0o600 });
         chmodSync(vmmFiles(opts.dir).vmmJson, 0o600);
       },
     });
   } catch (e) {
     await jail?.release();
+    if (netm && record.net) await netm.release(record.net, record.pid ? { pid: record.pid, startTicks: record.startTicks } : undefined).catch(() => {});
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
     rmSync(opts.dir, { recursive: true, force: true });
     if (opts.backing) rmSync(diskPath, { force: true });
@@ -211,15 +226,19 @@ export async function snapshotUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk
 }
 
 /** How an adopted VMM is confined, from its record. */
-function confinementOf(rec: VmmRecord): VmmConfinement | undefined {
-  const jail = rec.jail;
-  if (!jail) return undefined;
-  return { uid: jail.uid, release: () => releaseJail(jail, { pid: rec.pid, startTicks: rec.startTicks }) };
+function confinementOf(cfg: EngineConfig, rec: VmmRecord): VmmConfinement | undefined {
+  if (!rec.jail && !rec.net) return undefined;
+  return { uid: rec.jail?.uid, release: () => releaseRecorded(cfg, rec) };
 }
 
-/** Gives back the uid and cgroup of a recorded VMM whose process is gone (or never to be adopted). */
-export async function releaseRecorded(rec: VmmRecord): Promise<void> {
-  if (rec.jail) await releaseJail(rec.jail, { pid: rec.pid, startTicks: rec.startTicks });
+/** Gives back the uid, cgroup and network namespace of a recorded VMM whose process is gone (or never to be adopted). */
+export async function releaseRecorded(cfg: EngineConfig, rec: VmmRecord): Promise<void> {
+  const owner = { pid: rec.pid, startTicks: rec.startTicks };
+  try {
+    if (rec.jail) await releaseJail(rec.jail, owner);
+  } finally {
+    if (rec.net) await (await netFor(cfg))?.release(rec.net, owner);
+  }
 }
 
 /** Removes this home's VMM cgroups no process is in (run after reconcile has stopped every stray VMM). */
@@ -229,7 +248,7 @@ export async function sweepConfinement(cfg: EngineConfig): Promise<void> {
 
 /** Re-attaches to a running sandbox's VMM after a server restart. */
 export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, sandboxId: string): Promise<LiveVm | null> {
-  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false), confinementOf(rec));
+  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false), confinementOf(cfg, rec));
   if (!vmm) return null;
   try {
     const status = await vmm.status();

@@ -6,6 +6,9 @@
 
 export type Accel = 'kvm' | 'tcg';
 
+/** Every guest's MAC (identical addressing in every sandbox, see src/net/netns.ts). */
+export const GUEST_MAC = '52:54:00:c0:11:02';
+
 export interface VmDisk {
   /** virtio-blk serial the guest agent finds the disk by: `layer0`…`layerN` or `upper`. */
   serial: string;
@@ -38,6 +41,13 @@ export interface VmSpec {
   consoleLog: string;
   /** Start paused waiting for `migrate-incoming` (restore) instead of booting. */
   incoming: boolean;
+  /**
+   * The NIC (virtio-net, fixed MAC). `tap`: attached to tap0 of the network namespace QEMU runs in;
+   * `none`: the same device on a backend that goes nowhere (a hub port), for VMMs that never run
+   * the guest on a network (bakes, fork-point receivers) but must carry the same device state.
+   * Absent: no NIC (networking off).
+   */
+  nic?: 'tap' | 'none';
   /** Extra `-sandbox` policy: on with obsolete/elevateprivileges/spawn/resourcecontrol denied. */
   seccomp: boolean;
 }
@@ -92,6 +102,10 @@ export function qemuArgv(spec: VmSpec): string[] {
     const ro = d.readonly ? ',readonly=on' : ',discard=unmap';
     argv.push('-drive', `id=${id},file=${d.path},format=${d.format},if=none,cache=none,aio=threads${ro}`);
     argv.push('-device', `virtio-blk-device,drive=${id},serial=${d.serial}`);
+  }
+  if (spec.nic) {
+    argv.push('-netdev', spec.nic === 'tap' ? 'tap,id=net0,ifname=tap0,script=no,downscript=no' : 'hubport,id=net0,hubid=0');
+    argv.push('-device', `virtio-net-device,netdev=net0,mac=${GUEST_MAC}`);
   }
   if (spec.incoming) argv.push('-incoming', 'defer');
   return argv;

@@ -81,6 +81,8 @@ export interface JailRequest {
    * the view. Such a chain is refused.
    */
   trustedLayers: string[];
+  /** The VMM attaches to a tap (needs /dev/net/tun in its view). */
+  tun?: boolean;
 }
 
 export interface JailLaunch {
@@ -123,10 +125,12 @@ export interface ViewPlan {
 }
 
 /** Host files and dirs every QEMU needs: /usr read-only, the loader cache, five device nodes. */
-export function systemBinds(opts: { accel: Accel; qemuBinary: string; hasLdCache: boolean }): ViewBind[] {
+export function systemBinds(opts: { accel: Accel; qemuBinary: string; hasLdCache: boolean; tun?: boolean }): ViewBind[] {
   const b: ViewBind[] = [{ src: '/usr', dst: '/usr', kind: 'dir', ro: true }];
   if (opts.hasLdCache) b.push({ src: '/etc/ld.so.cache', dst: '/etc/ld.so.cache', kind: 'file', ro: true });
   for (const d of ['null', 'zero', 'full', 'random', 'urandom']) b.push({ src: `/dev/${d}`, dst: `/dev/${d}`, kind: 'file', ro: false, device: true });
+  // The tap in the VMM's network namespace is owned by its uid: with /dev/net/tun it can attach to that one only.
+  if (opts.tun) b.push({ src: '/dev/net/tun', dst: '/dev/net/tun', kind: 'file', ro: false, device: true });
   if (opts.accel === 'kvm') {
     b.push({ src: '/dev/kvm', dst: '/dev/kvm', kind: 'file', ro: false, device: true });
     b.push({ src: '/sys', dst: '/sys', kind: 'dir', ro: true });
@@ -388,7 +392,7 @@ export class Jailer {
         root: join(this.settings.runDir, 'vmroot'),
         cgroupProcs: cgroup?.procsFiles ?? [],
         binds: [
-          ...systemBinds({ accel: req.accel, qemuBinary: req.qemuBinary, hasLdCache: existsSync('/etc/ld.so.cache') }),
+          ...systemBinds({ accel: req.accel, qemuBinary: req.qemuBinary, hasLdCache: existsSync('/etc/ld.so.cache'), tun: req.tun }),
           ...top.binds,
           ...vmmBinds({ dir: req.dir, linksDir, disksDir: req.disksDir, chain, memPath: req.memPath, memOwn, readonlyFiles }),
         ],

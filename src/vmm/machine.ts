@@ -10,6 +10,8 @@ export interface MachineShape {
   cmdline: string;
   /** Read-only erofs layers, lowest first. */
   layers: string[];
+  /** Has a virtio-net NIC (the template was baked with networking on); its restores must have it too. */
+  nic?: boolean;
 }
 
 /** Socket and log paths of one VMM inside its own directory. */
@@ -34,6 +36,8 @@ export function machineSpec(opts: {
   memShared: boolean;
   upper: { path: string; format: 'raw' | 'qcow2' };
   incoming: boolean;
+  /** Whether the NIC (if the shape has one) is attached to the namespace's tap; default: a backend that goes nowhere. */
+  tap?: boolean;
 }): VmSpec {
   const f = vmmFiles(opts.dir);
   const disks: VmDisk[] = opts.shape.layers.map((path, i) => ({ serial: `layer${i}`, path, format: 'raw', readonly: true }));
@@ -54,5 +58,6 @@ export function machineSpec(opts: {
     consoleLog: f.consoleLog,
     incoming: opts.incoming,
     seccomp: opts.seccomp,
+    ...(opts.shape.nic ? { nic: opts.tap ? 'tap' as const : 'none' as const } : {}),
   };
 }

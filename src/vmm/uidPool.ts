@@ -18,10 +18,15 @@ export interface ClaimOwner {
   startTicks: string;
 }
 
-export class UidPool {
-  constructor(readonly dir: string, readonly base: number, readonly count: number) {
-    if (!Number.isInteger(base) || base < 1000 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
-      throw new Error(`bad VMM uid range ${base}+${count}`);
+/**
+ * Host-wide claims of integers from a range, one file each (see UidPool for the protocol). Also
+ * used for network namespace indexes (src/net/netns.ts). `inUse` says whether a claim whose owner
+ * is gone is still in use by something else (a uid with processes).
+ */
+export class ClaimPool {
+  constructor(readonly dir: string, readonly base: number, readonly count: number, private readonly inUse: (n: number) => boolean = () => false) {
+    if (!Number.isInteger(base) || base < 0 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
+      throw new Error(`bad claim range ${base}+${count}`);
     }
   }
 
@@ -34,7 +39,11 @@ export class UidPool {
       if (this.tryClaim(uid, owner)) return uid;
       if (this.reclaim(uid, owner)) return uid;
     }
-    throw new Error(`no free VMM uid in ${this.base}…${this.base + this.count - 1} (${this.count} in use)`);
+    throw new Error(`no free ${this.what} in ${this.base}…${this.base + this.count - 1} (${this.count} in use)`);
+  }
+
+  protected get what(): string {
+    return 'claim';
   }
 
   /** Hands the claim over to the VMM process once it runs. */
@@ -124,7 +133,21 @@ export class UidPool {
     const o = this.owner(uid);
     // Unreadable or half-written: stale only if nothing runs as that uid.
     if (o && processMatches(o)) return false;
-    return !uidInUse(uid);
+    return !this.inUse(uid);
+  }
+}
+
+/** VMM uids (default 200000…265535): a uid some process still runs as is never reclaimed. */
+export class UidPool extends ClaimPool {
+  constructor(dir: string, base: number, count: number) {
+    if (!Number.isInteger(base) || base < 1000 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
+      throw new Error(`bad VMM uid range ${base}+${count}`);
+    }
+    super(dir, base, count, uidInUse);
+  }
+
+  protected override get what(): string {
+    return 'VMM uid';
   }
 }
 

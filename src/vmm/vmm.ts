@@ -15,8 +15,9 @@ const INCOMING_FD = 5;
 
 /** How a VMM is confined, as far as the Vmm object needs to know: whom to hand sockets to, what to release. */
 export interface VmmConfinement {
-  uid: number;
-  /** Gives back the uid and removes the cgroup; called once the process is gone. */
+  /** The VMM's own uid when it runs confined (sockets it must connect to are chowned to it). */
+  uid?: number;
+  /** Gives back the uid, removes the cgroup and the network namespace; called once the process is gone. */
   release(): Promise<void>;
 }
 
@@ -59,13 +60,19 @@ export class Vmm {
       logPath: string; startPaused?: boolean; qmpTimeoutMs?: number; jail?: JailLaunch;
       /** Called as soon as the process exists (before QMP is up), to record it: a crash from here on must find it. */
       onSpawned?: (pid: number, startTicks: string) => void;
+      /** Run QEMU in this network namespace (a path under /run/netns); its tap is there. */
+      netns?: string;
+      /** Also run once the process is gone (after the jail's release): gives back the namespace. */
+      release?: () => Promise<void>;
     },
   ): Promise<Vmm> {
     const listeners = [await listenPrivate(spec.qmpSocket), await listenPrivate(spec.agentSocket)];
     const full: VmSpec = { ...spec, socketFds: { qmp: QMP_FD, agent: AGENT_FD } };
     const argv = qemuArgv(full);
     if (opts.startPaused) argv.push('-S');
-    const launch = opts.jail ? opts.jail.command(argv) : { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
+    const inner = opts.jail ? opts.jail.command(argv) : { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
+    // nsenter first: the jail's mount namespace and uid switch happen inside the network namespace.
+    const launch = opts.netns ? { file: '/usr/bin/nsenter', args: [`--net=${opts.netns}`, '--', inner.file, ...inner.args], env: inner.env } : inner;
     const logFd = openSync(opts.logPath, 'a');
     const stdio: StdioOptions = ['ignore', logFd, logFd, serverFd(listeners[0]), serverFd(listeners[1]), spec.incoming ? 'pipe' : 'ignore'];
     let child;
@@ -98,7 +105,10 @@ export class Vmm {
       }
       try { qmp = await QmpClient.connect(spec.qmpSocket, 5000); } catch { await sleep(2); }
     }
-    const vmm = new Vmm(pid, full, qmp, startTicks, opts.jail ? { uid: opts.jail.uid, release: () => opts.jail!.release() } : undefined);
+    const release = async () => {
+      try { await opts.jail?.release(); } finally { await opts.release?.(); }
+    };
+    const vmm = new Vmm(pid, full, qmp, startTicks, opts.jail || opts.release ? { uid: opts.jail?.uid, release } : undefined);
     vmm.incoming = incoming;
     child.once('exit', () => vmm.markExited());
     qmp.once('closed', () => { if (!isAlive(pid)) vmm.markExited(); });
@@ -282,7 +292,8 @@ export class Vmm {
     const server: Server = createServer(onConnection);
     await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(sockPath, () => resolve()); });
     chmodSync(sockPath, 0o600);
-    if (this.confinement) lchownSync(sockPath, this.confinement.uid, this.confinement.uid);
+    const uid = this.confinement?.uid;
+    if (uid !== undefined) lchownSync(sockPath, uid, uid);
     return server;
   }
 

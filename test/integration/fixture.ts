@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import assert from 'node:assert/strict';
 import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
+import { homeNamespaces } from '../../src/net/netns.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
 export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -70,4 +71,5 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
   assert.deepEqual(ram, [], 'RAM files left');
   const jailer = await jailerFor(engine.cfg);
   if (jailer) assert.deepEqual(jailer.cgroupDirs(), [], 'VMM cgroups left');
+  assert.deepEqual(homeNamespaces(engine.cfg.homeTag), [], 'network namespaces left');
 }

@@ -73,6 +73,7 @@ enum field_tag {
     TAG_STARTED_NS = 40,
     TAG_FINISHED_NS = 41,
     TAG_ERROR_TEXT = 42,
+    TAG_PIDS_LIMITED = 43,
 
     TAG_ENTROPY = 50,
     TAG_TIME_NS = 51,
@@ -211,9 +212,13 @@ enum poll_owner {
     POLL_EXEC_STDOUT,
     POLL_EXEC_STDERR,
     POLL_BACKGROUND,
+    POLL_EXEC_PIDS,
+    POLL_CGROUP_PIDS,
+    POLL_CGROUP_EVENTS,
 };
 
-#define POLL_SET_MAX 320
+/* Room for the background pipes (256), the exec's fds and the lingering cgroups' (2 x 32). */
+#define POLL_SET_MAX 384
 
 struct poll_set {
     struct pollfd fds[POLL_SET_MAX];
@@ -235,6 +240,30 @@ void exec_tick(void);
 /* The host went away: keep the processes running as background jobs, forget the request. */
 void exec_detach(void);
 
+/* ---- limits.c: guest cgroups (cgroup v2) ---- */
+
+/* An exec's cgroup, /sys/fs/cgroup/execs/exec-<seq>; seq 0 = none (no cgroups in this guest). */
+struct exec_cgroup {
+    uint64_t seq;
+    int procs_fd;       /* cgroup.procs: the exec's first process writes "0" to it before execve */
+    int pids_events_fd; /* pids.events: polls POLLPRI when the process limit has been hit */
+};
+
+/* Boot: cgroup2 mounted, the agent in its own cgroup above the execs'. */
+void limits_init(void);
+/* The pids.max of every exec's cgroup. */
+uint32_t exec_pids_max(void);
+bool exec_cgroup_create(struct exec_cgroup *cg);
+/* In the forked child, before execve: into the exec's cgroup, at the execs' nice value. */
+void exec_cgroup_enter_child(const struct exec_cgroup *cg);
+bool exec_cgroup_limit_hit(const struct exec_cgroup *cg);
+/* SIGKILLs every process in the cgroup (cgroup.kill). */
+void exec_cgroup_kill(const struct exec_cgroup *cg);
+/* The exec is over: the cgroup goes now if empty, else once its background processes are gone. */
+void exec_cgroup_release(struct exec_cgroup *cg);
+void limits_add_poll_fds(struct poll_set *ps);
+void limits_handle_poll(enum poll_owner owner, int fd, short revents);
+
 /* ---- boot.c ---- */
 
 void boot_system(void);
@@ -245,5 +274,12 @@ int restore_mix_entropy(const uint8_t *data, size_t len, char *why, size_t why_c
 int restore_set_clock(uint64_t realtime_ns_value, char *why, size_t why_cap);
 int restore_refresh_boot_id(char *why, size_t why_cap);
 int restore_publish_sandbox_id(const char *sandbox_id, char *why, size_t why_cap);
+
+/* ---- net.c ---- */
+
+/* From the kernel command line: collimate.net=<addr>/<prefix>,<gateway>[,<nameserver>]. */
+void net_set_spec(const char *spec);
+/* Brings up eth0 with that address and default route and writes /etc/resolv.conf (after the root switch). */
+void net_configure(void);
 
 #endif

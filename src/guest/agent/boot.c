@@ -120,6 +120,7 @@ static void parse_kernel_cmdline(void)
         if (*s) s++;
         *out = '\0';
         if (strcmp(word, "collimate.debug=1") == 0) agent_debug = true;
+        else if (strncmp(word, "collimate.net=", 14) == 0) net_set_spec(word + 14);
         else if (strncmp(word, "collimate.env=", 14) == 0 && kernel_env_count < KERNEL_ENV_MAX) {
             const char *eq = strchr(word + 14, '=');
             if (eq && eq > word + 14) kernel_env[kernel_env_count++] = word + 14;
@@ -402,6 +403,7 @@ void boot_system(void)
     prepare_run_directory();
 
     bring_up_loopback();
+    net_configure();
     if (sethostname("sandbox", 7) != 0) agent_log("sethostname: %s", strerror(errno));
     base_environment_init(kernel_env, kernel_env_count);
 }
