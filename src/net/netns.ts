@@ -18,10 +18,10 @@
  * answers to the namespace's set.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ClaimPool, processMatches, releaseClaim, type ClaimOwner } from '../vmm/uidPool.js';
-import { cidrOf, intToIpv4, policyKey, type EgressPolicy } from './policy.js';
+import { cidrOf, intToIpv4, ipInCidr, ipv4ToInt, policyKey, type EgressPolicy } from './policy.js';
 import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
 } from './nft.js';
@@ -150,7 +150,30 @@ export class NetManager {
     // veths are delivered to locally (and the host table lets them reach nothing else).
     await sh('/usr/sbin/ip', ['addr', 'replace', `${rip}/32`, 'dev', 'lo']);
     await sh('/usr/sbin/nft', ['-f', '-'], hostRuleset({ transitCidr: this.settings.transitCidr, resolverIp: rip }));
-    this.hostAddrs = await hostAddresses();
+    const transit = cidrOf(this.settings.transitCidr)!;
+    // The transit range is blocked as a whole; the host's other addresses one by one.
+    this.hostAddrs = (await hostAddresses()).filter((a) => !ipInCidr(ipv4ToInt(a)!, transit));
+    await this.sweepHost();
+  }
+
+  /**
+   * Namespaces of any home on this host whose claim is stale (their server and VMM are gone) or
+   * missing: a crashed server's pool, say. Claims are made before namespaces and dropped after.
+   */
+  private async sweepHost(): Promise<void> {
+    let names: string[] = [];
+    try { names = readdirSync(NETNS_DIR); } catch { /* none yet */ }
+    for (const ns of names) {
+      const m = /^clm-[0-9a-f]+-(\d+)$/.exec(ns);
+      if (!m) continue;
+      const claim = join(this.claims.dir, m[1]);
+      const owner = readClaim(claim);
+      if (owner && processMatches(owner)) continue;
+      // A claim being written right now has no owner yet; one older than a minute is abandoned.
+      if (!owner && existsSync(claim) && Date.now() - statSync(claim).mtimeMs < 60_000) continue;
+      await removeNamespace(ns, Number(m[1]));
+      if (owner) releaseClaim(claim, owner);
+    }
     this.claims.sweepStale();
   }
 

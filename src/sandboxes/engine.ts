@@ -23,7 +23,7 @@ import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   EgressPolicy, OpenPort, PortTarget,
 } from './types.js';
-import { policyKey, widening } from '../net/policy.js';
+import { parseEgress, policyKey, widening } from '../net/policy.js';
 import { netAvailability, netFor, forgetNet, type NetManager } from '../net/netns.js';
 import { listeningPorts } from '../net/ports.js';
 
@@ -287,7 +287,9 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   /** The template's policy, or the create's if it is the same or narrower. */
-  private effectiveEgress(t: ReadyTemplate, asked: EgressPolicy | undefined): EgressPolicy {
+  private effectiveEgress(t: ReadyTemplate, raw: EgressPolicy | undefined): EgressPolicy {
+    // Normalised here too: in-process callers (the RL local fleet) do not go through the API's validation.
+    const asked = raw === undefined ? undefined : parseEgress(raw);
     if (!this.net || !t.artifact.shape.nic) {
       if (asked !== undefined && asked !== 'none') {
         throw new CollimateError('network_unavailable', `This server runs without networking (${this.networkReason()}), so sandboxes have no egress; create without egress or with "none".`);

@@ -45,7 +45,9 @@ export interface VmSpec {
    * The NIC (virtio-net, fixed MAC). `tap`: attached to tap0 of the network namespace QEMU runs in;
    * `none`: the same device on a backend that goes nowhere (a hub port), for VMMs that never run
    * the guest on a network (bakes, fork-point receivers) but must carry the same device state.
-   * Absent: no NIC (networking off).
+   * Absent: no NIC (networking off). The tap runs without a virtio-net header (vnet_hdr=off), like
+   * the hub port: a VMM's device state must load into a VMM on the other backend (a live fork's
+   * receiver), and a header on one side only makes the state incompatible.
    */
   nic?: 'tap' | 'none';
   /** Extra `-sandbox` policy: on with obsolete/elevateprivileges/spawn/resourcecontrol denied. */
@@ -104,7 +106,7 @@ export function qemuArgv(spec: VmSpec): string[] {
     argv.push('-device', `virtio-blk-device,drive=${id},serial=${d.serial}`);
   }
   if (spec.nic) {
-    argv.push('-netdev', spec.nic === 'tap' ? 'tap,id=net0,ifname=tap0,script=no,downscript=no' : 'hubport,id=net0,hubid=0');
+    argv.push('-netdev', spec.nic === 'tap' ? 'tap,id=net0,ifname=tap0,script=no,downscript=no,vnet_hdr=off' : 'hubport,id=net0,hubid=0');
     argv.push('-device', `virtio-net-device,netdev=net0,mac=${GUEST_MAC}`);
   }
   if (spec.incoming) argv.push('-incoming', 'defer');

@@ -57,6 +57,8 @@ export interface JailRecord {
   /** The uid's claim file (uidPool.ts). */
   claim: string;
   cgroups: string[];
+  /** The VMM's own tun device node, when it attaches to a tap. */
+  tunNode?: string;
 }
 
 export interface JailRequest {
@@ -125,12 +127,10 @@ export interface ViewPlan {
 }
 
 /** Host files and dirs every QEMU needs: /usr read-only, the loader cache, five device nodes. */
-export function systemBinds(opts: { accel: Accel; qemuBinary: string; hasLdCache: boolean; tun?: boolean }): ViewBind[] {
+export function systemBinds(opts: { accel: Accel; qemuBinary: string; hasLdCache: boolean }): ViewBind[] {
   const b: ViewBind[] = [{ src: '/usr', dst: '/usr', kind: 'dir', ro: true }];
   if (opts.hasLdCache) b.push({ src: '/etc/ld.so.cache', dst: '/etc/ld.so.cache', kind: 'file', ro: true });
   for (const d of ['null', 'zero', 'full', 'random', 'urandom']) b.push({ src: `/dev/${d}`, dst: `/dev/${d}`, kind: 'file', ro: false, device: true });
-  // The tap in the VMM's network namespace is owned by its uid: with /dev/net/tun it can attach to that one only.
-  if (opts.tun) b.push({ src: '/dev/net/tun', dst: '/dev/net/tun', kind: 'file', ro: false, device: true });
   if (opts.accel === 'kvm') {
     b.push({ src: '/dev/kvm', dst: '/dev/kvm', kind: 'file', ro: false, device: true });
     b.push({ src: '/sys', dst: '/sys', kind: 'dir', ro: true });
@@ -366,6 +366,7 @@ export class Jailer {
     const self: ClaimOwner = { pid: process.pid, startTicks: ownStartTicks() };
     const uid = this.uids.claim(self);
     let cgroup: { dirs: string[]; procsFiles: string[] } | null = null;
+    let tun: string | undefined;
     try {
       const chain = backingChain(req.diskPath);
       const bad = untrustedLayer(chain, req.trustedLayers);
@@ -386,13 +387,14 @@ export class Jailer {
       const readonlyFiles = [req.shape.kernel, req.shape.initrd, ...req.shape.layers, this.shim!];
       for (const f of readonlyFiles) sealShared(f);
       cgroup = createVmmCgroup(this.layout, `${this.tag}-${req.name}`, vmmLimits(req.shape, this.settings));
+      if (req.tun) tun = await tunNode(uid);
       const kvmGid = req.accel === 'kvm' && existsSync('/dev/kvm') ? statSync('/dev/kvm').gid : undefined;
       const top = rootLevelDirs();
       const plan: ViewPlan = {
         root: join(this.settings.runDir, 'vmroot'),
         cgroupProcs: cgroup?.procsFiles ?? [],
         binds: [
-          ...systemBinds({ accel: req.accel, qemuBinary: req.qemuBinary, hasLdCache: existsSync('/etc/ld.so.cache'), tun: req.tun }),
+          ...systemBinds({ accel: req.accel, qemuBinary: req.qemuBinary, hasLdCache: existsSync('/etc/ld.so.cache') }),
           ...top.binds,
           ...vmmBinds({ dir: req.dir, linksDir, disksDir: req.disksDir, chain, memPath: req.memPath, memOwn, readonlyFiles }),
         ],
@@ -403,10 +405,13 @@ export class Jailer {
         groups: kvmGid !== undefined && kvmGid !== 0 ? [kvmGid] : [],
         env: memOwn ? {} : { LD_PRELOAD: this.shim!, COLLIMATE_RAM_RO: req.memPath },
       };
+      // The VMM's own tun node (see tunNode) as /dev/net/tun; the tap in its network namespace is
+      // owned by its uid too, so that is the one tap it can attach to.
+      if (tun) plan.binds.push({ src: tun, dst: '/dev/net/tun', kind: 'file', ro: false, device: true });
       const script = launchScript(plan);
       let bound: ClaimOwner = self;
       let released = false;
-      const record: JailRecord = { uid, claim: this.uids.claimPath(uid), cgroups: cgroup?.dirs ?? [] };
+      const record: JailRecord = { uid, claim: this.uids.claimPath(uid), cgroups: cgroup?.dirs ?? [], ...(tun ? { tunNode: tun } : {}) };
       return {
         uid,
         record,
@@ -423,6 +428,7 @@ export class Jailer {
         },
       };
     } catch (e) {
+      if (tun) rmSync(tun, { force: true });
       if (cgroup) await removeVmmCgroup(cgroup.dirs, 200);
       this.uids.release(uid, self);
       throw e;
@@ -447,8 +453,25 @@ export class Jailer {
  * its cgroup. Needs no configuration: a server that restarted with other settings can still clean up.
  */
 export async function releaseJail(rec: JailRecord, owner: ClaimOwner): Promise<void> {
+  if (rec.tunNode && rec.tunNode.startsWith(`${TUN_DIR}/`)) rmSync(rec.tunNode, { force: true });
   await removeVmmCgroup(rec.cgroups);
   releaseClaim(rec.claim, owner);
+}
+
+/** Where per-VMM tun nodes live: on devtmpfs, the one filesystem here that honours device nodes. */
+export const TUN_DIR = '/dev/collimate';
+
+/**
+ * A tun device node (10,200, like /dev/net/tun) owned by `uid`, mode 0600. The host's /dev/net/tun
+ * may be root-only; this one only that VMM can open, and it can attach only to a tap owned by it.
+ */
+async function tunNode(uid: number): Promise<string> {
+  mkdirSync(TUN_DIR, { recursive: true, mode: 0o755 });
+  const path = join(TUN_DIR, `tun-${uid}`);
+  rmSync(path, { force: true });
+  await run('mknod', ['-m', '600', path, 'c', '10', '200']);
+  chownSync(path, uid, uid);
+  return path;
 }
 
 const jailers = new Map<string, Promise<Jailer | null>>();

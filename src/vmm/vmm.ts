@@ -217,7 +217,11 @@ export class Vmm {
 
   waitMigration(timeoutMs: number): Promise<void> {
     return this.qmp.waitEvent('MIGRATION', timeoutMs, (e) => ['completed', 'failed', 'cancelled'].includes(String(e.data?.status))).then((e) => {
-      if (e.data?.status !== 'completed') throw new Error(`migration ${e.data?.status}`);
+      if (e.data?.status !== 'completed') {
+        // QEMU says why in its log (the receiving side's, for a failed load).
+        const why = tail(join(this.dir, 'qemu.log')).trim();
+        throw new Error(`migration ${e.data?.status}${why ? `: ${why}` : ''}`);
+      }
     });
   }
 

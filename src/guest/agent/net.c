@@ -69,8 +69,25 @@ static void write_resolv_conf(const char *nameserver)
     close(fd);
 }
 
+/* Servers look their own name up (Python's http.server does): answer it locally, not by DNS. */
+static void ensure_hosts_entry(void)
+{
+    char buf[8192];
+    int fd = open("/etc/hosts", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : 0;
+    if (fd >= 0) close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    if (strstr(buf, " sandbox") || strstr(buf, "\tsandbox")) return;
+    fd = open("/etc/hosts", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    const char *line = strstr(buf, "localhost") ? "127.0.1.1 sandbox\n" : "127.0.0.1 localhost\n127.0.1.1 sandbox\n";
+    if (write(fd, line, strlen(line)) < 0) agent_log("hosts: %s", strerror(errno));
+    close(fd);
+}
+
 void net_configure(void)
 {
+    ensure_hosts_entry();
     if (!net_spec[0]) return;
     char spec[128], *addr_s = spec, *gw_s, *dns_s, *prefix_s;
     snprintf(spec, sizeof spec, "%s", net_spec);
