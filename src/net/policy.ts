@@ -27,6 +27,9 @@ export interface EgressAllowlist {
 
 export type EgressPolicy = 'none' | 'allow' | EgressAllowlist;
 
+/** What callers may pass: the allowlist's fields are optional (parseEgress fills them in). */
+export type EgressInput = 'none' | 'allow' | { domains?: string[]; cidrs?: string[]; ports?: number[] };
+
 export const EGRESS_LIMITS = { domains: 256, cidrs: 256, ports: 64 } as const;
 
 const LABEL = /^(?!-)[a-z0-9-]{1,63}(?<!-)$/;

@@ -21,7 +21,7 @@ import {
 } from './runtime.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
-  EgressPolicy, OpenPort, PortTarget,
+  EgressInput, EgressPolicy, OpenPort, PortTarget,
 } from './types.js';
 import { parseEgress, policyKey, widening } from '../net/policy.js';
 import { netAvailability, netFor, forgetNet, type NetManager } from '../net/netns.js';
@@ -287,7 +287,7 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   /** The template's policy, or the create's if it is the same or narrower. */
-  private effectiveEgress(t: ReadyTemplate, raw: EgressPolicy | undefined): EgressPolicy {
+  private effectiveEgress(t: ReadyTemplate, raw: EgressInput | undefined): EgressPolicy {
     // Normalised here too: in-process callers (the RL local fleet) do not go through the API's validation.
     const asked = raw === undefined ? undefined : parseEgress(raw);
     if (!this.net || !t.artifact.shape.nic) {

@@ -3,9 +3,9 @@
  * SandboxService; nothing below it knows about HTTP or MCP.
  */
 
-import type { EgressPolicy } from '../net/policy.js';
+import type { EgressInput, EgressPolicy } from '../net/policy.js';
 
-export type { EgressPolicy } from '../net/policy.js';
+export type { EgressInput, EgressPolicy } from '../net/policy.js';
 
 export type SandboxState = 'running' | 'suspended' | 'deleted';
 
@@ -126,7 +126,7 @@ export interface CreateOptions {
   /** Maximum session duration in seconds (capped by the tier in the API layer). */
   timeoutSecs?: number;
   /** Narrows the template's egress policy for this sandbox (never widens it: egress_forbidden). Default: the template's. */
-  egress?: EgressPolicy;
+  egress?: EgressInput;
 }
 
 export interface ForkOptions {
