@@ -8,6 +8,7 @@ export const ERROR_CODES = {
   validation_error: 400,
   invalid_json: 400,
   unauthorized: 401,
+  url_expired: 401,
   tier_forbidden: 403,
   template_forbidden: 403,
   egress_forbidden: 403,

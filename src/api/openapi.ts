@@ -5,7 +5,7 @@
  */
 import { z } from 'zod';
 import { ERROR_CODES, type ErrorCode } from '../errors.js';
-import { ROUTES, type RouteSpec } from './routes.js';
+import { PROXY_METHODS, ROUTES, type RouteSpec } from './routes.js';
 import { apiRegistry, ErrorBody } from './schemas.js';
 import { TIERS } from './tiers.js';
 
@@ -16,6 +16,8 @@ const REF = (id: string) => `#/components/schemas/${id}`;
 /** Codes any endpoint can return, by whether it is authenticated. */
 const GENERIC_AUTH: ErrorCode[] = ['validation_error', 'invalid_json', 'unsupported_media_type', 'payload_too_large', 'unauthorized', 'shutting_down'];
 const GENERIC_PUBLIC: ErrorCode[] = ['shutting_down'];
+/** The ports proxy reads no body itself: only its own checks (a bad port number is validation_error). */
+const GENERIC_PROXY: ErrorCode[] = ['validation_error', 'shutting_down'];
 
 function schemaOf(schema: z.ZodType): Json {
   const id = apiRegistry.get(schema)?.id;
@@ -37,8 +39,8 @@ function components(): Json {
   return out;
 }
 
-function openApiPath(path: string): string {
-  return path.replace(/:([A-Za-z_]+)/g, '{$1}');
+export function openApiPath(path: string): string {
+  return path.replace(/:([A-Za-z_]+)/g, '{$1}').replace(/\/\*$/, '/{path}');
 }
 
 const PARAM_DESCRIPTIONS: Record<string, string> = {
@@ -46,18 +48,20 @@ const PARAM_DESCRIPTIONS: Record<string, string> = {
   template: 'Template id.',
   image: 'Image id: sha256:<64 hex> (the manifest digest).',
   environment: 'Environment name.',
+  port: 'A TCP port inside the sandbox, 1..65535 (anything else is 400).',
+  token: 'The signed token of a port URL (from POST /v1/sandboxes/{id}/port-urls).',
+  path: 'The rest of the path, forwarded as sent (may be empty and may contain slashes); the query string follows it.',
+};
+
+const PARAM_SCHEMAS: Record<string, Json> = {
+  sandbox: { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' },
+  port: { type: 'integer', minimum: 1, maximum: 65535 },
 };
 
 function parameters(route: RouteSpec): Json[] {
   const out: Json[] = [];
   for (const [name, kind] of Object.entries(route.params ?? {})) {
-    out.push({
-      name,
-      in: 'path',
-      required: true,
-      description: PARAM_DESCRIPTIONS[kind],
-      schema: kind === 'sandbox' ? { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' } : { type: 'string' },
-    });
+    out.push({ name, in: 'path', required: true, description: PARAM_DESCRIPTIONS[kind], schema: PARAM_SCHEMAS[kind] ?? { type: 'string' } });
   }
   if (route.query) {
     for (const [name, field] of Object.entries(route.query.shape as Record<string, z.ZodType>)) {
@@ -89,7 +93,8 @@ function parameters(route: RouteSpec): Json[] {
 }
 
 function errorResponses(route: RouteSpec): Json {
-  const codes = new Set<ErrorCode>([...(route.auth ? GENERIC_AUTH : GENERIC_PUBLIC), ...route.errors]);
+  const generic = route.method === 'ANY' ? (route.auth ? [...GENERIC_PROXY, 'unauthorized' as const] : GENERIC_PROXY) : route.auth ? GENERIC_AUTH : GENERIC_PUBLIC;
+  const codes = new Set<ErrorCode>([...generic, ...route.errors]);
   if (route.params?.id === 'sandbox') codes.add('sandbox_not_found');
   if (route.bodyKind === undefined) { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); codes.delete('payload_too_large'); }
   if (route.bodyKind === 'raw') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
@@ -114,8 +119,12 @@ function errorResponses(route: RouteSpec): Json {
   return out;
 }
 
-function operation(route: RouteSpec): Json {
-  const op: Json = { operationId: route.operationId, summary: route.summary, tags: [route.tag] };
+function operation(route: RouteSpec, method: string = route.method): Json {
+  const op: Json = {
+    operationId: route.method === 'ANY' ? route.operationId + method[0] + method.slice(1).toLowerCase() : route.operationId,
+    summary: route.summary,
+    tags: [route.tag],
+  };
   if (route.description) op.description = route.description;
   const params = parameters(route);
   if (params.length) op.parameters = params;
@@ -123,6 +132,8 @@ function operation(route: RouteSpec): Json {
     op.requestBody = { required: !route.bodyOptional, content: { 'application/json': { schema: schemaOf(route.body) } } };
   } else if (route.bodyKind === 'raw') {
     op.requestBody = { required: true, content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
+  } else if (route.method === 'ANY' && !['GET', 'HEAD', 'OPTIONS'].includes(method)) {
+    op.requestBody = { required: false, description: 'Streamed to the sandbox as is.', content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
   }
   const responses: Json = {};
   for (const [status, spec] of Object.entries(route.responses)) {
@@ -135,7 +146,8 @@ function operation(route: RouteSpec): Json {
         };
       }
     } else if (spec.contentType) {
-      r.content = { [spec.contentType]: { schema: { type: 'string', ...(spec.contentType.startsWith('application/octet') ? { format: 'binary' } : {}) } } };
+      const binary = spec.contentType.startsWith('application/octet') || spec.contentType === '*/*';
+      r.content = { [spec.contentType]: { schema: { type: 'string', ...(binary ? { format: 'binary' } : {}) } } };
     }
     responses[status] = r;
   }
@@ -150,7 +162,7 @@ export function buildOpenApi(): Json {
   for (const route of ROUTES) {
     const p = openApiPath(route.path);
     paths[p] ??= {};
-    paths[p][route.method.toLowerCase()] = operation(route);
+    for (const method of route.method === 'ANY' ? PROXY_METHODS : [route.method]) paths[p][method.toLowerCase()] = operation(route, method);
   }
   const tiers = Object.values(TIERS)
     .map((t) => `${t.name}: ${t.maxRunning === null ? 'no concurrency cap' : `${t.maxRunning} running sandboxes`}, ${t.ownImages ? 'own images' : 'catalog only'}, sessions up to ${t.maxSessionSecs} s`)
@@ -167,6 +179,7 @@ export function buildOpenApi(): Json {
     servers: [{ url: 'http://127.0.0.1:7070' }],
     tags: [
       { name: 'sandboxes', description: 'Create, exec, fork, suspend, resume, delete.' },
+      { name: 'ports', description: 'Servers inside a sandbox: the ports proxy (HTTP and WebSocket, with your key) and signed URLs that need none.' },
       { name: 'templates', description: 'Catalog images and your environments (/v1/templates is the alias for both).' },
       { name: 'images', description: 'Catalog images, and your own OCI images (Pro): OCI layout, docker save / OCI archive, or a registry.' },
       { name: 'environments', description: 'Your named configurations of an image: ready command and probe, secrets, VM size. A ready environment is a template.' },

@@ -9,6 +9,9 @@ import * as S from './schemas.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'DELETE';
 
+/** Methods the ports proxy documents (it forwards any method the HTTP server parses). */
+export const PROXY_METHODS = ['GET', 'PUT', 'POST', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS'] as const;
+
 export interface ResponseSpec {
   description: string;
   /** JSON body schema; absent for 204 or for non-JSON bodies. */
@@ -20,15 +23,16 @@ export interface ResponseSpec {
 
 export interface RouteSpec {
   operationId: string;
-  method: HttpMethod;
-  /** Fastify-style path (`:id`); openapi.ts renders `{id}`. */
+  /** `ANY`: the ports proxy (src/api/portsProxy.ts) binds it for every method, not the JSON wrapper of server.ts. */
+  method: HttpMethod | 'ANY';
+  /** Fastify-style path (`:id`, a trailing `*` for the rest of the path); openapi.ts renders `{id}` and `{path}`. */
   path: string;
   summary: string;
   description?: string;
-  tag: 'sandboxes' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
+  tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Record<string, 'sandbox' | 'template' | 'image' | 'environment'>;
+  params?: Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path'>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
   bodyKind?: 'json' | 'raw';
@@ -61,7 +65,7 @@ export const ROUTES: RouteSpec[] = [
     body: S.CreateSandboxRequest,
     idempotent: true,
     responses: { 201: { description: 'Created, running.', schema: S.Sandbox } },
-    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused'],
+    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'egress_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused'],
   },
   {
     operationId: 'listSandboxes',
@@ -187,6 +191,55 @@ export const ROUTES: RouteSpec[] = [
     bodyKind: 'raw',
     responses: { 200: { description: 'Written.', schema: S.PutFileResponse } },
     errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large'],
+  },
+  {
+    operationId: 'createPortUrl',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/port-urls',
+    summary: 'Sign an expiring URL of a sandbox port that needs no key',
+    description:
+      'Returns /v1/p/<token>/: the ports proxy of that one port, for anyone holding the URL, until it expires (at most 7 days) ' +
+      'or the sandbox is deleted. The token is signed by the server (HMAC-SHA256 under a key in its data directory); ' +
+      'it cannot be widened to another port or sandbox. The port need not be open yet.',
+    tag: 'ports',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.CreatePortUrlRequest,
+    responses: { 201: { description: 'Signed.', schema: S.PortUrl } },
+    errors: ['sandbox_not_found'],
+  },
+  {
+    operationId: 'proxyPort',
+    method: 'ANY',
+    path: '/v1/sandboxes/:id/ports/:port/*',
+    summary: 'Reach a port inside the sandbox: HTTP of any method, and WebSocket upgrades',
+    description:
+      'Streams the request to the server listening on `port` inside the running sandbox (path and query after the port as sent, ' +
+      '`/v1/sandboxes/{id}/ports/{port}` alone is `/`) and streams its answer back: status, headers and body as the sandbox sent ' +
+      'them. The Authorization header never reaches the sandbox; it sees `Host: localhost:{port}` and X-Forwarded-For, ' +
+      '-Proto, -Host and -Prefix (`/v1/sandboxes/{id}/ports/{port}`). A WebSocket upgrade on this path is tunnelled both ways. ' +
+      'Errors of the proxy itself carry the header `X-Collimate-Error: <code>`; nothing listening is 502 port_unreachable.',
+    tag: 'ports',
+    auth: true,
+    params: { id: 'sandbox', port: 'port', path: 'path' },
+    responses: { 200: { description: "The sandbox server's answer, streamed as it comes (any status, headers and body).", contentType: '*/*' } },
+    errors: ['sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable'],
+  },
+  {
+    operationId: 'proxySignedPort',
+    method: 'ANY',
+    path: '/v1/p/:token/*',
+    summary: 'Reach a sandbox port through a signed URL, without a key',
+    description:
+      'Like /v1/sandboxes/{id}/ports/{port}/{path} (HTTP and WebSocket), for the sandbox and port the token was signed for ' +
+      '(POST /v1/sandboxes/{id}/port-urls). An expired token is 401 url_expired, an altered one 401 unauthorized, a deleted ' +
+      'sandbox 404. An Authorization header that is not a Collimate key is forwarded to the sandbox.',
+    tag: 'ports',
+    auth: false,
+    params: { token: 'token', path: 'path' },
+    responses: { 200: { description: "The sandbox server's answer, streamed as it comes (any status, headers and body).", contentType: '*/*' } },
+    errors: ['unauthorized', 'url_expired', 'sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable'],
   },
   {
     operationId: 'listImages',
@@ -372,10 +425,16 @@ export function routeById(operationId: string): RouteSpec {
   return r;
 }
 
-/** Matches a concrete path (no query) against the table's path patterns. */
+/** Matches a concrete path (no query) against the table's path patterns (a trailing `*` takes the rest). */
 export function matchPath(pattern: string, path: string): Record<string, string> | null {
   const p = pattern.split('/');
   const a = path.split('/');
+  if (p[p.length - 1] === '*') {
+    if (a.length < p.length - 1) return null;
+    const rest = a.splice(p.length - 1).join('/');
+    const params = matchPath(p.slice(0, -1).join('/'), a.join('/'));
+    return params && { ...params, '*': rest };
+  }
   if (p.length !== a.length) return null;
   const params: Record<string, string> = {};
   for (let i = 0; i < p.length; i++) {

@@ -8,6 +8,7 @@
  */
 import { z } from 'zod';
 import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE } from '../sandboxes/exec.js';
+import { EGRESS_LIMITS, parseEgress } from '../net/policy.js';
 
 /** Metadata registry for the OpenAPI document: schemas with an `id` become components. */
 export const apiRegistry = z.registry<{ id?: string; description?: string; examples?: unknown[] }>();
@@ -68,6 +69,88 @@ export const ErrorBody = named(
 );
 
 // ---------------------------------------------------------------------------------------------
+// Networking
+
+/** parseEgress's complaint about `input` (without its field prefix), or null when it is a valid policy. */
+function egressProblem(input: unknown): string | null {
+  try {
+    parseEgress(input, '');
+    return null;
+  } catch (e) {
+    return (e as Error).message.replace(/^: /, '').replace(/^\./, '');
+  }
+}
+
+const EGRESS_FORMS = 'must be "none", "allow" or an allowlist { "domains": [...], "cidrs": [...], "ports": [...] }';
+
+export const EgressPolicy = named(
+  'EgressPolicy',
+  z
+    .xor(
+      [
+        described(z.literal('none'), 'No route out; DNS fails.'),
+        described(z.literal('allow'), 'Every public address.'),
+        described(
+          z.strictObject({
+            domains: described(
+              z.array(z.string()).max(EGRESS_LIMITS.domains),
+              'Exact names ("api.example.com") or "*.suffix" (any name below suffix, not suffix itself).',
+            ).optional(),
+            cidrs: described(z.array(z.string()).max(EGRESS_LIMITS.cidrs), 'IPv4 "a.b.c.d/n" or bare addresses.').optional(),
+            ports: described(
+              z.array(z.number().int().min(1).max(65535)).max(EGRESS_LIMITS.ports),
+              'TCP/UDP destination ports for every listed destination (empty or absent: any port). With no domains and no cidrs they apply to every public address.',
+            ).optional(),
+          }),
+          'An allowlist; at least one of the lists must be non-empty.',
+        ),
+      ],
+      { error: (iss) => egressProblem(iss.input) ?? EGRESS_FORMS },
+    )
+    .superRefine((v, ctx) => {
+      const problem = egressProblem(v);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    }),
+  'What a sandbox may reach. Always blocked unless a listed CIDR names them: link-local and metadata addresses, private, ' +
+    'loopback, multicast and reserved ranges; never reachable: the host, the API server and other sandboxes. ' +
+    'Addresses a listed domain resolves to are subject to the blocked ranges too.',
+);
+
+export const OpenPort = named(
+  'OpenPort',
+  z.strictObject({
+    port: z.number().int().min(1).max(65535),
+    protocol: z.literal('tcp'),
+    url: described(z.string(), 'Where the ports proxy serves it, relative to the API base: /v1/sandboxes/{id}/ports/{port}/ (needs your key; see POST …/port-urls for a link that does not).'),
+  }),
+  'A TCP port a server listens on inside the sandbox.',
+);
+
+export const MAX_PORT_URL_SECS = 7 * 24 * 3600;
+export const DEFAULT_PORT_URL_SECS = 3600;
+
+export const CreatePortUrlRequest = named(
+  'CreatePortUrlRequest',
+  z.strictObject({
+    port: described(z.number().int().min(1).max(65535), 'The port inside the sandbox.'),
+    expires_in_secs: described(
+      z.number().int().min(1).max(MAX_PORT_URL_SECS),
+      `Lifetime of the URL in seconds, 1..${MAX_PORT_URL_SECS} (7 days); default ${DEFAULT_PORT_URL_SECS}.`,
+    ).optional(),
+  }),
+);
+
+export const PortUrl = named(
+  'PortUrl',
+  z.strictObject({
+    url: described(z.string(), 'Relative to the API base: /v1/p/<token>/. Anyone holding it reaches the port without a key until it expires or the sandbox is deleted.'),
+    port: z.number().int(),
+    expires_at: described(z.string(), 'ISO 8601.'),
+  }),
+  'A signed, expiring URL of a sandbox port.',
+);
+
+// ---------------------------------------------------------------------------------------------
 // Sandboxes
 
 export const Sandbox = named(
@@ -89,6 +172,11 @@ export const Sandbox = named(
     vcpus: z.number(),
     memory_mib: z.number(),
     disk_mib: z.number(),
+    egress: EgressPolicy,
+    ports: described(
+      z.array(OpenPort),
+      'TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading.',
+    ),
   }),
   'One microVM.',
 );
@@ -102,6 +190,10 @@ export const CreateSandboxRequest = named(
       z.number().int().min(1).max(2 ** 31 - 1),
       'Maximum session duration in seconds. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden).',
     ).optional(),
+    egress: described(
+      EgressPolicy.optional(),
+      "Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's.",
+    ),
   }),
 );
 
@@ -347,7 +439,7 @@ export const CreateEnvironmentRequest = named(
     ).optional(),
     vcpus: described(z.number().int().min(1).max(64), 'Default 1; at most the tier maximum.').optional(),
     memory_mib: described(z.number().int().min(64).max(1048576), 'Default 256; at most the tier maximum.').optional(),
-    egress: described(z.literal('allow'), 'Reserved: only "allow" for now.').optional(),
+    egress: described(EgressPolicy.optional(), 'The egress policy of its sandboxes (a create may narrow it, never widen it). Default "allow".'),
   }),
 );
 
@@ -367,7 +459,7 @@ export const Environment = named(
     secret_names: described(z.array(z.string()), 'Names only; values are write-only.'),
     vcpus: z.number().int(),
     memory_mib: z.number().int(),
-    egress: z.literal('allow'),
+    egress: EgressPolicy,
     created_at: IsoTime,
     updated_at: IsoTime,
   }),

@@ -3,11 +3,14 @@
  * schemas of src/api/routes.ts, and becomes one SandboxService call; the service knows nothing of HTTP.
  * Tier caps, idempotency and metering live here, in front of the service.
  */
+import { dirname, join } from 'node:path';
+import type { IncomingHttpHeaders } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from 'fastify';
 import type { z } from 'zod';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { Db } from '../store/db.js';
-import type { ExecResult, SandboxInfo, SandboxService, Scope, TemplateInfo } from '../sandboxes/types.js';
+import { parseEgress } from '../net/policy.js';
+import type { ExecResult, OpenPort, SandboxInfo, SandboxService, Scope, TemplateInfo } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import { fingerprint, IdempotencyStore } from './idempotency.js';
 import { KeyStore, type Principal } from './keys.js';
@@ -15,6 +18,8 @@ import { Meter, type MeteredSandboxInfo } from './metering.js';
 import { Counter, Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
 import { renderOpenApi } from './openapi.js';
+import { registerPortsProxy } from './portsProxy.js';
+import { PortUrlSigner } from './portUrls.js';
 import { matchPath, ROUTES, type RouteSpec } from './routes.js';
 import * as S from './schemas.js';
 import { registerMcp } from '../mcp/index.js';
@@ -37,6 +42,11 @@ export interface BuildServerOptions {
   reconcileIntervalMs?: number;
   maxJsonBodyBytes?: number;
   maxFileBytes?: number;
+  /**
+   * The key file signing port URLs (portUrls.ts). Default: `port-urls.key` beside the database; null
+   * (or an in-memory database) keeps a key in memory only, so URLs die with the process.
+   */
+  portUrlKeyPath?: string | null;
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
@@ -86,6 +96,11 @@ type Handler = (ctx: Ctx) => Promise<Result> | Result;
 // ---------------------------------------------------------------------------------------------
 // Views: the wire shapes. Explicit picks, so engine-internal fields never leak.
 
+/** Where the ports proxy serves a port of a sandbox, relative to the API base. */
+export function portPath(id: string, port: number): string {
+  return `/v1/sandboxes/${id}/ports/${port}/`;
+}
+
 export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
   return {
     id: i.id,
@@ -104,7 +119,26 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
     vcpus: i.vcpus,
     memory_mib: i.memory_mib,
     disk_mib: i.disk_mib,
+    egress: i.egress,
+    ports: (i.ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: portPath(i.id, p.port) })),
   };
+}
+
+/**
+ * The sandbox with its listening ports read now (GET of one sandbox); other views show the engine's
+ * last reading. A failed reading keeps the last one: a port list is not worth failing the GET for.
+ */
+export async function withLivePorts(service: SandboxService, info: SandboxInfo, scope: Scope, log?: { warn: (o: object, msg: string) => void }): Promise<SandboxInfo> {
+  if (info.state !== 'running') return info;
+  let ports: OpenPort[];
+  try {
+    ports = await service.openPorts(info.id, scope);
+  } catch (err) {
+    if (err instanceof CollimateError && err.code === 'sandbox_not_found') throw err;
+    log?.warn({ err, sandbox: info.id }, 'reading open ports failed');
+    return info;
+  }
+  return { ...info, ports };
 }
 
 export function templateView(t: TemplateInfo): z.infer<typeof S.Template> {
@@ -150,7 +184,7 @@ export function environmentView(r: EnvironmentRow): z.infer<typeof S.Environment
     secret_names: r.secret_names,
     vcpus: r.vcpus,
     memory_mib: r.memory_mib,
-    egress: 'allow',
+    egress: r.egress,
     created_at: new Date(r.created_at).toISOString(),
     updated_at: new Date(r.updated_at).toISOString(),
   };
@@ -390,7 +424,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
 
   app.setNotFoundHandler((req, reply) => {
     const path = req.url.split('?')[0];
-    const allowed = ROUTES.filter((r) => matchPath(r.path, path)).map((r) => r.method);
+    const allowed = ROUTES.filter((r) => r.method !== 'ANY' && matchPath(r.path, path)).map((r) => r.method);
     if (allowed.length) {
       reply.header('allow', [...new Set(allowed)].join(', '));
       return sendError(reply, new CollimateError('method_not_allowed', `${req.method} is not allowed here; use ${[...new Set(allowed)].join(' or ')}.`));
@@ -398,14 +432,15 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     sendError(reply, new CollimateError('not_found', `No endpoint ${req.method} ${path.slice(0, 200)}. See GET /v1/openapi.json.`));
   });
 
-  const authenticate = (req: FastifyRequest): Principal => {
-    const h = req.headers.authorization;
+  const authenticateHeaders = (headers: IncomingHttpHeaders): Principal => {
+    const h = headers.authorization;
     const m = typeof h === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(h) : null;
     if (!m) throw new CollimateError('unauthorized', 'Missing API key. Send Authorization: Bearer <key> (create one with `collimate keys create`).');
     const p = keys.authenticate(m[1]);
     if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
     return p;
   };
+  const authenticate = (req: FastifyRequest): Principal => authenticateHeaders(req.headers);
 
   const observe = (info: SandboxInfo) => {
     try {
@@ -436,6 +471,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   };
 
   const openApiText = renderOpenApi();
+  const dbFile = (db as { name?: string }).name;
+  const keyPath = opts.portUrlKeyPath !== undefined ? opts.portUrlKeyPath : dbFile && dbFile !== ':memory:' && dbFile !== '' ? join(dirname(dbFile), 'port-urls.key') : null;
+  const signer = new PortUrlSigner(keyPath, now);
 
   const imagesOrThrow = (): ImageService => {
     if (!opts.images) throw new CollimateError('not_found', 'This server runs without an image service.');
@@ -485,7 +523,12 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       try {
         const stop = createSeconds.startTimer();
         const info = await service.create(
-          { template: body.template, labels: body.labels ?? {}, timeoutSecs: body.timeout_secs ?? tier.defaultSessionSecs },
+          {
+            template: body.template,
+            labels: body.labels ?? {},
+            timeoutSecs: body.timeout_secs ?? tier.defaultSessionSecs,
+            ...(body.egress === undefined ? {} : { egress: parseEgress(body.egress, 'egress') }),
+          },
           scope,
         );
         stop();
@@ -504,8 +547,15 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       return { status: 200, body: { sandboxes: r.sandboxes.filter((s) => s.tenant === scope.tenant).map(sandboxView), next: r.next } };
     },
 
-    getSandbox({ scope, params }) {
-      return { status: 200, body: sandboxView(getOwn(params.id, scope)) };
+    async getSandbox({ scope, params, req }) {
+      return { status: 200, body: sandboxView(await withLivePorts(service, getOwn(params.id, scope), scope, req.log)) };
+    },
+
+    createPortUrl({ scope, params, body }) {
+      getOwn(params.id, scope);
+      const expiresAt = Math.floor(now() / 1000) + (body.expires_in_secs ?? S.DEFAULT_PORT_URL_SECS);
+      const token = signer.sign({ sandboxId: params.id, port: body.port, expiresAt });
+      return { status: 201, body: { url: `/v1/p/${token}/`, port: body.port, expires_at: new Date(expiresAt * 1000).toISOString() } };
     },
 
     async execSandbox({ scope, params, body, req, reply }) {
@@ -732,6 +782,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   // Binding: one generic wrapper per route does auth, validation, idempotency and rendering.
 
   for (const route of ROUTES) {
+    if (route.method === 'ANY') continue; // the ports proxy binds its own (portsProxy.ts)
     const handler = handlers[route.operationId];
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
     app.route({
@@ -807,6 +858,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       const deadline = Date.now() + graceMs;
       while (inflight.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
       for (const abort of [...streams]) abort(shuttingDown());
+      proxy.closeTunnels();
       for (const reply of [...inflight]) {
         if (!reply.sent && !reply.raw.headersSent) {
           reply.header('connection', 'close');
@@ -822,7 +874,12 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     return shutdownPromise;
   };
 
-  registerMcp(app, { service, auth: authenticate, admission });
+  registerMcp(app, { service, auth: authenticate, admission, signer });
+  const proxy = registerPortsProxy(app, { service, authenticate: authenticateHeaders, signer, draining: () => draining, toClientError: (err, log) => toClientError(err, log) });
+  app.addHook('preClose', async () => {
+    // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
+    if (!draining) proxy.closeTunnels();
+  });
 
   await app.ready();
   return { app, keys, meter, admission, idempotency, metrics, reconcile, shutdown };

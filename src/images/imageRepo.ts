@@ -1,4 +1,5 @@
 import { applyMigrations, registerMigrations, type Db, type Migration } from '../store/db.js';
+import { parseEgress, type EgressPolicy } from '../net/policy.js';
 
 /**
  * Tables of the image service (migration versions 20–29): a tenant's images (pulled manifests and
@@ -114,7 +115,8 @@ export interface EnvironmentRow {
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
-  egress: string;
+  /** Stored as JSON; rows from before egress policies hold the bare word `allow`. */
+  egress: EgressPolicy;
   /** Sealed (SecretBox) JSON object of the secret values; never leaves the service. */
   secrets: string | null;
   secret_names: string[];
@@ -129,6 +131,17 @@ function decode<T>(row: any, fields: readonly string[]): T {
   if (!row) return row;
   for (const f of fields) row[f] = row[f] === null ? null : JSON.parse(row[f]);
   return row as T;
+}
+
+/** The egress column: JSON, or the bare `allow`/`none` of rows written before policies were JSON. */
+export function decodeEgress(text: string): EgressPolicy {
+  return parseEgress(text === 'allow' || text === 'none' ? text : JSON.parse(text), 'environments.egress');
+}
+
+function decodeEnv(row: any): EnvironmentRow {
+  const r = decode<any>(row, ENV_JSON);
+  if (r) r.egress = decodeEgress(r.egress);
+  return r;
 }
 
 /** Bake logs are kept to their last part: enough to see why a ready command failed. */
@@ -178,19 +191,19 @@ export class ImageRepo {
   }
 
   getEnv(tenant: string, name: string): EnvironmentRow | undefined {
-    return decode(this.db.prepare('SELECT * FROM environments WHERE tenant = ? AND name = ?').get(tenant, name), ENV_JSON);
+    return decodeEnv(this.db.prepare('SELECT * FROM environments WHERE tenant = ? AND name = ?').get(tenant, name));
   }
 
   listEnvs(tenant: string): EnvironmentRow[] {
-    return this.db.prepare('SELECT * FROM environments WHERE tenant = ? ORDER BY created_at, name').all(tenant).map((r) => decode<EnvironmentRow>(r, ENV_JSON));
+    return this.db.prepare('SELECT * FROM environments WHERE tenant = ? ORDER BY created_at, name').all(tenant).map(decodeEnv);
   }
 
   allEnvs(): EnvironmentRow[] {
-    return this.db.prepare('SELECT * FROM environments ORDER BY created_at').all().map((r) => decode<EnvironmentRow>(r, ENV_JSON));
+    return this.db.prepare('SELECT * FROM environments ORDER BY created_at').all().map(decodeEnv);
   }
 
   envsOfImage(tenant: string, image: string): EnvironmentRow[] {
-    return this.db.prepare('SELECT * FROM environments WHERE tenant = ? AND image = ?').all(tenant, image).map((r) => decode<EnvironmentRow>(r, ENV_JSON));
+    return this.db.prepare('SELECT * FROM environments WHERE tenant = ? AND image = ?').all(tenant, image).map(decodeEnv);
   }
 
   insertEnv(r: EnvironmentRow): void {
@@ -198,7 +211,7 @@ export class ImageRepo {
         vcpus, memory_mib, disk_mib, egress, secrets, secret_names, created_at, updated_at)
       VALUES (@tenant, @name, @image, @state, @error, @progress, @log, @description, @interpreter, @ready_command, @ready_probe, @ready_timeout_secs,
         @vcpus, @memory_mib, @disk_mib, @egress, @secrets, @secret_names, @created_at, @updated_at)`)
-      .run({ ...r, interpreter: JSON.stringify(r.interpreter), secret_names: JSON.stringify(r.secret_names) });
+      .run({ ...r, interpreter: JSON.stringify(r.interpreter), secret_names: JSON.stringify(r.secret_names), egress: JSON.stringify(r.egress) });
   }
 
   updateEnv(tenant: string, name: string, patch: Partial<Pick<EnvironmentRow, 'state' | 'error' | 'progress'>>): void {

@@ -1,6 +1,7 @@
 import { mkdirSync, mkdtempSync, rmSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { CollimateError } from '../errors.js';
+import { parseEgress } from '../net/policy.js';
 import type { Db } from '../store/db.js';
 import type { Scope, TemplateInfo } from '../sandboxes/types.js';
 import { homePaths } from './cache.js';
@@ -59,7 +60,8 @@ export interface EnvironmentSpec {
   vcpus?: number;
   memoryMib?: number;
   diskMib?: number;
-  egress?: 'allow';
+  /** The egress policy of its sandboxes, as JSON (validated with parseEgress); default "allow". */
+  egress?: unknown;
 }
 
 export const ENVIRONMENT_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,62}$/;
@@ -286,7 +288,7 @@ export class ImageService {
     if (!ENVIRONMENT_NAME_RE.test(spec.name)) throw new CollimateError('validation_error', `environment name must match ${ENVIRONMENT_NAME_RE.source}`);
     if (CATALOG.some((c) => c.id === spec.name)) throw new CollimateError('conflict', `${spec.name} is a catalog template; choose another name for your environment.`);
     if (this.repo.getEnv(tenant, spec.name)) throw new CollimateError('conflict', `Environment ${spec.name} exists; DELETE /v1/environments/${spec.name} first to replace it.`);
-    if (spec.egress !== undefined && spec.egress !== 'allow') throw new CollimateError('validation_error', 'egress: only "allow" is supported for now.');
+    const egress = spec.egress === undefined ? 'allow' : parseEgress(spec.egress, 'egress');
     const img = spec.image.startsWith('sha256:') ? this.repo.getImage(tenant, spec.image) : this.repo.imageByRef(tenant, spec.image);
     if (!img) throw new CollimateError('image_not_found', `No image ${spec.image.slice(0, 100)}. Register it with POST /v1/images first.`);
     if (img.state === 'failed') throw new CollimateError('validation_error', `Image ${img.id} failed to pull (${img.error}); pull it again first.`);
@@ -298,7 +300,7 @@ export class ImageService {
       description: spec.description ?? `${img.ref}`, interpreter: spec.interpreter ?? ['/bin/sh', '-c'],
       ready_command: spec.readyCommand ?? null, ready_probe: spec.readyProbe ?? null, ready_timeout_secs: spec.readyTimeoutSecs ?? null,
       vcpus: spec.vcpus ?? CATALOG_DEFAULTS.vcpus, memory_mib: spec.memoryMib ?? CATALOG_DEFAULTS.memoryMib, disk_mib: spec.diskMib ?? CATALOG_DEFAULTS.diskMib,
-      egress: 'allow',
+      egress,
       secrets: names.length ? this.secrets.seal(Buffer.from(JSON.stringify(secrets)), secretAad(tenant, spec.name)) : null,
       secret_names: names, created_at: now, updated_at: now,
     };
@@ -350,6 +352,7 @@ export class ImageService {
         ? { command: env.ready_command ?? undefined, probe: env.ready_probe ?? undefined, env: rt.env, cwd: rt.cwd, timeoutSecs: env.ready_timeout_secs ?? undefined }
         : undefined,
       execDefaults: { env: { ...rt.env, ...secrets }, cwd: rt.cwd, prefix: rt.prefix },
+      egress: env.egress,
     };
     try {
       await this.opts.host.addTemplate(recipe, {

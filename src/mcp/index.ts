@@ -14,6 +14,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { Admission } from '../api/admission.js';
 import type { Principal } from '../api/keys.js';
+import type { PortUrlSigner } from '../api/portUrls.js';
 import { toClientError } from '../api/server.js';
 import type { SandboxService } from '../sandboxes/types.js';
 import { allowedOriginsFromEnv, originAllowed } from './origin.js';
@@ -27,6 +28,8 @@ export interface RegisterMcpOptions {
   auth: (req: FastifyRequest) => Principal;
   /** The REST server's Admission, so both front doors share one concurrency reservation table. */
   admission: Admission;
+  /** Signs the port URLs of expose_port (the REST server's signer, so both doors' URLs work alike). */
+  signer: PortUrlSigner;
   /** Browser origins allowed besides loopback ones (default: $COLLIMATE_MCP_ALLOWED_ORIGINS). */
   allowedOrigins?: string[];
 }
@@ -82,7 +85,9 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
         return reply;
       }
       const server = new McpServer({ name: 'collimate', version }, { instructions: INSTRUCTIONS });
-      registerTools(server, { service: opts.service, admission: opts.admission, principal, log: req.log });
+      // Absolute URLs (expose_port) are built on the address the agent reached us at.
+      const baseUrl = `${req.protocol}://${req.headers.host ?? req.hostname}`;
+      registerTools(server, { service: opts.service, admission: opts.admission, principal, signer: opts.signer, baseUrl, log: req.log });
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
       reply.hijack();
       reply.raw.on('close', () => {

@@ -11,15 +11,20 @@ import { z } from 'zod';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { Admission } from '../api/admission.js';
 import type { Principal } from '../api/keys.js';
+import type { PortUrlSigner } from '../api/portUrls.js';
 import * as S from '../api/schemas.js';
-import { execResultView, sandboxView, templateView, toClientError } from '../api/server.js';
+import { execResultView, sandboxView, templateView, toClientError, withLivePorts } from '../api/server.js';
+import { parseEgress } from '../net/policy.js';
 import type { SandboxInfo, SandboxService, Scope } from '../sandboxes/types.js';
 
 export interface ToolContext {
   service: SandboxService;
   admission: Admission;
   principal: Principal;
-  log?: { error: (o: object, msg: string) => void };
+  signer: PortUrlSigner;
+  /** Scheme, host and port the MCP request reached the server at: absolute URLs start with it. */
+  baseUrl: string;
+  log?: { error: (o: object, msg: string) => void; warn: (o: object, msg: string) => void };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -36,6 +41,10 @@ export const INPUTS = {
     labels,
     timeout_secs: S.CreateSandboxRequest.shape.timeout_secs.describe(
       'Maximum session length in seconds before the sandbox is reaped; default and maximum depend on your tier (demo: 900).',
+    ),
+    egress: S.CreateSandboxRequest.shape.egress.describe(
+      'What the sandbox may reach on the network: "none", "allow" (every public address) or {"domains": ["pypi.org", "*.pythonhosted.org"], "cidrs": [...], "ports": [443]}. ' +
+        "Only narrower than the template's policy (default: the template's); wider is egress_forbidden.",
     ),
   }),
   exec: z.strictObject({
@@ -65,6 +74,11 @@ export const INPUTS = {
     limit: z.number().int().min(1).max(1000).optional().describe('Page size, 1..1000 (default 100).'),
     after: z.string().max(256).optional().describe('The `next` cursor of the previous page.'),
   }),
+  expose_port: z.strictObject({
+    sandbox_id: sandboxId,
+    port: S.CreatePortUrlRequest.shape.port.describe('The port a server listens on inside the sandbox, e.g. 8000 for `python3 -m http.server 8000`.'),
+    expires_in_secs: S.CreatePortUrlRequest.shape.expires_in_secs.describe(`How long the link works, in seconds (default ${S.DEFAULT_PORT_URL_SECS}, at most ${S.MAX_PORT_URL_SECS}).`),
+  }),
   read_file: z.strictObject({
     sandbox_id: sandboxId,
     path: S.FileQuery.shape.path.describe('Absolute path inside the sandbox, e.g. /root/out.txt.'),
@@ -85,6 +99,12 @@ const FileContent = z.strictObject({
   content: z.string(),
 });
 const Deleted = z.strictObject({ id: z.string(), deleted: z.literal(true) });
+const ExposedPort = z.strictObject({
+  url: z.string(),
+  port: z.number().int(),
+  expires_at: z.string(),
+  listening: z.boolean(),
+});
 
 // ---------------------------------------------------------------------------------------------
 
@@ -102,9 +122,14 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
   resume_sandbox:
     'Resume a suspended sandbox exactly where it was (processes keep running). Takes a slot of your concurrency cap. Returns the sandbox with state "running". Needs state "suspended".',
   delete_sandbox: 'Delete a sandbox (running or suspended) and everything in it. Irreversible. Returns {id, deleted: true}.',
-  get_sandbox: 'Get one sandbox: {id, state, template, labels, parent, children, exec_count, age_secs, idle_secs, expires_at, ...}.',
+  get_sandbox:
+    'Get one sandbox: {id, state, template, labels, parent, children, exec_count, age_secs, idle_secs, expires_at, egress, ports: [{port, protocol, url}], ...}; `ports` are the TCP ports servers listen on right now.',
   list_sandboxes:
     'List your sandboxes (not deleted ones), optionally only those in `state` or carrying all `labels`. Returns {sandboxes: [...], next}; pass `next` as `after` for the next page (null on the last).',
+  expose_port:
+    'Get a shareable link to a server running in a sandbox (start it first with exec, in the background, e.g. "python3 -m http.server 8000 >/dev/null 2>&1 &"). ' +
+    'Returns {url, port, expires_at, listening}: anyone with the url reaches that port over HTTP or WebSocket, without a key, until it expires or the sandbox is deleted. ' +
+    '`listening` says whether something listens on the port now.',
   read_file:
     'Read a file from a running sandbox. Returns {path, size, encoding, content}: content is the text when the file is valid UTF-8 (encoding "utf8"), else base64 (encoding "base64"). file_not_found when missing.',
   write_file:
@@ -189,7 +214,15 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     }
     const slot = await admission.reserve(principal.tenant, tier, 1, 'create');
     try {
-      const info = await service.create({ template: a.template, labels: a.labels ?? {}, timeoutSecs: a.timeout_secs ?? tier.defaultSessionSecs }, scope);
+      const info = await service.create(
+        {
+          template: a.template,
+          labels: a.labels ?? {},
+          timeoutSecs: a.timeout_secs ?? tier.defaultSessionSecs,
+          ...(a.egress === undefined ? {} : { egress: parseEgress(a.egress, 'egress') }),
+        },
+        scope,
+      );
       return sandboxView(info);
     } finally {
       slot.release();
@@ -247,7 +280,14 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     return { id: a.sandbox_id, deleted: true };
   });
 
-  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, (a) => sandboxView(getOwn(service, a.sandbox_id, scope)));
+  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await withLivePorts(service, getOwn(service, a.sandbox_id, scope), scope, ctx.log)));
+
+  tool('expose_port', ExposedPort, { readOnlyHint: false, destructiveHint: false }, async (a) => {
+    const info = await withLivePorts(service, getOwn(service, a.sandbox_id, scope), scope, ctx.log);
+    const expiresAt = Math.floor(Date.now() / 1000) + (a.expires_in_secs ?? S.DEFAULT_PORT_URL_SECS);
+    const token = ctx.signer.sign({ sandboxId: a.sandbox_id, port: a.port, expiresAt });
+    return { url: `${ctx.baseUrl}/v1/p/${token}/`, port: a.port, expires_at: new Date(expiresAt * 1000).toISOString(), listening: info.ports.some((p) => p.port === a.port) };
+  });
 
   tool('list_sandboxes', S.SandboxList, { readOnlyHint: true }, (a) => {
     for (const k of Object.keys(a.labels ?? {})) {

@@ -5,7 +5,7 @@
  * There are no tier caps here: the process holding the engine is trusted.
  */
 import { CollimateError as ServiceError } from '../../errors.js';
-import type { ExecRequest as ServiceExecRequest, SandboxService, Scope } from '../../sandboxes/types.js';
+import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxInfo, SandboxService, Scope } from '../../sandboxes/types.js';
 import { errorFromBody, NotFoundError } from '../errors.js';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
 import { newRunId, RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
@@ -33,9 +33,10 @@ async function mapped<T>(call: () => T | Promise<T>): Promise<T> {
   }
 }
 
-function view(info: SandboxInfo & { tenant?: string }): SandboxInfo {
-  const { tenant: _tenant, ...rest } = info;
-  return rest;
+/** The REST view of a sandbox (src/api/server.ts sandboxView): no tenant, ports with their proxy path. */
+function view(info: ServiceSandboxInfo): SandboxInfo {
+  const { tenant: _tenant, ports, ...rest } = info;
+  return { ...rest, ports: (ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: `/v1/sandboxes/${info.id}/ports/${p.port}/` })) };
 }
 
 export class LocalFleet implements Fleet {

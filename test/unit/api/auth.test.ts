@@ -4,7 +4,10 @@ import { ROUTES } from '../../../src/api/routes.js';
 import { assertErrorBody, fixture, type Fixture } from './helpers.js';
 
 const SOME_ID = 'sbx_0123456789ab';
-const urlOf = (path: string, id = SOME_ID) => path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id);
+const urlOf = (path: string, id = SOME_ID) =>
+  path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id).replace(':port', '8000').replace(/\*$/, 'index.html');
+/** The ports proxy answers any method; GET stands for all of them. */
+const methodOf = (m: string) => (m === 'ANY' ? 'GET' : m);
 
 describe('authentication', () => {
   let f: Fixture;
@@ -24,7 +27,7 @@ describe('authentication', () => {
     ];
     for (const route of ROUTES.filter((r) => r.auth)) {
       for (const h of headers) {
-        const r = await f.req(route.operationId, { method: route.method, url: urlOf(route.path), headers: h, body: route.bodyKind === 'json' ? {} : undefined });
+        const r = await f.req(route.operationId, { method: methodOf(route.method), url: urlOf(route.path), headers: h, body: route.bodyKind === 'json' ? {} : undefined });
         assertErrorBody(r, 'unauthorized');
       }
     }
@@ -72,10 +75,11 @@ describe('tenant isolation', () => {
     assert.ok(sandboxRoutes.length >= 8);
     for (const id of Object.values(ids)) {
       for (const route of sandboxRoutes) {
-        const body = route.operationId === 'execSandbox' ? { command: 'echo hi' } : route.operationId === 'forkSandbox' ? { count: 1 } : undefined;
+        const body = { execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 } }[route.operationId];
         const query = route.path.endsWith('/files') ? '?path=/secret' : '';
         for (const accept of route.sse ? ['application/json', 'text/event-stream'] : ['application/json']) {
           const r = await f.req(route.operationId, {
+            method: methodOf(route.method),
             url: urlOf(route.path, id) + query,
             key: b,
             body,

@@ -5,11 +5,17 @@
  *
  * Exec understands a tiny shell: `echo WORDS`, `printf-bytes HEX` (raw bytes), `exit N`, `sleep SECS`,
  * `cat` (echoes stdin), `stderr WORDS`, `cat FILE`; `code` is echoed back; `commands` run in order.
+ *
+ * Networking: a create may narrow the template's egress policy (`templateEgress`, default "allow";
+ * wider is egress_forbidden), forks inherit it. `listen(id, ports)` sets what openPorts reports, and
+ * portTarget points at 127.0.0.1 — at `portMap.get(port)` when mapped, else the same port number —
+ * so a test reaches real servers it started itself through the proxy.
  */
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../../../src/errors.js';
 import { execSeed } from '../../../src/sandboxes/exec.js';
+import { parseEgress, widening, type EgressPolicy } from '../../../src/net/policy.js';
 import type {
   CreateOptions,
   ExecRequest,
@@ -44,6 +50,8 @@ interface Box {
   diskMib: number;
   files: Map<string, Buffer>;
   queue: Promise<unknown>;
+  egress: EgressPolicy;
+  ports: number[];
 }
 
 export const CATALOG: TemplateInfo[] = [
@@ -60,6 +68,8 @@ export interface FakeOptions {
   now?: () => number;
   /** Emit `transition` events like the engine ({id, tenant, state, op, snapshotBytes?}). */
   events?: boolean;
+  /** Egress policy per template id (default "allow"). */
+  templateEgress?: Record<string, EgressPolicy>;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -79,10 +89,18 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   closed = false;
 
   private readonly events: boolean;
+  private readonly templateEgress: Record<string, EgressPolicy>;
+  /** Sandbox port → the local port portTarget answers (unmapped ports answer themselves). */
+  readonly portMap = new Map<number, number>();
+  /** Make portTarget throw network_unavailable, like an engine without networking. */
+  networkUnavailable = false;
+  /** Sandbox ids and ports portTarget was asked for, for assertions. */
+  readonly portCalls: Array<{ id: string; port: number; tenant?: string }> = [];
 
   constructor(opts: FakeOptions = {}) {
     super();
     this.events = opts.events ?? false;
+    this.templateEgress = opts.templateEgress ?? {};
     this.opDelayMs = opts.opDelayMs ?? 1;
     this.environments = opts.environments ?? {};
     this.now = opts.now ?? Date.now;
@@ -119,7 +137,12 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       this.failCreates--;
       throw new CollimateError('vmm_failed', 'The VMM failed to start; retry.');
     }
+    const tplEgress = this.templateEgress[tpl.id] ?? 'allow';
+    const asked = opts.egress === undefined ? undefined : parseEgress(opts.egress);
+    const wider = asked === undefined ? null : widening(asked, tplEgress);
+    if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${tpl.id}'s: ${wider}.`);
     const box = this.newBox(scope.tenant, tpl, opts.labels ?? {}, opts.timeoutSecs ?? 3600, null);
+    box.egress = asked ?? tplEgress;
     this.transition(box, 'create');
     return this.info(box);
   }
@@ -231,6 +254,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     for (let i = 0; i < opts.count; i++) {
       const child = this.newBox(parent.tenant, tpl, opts.labels ?? { ...parent.labels }, parent.timeoutSecs, parent.id);
       child.files = new Map(parent.files);
+      child.egress = parent.egress;
       parent.children.push(child.id);
       this.transition(child, 'fork');
       children.push(this.info(child));
@@ -281,13 +305,21 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   }
 
   async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
-    this.find(id, scope);
-    return [];
+    const box = this.find(id, scope);
+    return box.ports.map((port) => ({ port, protocol: 'tcp' as const }));
   }
 
-  portTarget(id: string, _port: number, scope?: Scope): PortTarget {
-    this.find(id, scope);
-    throw new CollimateError('network_unavailable', 'The fake service has no network.');
+  portTarget(id: string, port: number, scope?: Scope): PortTarget {
+    this.portCalls.push({ id, port, tenant: scope?.tenant });
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'reaching a port', ['running']);
+    if (this.networkUnavailable) throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
+    return { host: '127.0.0.1', port: this.portMap.get(port) ?? port };
+  }
+
+  /** Test hook: the ports servers listen on inside the sandbox (what openPorts reads). */
+  listen(id: string, ports: number[]): void {
+    this.find(id).ports = [...ports];
   }
 
   countRunning(tenant: string): number {
@@ -334,6 +366,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       diskMib: 1024,
       files: new Map(),
       queue: Promise.resolve(),
+      egress: 'allow',
+      ports: [],
     };
     this.boxes.set(id, box);
     return box;
@@ -359,8 +393,9 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       vcpus: b.vcpus,
       memory_mib: b.memoryMib,
       disk_mib: b.diskMib,
-      egress: 'allow',
-      ports: [],
+      egress: b.egress,
+      // Like the engine: the last reading (openPorts reads anew).
+      ports: b.ports.map((port) => ({ port, protocol: 'tcp' as const })),
     };
   }
 }

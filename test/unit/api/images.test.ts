@@ -20,12 +20,13 @@ class FakeHost implements TemplateHost {
 }
 
 describe('REST /v1/images and /v1/environments', () => {
-  let dir: string; let db: Db; let f: Fixture; let images: ImageService; let layout: string;
+  let dir: string; let db: Db; let f: Fixture; let images: ImageService; let layout: string; let host: FakeHost;
   before(async () => {
     dir = mkdtempSync(join(tmpdir(), 'collimate-api-images-'));
     mkdirSync(join(dir, 'imports'));
     db = openDb(join(dir, 'collimate.db'));
-    images = new ImageService({ host: new FakeHost({ home: dir, cacheDir: join(dir, 'cache') }), db, importDir: join(dir, 'imports') });
+    host = new FakeHost({ home: dir, cacheDir: join(dir, 'cache') });
+    images = new ImageService({ host, db, importDir: join(dir, 'imports') });
     f = await fixture({ dbPath: join(dir, 'collimate.db'), server: { images } });
     layout = writeLayout(join(dir, 'imports', 'img'), image([layer(busyboxEntries())], { Env: ['X=1'], Cmd: ['/bin/sh'] }));
   });
@@ -77,6 +78,30 @@ describe('REST /v1/images and /v1/environments', () => {
     assert.equal((await f.req('deleteEnvironment', { url: '/v1/environments/app', key })).statusCode, 204);
     assertErrorBody(await f.req('getEnvironment', { url: '/v1/environments/app', key }), 'environment_not_found');
     assert.equal((await f.req('deleteImage', { url: `/v1/images/${id}`, key })).statusCode, 204);
+  });
+
+  test('environments take an egress policy: validated, normalised, shown, given to the bake; old rows read as "allow"', async () => {
+    const key = f.key('pro-n', 'pro');
+    const id = (await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: layout } } })).json().id;
+    await images.idle();
+    for (const egress of [{ domains: ['bad_name'] }, {}, { cidrs: ['1.2.3.4/8'] }, 'deny']) {
+      assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'net', image: id, egress } }), 'validation_error');
+    }
+    const c = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'net', image: id, egress: { domains: ['PyPI.org', '*.pythonhosted.org'], ports: [443] } } });
+    assert.equal(c.statusCode, 202, c.body);
+    const policy = { domains: ['*.pythonhosted.org', 'pypi.org'], cidrs: [], ports: [443] };
+    assert.deepEqual(c.json().egress, policy);
+    const closed = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'closed', image: id, egress: 'none' } });
+    assert.equal(closed.json().egress, 'none');
+    assert.equal((await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'open', image: id } })).json().egress, 'allow');
+    await images.idle();
+    assert.deepEqual(host.recipes.find((r) => r.id === 'net')!.egress, policy);
+    assert.equal(host.recipes.find((r) => r.id === 'closed')!.egress, 'none');
+    assert.deepEqual((await f.req('getEnvironment', { url: '/v1/environments/net', key })).json().egress, policy);
+    // Rows written before policies were JSON hold the bare word.
+    db.prepare(`UPDATE environments SET egress = 'allow' WHERE tenant = ? AND name = ?`).run('pro-n', 'closed');
+    assert.equal((await f.req('getEnvironment', { url: '/v1/environments/closed', key })).json().egress, 'allow');
+    for (const name of ['net', 'closed', 'open']) await f.req('deleteEnvironment', { url: `/v1/environments/${name}`, key });
   });
 
   test('an unbaked environment is listed as a template that is not ready, and create says template_not_ready', async () => {

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
-import { buildOpenApi, renderOpenApi } from '../../../src/api/openapi.js';
-import { ROUTES } from '../../../src/api/routes.js';
+import { buildOpenApi, openApiPath, renderOpenApi } from '../../../src/api/openapi.js';
+import { PROXY_METHODS, ROUTES } from '../../../src/api/routes.js';
 import { fixture } from './helpers.js';
 
 const committed = new URL('../../../docs/openapi.json', import.meta.url);
@@ -26,9 +26,11 @@ test('every route is documented with an operation and every $ref resolves', () =
   const doc = buildOpenApi();
   assert.equal(doc.openapi, '3.1.0');
   for (const r of ROUTES) {
-    const p = r.path.replace(/:([a-z]+)/g, '{$1}');
-    assert.ok(doc.paths[p]?.[r.method.toLowerCase()], `${r.method} ${p}`);
+    const p = openApiPath(r.path);
+    for (const m of r.method === 'ANY' ? PROXY_METHODS : [r.method]) assert.ok(doc.paths[p]?.[m.toLowerCase()], `${m} ${p}`);
   }
+  const ids = Object.values(doc.paths).flatMap((item: any) => Object.values(item).map((op: any) => op.operationId));
+  assert.equal(new Set(ids).size, ids.length, 'operation ids are unique');
   const refs = JSON.stringify(doc).match(/"\$ref":"[^"]+"/g) ?? [];
   for (const ref of refs) {
     const id = ref.slice('"$ref":"#/components/schemas/'.length, -1);

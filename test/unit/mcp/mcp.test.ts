@@ -1,6 +1,7 @@
 /** The MCP endpoint on the fake service: transport gate (Origin, key, methods), tools, tier parity with REST. */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { fixture, type Fixture } from '../api/helpers.js';
@@ -15,6 +16,7 @@ before(async () => {
       environments: {
         'demo-t': [{ id: 'env-mine', kind: 'environment', description: 'own', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 }],
       },
+      templateEgress: { node: 'none' },
     },
   });
   url = (await f.api.app.listen({ host: '127.0.0.1', port: 0 })) + '/mcp';
@@ -62,7 +64,7 @@ test('tools carry input and output schemas; results are JSON text and structured
   const c = await connect(f.key('tools-t', 'pro'));
   try {
     const { tools } = await c.listTools();
-    assert.equal(tools.length, 11);
+    assert.equal(tools.length, 12);
     for (const t of tools) {
       assert.ok(t.outputSchema, `${t.name} has an output schema`);
       assert.equal(t.inputSchema.additionalProperties, false, `${t.name} rejects unknown arguments`);
@@ -100,6 +102,7 @@ test('tier rules are REST\'s: same codes for the same requests, one concurrency 
     const cases: Array<[Record<string, unknown>, string | null]> = [
       [{ template: 'env-mine' }, 'template_forbidden'],
       [{ template: 'base', timeout_secs: 901 }, 'tier_forbidden'],
+      [{ template: 'node', egress: 'allow' }, 'egress_forbidden'],
       [{ template: 'nope' }, null], // whatever REST answers
     ];
     for (const [args, expected] of cases) {
@@ -141,4 +144,39 @@ test('protocol revisions: the SDK (1.32) answers 2025-11-25 by default and echoe
   assert.equal(await negotiated('1999-01-01'), '2025-11-25');
   const r = await fetch(url, { method: 'POST', headers: { ...h, 'mcp-protocol-version': '2030-01-01' }, body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/list' }) });
   assert.equal(r.status, 400);
+});
+
+test('create_sandbox takes egress; get_sandbox reads ports live; expose_port signs an absolute URL that needs no key', async () => {
+  const app = createServer((req, res) => res.end(`app saw ${req.url} auth=${req.headers.authorization ?? 'none'}`));
+  await new Promise<void>((r) => app.listen(0, '127.0.0.1', r));
+  const key = f.key('ports-t', 'pro');
+  const c = await connect(key);
+  try {
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', egress: { domains: ['PyPI.org'], ports: [443] } } })).structuredContent as any;
+    assert.deepEqual(sb.egress, { domains: ['pypi.org'], cidrs: [], ports: [443] });
+    const bad = await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', egress: { domains: ['not a name'] } } });
+    assert.equal(bad.isError, true);
+    assert.match(text(bad), /not a domain name/);
+    f.svc.portMap.set(8000, (app.address() as { port: number }).port);
+    f.svc.listen(sb.id, [8000]);
+    const got = (await c.callTool({ name: 'get_sandbox', arguments: { sandbox_id: sb.id } })).structuredContent as any;
+    assert.deepEqual(got.ports, [{ port: 8000, protocol: 'tcp', url: `/v1/sandboxes/${sb.id}/ports/8000/` }]);
+    const exposed = await c.callTool({ name: 'expose_port', arguments: { sandbox_id: sb.id, port: 8000, expires_in_secs: 120 } });
+    const e = exposed.structuredContent as any;
+    assert.ok(!exposed.isError, text(exposed));
+    assert.equal(e.listening, true);
+    assert.ok(e.url.startsWith(url.replace(/\/mcp$/, '') + '/v1/p/'), e.url);
+    assert.ok(Math.abs(Date.parse(e.expires_at) - Date.now() - 120_000) < 5000);
+    const r = await fetch(e.url + 'hello?x=1');
+    assert.equal(r.status, 200);
+    assert.equal(await r.text(), 'app saw /hello?x=1 auth=none');
+    const notOpen = (await c.callTool({ name: 'expose_port', arguments: { sandbox_id: sb.id, port: 9000 } })).structuredContent as any;
+    assert.equal(notOpen.listening, false);
+    const foreign = await (await connect(f.key('other-ports-t', 'pro'))).callTool({ name: 'expose_port', arguments: { sandbox_id: sb.id, port: 8000 } });
+    assert.match(text(foreign), /^sandbox_not_found: /);
+  } finally {
+    await c.close();
+    app.closeAllConnections();
+    await new Promise((r) => app.close(r));
+  }
 });

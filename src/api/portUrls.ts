@@ -1,0 +1,92 @@
+/**
+ * Signed port URLs: `/v1/p/<token>/` reaches one port of one sandbox without an API key until the
+ * token expires. The token is base64url of
+ *   version (1 byte) | sandbox id (6 bytes, the hex of sbx_…) | port (2) | expiry, unix seconds (5) | HMAC-SHA256 (32)
+ * where the HMAC covers everything before it, under a server key kept in its own file beside the
+ * database (`<home>/port-urls.key`, 32 random bytes, mode 0600, created on first use). Nothing is
+ * stored per URL: deleting the sandbox ends its URLs, replacing the key file ends all of them.
+ */
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { CollimateError } from '../errors.js';
+
+const VERSION = 1;
+const BODY_BYTES = 1 + 6 + 2 + 5;
+const MAC_BYTES = 32;
+/** The HMAC input starts with a label, so this key can never sign anything else by accident. */
+const DOMAIN = Buffer.from('collimate port url\0');
+
+export interface PortGrant {
+  sandboxId: string;
+  port: number;
+  /** Unix seconds. */
+  expiresAt: number;
+}
+
+/** Reads the key file, creating it (0600) first if it does not exist. */
+function loadOrCreateKey(path: string): Buffer {
+  if (!existsSync(path)) {
+    mkdirSync(dirname(path), { recursive: true });
+    try {
+      const fd = openSync(path, 'wx', 0o600);
+      try { writeSync(fd, randomBytes(32)); } finally { closeSync(fd); }
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e; // another process made it first
+    }
+  }
+  if ((statSync(path).mode & 0o077) !== 0) chmodSync(path, 0o600);
+  const key = readFileSync(path);
+  if (key.length !== 32) throw new Error(`${path} is not a 32-byte key; remove it to start over (every signed port URL stops working)`);
+  return key;
+}
+
+export class PortUrlSigner {
+  private key?: Buffer;
+
+  /** `keyPath` null: a key of this process only (URLs die with it). */
+  constructor(private readonly keyPath: string | null, private readonly now: () => number = Date.now) {}
+
+  private getKey(): Buffer {
+    this.key ??= this.keyPath === null ? randomBytes(32) : loadOrCreateKey(this.keyPath);
+    return this.key;
+  }
+
+  private mac(body: Buffer): Buffer {
+    return createHmac('sha256', this.getKey()).update(DOMAIN).update(body).digest();
+  }
+
+  sign(g: PortGrant): string {
+    const m = /^sbx_([0-9a-f]{12})$/.exec(g.sandboxId);
+    if (!m) throw new Error(`not a sandbox id: ${g.sandboxId}`);
+    const body = Buffer.alloc(BODY_BYTES);
+    body[0] = VERSION;
+    Buffer.from(m[1], 'hex').copy(body, 1);
+    body.writeUInt16BE(g.port, 7);
+    body.writeUIntBE(g.expiresAt, 9, 5);
+    return Buffer.concat([body, this.mac(body)]).toString('base64url');
+  }
+
+  /**
+   * The grant a token carries. Throws 401 unauthorized for anything this server did not sign
+   * (checked first, in constant time) and 401 url_expired once it has expired.
+   */
+  verify(token: string): PortGrant {
+    const invalid = () =>
+      new CollimateError('unauthorized', 'This port URL is not valid: it was altered, truncated or signed by another server. Ask its owner for a new one (POST /v1/sandboxes/{id}/port-urls).');
+    if (!/^[A-Za-z0-9_-]+$/.test(token)) throw invalid();
+    const raw = Buffer.from(token, 'base64url');
+    if (raw.length !== BODY_BYTES + MAC_BYTES || raw.toString('base64url') !== token) throw invalid();
+    const body = raw.subarray(0, BODY_BYTES);
+    if (!timingSafeEqual(raw.subarray(BODY_BYTES), this.mac(body)) || body[0] !== VERSION) throw invalid();
+    const grant: PortGrant = {
+      sandboxId: `sbx_${body.subarray(1, 7).toString('hex')}`,
+      port: body.readUInt16BE(7),
+      expiresAt: body.readUIntBE(9, 5),
+    };
+    if (grant.expiresAt * 1000 <= this.now()) {
+      throw new CollimateError('url_expired', `This port URL expired at ${new Date(grant.expiresAt * 1000).toISOString()}. Ask its owner for a new one (POST /v1/sandboxes/{id}/port-urls).`);
+    }
+    return grant;
+  }
+}

@@ -1,0 +1,391 @@
+/**
+ * The ports proxy: HTTP of any method and WebSocket upgrades on
+ *   /v1/sandboxes/{id}/ports/{port}/<path>   with the tenant's key, and
+ *   /v1/p/<token>/<path>                     with a signed URL (portUrls.ts), no key,
+ * streamed to where the service says the sandbox's port is (SandboxService.portTarget) and back.
+ * Bodies are never buffered: the routes live in a plugin whose content-type parser leaves the
+ * request stream untouched, and the handler pipes it upstream. WebSocket upgrades arrive on the
+ * HTTP server's `upgrade` event and become a raw TCP tunnel once authorized.
+ *
+ * The tenant's key never reaches the sandbox: Authorization, X-Api-Key and any header carrying the
+ * presented key are dropped; the sandbox sees `Host: localhost:<port>` (what dev servers accept) and
+ * X-Forwarded-For/-Proto/-Host/-Prefix. Errors of the proxy itself are the API's error bodies with
+ * `X-Collimate-Error: <code>`, so a client can tell them from the sandbox server's own answers.
+ */
+import { request as httpRequest, ServerResponse, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
+import { connect, type Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
+import { CollimateError, sandboxNotFound } from '../errors.js';
+import type { PortTarget, SandboxService, Scope } from '../sandboxes/types.js';
+import type { Principal } from './keys.js';
+import type { PortUrlSigner } from './portUrls.js';
+import { SANDBOX_ID_RE } from './schemas.js';
+
+export const PROXY_ERROR_HEADER = 'x-collimate-error';
+/** How long connecting to a sandbox port may take before the proxy answers 502. */
+const CONNECT_TIMEOUT_MS = 10_000;
+
+export interface PortsProxyOptions {
+  service: SandboxService;
+  /** The REST API's key check on request headers: the principal, or a thrown `unauthorized`. */
+  authenticate: (headers: IncomingHttpHeaders) => Principal;
+  signer: PortUrlSigner;
+  /** True once the server is shutting down: new requests and upgrades get 503. */
+  draining: () => boolean;
+  /** Maps anything thrown to a client-safe CollimateError (server.ts's toClientError). */
+  toClientError: (err: unknown, log?: FastifyBaseLogger) => CollimateError;
+}
+
+export interface PortsProxy {
+  /** Ends every WebSocket tunnel (at shutdown: they are not requests a grace period could wait for). */
+  closeTunnels(): void;
+}
+
+/** Where one proxied request goes, and what of its URL the sandbox sees. */
+interface Route {
+  sandboxId: string;
+  port: number;
+  target: PortTarget;
+  /** The proxy's own part of the path (X-Forwarded-Prefix). */
+  prefix: string;
+  /** Path and query as the sandbox sees them: what followed the prefix, `/` at least. */
+  forwardPath: string;
+  /** The key the request authenticated with (dropped wherever it appears); undefined for signed URLs. */
+  key?: string;
+}
+
+const HOP_BY_HOP = new Set([
+  'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'proxy-authorization', 'proxy-authenticate',
+]);
+/** Set by the proxy itself; whatever a client sent under these names is replaced. */
+const OWN = new Set(['host', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-prefix', 'forwarded']);
+const COLLIMATE_KEY = /\bclm_[0-9A-Za-z]{40}\b/;
+
+function validation(message: string): CollimateError {
+  return new CollimateError('validation_error', message);
+}
+
+/** The proxy route a raw request URL names, or null when it is not a proxy path. */
+export function proxyPathOf(rawUrl: string): { kind: 'key'; id: string; port: string } | { kind: 'signed'; token: string } | null {
+  const path = rawUrl.split('?', 1)[0];
+  const s = path.split('/');
+  if (s[1] !== 'v1') return null;
+  if (s[2] === 'sandboxes' && s[4] === 'ports' && s.length >= 6) return { kind: 'key', id: s[3], port: s[5] };
+  if (s[2] === 'p' && s.length >= 4) return { kind: 'signed', token: s[3] };
+  return null;
+}
+
+/** Splits a raw URL after its first `segments` path segments: the prefix and the rest (path + query, `/` at least). */
+function splitUrl(rawUrl: string, segments: number): { prefix: string; forwardPath: string } {
+  const q = rawUrl.indexOf('?');
+  const path = q < 0 ? rawUrl : rawUrl.slice(0, q);
+  const query = q < 0 ? '' : rawUrl.slice(q);
+  const s = path.split('/');
+  return { prefix: s.slice(0, segments + 1).join('/'), forwardPath: '/' + s.slice(segments + 1).join('/') + query };
+}
+
+function parsePort(raw: string): number {
+  if (!/^\d{1,5}$/.test(raw) || Number(raw) < 1 || Number(raw) > 65535) {
+    throw validation(`${JSON.stringify(decodeSafe(raw).slice(0, 20))} is not a port; use a TCP port 1..65535, e.g. /v1/sandboxes/{id}/ports/8000/.`);
+  }
+  return Number(raw);
+}
+
+function decodeSafe(s: string): string {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return s;
+  }
+}
+
+function bearerOf(headers: IncomingHttpHeaders): string | undefined {
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(headers.authorization ?? '');
+  return m?.[1];
+}
+
+/**
+ * Authenticates and resolves a proxy request to its target. Throws the API's errors: 401 without a
+ * valid key or token, 404 for ids that are not the caller's (or deleted), 400 for a bad port, and
+ * whatever portTarget throws (409 invalid_state / network_unavailable).
+ */
+function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: IncomingHttpHeaders): Route {
+  const p = proxyPathOf(rawUrl);
+  if (!p) throw new CollimateError('not_found', 'Not a ports proxy path.');
+  if (p.kind === 'key') {
+    const principal = opts.authenticate(headers);
+    const scope: Scope = { tenant: principal.tenant };
+    const id = decodeSafe(p.id);
+    if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
+    const port = parsePort(p.port);
+    if (opts.service.get(id, scope).tenant !== scope.tenant) throw sandboxNotFound(id);
+    const target = opts.service.portTarget(id, port, scope);
+    return { sandboxId: id, port, target, ...splitUrl(rawUrl, 5), key: bearerOf(headers) };
+  }
+  const grant = opts.signer.verify(p.token);
+  const tenant = opts.service.get(grant.sandboxId).tenant;
+  const target = opts.service.portTarget(grant.sandboxId, grant.port, { tenant });
+  return { sandboxId: grant.sandboxId, port: grant.port, target, ...splitUrl(rawUrl, 3) };
+}
+
+/**
+ * The request headers the sandbox gets, as a flat raw list: hop-by-hop headers and the proxy's own
+ * out, the tenant's key out wherever it is, then Host and the X-Forwarded-* set. With `upgrade`,
+ * Connection and Upgrade are kept (the tunnel needs them).
+ */
+export function forwardHeaders(raw: string[], route: Route, client: { ip?: string; proto: string; host?: string }, upgrade: boolean): string[] {
+  const named = new Set<string>();
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].toLowerCase() === 'connection') for (const t of raw[i + 1].split(',')) named.add(t.trim().toLowerCase());
+  }
+  const out: string[] = [];
+  const forwardedFor: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i];
+    const value = raw[i + 1];
+    const lower = name.toLowerCase();
+    if (lower === 'x-forwarded-for') {
+      forwardedFor.push(value);
+      continue;
+    }
+    if (OWN.has(lower)) continue;
+    if (upgrade && (lower === 'connection' || lower === 'upgrade')) {
+      out.push(name, value);
+      continue;
+    }
+    if (HOP_BY_HOP.has(lower) || named.has(lower)) continue;
+    if (route.key !== undefined) {
+      // Keyed requests: the key and anything that could carry it stay here.
+      if (lower === 'authorization' || lower === 'x-api-key' || (route.key && value.includes(route.key))) continue;
+    } else if ((lower === 'authorization' || lower === 'x-api-key') && COLLIMATE_KEY.test(value)) {
+      // Signed URLs forward the app's own Authorization, never a Collimate key sent along by mistake.
+      continue;
+    }
+    out.push(name, value);
+  }
+  if (client.ip) forwardedFor.push(client.ip);
+  out.push('Host', `localhost:${route.port}`);
+  if (forwardedFor.length) out.push('X-Forwarded-For', forwardedFor.join(', '));
+  out.push('X-Forwarded-Proto', client.proto);
+  if (client.host) out.push('X-Forwarded-Host', client.host);
+  out.push('X-Forwarded-Prefix', route.prefix);
+  return out;
+}
+
+/** Response headers going back to the client: the sandbox's, minus hop-by-hop ones. */
+function backwardHeaders(raw: string[]): string[] {
+  const named = new Set<string>();
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i].toLowerCase() === 'connection') for (const t of raw[i + 1].split(',')) named.add(t.trim().toLowerCase());
+  }
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const lower = raw[i].toLowerCase();
+    if (!HOP_BY_HOP.has(lower) && !named.has(lower)) out.push(raw[i], raw[i + 1]);
+  }
+  return out;
+}
+
+/** The client-facing error for a failed connection to the sandbox port. */
+function upstreamError(err: NodeJS.ErrnoException, route: Route): CollimateError {
+  const where = `port ${route.port} of sandbox ${route.sandboxId}`;
+  switch (err.code) {
+    case 'ECONNREFUSED':
+      return new CollimateError('port_unreachable', `Nothing listens on ${where}: start a server there (listening on 0.0.0.0, not only 127.0.0.1) and retry.`);
+    case 'ETIMEDOUT':
+    case 'EHOSTUNREACH':
+    case 'ENETUNREACH':
+      return new CollimateError('port_unreachable', `${where[0].toUpperCase()}${where.slice(1)} did not answer within ${CONNECT_TIMEOUT_MS / 1000} s; is the sandbox's server stuck?`);
+    default:
+      return new CollimateError('port_unreachable', `The server on ${where} closed the connection without an answer (${err.code ?? 'connection error'}).`);
+  }
+}
+
+function errorHead(err: CollimateError): { status: number; headers: Record<string, string>; body: string } {
+  const headers: Record<string, string> = { 'content-type': 'application/json; charset=utf-8', [PROXY_ERROR_HEADER]: err.code };
+  if (err.retryAfterSecs !== undefined) headers['retry-after'] = String(err.retryAfterSecs);
+  return { status: err.status, headers, body: JSON.stringify(err.toJSON()) };
+}
+
+function sendRawError(res: ServerResponse, err: CollimateError): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const h = errorHead(err);
+  res.writeHead(h.status, { ...h.headers, 'content-length': String(Buffer.byteLength(h.body)) });
+  res.end(h.body);
+}
+
+/** An HTTP error answer written straight onto a socket that has not become a tunnel. */
+function socketError(socket: Duplex, err: CollimateError): void {
+  const h = errorHead(err);
+  const lines = Object.entries({ ...h.headers, 'content-length': String(Buffer.byteLength(h.body)), connection: 'close' }).map(([k, v]) => `${k}: ${v}`);
+  socket.end(`HTTP/1.1 ${h.status} ${STATUS_TEXT[h.status] ?? 'Error'}\r\n${lines.join('\r\n')}\r\n\r\n${h.body}`);
+}
+
+const STATUS_TEXT: Record<number, string> = {
+  400: 'Bad Request', 401: 'Unauthorized', 404: 'Not Found', 409: 'Conflict', 500: 'Internal Server Error', 502: 'Bad Gateway', 503: 'Service Unavailable',
+};
+
+function clientOf(req: IncomingMessage): { ip?: string; proto: string; host?: string } {
+  return { ip: req.socket.remoteAddress, proto: (req.socket as { encrypted?: boolean }).encrypted ? 'https' : 'http', host: req.headers.host };
+}
+
+/** Streams one HTTP request to the sandbox and its answer back. */
+function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log: FastifyBaseLogger, toClient: PortsProxyOptions['toClientError']): void {
+  const headers = forwardHeaders(req.rawHeaders, route, clientOf(req), false);
+  const hasBody = req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined;
+  if (req.headers['transfer-encoding'] !== undefined && req.headers['content-length'] === undefined) headers.push('Transfer-Encoding', 'chunked');
+  const upstream = httpRequest({
+    host: route.target.host,
+    port: route.target.port,
+    method: req.method,
+    path: route.forwardPath,
+    headers,
+    setHost: false,
+    agent: false, // a pooled socket to a sandbox that went away fails the next request; connections are cheap here
+  });
+  let connected = false;
+  const connectTimer = setTimeout(() => {
+    if (!connected) upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' }));
+  }, CONNECT_TIMEOUT_MS);
+  upstream.on('socket', (s: Socket) => {
+    if (!s.connecting) connected = true;
+    s.once('connect', () => {
+      connected = true;
+      clearTimeout(connectTimer);
+    });
+  });
+  upstream.on('response', (ures) => {
+    clearTimeout(connectTimer);
+    res.writeHead(ures.statusCode ?? 502, ures.statusMessage, backwardHeaders(ures.rawHeaders));
+    res.flushHeaders();
+    ures.pipe(res);
+    ures.on('error', () => res.destroy());
+    ures.on('aborted', () => res.destroy());
+  });
+  upstream.on('error', (err: NodeJS.ErrnoException) => {
+    clearTimeout(connectTimer);
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const e = upstreamError(err, route);
+    log.info({ sandbox: route.sandboxId, port: route.port, err: err.code }, 'ports proxy: upstream failed');
+    sendRawError(res, toClient(e, log));
+  });
+  // The client went away (or the answer is complete): stop talking to the sandbox.
+  res.on('close', () => {
+    clearTimeout(connectTimer);
+    if (!res.writableFinished) upstream.destroy();
+  });
+  if (hasBody) req.pipe(upstream);
+  else upstream.end();
+}
+
+export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions): PortsProxy {
+  const tunnels = new Set<Duplex>();
+
+  // The routes, in a plugin of their own: its catch-all content-type parser leaves the body stream
+  // unread (no buffering, no body limit), so the handler can pipe it to the sandbox.
+  void app.register(async (scope) => {
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser('*', (_req, _payload, done) => done(null));
+    const handler = async (req: import('fastify').FastifyRequest, reply: import('fastify').FastifyReply) => {
+      reply.hijack();
+      let route: Route;
+      try {
+        route = resolveRoute(opts, req.raw.url ?? req.url, req.headers);
+      } catch (err) {
+        // Drain what the client sends so the connection stays usable for its next request.
+        req.raw.resume();
+        sendRawError(reply.raw, opts.toClientError(err, req.log));
+        return;
+      }
+      proxyHttp(req.raw, reply.raw, route, req.log, opts.toClientError);
+    };
+    for (const url of ['/v1/sandboxes/:id/ports/:port', '/v1/sandboxes/:id/ports/:port/*', '/v1/p/:token', '/v1/p/:token/*']) {
+      scope.all(url, handler);
+    }
+  });
+
+  app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    socket.on('error', () => socket.destroy());
+    const websocket = /^websocket$/i.test(String(req.headers.upgrade ?? '').trim());
+    if (!websocket || !proxyPathOf(req.url ?? '')) {
+      // Node sends every request with an Upgrade header here once someone listens; those that are
+      // not WebSocket upgrades of a proxy path are ordinary requests (e.g. curl's `Upgrade: h2c`).
+      plainRequest(app, req, socket, head);
+      return;
+    }
+    if (opts.draining()) {
+      socketError(socket, new CollimateError('shutting_down', 'The server is shutting down; retry shortly.', { retryAfterSecs: 5 }));
+      return;
+    }
+    let route: Route;
+    try {
+      route = resolveRoute(opts, req.url ?? '/', req.headers);
+    } catch (err) {
+      socketError(socket, opts.toClientError(err, app.log));
+      return;
+    }
+    const upstream = connect({ host: route.target.host, port: route.target.port });
+    const connectTimer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
+    let open = false;
+    upstream.once('connect', () => {
+      clearTimeout(connectTimer);
+      open = true;
+      tunnels.add(socket);
+      const headers = forwardHeaders(req.rawHeaders, route, clientOf(req), true);
+      let head0 = `${req.method} ${route.forwardPath} HTTP/1.1\r\n`;
+      for (let i = 0; i < headers.length; i += 2) head0 += `${headers[i]}: ${headers[i + 1].replace(/[\r\n]/g, '')}\r\n`;
+      upstream.write(head0 + '\r\n');
+      if (head.length) upstream.write(head);
+      upstream.pipe(socket);
+      socket.pipe(upstream);
+    });
+    upstream.on('error', (err: NodeJS.ErrnoException) => {
+      clearTimeout(connectTimer);
+      if (!open) socketError(socket, upstreamError(err, route));
+      else socket.destroy();
+    });
+    const end = () => {
+      tunnels.delete(socket);
+      upstream.destroy();
+      socket.destroy();
+    };
+    upstream.on('close', () => open && end());
+    socket.on('close', end);
+  });
+
+  return {
+    closeTunnels() {
+      for (const s of [...tunnels]) s.destroy();
+      tunnels.clear();
+    },
+  };
+}
+
+/**
+ * Hands a request that arrived on the `upgrade` event back to the ordinary request pipeline,
+ * answering on its socket and closing it afterwards. Bodies are not readable there (the HTTP parser
+ * has let go of the socket), so such a request with a body gets 400.
+ */
+function plainRequest(app: FastifyInstance, req: IncomingMessage, socket: Duplex, head: Buffer): void {
+  const body = (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0') || req.headers['transfer-encoding'] !== undefined;
+  if (body || head.length > 0) {
+    socketError(socket, validation('Upgrade is only supported for WebSocket on the ports proxy paths; send this request without the Upgrade header.'));
+    return;
+  }
+  const res = new ServerResponse(req);
+  res.shouldKeepAlive = false;
+  res.assignSocket(socket as Socket);
+  res.on('finish', () => {
+    res.detachSocket(socket as Socket);
+    socket.end();
+  });
+  req.push(null);
+  app.server.emit('request', req, res);
+}

@@ -1,0 +1,454 @@
+/**
+ * The ports proxy and signed port URLs on the fake service, whose portTarget points at real
+ * servers this test starts on 127.0.0.1: HTTP of every method, 5 MB streamed both ways without
+ * buffering, headers in and out (the key never reaches the sandbox), the error codes, WebSocket
+ * echo, signed URLs (ok, expired, altered, other port, deleted sandbox), live `ports` and egress.
+ */
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { statSync } from 'node:fs';
+import { createServer, request, type IncomingHttpHeaders, type IncomingMessage, type Server } from 'node:http';
+import { dirname, join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { wsConnect, wsEcho } from '../../support/ws.js';
+import { fixture, assertErrorBody, type Fixture } from './helpers.js';
+
+const MB = 1024 * 1024;
+const SANDBOX_PORT = 8000;
+const CLOSED_PORT = 8001;
+
+interface Seen { method: string; url: string; headers: IncomingHttpHeaders; bytes: number }
+
+function deferred<T = void>() {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  return Promise.race([p, new Promise<T>((_, rej) => setTimeout(() => rej(new Error(`timed out: ${what}`)), ms).unref())]);
+}
+
+/** The sandbox's server: echoes requests as JSON, plus a few special paths. */
+function backend() {
+  const seen: Seen[] = [];
+  const upgrades: IncomingMessage[] = [];
+  const hooks = { uploadStarted: (): void => {}, downloadReceived: Promise.resolve() };
+  const server = createServer((req, res) => {
+    const path = (req.url ?? '').split('?')[0];
+    if (path === '/upload') {
+      const h = createHash('sha256');
+      let bytes = 0;
+      req.on('data', (c: Buffer) => {
+        if (bytes === 0) hooks.uploadStarted();
+        bytes += c.length;
+        h.update(c);
+      });
+      req.on('end', () => res.end(JSON.stringify({ bytes, sha256: h.digest('hex') })));
+      return;
+    }
+    if (path === '/download') {
+      // 1 MiB, then the rest only once the client has seen the first bytes: a proxy that buffers deadlocks here.
+      const data = downloadBytes;
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'x-sha256': createHash('sha256').update(data).digest('hex') });
+      res.write(data.subarray(0, MB));
+      void hooks.downloadReceived.then(() => res.end(data.subarray(MB)));
+      return;
+    }
+    if (path === '/teapot') {
+      res.writeHead(418, "I'm a teapot", ['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'X-Custom', 'yes', 'Content-Type', 'text/plain']);
+      res.end('short and stout');
+      return;
+    }
+    let bytes = 0;
+    req.on('data', (c: Buffer) => (bytes += c.length));
+    req.on('end', () => {
+      const s: Seen = { method: req.method!, url: req.url!, headers: req.headers, bytes };
+      seen.push(s);
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(req.method === 'HEAD' ? undefined : JSON.stringify(s));
+    });
+  });
+  wsEcho(server, (req) => upgrades.push(req));
+  return { server, seen, upgrades, hooks };
+}
+const downloadBytes = randomBytes(5 * MB);
+
+async function listen(s: Server): Promise<number> {
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  return (s.address() as { port: number }).port;
+}
+
+async function freePort(): Promise<number> {
+  const s = createServer();
+  const p = await listen(s);
+  await new Promise((r) => s.close(r));
+  return p;
+}
+
+/** A raw HTTP request through the proxy; the body is read whole. */
+function call(url: string, opts: { method?: string; headers?: Record<string, string>; body?: Buffer | string } = {}) {
+  return new Promise<{ status: number; message: string; headers: IncomingHttpHeaders; raw: string[]; body: Buffer; json(): any }>((resolve, reject) => {
+    // An explicit length: Node's client would frame a DELETE or OPTIONS body by closing the connection.
+    const length = opts.body === undefined ? {} : { 'content-length': String(Buffer.byteLength(opts.body)) };
+    const req = request(url, { method: opts.method ?? 'GET', headers: { ...length, ...opts.headers } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const body = Buffer.concat(chunks);
+        resolve({ status: res.statusCode!, message: res.statusMessage!, headers: res.headers, raw: res.rawHeaders, body, json: () => JSON.parse(body.toString()) });
+      });
+    });
+    req.on('error', reject);
+    req.end(opts.body);
+  });
+}
+
+describe('ports proxy', () => {
+  let f: Fixture;
+  let base: string;
+  let key: string;
+  let otherKey: string;
+  let id: string;
+  const b = backend();
+
+  before(async () => {
+    // A 1 MiB JSON limit: 5 MB must still stream through, so the proxy's bodies bypass it.
+    f = await fixture({ server: { maxJsonBodyBytes: MB, maxFileBytes: MB } });
+    base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    f.svc.portMap.set(SANDBOX_PORT, await listen(b.server));
+    f.svc.portMap.set(CLOSED_PORT, await freePort());
+    key = f.key('acme', 'pro');
+    otherKey = f.key('globex', 'pro');
+    id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+  });
+  after(async () => {
+    await f.close();
+    b.server.closeAllConnections();
+    await new Promise((r) => b.server.close(r));
+  });
+
+  const proxied = (path = '/', port = SANDBOX_PORT) => `${base}/v1/sandboxes/${id}/ports/${port}${path}`;
+  const auth = () => ({ authorization: `Bearer ${key}` });
+
+  test('GET: path and query as sent, Host localhost:PORT, X-Forwarded-*, and no key in any header', async () => {
+    const r = await call(proxied('/a/b%20c/?x=1&y=%2F'), {
+      headers: { ...auth(), 'x-api-key': key, 'x-echo-key': `token=${key}`, 'x-app': 'kept', 'x-forwarded-for': '203.0.113.9', 'x-forwarded-host': 'spoofed' },
+    });
+    assert.equal(r.status, 200);
+    const seen = r.json() as Seen;
+    assert.equal(seen.url, '/a/b%20c/?x=1&y=%2F');
+    assert.equal(seen.headers.host, `localhost:${SANDBOX_PORT}`);
+    assert.equal(seen.headers['x-forwarded-for'], '203.0.113.9, 127.0.0.1');
+    assert.equal(seen.headers['x-forwarded-proto'], 'http');
+    assert.equal(seen.headers['x-forwarded-host'], new URL(base).host);
+    assert.equal(seen.headers['x-forwarded-prefix'], `/v1/sandboxes/${id}/ports/${SANDBOX_PORT}`);
+    assert.equal(seen.headers['x-app'], 'kept');
+    for (const h of ['authorization', 'x-api-key', 'x-echo-key']) assert.equal(seen.headers[h], undefined, `${h} must not reach the sandbox`);
+    assert.ok(!JSON.stringify(seen.headers).includes(key), 'the key appears nowhere');
+    // Without a trailing slash the sandbox sees `/`.
+    assert.equal((await call(`${base}/v1/sandboxes/${id}/ports/${SANDBOX_PORT}`, { headers: auth() })).json().url, '/');
+    assert.equal((await call(`${base}/v1/sandboxes/${id}/ports/${SANDBOX_PORT}?q=1`, { headers: auth() })).json().url, '/?q=1');
+  });
+
+  test('every method goes through; HEAD has no body; status, reason and repeated headers come back as sent', async () => {
+    for (const method of ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS', 'HEAD']) {
+      const body = ['POST', 'PUT', 'PATCH', 'DELETE'].includes(method) ? 'x'.repeat(10) : undefined;
+      const r = await call(proxied('/m'), { method, headers: { ...auth(), ...(body ? { 'content-type': 'text/plain' } : {}) }, body });
+      assert.equal(r.status, 200, method);
+      if (method === 'HEAD') assert.equal(r.body.length, 0);
+      else {
+        assert.equal(r.json().method, method);
+        assert.equal(r.json().bytes, body ? 10 : 0, method);
+      }
+    }
+    const t = await call(proxied('/teapot'), { headers: auth() });
+    assert.equal(t.status, 418);
+    assert.equal(t.message, "I'm a teapot");
+    assert.deepEqual(t.headers['set-cookie'], ['a=1', 'b=2']);
+    assert.equal(t.headers['x-custom'], 'yes');
+    assert.equal(t.body.toString(), 'short and stout');
+    assert.equal(t.headers['x-collimate-error'], undefined, "the sandbox's own answers are not marked as proxy errors");
+  });
+
+  for (const framing of ['chunked', 'content-length'] as const) {
+    test(`5 MB upload streams through (${framing}), past the API's 1 MiB body limit`, async () => {
+      const data = randomBytes(5 * MB);
+      const started = deferred();
+      b.hooks.uploadStarted = started.resolve;
+      const res = deferred<IncomingMessage>();
+      const req = request(proxied('/upload'), {
+        method: 'POST',
+        headers: { ...auth(), 'content-type': 'application/octet-stream', ...(framing === 'chunked' ? { 'transfer-encoding': 'chunked' } : { 'content-length': String(data.length) }) },
+      }, res.resolve);
+      req.write(data.subarray(0, MB));
+      // The sandbox sees the first bytes while the client still holds back the rest: nothing buffers the body.
+      await within(started.promise, 5000, 'the sandbox never saw the start of the body');
+      req.end(data.subarray(MB));
+      const r = await res.promise;
+      const chunks: Buffer[] = [];
+      for await (const c of r) chunks.push(c as Buffer);
+      assert.deepEqual(JSON.parse(Buffer.concat(chunks).toString()), { bytes: data.length, sha256: createHash('sha256').update(data).digest('hex') });
+    });
+  }
+
+  test('5 MB download streams through: the client reads the start before the sandbox sends the rest', async () => {
+    const got = deferred();
+    b.hooks.downloadReceived = got.promise;
+    const res = await new Promise<IncomingMessage>((resolve, reject) => request(proxied('/download'), { headers: auth() }, resolve).on('error', reject).end());
+    const h = createHash('sha256');
+    let bytes = 0;
+    for await (const c of res) {
+      if (bytes === 0) got.resolve();
+      bytes += (c as Buffer).length;
+      h.update(c as Buffer);
+    }
+    assert.equal(bytes, 5 * MB);
+    assert.equal(h.digest('hex'), res.headers['x-sha256']);
+  });
+
+  test('401 without a key, 404 for another tenant and bad ids, 400 for bad ports, 502 when nothing listens, 409 suspended or no network', async () => {
+    const err = async (url: string, headers: Record<string, string>, status: number, code: string) => {
+      const r = await call(url, { headers, method: 'POST', body: 'ignored' });
+      assert.equal(r.status, status, `${url}: ${r.body}`);
+      assert.equal(r.json().error.code, code);
+      assert.equal(r.headers['x-collimate-error'], code);
+      assertErrorBody({ statusCode: r.status, headers: r.headers, body: r.body.toString(), json: r.json } as any, code);
+      return r.json().error.message as string;
+    };
+    await err(proxied('/x'), {}, 401, 'unauthorized');
+    await err(proxied('/x'), { authorization: 'Bearer clm_' + 'A'.repeat(40) }, 401, 'unauthorized');
+    await err(proxied('/x'), { authorization: `Bearer ${otherKey}` }, 404, 'sandbox_not_found');
+    await err(`${base}/v1/sandboxes/sbx_000000000000/ports/8000/`, auth(), 404, 'sandbox_not_found');
+    await err(`${base}/v1/sandboxes/nope/ports/8000/`, auth(), 404, 'sandbox_not_found');
+    for (const port of ['0', '65536', 'abc', '-1', '8000x', '%38000']) await err(`${base}/v1/sandboxes/${id}/ports/${port}/`, auth(), 400, 'validation_error');
+    assert.match(await err(proxied('/x', CLOSED_PORT), auth(), 502, 'port_unreachable'), new RegExp(`Nothing listens on port ${CLOSED_PORT} of sandbox ${id}`));
+    assert.equal(b.seen.filter((s) => s.url === '/x').length, 0, 'no refused request reached the sandbox');
+
+    f.svc.networkUnavailable = true;
+    await err(proxied('/x'), auth(), 409, 'network_unavailable');
+    f.svc.networkUnavailable = false;
+    const paused = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+    await f.req('suspendSandbox', { url: `/v1/sandboxes/${paused}/suspend`, key });
+    await err(`${base}/v1/sandboxes/${paused}/ports/8000/`, auth(), 409, 'invalid_state');
+    // The connection is still usable after an error answered before the body was read.
+    assert.equal((await call(proxied('/after'), { headers: auth() })).status, 200);
+  });
+
+  test('WebSocket echo through the proxy; the upgrade carries no key; 401 and 404 before any tunnel', async () => {
+    const ws = await wsConnect(proxied('/chat?room=1'), auth());
+    ws.send('hello');
+    assert.equal(await within(ws.next(), 5000, 'echo'), 'echo:hello');
+    ws.send('x'.repeat(70_000));
+    assert.equal((await within(ws.next(), 5000, 'big echo')).length, 70_005);
+    ws.close();
+    const up = b.upgrades.at(-1)!;
+    assert.equal(up.url, '/chat?room=1');
+    assert.equal(up.headers.authorization, undefined);
+    assert.equal(up.headers.host, `localhost:${SANDBOX_PORT}`);
+    assert.equal(up.headers['x-forwarded-prefix'], `/v1/sandboxes/${id}/ports/${SANDBOX_PORT}`);
+    await assert.rejects(wsConnect(proxied('/chat')), (e: any) => e.status === 401 && e.headers['x-collimate-error'] === 'unauthorized');
+    await assert.rejects(wsConnect(proxied('/chat'), { authorization: `Bearer ${otherKey}` }), (e: any) => e.status === 404);
+    await assert.rejects(wsConnect(proxied('/chat', CLOSED_PORT), auth()), (e: any) => e.status === 502 && JSON.parse(e.body).error.code === 'port_unreachable');
+    await assert.rejects(wsConnect(`${base}/v1/sandboxes`, auth()), (e: any) => e.status === 200 || e.status === 400 || e.status === 404);
+  });
+
+  test('an Upgrade header elsewhere (curl --http2 sends h2c) is an ordinary request', async () => {
+    const r = await call(`${base}/v1/sandboxes/${id}`, { headers: { ...auth(), connection: 'Upgrade, HTTP2-Settings', upgrade: 'h2c', 'http2-settings': 'AAMAAABkAAQCAAAAAAIAAAAA' } });
+    assert.equal(r.status, 200);
+    assert.equal(r.json().id, id);
+  });
+
+  test('GET of a sandbox reads its ports live, each with its proxy path', async () => {
+    f.svc.listen(id, [SANDBOX_PORT, 5432]);
+    const s = (await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json();
+    assert.deepEqual(s.ports, [
+      { port: SANDBOX_PORT, protocol: 'tcp', url: `/v1/sandboxes/${id}/ports/${SANDBOX_PORT}/` },
+      { port: 5432, protocol: 'tcp', url: `/v1/sandboxes/${id}/ports/5432/` },
+    ]);
+    const listed = (await f.req('listSandboxes', { url: '/v1/sandboxes', key })).json().sandboxes.find((x: any) => x.id === id);
+    assert.equal(listed.ports.length, 2);
+    f.svc.listen(id, []);
+    assert.deepEqual((await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json().ports, []);
+  });
+
+  test('shutdown ends open WebSocket tunnels', async () => {
+    const g = await fixture();
+    try {
+      const gBase = await g.api.app.listen({ host: '127.0.0.1', port: 0 });
+      g.svc.portMap.set(SANDBOX_PORT, f.svc.portMap.get(SANDBOX_PORT)!);
+      const k = g.key('acme', 'pro');
+      const sid = (await g.req('createSandbox', { url: '/v1/sandboxes', key: k, body: { template: 'python' } })).json().id;
+      const ws = await wsConnect(`${gBase}/v1/sandboxes/${sid}/ports/${SANDBOX_PORT}/`, { authorization: `Bearer ${k}` });
+      ws.send('ping');
+      assert.equal(await ws.next(), 'echo:ping');
+      await within(g.api.shutdown(200), 10_000, 'shutdown with a tunnel open');
+    } finally {
+      await g.close();
+    }
+  });
+});
+
+describe('signed port URLs', () => {
+  let f: Fixture;
+  let base: string;
+  let key: string;
+  let id: string;
+  let clock = Date.now();
+  const b = backend();
+
+  before(async () => {
+    f = await fixture({ server: { now: () => clock } });
+    base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    f.svc.portMap.set(SANDBOX_PORT, await listen(b.server));
+    key = f.key('acme', 'pro');
+    id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+  });
+  after(async () => {
+    await f.close();
+    b.server.closeAllConnections();
+    await new Promise((r) => b.server.close(r));
+  });
+
+  const mint = async (body: unknown, k = key, sid = id) => f.req('createPortUrl', { url: `/v1/sandboxes/${sid}/port-urls`, key: k, body });
+
+  test('mint: 201 with a /v1/p/<token>/ URL and its expiry; validation and ownership', async () => {
+    const r = await mint({ port: SANDBOX_PORT });
+    assert.equal(r.statusCode, 201, r.body);
+    const { url, port, expires_at } = r.json();
+    assert.match(url, /^\/v1\/p\/[A-Za-z0-9_-]{62}\/$/);
+    assert.equal(port, SANDBOX_PORT);
+    assert.equal(Date.parse(expires_at), Math.floor(clock / 1000) * 1000 + 3600_000, 'default: one hour');
+    const week = (await mint({ port: 1, expires_in_secs: 604800 })).json();
+    assert.equal(Date.parse(week.expires_at), Math.floor(clock / 1000) * 1000 + 604800_000);
+    for (const body of [{}, { port: 0 }, { port: 65536 }, { port: 80, expires_in_secs: 604801 }, { port: 80, expires_in_secs: 0 }, { port: 80, extra: 1 }]) {
+      assertErrorBody(await mint(body), 'validation_error');
+    }
+    assertErrorBody(await mint({ port: 80 }, f.key('globex', 'pro')), 'sandbox_not_found');
+    assertErrorBody(await f.req('createPortUrl', { url: `/v1/sandboxes/${id}/port-urls`, body: { port: 80 } }), 'unauthorized');
+  });
+
+  test('the URL proxies HTTP and WebSocket without a key; the sandbox sees its prefix; an app Authorization passes, a Collimate key does not', async () => {
+    const { url } = (await mint({ port: SANDBOX_PORT })).json();
+    const token = url.split('/')[3];
+    const r = await call(`${base}${url}docs/index.html?v=2`, { headers: { authorization: 'Bearer app-token' } });
+    assert.equal(r.status, 200, r.body.toString());
+    const seen = r.json() as Seen;
+    assert.equal(seen.url, '/docs/index.html?v=2');
+    assert.equal(seen.headers['x-forwarded-prefix'], `/v1/p/${token}`);
+    assert.equal(seen.headers.authorization, 'Bearer app-token');
+    const withKey = (await call(`${base}${url}`, { headers: { authorization: `Bearer ${key}` } })).json() as Seen;
+    assert.equal(withKey.headers.authorization, undefined, 'a Collimate key is never forwarded');
+    assert.equal((await call(`${base}/v1/p/${token}`)).json().url, '/');
+    const ws = await wsConnect(`${base}${url}live`);
+    ws.send('hi');
+    assert.equal(await within(ws.next(), 5000, 'echo'), 'echo:hi');
+    ws.close();
+  });
+
+  test('expired is 401 url_expired; altered, truncated or re-targeted tokens are 401 unauthorized; a deleted sandbox is 404', async () => {
+    const { url } = (await mint({ port: SANDBOX_PORT, expires_in_secs: 60 })).json();
+    const token: string = url.split('/')[3];
+    const code = async (t: string) => {
+      const r = await call(`${base}/v1/p/${t}/`);
+      assert.equal(r.headers['x-collimate-error'], r.json().error.code);
+      return `${r.status} ${r.json().error.code}`;
+    };
+    assert.equal((await call(`${base}/v1/p/${token}/`)).status, 200);
+    // Another port: the same token with its port bytes changed no longer verifies.
+    const raw = Buffer.from(token, 'base64url');
+    raw.writeUInt16BE(SANDBOX_PORT + 1, 7);
+    assert.equal(await code(raw.toString('base64url')), '401 unauthorized');
+    const flipped = token.slice(0, 20) + (token[20] === 'A' ? 'B' : 'A') + token.slice(21);
+    for (const t of [flipped, token.slice(0, -1), token + 'A', 'x', '%00', token.slice(0, -2) + '==']) assert.equal(await code(t), '401 unauthorized', t);
+    // Another server's key.
+    const g = await fixture();
+    try {
+      const gk = g.key('acme', 'pro');
+      const gid = (await g.req('createSandbox', { url: '/v1/sandboxes', key: gk, body: { template: 'base' } })).json().id;
+      const foreign = (await g.req('createPortUrl', { url: `/v1/sandboxes/${gid}/port-urls`, key: gk, body: { port: SANDBOX_PORT } })).json().url.split('/')[3];
+      assert.equal(await code(foreign), '401 unauthorized');
+    } finally {
+      await g.close();
+    }
+    clock += 61_000;
+    assert.equal(await code(token), '401 url_expired');
+    const ws = wsConnect(`${base}${url}`);
+    await assert.rejects(ws, (e: any) => e.status === 401 && JSON.parse(e.body).error.code === 'url_expired');
+    const fresh = (await mint({ port: SANDBOX_PORT })).json().url;
+    await f.req('deleteSandbox', { url: `/v1/sandboxes/${id}`, key });
+    assert.equal(await code(fresh.split('/')[3]), '404 sandbox_not_found');
+  });
+
+  test('the signing key is a 0600 file beside the database, and a restarted server honours its URLs', async () => {
+    const keyFile = join(dirname(f.dbPath), 'port-urls.key');
+    assert.equal(statSync(keyFile).mode & 0o777, 0o600);
+    assert.equal(statSync(keyFile).size, 32);
+    const k = f.key('acme', 'pro');
+    const sid = (await f.req('createSandbox', { url: '/v1/sandboxes', key: k, body: { template: 'python' } })).json().id;
+    const url = (await mint({ port: SANDBOX_PORT }, k, sid)).json().url;
+    const { buildServer } = await import('../../../src/api/server.js');
+    const again = await buildServer({ service: f.svc, db: f.db, reconcileIntervalMs: 0, now: () => clock });
+    try {
+      const againBase = await again.app.listen({ host: '127.0.0.1', port: 0 });
+      const r = await call(`${againBase}${url}`);
+      assert.equal(r.status, 200, r.body.toString());
+    } finally {
+      await again.shutdown(100);
+    }
+  });
+});
+
+describe('egress at create', () => {
+  let f: Fixture;
+  let key: string;
+  before(async () => {
+    f = await fixture({ fake: { templateEgress: { node: { domains: ['*.example.com', 'registry.npmjs.org'], cidrs: [], ports: [443] } } } });
+    key = f.key('acme', 'pro');
+  });
+  after(() => f.close());
+  const create = (body: unknown) => f.req('createSandbox', { url: '/v1/sandboxes', key, body });
+
+  test('the policy is validated, normalised and shown; a fork inherits it', async () => {
+    let r = await create({ template: 'python' });
+    assert.equal(r.json().egress, 'allow', "the template's by default");
+    r = await create({ template: 'python', egress: 'none' });
+    assert.equal(r.json().egress, 'none');
+    r = await create({ template: 'python', egress: { domains: ['PyPI.org.', 'pypi.org', '*.pythonhosted.org'], ports: [443, 80, 443] } });
+    assert.equal(r.statusCode, 201, r.body);
+    assert.deepEqual(r.json().egress, { domains: ['*.pythonhosted.org', 'pypi.org'], cidrs: [], ports: [80, 443] });
+    const child = (await f.req('forkSandbox', { url: `/v1/sandboxes/${r.json().id}/fork`, key, body: { count: 1 } })).json().sandboxes[0];
+    assert.deepEqual(child.egress, r.json().egress);
+  });
+
+  test('bad policies are 400 naming the problem', async () => {
+    const cases: Array<[unknown, RegExp]> = [
+      ['some', /must be "none", "allow"|is not a policy/],
+      [{}, /empty allowlist/],
+      [{ domains: ['-bad-.com'] }, /not a domain name/],
+      [{ cidrs: ['10.0.0.1/8'] }, /host bits set; did you mean 10\.0\.0\.0\/8/],
+      [{ cidrs: ['::1/128'] }, /IPv6/],
+      [{ ports: [0] }, /port/],
+      [{ hosts: ['x'] }, /unknown key "hosts"/],
+      [{ domains: 'pypi.org' }, /array/],
+      [['allow'], /must be/],
+      [7, /must be/],
+    ];
+    for (const [egress, re] of cases) {
+      const r = await create({ template: 'python', egress });
+      assertErrorBody(r, 'validation_error');
+      assert.match(r.json().error.message, re, JSON.stringify(egress));
+      assert.match(r.json().error.message, /body\.egress/);
+    }
+  });
+
+  test('wider than the template is 403 egress_forbidden; narrower is fine', async () => {
+    for (const egress of ['allow', { domains: ['evil.com'], ports: [443] }, { domains: ['api.example.com'] }, { domains: ['api.example.com'], ports: [80] }]) {
+      const r = await create({ template: 'node', egress });
+      assertErrorBody(r, 'egress_forbidden');
+    }
+    const r = await create({ template: 'node', egress: { domains: ['api.example.com'], ports: [443] } });
+    assert.equal(r.statusCode, 201, r.body);
+    assert.equal((await create({ template: 'node', egress: 'none' })).statusCode, 201);
+  });
+});
