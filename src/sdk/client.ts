@@ -65,6 +65,7 @@ export class Sandboxes {
     const body: Record<string, unknown> = { template: params.template };
     if (params.labels) body.labels = params.labels;
     if (params.timeoutSecs !== undefined) body.timeout_secs = params.timeoutSecs;
+    if (params.egress !== undefined) body.egress = params.egress;
     const info = await this.http.json<SandboxInfo>({
       method: 'POST',
       path: '/v1/sandboxes',

@@ -74,6 +74,15 @@ export class TierForbiddenError extends CollimateError {
   static override readonly defaultStatus = 403;
 }
 
+/** 403 egress_forbidden: the create asked for an egress policy wider than its template's. */
+export class EgressForbiddenError extends TierForbiddenError {}
+
+/** 401 url_expired: a signed port URL past its expiry. */
+export class UrlExpiredError extends AuthenticationError {}
+
+/** 409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached. */
+export class NetworkUnavailableError extends InvalidStateError {}
+
 /** The client gave up waiting (its own timeout), or the server reported `exec_timeout`. */
 export class TimeoutError extends CollimateError {
   static override readonly defaultStatus = 0;
@@ -83,6 +92,9 @@ export class TimeoutError extends CollimateError {
 export class ServerError extends CollimateError {
   static override readonly defaultStatus = 500;
 }
+
+/** 502 port_unreachable: nothing answers on that port inside the sandbox (start a server there first). */
+export class PortUnreachableError extends ServerError {}
 
 /** No HTTP response at all: the server is unreachable or the connection dropped. */
 export class ConnectionError extends CollimateError {
@@ -102,9 +114,11 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   method_not_allowed: ValidationError,
   idempotency_key_reused: ValidationError,
   unauthorized: AuthenticationError,
+  url_expired: UrlExpiredError,
   tier_forbidden: TierForbiddenError,
   template_forbidden: TierForbiddenError,
   origin_forbidden: TierForbiddenError,
+  egress_forbidden: EgressForbiddenError,
   sandbox_not_found: NotFoundError,
   template_not_found: NotFoundError,
   image_not_found: NotFoundError,
@@ -113,6 +127,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   file_not_found: NotFoundError,
   invalid_state: InvalidStateError,
   conflict: InvalidStateError,
+  network_unavailable: NetworkUnavailableError,
   payload_too_large: PayloadTooLargeError,
   concurrency_limit: ConcurrencyLimitError,
   rate_limited: ConcurrencyLimitError,
@@ -120,6 +135,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   internal_error: ServerError,
   agent_unavailable: ServerError,
   vmm_failed: ServerError,
+  port_unreachable: PortUnreachableError,
   template_not_ready: ServerError,
   shutting_down: ServerError,
   image_pull_failed: ServerError,

@@ -5,7 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import { errorFromBody, NotFoundError } from './errors.js';
 import type { Transport } from './transport.js';
-import type { ExecEvent, ExecHandlers, ExecRequest, ExecResult, ForkParams, SandboxInfo, SandboxState } from './types.js';
+import type { EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, ForkParams, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
 const EXEC_TIMEOUT_SLACK_MS = 30_000;
@@ -38,6 +38,10 @@ export class Sandbox {
   /** The sandbox this one was live-forked from (null for a template create). */
   get parent(): string | null {
     return this.info.parent;
+  }
+  /** What the sandbox may reach: its template's egress policy, or the narrower one given at create. */
+  get egress(): EgressPolicy {
+    return this.info.egress;
   }
 
   private path(suffix = ''): string {
@@ -104,6 +108,40 @@ export class Sandbox {
       timeoutMs: LIFECYCLE_TIMEOUT_MS,
     });
     return r.sandboxes.map((info) => new Sandbox(this.http, info));
+  }
+
+  /**
+   * The TCP ports servers listen on inside the sandbox right now (re-reads the sandbox), each with
+   * the absolute `url` of the ports proxy (which needs this client's key; see portUrl for one that
+   * does not).
+   */
+  async ports(): Promise<OpenPort[]> {
+    await this.refresh();
+    return this.info.ports.map((p) => ({ ...p, url: this.http.absolute(p.url) }));
+  }
+
+  /**
+   * A signed, absolute URL of `port` that needs no key: anyone holding it reaches the port (HTTP and
+   * WebSocket) until it expires (default 1 h, at most 7 days) or the sandbox is deleted. The port
+   * need not be open yet. Retried like a GET: signing twice does nothing twice.
+   */
+  async portUrl(port: number, params: PortUrlParams = {}): Promise<string> {
+    const body: Record<string, unknown> = { port };
+    if (params.expiresInSecs !== undefined) body.expires_in_secs = params.expiresInSecs;
+    const r = await this.http.json<PortUrl>({ method: 'POST', path: this.path('/port-urls'), json: body, retry: 'safe' });
+    return this.http.absolute(r.url);
+  }
+
+  /**
+   * An HTTP request to the server on `port` inside this running sandbox, through the ports proxy:
+   * `sb.fetch(8000, '/api/items?x=1', { method: 'POST', body })`. Resolves with that server's own
+   * Response, whatever its status; errors of the proxy itself throw (PortUnreachableError when
+   * nothing listens, InvalidStateError when the sandbox is not running, NetworkUnavailableError).
+   * Never retried.
+   */
+  fetch(port: number, path = '/', init: RequestInit = {}): Promise<Response> {
+    const rest = path.startsWith('/') ? path : `/${path}`;
+    return this.http.proxy(this.path(`/ports/${port}${rest}`), init);
   }
 
   /** Suspends this running sandbox to disk: it stops counting against the cap until resumed. */

@@ -53,6 +53,43 @@ export class Transport {
     this.fetchImpl = opts.fetch ?? fetch;
   }
 
+  /** An absolute URL of an API path (the `url` of a port or a signed port URL: relative to the API base). */
+  absolute(path: string): string {
+    return this.baseUrl + path;
+  }
+
+  /**
+   * A request through the ports proxy (`path` under /v1/sandboxes/{id}/ports/{port}/): this client's
+   * key goes with it (the proxy keeps it), and the sandbox server's own response comes back whatever
+   * its status. Only errors of the proxy itself, marked `X-Collimate-Error`, are thrown as the mapped
+   * errors. Never retried. The client-side timeout covers the wait for the response headers.
+   */
+  async proxy(path: string, init: RequestInit = {}, timeoutMs = this.timeoutMs): Promise<Response> {
+    const ctrl = new AbortController();
+    const signal = init.signal ? AbortSignal.any([init.signal, ctrl.signal]) : ctrl.signal;
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      ctrl.abort();
+    }, timeoutMs);
+    const headers = new Headers(init.headers);
+    if (this.apiKey) headers.set('authorization', `Bearer ${this.apiKey}`);
+    let res: Response;
+    try {
+      res = await this.fetchImpl(this.baseUrl + path, { ...init, headers, signal, ...(init.body instanceof ReadableStream ? { duplex: 'half' } : {}) } as RequestInit);
+    } catch (e) {
+      const spec: RequestSpec = { method: (init.method ?? 'GET') as RequestSpec['method'], path };
+      if (timedOut) throw timeoutError(spec, timeoutMs, e);
+      if (init.signal?.aborted) throw e;
+      const cause = (e as Error & { cause?: { code?: string; message?: string } }).cause;
+      throw new ConnectionError(`Cannot reach ${this.baseUrl} (${cause?.code ?? cause?.message ?? (e as Error).message}).`, { code: 'connection_failed', status: 0, cause: e });
+    } finally {
+      clearTimeout(timer);
+    }
+    if (res.headers.has('x-collimate-error')) throw await responseError(res);
+    return res;
+  }
+
   /** A JSON request; resolves with the parsed body (undefined for 204). */
   json<T>(spec: RequestSpec): Promise<T> {
     return this.request(spec, async (res) => {

@@ -9,6 +9,11 @@ export type SandboxInfo = z.infer<typeof S.Sandbox>;
 export type SandboxState = SandboxInfo['state'];
 export type Template = z.infer<typeof S.Template>;
 export type ExecFile = z.input<typeof S.ExecFile>;
+/** `"none"`, `"allow"` or `{ domains?, cidrs?, ports? }`; the server answers with the normalised form. */
+export type EgressPolicy = z.input<typeof S.EgressPolicy>;
+/** A TCP port a server listens on inside the sandbox; `url` is where the ports proxy serves it (needs the key). */
+export type OpenPort = z.infer<typeof S.OpenPort>;
+export type PortUrl = z.infer<typeof S.PortUrl>;
 
 /**
  * Exactly one of `command` (a /bin/sh -c string), `code` (run by the template's interpreter) or
@@ -41,6 +46,13 @@ export interface CreateSandboxParams {
   labels?: Record<string, string>;
   /** Maximum session duration in seconds; default and maximum depend on the tier. */
   timeoutSecs?: number;
+  /** Narrows the template's egress policy (wider: EgressForbiddenError). Default: the template's. */
+  egress?: EgressPolicy;
+}
+
+export interface PortUrlParams {
+  /** Lifetime in seconds, 1..604800 (7 days); default 3600. */
+  expiresInSecs?: number;
 }
 
 export interface ListSandboxesParams {

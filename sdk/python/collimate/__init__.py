@@ -13,16 +13,20 @@ from .errors import (
     CollimateError,
     ConcurrencyLimitError,
     ConnectionError,
+    EgressForbiddenError,
     InvalidStateError,
+    NetworkUnavailableError,
     NotFoundError,
     PayloadTooLargeError,
+    PortUnreachableError,
     ServerError,
     TierForbiddenError,
     TimeoutError,
+    UrlExpiredError,
     ValidationError,
     error_from_body,
 )
-from .types import ExecChunk, ExecResult, ExecTiming, SandboxInfo, Template
+from .types import ExecChunk, ExecResult, ExecTiming, OpenPort, PortResponse, SandboxInfo, Template
 
 __version__ = "0.1.0"
 
@@ -37,6 +41,8 @@ __all__ = [
     "ExecResult",
     "ExecTiming",
     "SandboxInfo",
+    "OpenPort",
+    "PortResponse",
     "Template",
     "CollimateError",
     "AuthenticationError",
@@ -46,6 +52,10 @@ __all__ = [
     "ValidationError",
     "PayloadTooLargeError",
     "TierForbiddenError",
+    "EgressForbiddenError",
+    "UrlExpiredError",
+    "NetworkUnavailableError",
+    "PortUnreachableError",
     "TimeoutError",
     "ServerError",
     "ConnectionError",

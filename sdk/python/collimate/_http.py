@@ -209,6 +209,51 @@ class Transport:
     def json(self, method: str, path: str, **kw: Any) -> Any:
         return self.request(method, path, **kw).json()
 
+    def absolute(self, path: str) -> str:
+        """An absolute URL of an API path (a port's ``url``, a signed port URL: relative to the API base)."""
+        return self.base_url + path
+
+    def proxy(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Optional[bytes] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> Response:
+        """A request through the ports proxy: the sandbox server's answer whatever its status. Only
+        errors of the proxy itself (marked ``X-Collimate-Error``) raise the mapped errors. Never retried."""
+        t = self.timeout if timeout is None else timeout
+        hdrs = {"user-agent": "collimate-python/0.1"}
+        if self._api_key:
+            hdrs["authorization"] = f"Bearer {self._api_key}"
+        hdrs.update(headers or {})
+        conn = self._acquire(t)
+        try:
+            conn.request(method, self._prefix + path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            data = resp.read()
+        except socket.timeout:
+            conn.close()
+            raise self._timeout_error(method, path, t) from None
+        except _NETWORK_ERRORS as e:
+            conn.close()
+            raise self._connection_error(e) from e
+        rheaders = {k.lower(): v for k, v in resp.getheaders()}
+        if resp.will_close:
+            conn.close()
+        else:
+            self._release(conn)
+        if "x-collimate-error" in rheaders:
+            parsed: Any = data.decode("utf-8", "replace")
+            try:
+                parsed = json.loads(parsed)
+            except ValueError:
+                pass
+            raise error_from_body(resp.status, parsed, rheaders.get("retry-after"))
+        return Response(resp.status, rheaders, data)
+
     def sse(
         self,
         method: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import uuid
@@ -13,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ._http import Transport
 from .errors import CollimateError, NotFoundError
-from .types import ExecChunk, ExecResult, SandboxInfo, Template
+from .types import ExecChunk, ExecResult, OpenPort, PortResponse, SandboxInfo, Template
 
 __all__ = ["Collimate", "Sandboxes", "SandboxPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
 
@@ -81,9 +82,12 @@ class Sandboxes:
         *,
         labels: Optional[Mapping[str, str]] = None,
         timeout_secs: Optional[int] = None,
+        egress: Any = None,
     ) -> "Sandbox":
         """A running sandbox from ``template`` (e.g. ``"base"``; see ``client.images()``).
 
+        ``egress`` narrows the template's egress policy: ``"none"``, ``"allow"`` or
+        ``{"domains": [...], "cidrs": [...], "ports": [...]}`` (wider: EgressForbiddenError).
         Counts against the tier's concurrency cap (ConcurrencyLimitError with ``retry_after`` when
         full). Safe to retry: one Idempotency-Key goes with every attempt.
         """
@@ -92,6 +96,8 @@ class Sandboxes:
             body["labels"] = dict(labels)
         if timeout_secs is not None:
             body["timeout_secs"] = timeout_secs
+        if egress is not None:
+            body["egress"] = egress
         info = self._client.http.json(
             "POST",
             "/v1/sandboxes",
@@ -198,6 +204,44 @@ class Sandbox:
     @property
     def parent(self) -> Optional[str]:
         return self.info.parent
+
+    @property
+    def egress(self) -> Any:
+        """What the sandbox may reach: its template's egress policy, or the narrower one given at create."""
+        return self.info.egress
+
+    def ports(self) -> List[OpenPort]:
+        """The TCP ports servers listen on inside the sandbox now (re-reads it), each with the absolute
+        ``url`` of the ports proxy (which needs the key; see port_url() for one that does not)."""
+        self.refresh()
+        return [dataclasses.replace(p, url=self._client.http.absolute(p.url)) for p in self.info.ports]
+
+    def port_url(self, port: int, *, expires_in_secs: Optional[int] = None) -> str:
+        """A signed, absolute URL of ``port`` that needs no key: anyone holding it reaches the port
+        (HTTP and WebSocket) until it expires (default 1 h, at most 7 days) or the sandbox is deleted."""
+        body: Dict[str, Any] = {"port": port}
+        if expires_in_secs is not None:
+            body["expires_in_secs"] = expires_in_secs
+        r = self._client.http.json("POST", self._path("/port-urls"), json_body=body, retry="safe")
+        return self._client.http.absolute(r["url"])
+
+    def request(
+        self,
+        port: int,
+        path: str = "/",
+        *,
+        method: str = "GET",
+        body: Union[str, bytes, None] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> PortResponse:
+        """An HTTP request to the server on ``port`` inside this running sandbox, through the ports
+        proxy. Returns that server's answer whatever its status; errors of the proxy itself raise
+        (PortUnreachableError when nothing listens, InvalidStateError when not running). Never retried."""
+        raw = body.encode("utf-8") if isinstance(body, str) else body
+        rest = path if path.startswith("/") else "/" + path
+        r = self._client.http.proxy(method, self._path(f"/ports/{int(port)}{rest}"), body=raw, headers=headers, timeout=timeout)
+        return PortResponse(r.status, r.headers, r.body)
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/sandboxes/{_q(self.id)}{suffix}"

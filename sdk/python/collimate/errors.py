@@ -19,6 +19,10 @@ __all__ = [
     "ValidationError",
     "PayloadTooLargeError",
     "TierForbiddenError",
+    "EgressForbiddenError",
+    "UrlExpiredError",
+    "NetworkUnavailableError",
+    "PortUnreachableError",
     "TimeoutError",
     "ServerError",
     "ConnectionError",
@@ -102,6 +106,18 @@ class TierForbiddenError(CollimateError):
     default_status = 403
 
 
+class EgressForbiddenError(TierForbiddenError):
+    """403 egress_forbidden: the create asked for an egress policy wider than its template's."""
+
+
+class UrlExpiredError(AuthenticationError):
+    """401 url_expired: a signed port URL past its expiry."""
+
+
+class NetworkUnavailableError(InvalidStateError):
+    """409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached."""
+
+
 class TimeoutError(CollimateError):  # noqa: A001 - mirrors the TypeScript SDK's class name
     """The client gave up waiting (its own timeout), or the server reported ``exec_timeout``."""
 
@@ -112,6 +128,10 @@ class ServerError(CollimateError):
     """5xx: a server or VMM failure. Safe operations were already retried."""
 
     default_status = 500
+
+
+class PortUnreachableError(ServerError):
+    """502 port_unreachable: nothing answers on that port inside the sandbox (start a server there first)."""
 
 
 class ConnectionError(CollimateError):  # noqa: A001 - mirrors the TypeScript SDK's class name
@@ -129,9 +149,11 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "method_not_allowed": ValidationError,
     "idempotency_key_reused": ValidationError,
     "unauthorized": AuthenticationError,
+    "url_expired": UrlExpiredError,
     "tier_forbidden": TierForbiddenError,
     "template_forbidden": TierForbiddenError,
     "origin_forbidden": TierForbiddenError,
+    "egress_forbidden": EgressForbiddenError,
     "sandbox_not_found": NotFoundError,
     "template_not_found": NotFoundError,
     "image_not_found": NotFoundError,
@@ -140,6 +162,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "file_not_found": NotFoundError,
     "invalid_state": InvalidStateError,
     "conflict": InvalidStateError,
+    "network_unavailable": NetworkUnavailableError,
     "payload_too_large": PayloadTooLargeError,
     "concurrency_limit": ConcurrencyLimitError,
     "rate_limited": ConcurrencyLimitError,
@@ -147,6 +170,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "internal_error": ServerError,
     "agent_unavailable": ServerError,
     "vmm_failed": ServerError,
+    "port_unreachable": PortUnreachableError,
     "template_not_ready": ServerError,
     "shutting_down": ServerError,
     "image_pull_failed": ServerError,

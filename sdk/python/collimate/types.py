@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
-__all__ = ["SandboxInfo", "Template", "ExecTiming", "ExecResult", "ExecChunk"]
+__all__ = ["SandboxInfo", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk"]
 
 T = TypeVar("T")
 
@@ -15,6 +15,15 @@ def _known(cls: Type[T], data: Mapping[str, Any]) -> Dict[str, Any]:
     """The fields of ``cls`` present in ``data``: fields the server adds later are ignored."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class OpenPort:
+    """A TCP port a server listens on inside the sandbox; ``url`` is where the ports proxy serves it."""
+
+    port: int
+    protocol: str
+    url: str
 
 
 @dataclass(frozen=True)
@@ -35,10 +44,16 @@ class SandboxInfo:
     vcpus: float
     memory_mib: float
     disk_mib: float
+    #: ``"none"``, ``"allow"`` or ``{"domains": [...], "cidrs": [...], "ports": [...]}``.
+    egress: Any = "allow"
+    #: Listening TCP ports (GET of one sandbox reads them live; lists show the last reading).
+    ports: List[OpenPort] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":
-        return cls(**_known(cls, data))
+        kw = _known(cls, data)
+        kw["ports"] = [OpenPort(**_known(OpenPort, p)) for p in kw.get("ports") or []]
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,24 @@ class ExecResult:
     @property
     def stderr_bytes(self) -> bytes:
         return base64.b64decode(self.stderr) if self.stderr_encoding == "base64" else self.stderr.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class PortResponse:
+    """What the server on a sandbox port answered (through the ports proxy), whatever its status."""
+
+    status: int
+    headers: Dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.body)
 
 
 @dataclass(frozen=True)
