@@ -18,6 +18,11 @@ export interface ClientOptions {
 export class ApiClient {
   constructor(private readonly opts: ClientOptions) {}
 
+  /** An API path (a signed port URL, say) as an absolute URL, resolved like every request's. */
+  absolute(path: string): string {
+    return new URL(path, this.opts.url).href;
+  }
+
   async request(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any; headers: Headers }> {
     const res = await this.fetch(method, path, body, headers);
     const text = await res.text();

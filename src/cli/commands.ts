@@ -45,12 +45,13 @@ API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.colli
   collimate keys revoke KEY_ID|KEY
 
 Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7070; --key, default $COLLIMATE_API_KEY)
-  collimate sandboxes create --template T [--label k=v]... [--timeout SECS] [--idempotency-key K]
+  collimate sandboxes create --template T [--label k=v]... [--timeout SECS] [--egress none|allow|JSON] [--idempotency-key K]
   collimate sandboxes list [--state running|suspended] [--label k=v]... [--limit N] [--after CURSOR]
   collimate sandboxes get ID
   collimate sandboxes exec ID (--command STR | --code STR | -- ARGV...) [--env K=V]... [--cwd DIR] [--stdin STR] [--timeout SECS] [--stream]
   collimate sandboxes fork ID [--count N] [--label k=v]... [--idempotency-key K]
   collimate sandboxes suspend|resume|delete ID
+  collimate sandboxes port-url ID PORT [--expires SECS]   a signed URL of the port that needs no key (default 1 h)
   collimate templates list
   collimate images list
   collimate usage [--from T] [--to T]
@@ -108,6 +109,18 @@ function labels(list: string[] | undefined): Record<string, string> | undefined 
 function need(id: string | undefined, what: string): string {
   if (!id) throw new UsageError(`missing ${what}`);
   return id;
+}
+
+/** --egress: `none`, `allow`, or an allowlist as JSON ({"domains": [...], "cidrs": [...], "ports": [...]}); the server validates it. */
+function egressArg(v: string | undefined): unknown {
+  if (v === undefined) return undefined;
+  const s = v.trim();
+  if (!s.startsWith('{')) return s;
+  try {
+    return JSON.parse(s);
+  } catch {
+    throw new UsageError('--egress must be none, allow, or JSON like \'{"domains": ["pypi.org"], "ports": [443]}\'');
+  }
 }
 
 function num(v: string | undefined, name: string): number | undefined {
@@ -345,16 +358,18 @@ async function sandboxes(sub: string | undefined, args: string[], io: Io): Promi
       cwd: { type: 'string' },
       stdin: { type: 'string' },
       stream: { type: 'boolean' },
+      egress: { type: 'string' },
+      expires: { type: 'string' },
       'idempotency-key': { type: 'string' },
     },
-    sub === 'exec' ? Infinity : 1,
+    sub === 'exec' ? Infinity : sub === 'port-url' ? 2 : 1,
   );
   const api = client(values, io);
   const id = () => encodeURIComponent(need(positionals[0], 'sandbox ID'));
   const idem: Record<string, string> = values['idempotency-key'] ? { 'idempotency-key': values['idempotency-key'] } : {};
   switch (sub) {
     case 'create': {
-      const body = { template: need(values.template, '--template'), labels: labels(values.label), timeout_secs: num(values.timeout, 'timeout') };
+      const body = { template: need(values.template, '--template'), labels: labels(values.label), timeout_secs: num(values.timeout, 'timeout'), egress: egressArg(values.egress) };
       const r = await api.request('POST', '/v1/sandboxes', body, idem);
       printSandbox(io, r.body, values.json);
       return 0;
@@ -420,6 +435,14 @@ async function sandboxes(sub: string | undefined, args: string[], io: Io): Promi
     case 'resume': {
       const r = await api.request('POST', `/v1/sandboxes/${id()}/${sub}`);
       printSandbox(io, r.body, values.json);
+      return 0;
+    }
+    case 'port-url': {
+      const port = num(need(positionals[1], 'PORT'), 'PORT');
+      const r = await api.request('POST', `/v1/sandboxes/${id()}/port-urls`, { port, expires_in_secs: num(values.expires, 'expires') });
+      const url = api.absolute(r.body.url);
+      if (values.json) json(io, { ...r.body, url });
+      else io.out(`${url}\n(expires ${r.body.expires_at}; anyone with this URL reaches port ${port} without a key)\n`);
       return 0;
     }
     case 'delete': {

@@ -97,6 +97,33 @@ describe('collimate sandboxes (HTTP client)', () => {
     return { code, out: io.stdout(), err: io.stderr() };
   };
 
+  test('create --egress, and port-url prints a signed URL that works without a key', async () => {
+    const c = await cli('sandboxes', 'create', '--template', 'python', '--egress', '{"domains": ["PyPI.org"], "ports": [443]}', '--json');
+    assert.equal(c.code, 0, c.err);
+    const s = JSON.parse(c.out);
+    assert.deepEqual(s.egress, { domains: ['pypi.org'], cidrs: [], ports: [443] });
+    const none = JSON.parse((await cli('sandboxes', 'create', '--template', 'python', '--egress', 'none', '--json')).out);
+    assert.equal(none.egress, 'none');
+    const bad = await cli('sandboxes', 'create', '--template', 'python', '--egress', '{nope');
+    assert.equal(bad.code, 2);
+    assert.match(bad.err, /--egress/);
+    const invalid = await cli('sandboxes', 'create', '--template', 'python', '--egress', 'some');
+    assert.notEqual(invalid.code, 0);
+    assert.match(invalid.err, /validation_error/);
+    const p = await cli('sandboxes', 'port-url', s.id, '8000', '--expires', '60');
+    assert.equal(p.code, 0, p.err);
+    const link = p.out.split('\n')[0];
+    assert.match(link, new RegExp(`^${url}/v1/p/[A-Za-z0-9_-]+/$`));
+    assert.match(p.out, /without a key/);
+    const j = JSON.parse((await cli('sandboxes', 'port-url', s.id, '8000', '--json')).out);
+    assert.ok(j.url.startsWith(`${url}/v1/p/`) && j.port === 8000 && typeof j.expires_at === 'string');
+    // The fake sandbox has nothing on 8000 (its portTarget is 127.0.0.1:8000 unless mapped): the URL is accepted, the port is not answering.
+    f.svc.portMap.set(8000, 1);
+    const r = await fetch(link);
+    assert.equal(r.headers.get('x-collimate-error'), 'port_unreachable');
+    assert.equal((await cli('sandboxes', 'port-url', s.id)).code, 2, 'PORT is required');
+  });
+
   test('create, list, get, exec, fork, suspend, resume, delete', async () => {
     const c = await cli('sandboxes', 'create', '--template', 'python', '--label', 'run=1', '--json');
     assert.equal(c.code, 0, c.err);
