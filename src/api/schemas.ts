@@ -299,6 +299,7 @@ export const ExecResult = named(
     failed_index: described(z.number().int(), 'With `commands`: index of the last command that ran.').optional(),
     signal: z.number().int().optional(),
     oom_killed: described(z.literal(true), 'The exec was SIGKILLed by the guest kernel\'s OOM killer (it used more memory than the sandbox has). Absent otherwise.').optional(),
+    pids_limited: described(z.literal(true), 'The exec\'s processes hit its process limit inside the guest (a fork bomb, or runaway forking): the guest agent killed all of them, background ones included, and `error` says so. Absent otherwise.').optional(),
     error: z.string().optional(),
     seed: described(execSeed(), 'The CRNG seed this exec ran with (the one given, or the one the server drew); pass it back as `seed` to replay it.'),
     timing: ExecTiming,

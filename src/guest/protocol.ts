@@ -58,6 +58,7 @@ export const Tag = {
   StartedNs: 40,
   FinishedNs: 41,
   ErrorText: 42,
+  PidsLimited: 43,
 
   Entropy: 50,
   TimeNs: 51,
@@ -549,6 +550,8 @@ export interface ExecResult {
   startedNs: bigint;
   finishedNs: bigint;
   errorText?: string;
+  /** The exec's processes hit the guest's per-exec process limit (pids.max); the agent killed them all. */
+  pidsLimited?: true;
 }
 
 export function decodeExecResult(payload: Buffer): ExecResult {
@@ -567,6 +570,7 @@ export function decodeExecResult(payload: Buffer): ExecResult {
   if (r.has(Tag.Signal)) result.signal = r.u32(Tag.Signal);
   const errorText = r.optionalStr(Tag.ErrorText);
   if (errorText !== undefined) result.errorText = errorText;
+  if (r.u8(Tag.PidsLimited, 0) === 1) result.pidsLimited = true;
   return result;
 }
 

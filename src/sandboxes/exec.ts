@@ -24,6 +24,8 @@ export interface AgentExecOutput {
     stderrTruncated: boolean;
     failedIndex: number;
     errorText?: string;
+    /** The guest agent killed the exec's processes at its process limit. */
+    pidsLimited?: true;
   };
   stdout: Buffer;
   stderr: Buffer;
@@ -133,6 +135,7 @@ export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; starte
     ...(r.failedIndex !== undefined ? { failed_index: r.failedIndex } : {}),
     ...(r.signal !== undefined ? { signal: r.signal } : {}),
     ...(out.oomKilled ? { oom_killed: true } : {}),
+    ...(r.pidsLimited ? { pids_limited: true } : {}),
     ...(r.errorText ? { error: r.errorText } : {}),
     seed: seed.toString(),
     timing: {
@@ -152,9 +155,9 @@ export function toExecResult(out: AgentExecOutput, t: { queuedAt: number; starte
  */
 export const OOM_PROBE = "cat /proc/uptime; dmesg 2>/dev/null | grep -i 'killed process' | tail -n 20";
 
-/** Whether the exec was SIGKILLed in a way worth probing for the OOM killer. */
+/** Whether the exec was SIGKILLed in a way worth probing for the OOM killer (not by a timeout or the process limit). */
 export function killedBySigkill(r: AgentExecOutput['result']): boolean {
-  return !r.timedOut && (r.signal === 9 || r.exitCode === 137);
+  return !r.timedOut && !r.pidsLimited && (r.signal === 9 || r.exitCode === 137);
 }
 
 /**

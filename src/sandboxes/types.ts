@@ -109,6 +109,8 @@ export interface ExecResult {
   signal?: number;
   /** Present (true) when the exec was SIGKILLed and the guest kernel logged an OOM kill while it ran. */
   oom_killed?: true;
+  /** Present (true) when the exec's processes hit the guest's per-exec process limit and the agent killed them all. */
+  pids_limited?: true;
   error?: string;
   /** The CRNG seed the exec ran with (decimal u64), given or drawn; pass it back to replay. */
   seed: string;

@@ -94,6 +94,8 @@ class ExecResult:
     stderr_truncated: bool = False
     failed_index: Optional[int] = None
     signal: Optional[int] = None
+    oom_killed: bool = False
+    pids_limited: bool = False
     error: Optional[str] = None
     timing: Optional[ExecTiming] = None
     seed: Optional[str] = None

@@ -401,6 +401,7 @@ void boot_system(void)
     if (assemble_root() && switch_root()) mount_system_filesystems();
     else agent_log("continuing without the sandbox root filesystem");
     prepare_run_directory();
+    limits_init();
 
     bring_up_loopback();
     net_configure();

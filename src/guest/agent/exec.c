@@ -75,6 +75,8 @@ struct exec_run {
     int64_t timeout_at; /* monotonic ns, 0 = none */
     bool timed_out;
     int64_t quiet_until, drain_until;
+    struct exec_cgroup cgroup;
+    bool pids_limited;
     int exit_code;
     int signal_number;
     uint64_t started_ns;
@@ -329,6 +331,7 @@ static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t le
 static void free_run(void)
 {
     if (!run) return;
+    exec_cgroup_release(&run->cgroup);
     if (run->stdin_fd >= 0) close(run->stdin_fd);
     if (run->out.fd >= 0) close(run->out.fd);
     if (run->err.fd >= 0) close(run->err.fd);
@@ -408,12 +411,28 @@ static void send_result(struct exec_run *r)
     frame_put_u32(&b, TAG_FAILED_INDEX, (uint32_t)r->current);
     frame_put_u64(&b, TAG_STARTED_NS, r->started_ns);
     frame_put_u64(&b, TAG_FINISHED_NS, realtime_ns());
+    if (r->pids_limited) frame_put_u8(&b, TAG_PIDS_LIMITED, 1);
     if (r->error_text[0]) frame_put_text(&b, TAG_ERROR_TEXT, r->error_text);
     frame_send(&b);
 }
 
+/* The exec's processes reached its cgroup's pids.max: kill them all, and say so. */
+static void note_pids_limit(struct exec_run *r)
+{
+    if (r->pids_limited || !exec_cgroup_limit_hit(&r->cgroup)) return;
+    r->pids_limited = true;
+    agent_log("exec %u hit its process limit (%u); killing its cgroup", r->request_id, exec_pids_max());
+    exec_cgroup_kill(&r->cgroup);
+    snprintf(r->error_text, sizeof r->error_text,
+             "the exec hit its process limit (%u processes in the sandbox's exec cgroup, pids.max): a fork bomb or runaway "
+             "forking; all of its processes were killed",
+             exec_pids_max());
+}
+
 static void finish_run(void)
 {
+    /* Also catches a limit hit in the same poll round as the exit. */
+    note_pids_limit(run);
     send_result(run);
     free_run();
 }
@@ -436,6 +455,7 @@ static void __attribute__((noreturn)) become_command(struct exec_run *r, char **
     sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGPIPE, SIG_DFL);
     setsid();
+    exec_cgroup_enter_child(&r->cgroup);
 
     if (stdin_fd < 0) stdin_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (stdin_fd < 0) {
@@ -638,6 +658,7 @@ void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len)
         return;
     }
     if (run->timeout_ms) run->timeout_at = monotonic_ns() + (int64_t)run->timeout_ms * NS_PER_MS;
+    exec_cgroup_create(&run->cgroup);
     if (!spawn_current(run)) finish_run();
 }
 
@@ -663,11 +684,13 @@ static bool stream_wants_input(const struct output_stream *s, bool backpressured
 void exec_add_poll_fds(struct poll_set *ps)
 {
     for (size_t i = 0; i < background_pipe_count; i++) poll_set_add(ps, background_pipes[i], POLLIN, POLL_BACKGROUND);
+    limits_add_poll_fds(ps);
     if (!run) return;
     bool backpressured = output_backpressured();
     if (stream_wants_input(&run->out, backpressured, run->max_output)) poll_set_add(ps, run->out.fd, POLLIN, POLL_EXEC_STDOUT);
     if (stream_wants_input(&run->err, backpressured, run->max_output)) poll_set_add(ps, run->err.fd, POLLIN, POLL_EXEC_STDERR);
     if (run->stdin_fd >= 0) poll_set_add(ps, run->stdin_fd, POLLOUT, POLL_EXEC_STDIN);
+    if (run->cgroup.pids_events_fd >= 0 && !run->pids_limited) poll_set_add(ps, run->cgroup.pids_events_fd, POLLPRI, POLL_EXEC_PIDS);
 }
 
 void exec_handle_poll(enum poll_owner owner, int fd, short revents)
@@ -685,6 +708,11 @@ void exec_handle_poll(enum poll_owner owner, int fd, short revents)
     case POLL_EXEC_STDIN:
         if (run && run->stdin_fd == fd) feed_stdin(run);
         break;
+    case POLL_EXEC_PIDS:
+        if (run && run->cgroup.pids_events_fd == fd) note_pids_limit(run);
+        break;
+    case POLL_CGROUP_PIDS:
+    case POLL_CGROUP_EVENTS: limits_handle_poll(owner, fd, revents); break;
     default: break;
     }
 }
@@ -708,6 +736,8 @@ void exec_tick(void)
         run->timed_out = true;
         agent_log("exec %u timed out; killing process group %d", run->request_id, (int)run->pgid);
         if (run->pgid > 0) kill(-run->pgid, SIGKILL);
+        /* And whatever else it started, in other process groups or sessions. */
+        exec_cgroup_kill(&run->cgroup);
     }
     if (!run->main_exited) return;
     if (output_backpressured()) {

@@ -210,6 +210,18 @@ describe('TLV', () => {
     assert.deepEqual(next.map((f) => f.tag).sort(), [Tag.Path, Tag.Data, Tag.Offset].sort());
   });
 
+  it('decodes PIDS_LIMITED (43, u8) into pidsLimited: true, and only a 1 sets it', () => {
+    assert.equal(Tag.PidsLimited, 43);
+    const limited = decodeExecResult(
+      new TlvWriter().i32(Tag.ExitCode, 137).u32(Tag.Signal, 9).u8(Tag.PidsLimited, 1).str(Tag.ErrorText, 'the exec hit its process limit (831 processes)').finish(),
+    );
+    assert.equal(limited.pidsLimited, true);
+    assert.equal(limited.exitCode, 137);
+    assert.match(limited.errorText!, /process limit/);
+    assert.equal(decodeExecResult(new TlvWriter().i32(Tag.ExitCode, 0).u8(Tag.PidsLimited, 0).finish()).pidsLimited, undefined);
+    assert.throws(() => decodeExecResult(new TlvWriter().i32(Tag.ExitCode, 0).u32(Tag.PidsLimited, 1).finish()), ProtocolError, 'exact width');
+  });
+
   it('decodes replies and insists on required fields and exact widths', () => {
     const result = decodeExecResult(
       new TlvWriter()
@@ -224,6 +236,7 @@ describe('TLV', () => {
         .str(Tag.ErrorText, 'boom')
         .finish(),
     );
+    assert.equal(result.pidsLimited, undefined, 'absent without the PIDS_LIMITED field');
     assert.deepEqual(result, {
       exitCode: 137,
       signal: 9,

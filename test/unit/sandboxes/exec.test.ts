@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { buildAgentExec, encodeOutput, killedBySigkill, oomKilledDuring } from '../../../src/sandboxes/exec.ts';
+import { buildAgentExec, encodeOutput, killedBySigkill, oomKilledDuring, toExecResult } from '../../../src/sandboxes/exec.ts';
 
 const opts = { interpreter: ['python3', '-c'], defaultTimeoutSecs: 60, maxOutputBytes: 1024 };
 
@@ -42,6 +42,7 @@ test('OOM kill detection: a SIGKILLed exec is marked when the guest logged an OO
   assert.equal(killedBySigkill(res({ exitCode: 137, signal: 9 })), true);
   assert.equal(killedBySigkill(res({ exitCode: 124, timedOut: true, signal: 9 })), false, 'a timeout kill is not an OOM kill');
   assert.equal(killedBySigkill(res({ exitCode: 1 })), false);
+  assert.equal(killedBySigkill({ ...res({ exitCode: 137, signal: 9 }), pidsLimited: true }), false, 'the agent killed it at the process limit');
   const probe = [
     '42.30 0.02',
     '[    3.100000] Out of memory: Killed process 12 (old) total-vm:1kB, anon-rss:1kB',
@@ -53,4 +54,20 @@ test('OOM kill detection: a SIGKILLed exec is marked when the guest logged an OO
   assert.equal(oomKilledDuring('42.30 0.02\n', 5_000), false);
   assert.equal(oomKilledDuring('garbage', 5_000), false);
   assert.equal(oomKilledDuring('10.0 1.0\n[    9.5] Memory cgroup out of memory: Killed process 7 (x)', 1_000), true);
+});
+
+test('the process limit reaches the exec result as pids_limited with the agent\'s error text; absent otherwise', () => {
+  const t = { queuedAt: 1000, startedAt: 1010, finishedAt: 1500 };
+  const out = (o: object) => ({
+    result: { exitCode: 137, signal: 9, timedOut: false, stdoutTruncated: false, stderrTruncated: false, failedIndex: 0, ...o },
+    stdout: Buffer.alloc(0), stderr: Buffer.alloc(0),
+  });
+  const limited = toExecResult(out({ pidsLimited: true, errorText: 'the exec hit its process limit (1024 processes)' }), t, 7n);
+  assert.equal(limited.pids_limited, true);
+  assert.equal(limited.error, 'the exec hit its process limit (1024 processes)');
+  assert.equal(limited.exit_code, 137);
+  assert.equal(limited.signal, 9);
+  const plain = toExecResult(out({}), t, 7n);
+  assert.equal('pids_limited' in plain, false);
+  assert.equal('error' in plain, false);
 });
