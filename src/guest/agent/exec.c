@@ -27,6 +27,13 @@
 /* Pipes still held open by background processes; beyond this the oldest is closed
    (its writers would then get SIGPIPE, which is the lesser evil versus leaking fds). */
 #define BACKGROUND_PIPES_MAX 256
+/* Output that is only counted (past the cap, or from background processes) is spliced into
+   /dev/null, never copied into the agent, and taken in batches: the agent outranks what it runs
+   (limits.c), so waking it for each of a writer's small writes would cost more than the bytes.
+   After a drain that found the pipe less than half full, the pipe is left alone for
+   DISCARD_PAUSE_NS, and it is enlarged so that the writer can go on meanwhile. */
+#define DISCARD_PIPE_SIZE (1024 * 1024)
+#define DISCARD_PAUSE_NS (5 * NS_PER_MS)
 /* Keeps the quadratic ENV override merge cheap no matter what the host sends. */
 #define ENV_FIELDS_MAX 4096
 /* Entries a seeded exec may add: LD_PRELOAD, COLLIMATE_SEED, PYTHONHASHSEED. */
@@ -41,6 +48,13 @@ struct output_stream {
     uint64_t total;
     uint64_t forwarded;
     bool truncated;
+    bool enlarged;     /* the pipe was grown to DISCARD_PIPE_SIZE */
+    int64_t resume_at; /* monotonic ns before which the pipe is not polled (discarding), 0 = now */
+};
+
+struct background_pipe {
+    int fd;
+    int64_t resume_at;
 };
 
 struct exec_run {
@@ -84,29 +98,54 @@ struct exec_run {
 };
 
 static struct exec_run *run;
-static int background_pipes[BACKGROUND_PIPES_MAX];
+static struct background_pipe background_pipes[BACKGROUND_PIPES_MAX];
 static size_t background_pipe_count;
 static uint8_t read_scratch[OUTPUT_CHUNK_MAX];
+static int null_fd = -1;
+
+/* ------------------------------------------------------ discarding output */
+
+/* Drops what the pipe holds: bytes dropped, 0 at EOF, -1 with errno (EAGAIN: nothing there now). */
+static ssize_t discard_from_pipe(int fd)
+{
+    if (null_fd < 0) null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd >= 0) {
+        ssize_t n = splice(fd, NULL, null_fd, NULL, DISCARD_PIPE_SIZE, SPLICE_F_NONBLOCK);
+        if (n >= 0 || errno != EINVAL) return n;
+    }
+    return read(fd, read_scratch, sizeof read_scratch);
+}
+
+/* When to poll a discarding pipe again after a drain of n bytes. */
+static int64_t discard_resume_at(ssize_t n)
+{
+    return n < DISCARD_PIPE_SIZE / 2 ? monotonic_ns() + DISCARD_PAUSE_NS : 0;
+}
 
 /* ------------------------------------------------------- background pipes */
 
 static void keep_pipe_in_background(int fd)
 {
     if (background_pipe_count == BACKGROUND_PIPES_MAX) {
-        close(background_pipes[0]);
+        close(background_pipes[0].fd);
         memmove(background_pipes, background_pipes + 1, (BACKGROUND_PIPES_MAX - 1) * sizeof background_pipes[0]);
         background_pipe_count--;
     }
-    background_pipes[background_pipe_count++] = fd;
+    background_pipes[background_pipe_count++] = (struct background_pipe){fd, 0};
 }
 
 static void drain_background_pipe(int fd, short revents)
 {
     size_t i = 0;
-    while (i < background_pipe_count && background_pipes[i] != fd) i++;
+    while (i < background_pipe_count && background_pipes[i].fd != fd) i++;
     if (i == background_pipe_count) return;
-    ssize_t n = (revents & (POLLIN | POLLHUP | POLLERR)) ? read(fd, read_scratch, sizeof read_scratch) : -1;
-    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) return;
+    if (!(revents & (POLLIN | POLLHUP | POLLERR))) return;
+    ssize_t n = discard_from_pipe(fd);
+    if (n > 0) {
+        background_pipes[i].resume_at = discard_resume_at(n);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     close(fd);
     memmove(background_pipes + i, background_pipes + i + 1, (background_pipe_count - i - 1) * sizeof background_pipes[0]);
     background_pipe_count--;
@@ -603,8 +642,32 @@ static void command_finished(struct exec_run *r)
 
 /* ------------------------------------------------------------- pipe I/O */
 
+/* Past the cap: count and drop (see DISCARD_PIPE_SIZE). */
+static void discard_output(struct exec_run *r, struct output_stream *s)
+{
+    if (!s->enlarged) {
+        s->enlarged = true;
+        (void)fcntl(s->fd, F_SETPIPE_SZ, DISCARD_PIPE_SIZE);
+    }
+    ssize_t n = discard_from_pipe(s->fd);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+        close(s->fd);
+        s->fd = -1;
+        return;
+    }
+    s->total += (uint64_t)n;
+    s->truncated = true;
+    s->resume_at = discard_resume_at(n);
+    if (r->main_exited) r->quiet_until = monotonic_ns() + DRAIN_QUIET_NS;
+}
+
 static void forward_output(struct exec_run *r, struct output_stream *s)
 {
+    if (s->forwarded >= r->max_output) {
+        discard_output(r, s);
+        return;
+    }
     ssize_t n = read(s->fd, read_scratch, sizeof read_scratch);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
@@ -675,20 +738,30 @@ void exec_child_exited(pid_t pid, int status)
     run->stdin_fd = -1;
 }
 
-static bool stream_wants_input(const struct output_stream *s, bool backpressured, uint64_t cap)
+/* A pause that is over is cleared, so that it stops counting as a deadline. */
+static bool pause_over(int64_t *resume_at, int64_t now)
 {
-    /* Past the cap we only count and drop, which costs no queue space. */
-    return s->fd >= 0 && (!backpressured || s->forwarded >= cap);
+    if (*resume_at > now) return false;
+    *resume_at = 0;
+    return true;
+}
+
+static bool stream_wants_input(struct output_stream *s, bool backpressured, uint64_t cap, int64_t now)
+{
+    /* Past the cap we only count and drop, which costs no queue space, but in batches. */
+    return s->fd >= 0 && (!backpressured || s->forwarded >= cap) && pause_over(&s->resume_at, now);
 }
 
 void exec_add_poll_fds(struct poll_set *ps)
 {
-    for (size_t i = 0; i < background_pipe_count; i++) poll_set_add(ps, background_pipes[i], POLLIN, POLL_BACKGROUND);
+    int64_t now = monotonic_ns();
+    for (size_t i = 0; i < background_pipe_count; i++)
+        if (pause_over(&background_pipes[i].resume_at, now)) poll_set_add(ps, background_pipes[i].fd, POLLIN, POLL_BACKGROUND);
     limits_add_poll_fds(ps);
     if (!run) return;
     bool backpressured = output_backpressured();
-    if (stream_wants_input(&run->out, backpressured, run->max_output)) poll_set_add(ps, run->out.fd, POLLIN, POLL_EXEC_STDOUT);
-    if (stream_wants_input(&run->err, backpressured, run->max_output)) poll_set_add(ps, run->err.fd, POLLIN, POLL_EXEC_STDERR);
+    if (stream_wants_input(&run->out, backpressured, run->max_output, now)) poll_set_add(ps, run->out.fd, POLLIN, POLL_EXEC_STDOUT);
+    if (stream_wants_input(&run->err, backpressured, run->max_output, now)) poll_set_add(ps, run->err.fd, POLLIN, POLL_EXEC_STDERR);
     if (run->stdin_fd >= 0) poll_set_add(ps, run->stdin_fd, POLLOUT, POLL_EXEC_STDIN);
     if (run->cgroup.pids_events_fd >= 0 && !run->pids_limited) poll_set_add(ps, run->cgroup.pids_events_fd, POLLPRI, POLL_EXEC_PIDS);
 }
@@ -717,10 +790,19 @@ void exec_handle_poll(enum poll_owner owner, int fd, short revents)
     }
 }
 
+static int64_t earlier(int64_t deadline, int64_t t)
+{
+    return t > 0 && (deadline < 0 || t < deadline) ? t : deadline;
+}
+
 int64_t exec_next_deadline_ns(void)
 {
-    if (!run) return -1;
-    int64_t deadline = run->timeout_at && !run->timed_out ? run->timeout_at : -1;
+    int64_t deadline = -1;
+    for (size_t i = 0; i < background_pipe_count; i++) deadline = earlier(deadline, background_pipes[i].resume_at);
+    if (!run) return deadline;
+    if (run->timeout_at && !run->timed_out) deadline = earlier(deadline, run->timeout_at);
+    if (run->out.fd >= 0) deadline = earlier(deadline, run->out.resume_at);
+    if (run->err.fd >= 0) deadline = earlier(deadline, run->err.resume_at);
     if (run->main_exited) {
         int64_t drain_end = run->quiet_until < run->drain_until ? run->quiet_until : run->drain_until;
         if (deadline < 0 || drain_end < deadline) deadline = drain_end;
