@@ -1,0 +1,159 @@
+/**
+ * The ports proxy on real VMs, through a real API server: a `python3 -m http.server` started in
+ * the background of a sandbox answers through /v1/sandboxes/{id}/ports/8000/ with the tenant's key
+ * (401 without, 404 for another tenant), through a signed URL without a key, is listed in the
+ * sandbox's `ports`, and a WebSocket echo server written with node:http answers through the proxy.
+ * Needs networking (root, ip, nft, /dev/net/tun); skipped with the reason otherwise.
+ */
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import '../../src/api/migrations.ts';
+import { buildServer, type ApiServer } from '../../src/api/server.ts';
+import { netSettings } from '../../src/config.ts';
+import { netAvailability } from '../../src/net/netns.ts';
+import type { Engine } from '../../src/sandboxes/engine.ts';
+import { checkResponse } from '../unit/api/helpers.ts';
+import { wsConnect } from '../support/ws.ts';
+import { assertNoLeaks, openEngine, testHome } from './fixture.ts';
+
+const net = netAvailability(netSettings());
+
+/** Waits (inside the guest) until something listens on `port`: /proc/net/tcp lists it in hex. */
+const waitListening = (port: number) =>
+  `for i in $(seq 100); do grep -q " 00000000:${port.toString(16).toUpperCase().padStart(4, '0')} " /proc/net/tcp && break; sleep 0.1; done`;
+
+/** A WebSocket echo server on node:http, as the guest runs it (Node has no WebSocket server built in). */
+const WS_SERVER = String.raw`
+const http = require('node:http');
+const crypto = require('node:crypto');
+const server = http.createServer((req, res) => res.end('plain ' + req.url));
+server.on('upgrade', (req, socket) => {
+  const accept = crypto.createHash('sha1').update(req.headers['sec-websocket-key'] + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest('base64');
+  socket.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ' + accept + '\r\n\r\n');
+  let buf = Buffer.alloc(0);
+  socket.on('end', () => socket.end());
+  socket.on('error', () => {});
+  socket.on('data', (chunk) => {
+    buf = Buffer.concat([buf, chunk]);
+    while (buf.length >= 2) {
+      const op = buf[0] & 15, masked = buf[1] & 128;
+      let len = buf[1] & 127, off = 2;
+      if (len === 126) { if (buf.length < 4) return; len = buf.readUInt16BE(2); off = 4; }
+      const need = off + (masked ? 4 : 0) + len;
+      if (buf.length < need) return;
+      const key = buf.subarray(off, off + 4);
+      const data = Buffer.from(buf.subarray(off + (masked ? 4 : 0), need));
+      if (masked) for (let i = 0; i < data.length; i++) data[i] ^= key[i & 3];
+      buf = buf.subarray(need);
+      if (op === 8) { socket.end(Buffer.from([0x88, 0])); return; }
+      const out = Buffer.concat([Buffer.from('echo:' + (req.headers.authorization ? 'KEY-LEAKED:' : '')), data]);
+      socket.write(Buffer.concat([Buffer.from([0x81, out.length]), out]));
+    }
+  });
+});
+server.listen(9000, '0.0.0.0');
+`;
+
+describe('ports proxy on real VMs', { skip: net.enabled ? false : `networking unavailable: ${net.reason}`, timeout: 900_000 }, () => {
+  let engine: Engine;
+  let api: ApiServer;
+  let home: string;
+  let base: string;
+  let key: string;
+  let otherKey: string;
+
+  before(async () => {
+    home = testHome('ports');
+    engine = await openEngine(home, { catalog: ['python', 'node'], poolSize: 1 });
+    api = await buildServer({ service: engine, db: engine.db, logger: false });
+    base = await api.app.listen({ host: '127.0.0.1', port: 0 });
+    key = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
+    otherKey = api.keys.create({ tenant: 'globex', tier: 'pro' }).key;
+  });
+
+  after(async () => {
+    if (api) await api.shutdown(1000);
+    if (engine) await assertNoLeaks(engine, home);
+  });
+
+  const call = async (op: string | null, method: string, path: string, k: string | null, body?: unknown) => {
+    const res = await fetch(base + path, {
+      method,
+      headers: { ...(k ? { authorization: `Bearer ${k}` } : {}), ...(body !== undefined ? { 'content-type': 'application/json' } : {}) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    const headers: Record<string, string> = {};
+    res.headers.forEach((v, h) => (headers[h] = v));
+    if (op) checkResponse(op, { statusCode: res.status, headers, body: text, json: () => JSON.parse(text) } as any);
+    return { status: res.status, headers: res.headers, text, json: () => JSON.parse(text) };
+  };
+
+  it('python3 -m http.server in the background: with the key, without, another tenant, a signed URL, and in `ports`', async () => {
+    const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', key, { template: 'python' })).json();
+    try {
+      const start = await call('execSandbox', 'POST', `/v1/sandboxes/${sb.id}/exec`, key, {
+        command: `mkdir -p /srv/www && echo hello-from-the-sandbox > /srv/www/hello.txt && cd /srv/www && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && ${waitListening(8000)}; echo started`,
+      });
+      assert.match(start.json().stdout, /started/);
+
+      const listing = await call(null, 'GET', `/v1/sandboxes/${sb.id}/ports/8000/`, key);
+      assert.equal(listing.status, 200, listing.text);
+      assert.match(listing.text, /Directory listing for \//);
+      assert.match(listing.text, /hello\.txt/);
+      const file = await call(null, 'GET', `/v1/sandboxes/${sb.id}/ports/8000/hello.txt`, key);
+      assert.equal(file.text, 'hello-from-the-sandbox\n');
+      // http.server has no POST: its own 501 comes back as it is, not as a proxy error.
+      const post = await call(null, 'POST', `/v1/sandboxes/${sb.id}/ports/8000/`, key, { x: 1 });
+      assert.equal(post.status, 501);
+      assert.equal(post.headers.get('x-collimate-error'), null);
+
+      const anonymous = await call('proxyPort', 'GET', `/v1/sandboxes/${sb.id}/ports/8000/`, null);
+      assert.equal(anonymous.status, 401);
+      assert.equal(anonymous.json().error.code, 'unauthorized');
+      const foreign = await call('proxyPort', 'GET', `/v1/sandboxes/${sb.id}/ports/8000/`, otherKey);
+      assert.equal(foreign.status, 404);
+      assert.equal(foreign.json().error.code, 'sandbox_not_found');
+      const closed = await call(null, 'GET', `/v1/sandboxes/${sb.id}/ports/8001/`, key);
+      assert.equal(closed.status, 502);
+      assert.equal(closed.json().error.code, 'port_unreachable');
+      assert.equal(closed.headers.get('x-collimate-error'), 'port_unreachable');
+
+      const minted = await call('createPortUrl', 'POST', `/v1/sandboxes/${sb.id}/port-urls`, key, { port: 8000, expires_in_secs: 600 });
+      assert.equal(minted.status, 201, minted.text);
+      const signed = await fetch(base + minted.json().url + 'hello.txt');
+      assert.equal(signed.status, 200);
+      assert.equal(await signed.text(), 'hello-from-the-sandbox\n');
+
+      const got = (await call('getSandbox', 'GET', `/v1/sandboxes/${sb.id}`, key)).json();
+      assert.ok(got.ports.some((p: any) => p.port === 8000 && p.protocol === 'tcp' && p.url === `/v1/sandboxes/${sb.id}/ports/8000/`), JSON.stringify(got.ports));
+    } finally {
+      await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${sb.id}`, key);
+    }
+  });
+
+  it('a WebSocket echo server (node:http in the node template) answers through the proxy and a signed URL; the key does not reach it', async () => {
+    const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', key, { template: 'node' })).json();
+    try {
+      const start = await call('execSandbox', 'POST', `/v1/sandboxes/${sb.id}/exec`, key, {
+        command: `(nohup node /root/ws.js >/root/ws.log 2>&1 &) && ${waitListening(9000)}; echo started`,
+        files: [{ path: '/root/ws.js', content: WS_SERVER }],
+      });
+      assert.match(start.json().stdout, /started/);
+      const ws = await wsConnect(`${base}/v1/sandboxes/${sb.id}/ports/9000/chat`, { authorization: `Bearer ${key}` });
+      ws.send('hello');
+      assert.equal(await ws.next(), 'echo:hello');
+      ws.close();
+      const { url } = (await call('createPortUrl', 'POST', `/v1/sandboxes/${sb.id}/port-urls`, key, { port: 9000 })).json();
+      const ws2 = await wsConnect(`${base}${url}chat`);
+      ws2.send('signed');
+      assert.equal(await ws2.next(), 'echo:signed');
+      ws2.close();
+      await assert.rejects(wsConnect(`${base}/v1/sandboxes/${sb.id}/ports/9000/chat`), (e: any) => e.status === 401);
+      const plain = await call(null, 'GET', `/v1/sandboxes/${sb.id}/ports/9000/x?y=1`, key);
+      assert.equal(plain.text, 'plain /x?y=1');
+    } finally {
+      await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${sb.id}`, key);
+    }
+  });
+});
