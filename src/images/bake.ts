@@ -1,9 +1,10 @@
-import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { Vmm } from '../vmm/vmm.js';
+import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { Accel } from '../vmm/argv.js';
-import { sealShared, type Jailer } from '../vmm/jail.js';
+import { releaseJail, sealShared, type JailRecord, type Jailer } from '../vmm/jail.js';
+import { processMatches, type ClaimOwner } from '../vmm/uidPool.js';
 import { connectAgent } from '../guest/connect.js';
 import { homePaths, run, sha256Hex } from './cache.js';
 
@@ -51,6 +52,20 @@ export interface BakeContext {
 }
 
 const ARTIFACT_RECIPE = 'artifact-v1';
+
+/**
+ * What a bake writes into its build directory (`vmm.json`) the moment its VMM exists, like a
+ * sandbox's VMM record: a bake whose process dies (a server killed mid-bake) leaves a VMM running,
+ * detached, and the next start stops it by this record (stopOrphanedBakes).
+ */
+export interface BakeVmmRecord {
+  pid: number;
+  startTicks: string;
+  /** The process running the bake: while it lives the bake is its own, whoever else starts. */
+  owner: ClaimOwner;
+  memPath: string;
+  jail?: JailRecord;
+}
 
 export function artifactKey(shape: MachineShape, diskMib: number, inputs: string[]): string {
   return sha256Hex(ARTIFACT_RECIPE, JSON.stringify(shape), String(diskMib), ...inputs);
@@ -103,8 +118,17 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
         memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [],
       })
       : undefined;
+    const record: BakeVmmRecord = { pid: 0, startTicks: '', owner: { pid: process.pid, startTicks: procStartTicks(process.pid) ?? '' }, memPath, ...(jail ? { jail: jail.record } : {}) };
     try {
-      vmm = await Vmm.spawn(spec, { logPath: vmmFiles(tmpDir).qemuLog, jail });
+      vmm = await Vmm.spawn(spec, {
+        logPath: vmmFiles(tmpDir).qemuLog,
+        jail,
+        onSpawned: (pid, startTicks) => {
+          record.pid = pid;
+          record.startTicks = startTicks;
+          writeFileSync(vmmFiles(tmpDir).vmmJson, JSON.stringify(record), { mode: 0o600 });
+        },
+      });
     } catch (e) {
       await jail?.release();
       throw e;
@@ -136,7 +160,7 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     await vmm.kill();
     vmm = undefined;
     for (const f of readdirSync(tmpDir)) {
-      if (f.endsWith('.sock')) rmSync(join(tmpDir, f), { force: true });
+      if (f.endsWith('.sock') || f === 'vmm.json') rmSync(join(tmpDir, f), { force: true });
     }
     // From now on every sandbox of this template maps the RAM and reads the disk: read-only, root's.
     sealShared(memPath);
@@ -156,6 +180,52 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     rmSync(tmpDir, { recursive: true, force: true });
     rmSync(memPath, { force: true });
     throw e;
+  }
+}
+
+/**
+ * Stops the VMMs of bakes whose process died (recorded in their build directory's vmm.json; see
+ * BakeVmmRecord) and removes those build directories and RAM files. A bake whose process still runs
+ * — another server or test sharing the cache — is left alone, and so is a build directory without a
+ * record whose pid (in its name) is alive. Run at start, before anything of this process bakes.
+ */
+export async function stopOrphanedBakes(cacheDir: string, ramDir: string, progress?: (m: string) => void): Promise<void> {
+  const artifacts = homePaths(cacheDir).artifacts;
+  if (!existsSync(artifacts)) return;
+  for (const key of readdirSync(artifacts)) {
+    const root = join(artifacts, key);
+    let builds: string[];
+    try { builds = readdirSync(root).filter((d) => d.startsWith('tmp-')); } catch { continue; }
+    let removed = 0;
+    for (const b of builds) {
+      const dir = join(root, b);
+      const buildId = b.slice('tmp-'.length);
+      const rec = readBakeRecord(vmmFiles(dir).vmmJson);
+      if (rec ? processMatches(rec.owner) : isAlive(Number(buildId.split('-').pop()))) continue;
+      if (rec?.pid) {
+        if (isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) {
+          progress?.(`stopping the VMM of an interrupted bake (${dir}, pid ${rec.pid})`);
+          try { process.kill(rec.pid, 'SIGKILL'); } catch { /* gone */ }
+          const deadline = Date.now() + 5000;
+          while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+        }
+        if (rec.jail) await releaseJail(rec.jail, { pid: rec.pid, startTicks: rec.startTicks });
+      }
+      rmSync(rec?.memPath ?? join(ramDir, `artifact-${key}-${buildId}.mem`), { force: true });
+      rmSync(dir, { recursive: true, force: true });
+      removed++;
+    }
+    // A root left empty held only such bakes (nothing was ever built for its key).
+    if (removed) try { rmdirSync(root); } catch { /* not empty */ }
+  }
+}
+
+function readBakeRecord(path: string): BakeVmmRecord | null {
+  try {
+    const r = JSON.parse(readFileSync(path, 'utf8'));
+    return typeof r?.owner?.pid === 'number' && typeof r.owner.startTicks === 'string' && typeof r.pid === 'number' ? r : null;
+  } catch {
+    return null;
   }
 }
 

@@ -5,7 +5,7 @@ import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import { loadConfig, type EngineConfig } from '../config.js';
 import { openDb, type Db } from '../store/db.js';
 import { homePaths } from '../images/cache.js';
-import { ensureArtifact, type Artifact } from '../images/bake.js';
+import { ensureArtifact, stopOrphanedBakes, type Artifact } from '../images/bake.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateRecipe } from '../images/templates.js';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { vmmFiles, type MachineShape } from '../vmm/machine.js';
@@ -868,6 +868,8 @@ export class Engine extends EventEmitter implements SandboxService {
       if (owner.startsWith('sbx_') && this.running.has(owner)) continue;
       rmSync(p, { force: true });
     }
+    // Template bakes cut off by a crash: their VMMs run on, recorded in their build directories.
+    await stopOrphanedBakes(this.cfg.cacheDir, this.cfg.artifactRamDir, this.opts.progress);
     // Cgroups of VMMs that never started (a crash between preparing a VMM and spawning it).
     await sweepConfinement(this.cfg);
     // Namespaces of VMMs that are gone (or never started).

@@ -1,10 +1,33 @@
 // A server stand-in for crash tests: opens an engine on a home, runs one operation, and SIGKILLs
 // itself at the named fault point inside it (COLLIMATE_CRASH_AT), like a server killed mid-request.
-// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend [sandboxId]
+// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|create-and-suspend|bake [sandboxId | bake nonce]
+import { readdirSync, existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { Engine } from '../../src/sandboxes/engine.ts';
+import { loadConfig } from '../../src/config.ts';
+import { bakeRecipe } from '../../src/images/templates.ts';
+import { ensureBaseRootfs } from '../../src/images/guestAssets.ts';
+import { homePaths } from '../../src/images/cache.ts';
 
 const [home, cacheDir, op, id] = process.argv.slice(2);
 const crashAt = process.env.COLLIMATE_CRASH_AT;
+if (op === 'bake') {
+  // A template bake whose ready command (made unique by `id`) is running when the server dies:
+  // prints the bake's build directory, then SIGKILLs itself with the bake VMM up.
+  const cfg = loadConfig({ home, cacheDir });
+  const layers = [await ensureBaseRootfs(cfg.cacheDir, () => {})];
+  await bakeRecipe(cfg, {
+    id: 'crash-bake', tenant: 'crash', description: 'interrupted bake', interpreter: ['/bin/sh', '-c'], layers,
+    vcpus: 1, memoryMib: 256, diskMib: 64, ready: { command: `sleep 600 # ${id}` },
+  }, () => {}, (chunk) => {
+    if (!chunk.startsWith('$ ')) return;
+    const artifacts = homePaths(cfg.cacheDir).artifacts;
+    const dirs = readdirSync(artifacts).flatMap((k) => (existsSync(join(artifacts, k)) ? readdirSync(join(artifacts, k)) : [])
+      .filter((d) => d.startsWith('tmp-') && d.endsWith(`-${process.pid}`)).map((d) => join(artifacts, k, d)));
+    console.log(JSON.stringify({ buildDir: dirs[0] }));
+    process.kill(process.pid, 'SIGKILL');
+  });
+}
 const engine = await Engine.open({
   home,
   cacheDir,

@@ -1,6 +1,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
@@ -255,3 +257,24 @@ for (const point of ['suspend:before-save', 'suspend:after-save']) {
     }
   });
 }
+
+test('SIGKILL mid-bake: the bake VMM left running is stopped by the next start, its build directory and RAM file removed', async () => {
+  const crashHome = testHome('crash-bake');
+  const out = await runWorker(crashHome, ['bake', `${process.pid}-${Date.now()}`]);
+  const { buildDir } = JSON.parse(out.trim().split('\n').pop()!);
+  assert.ok(buildDir && existsSync(buildDir), `the worker reported its bake's build directory (${out})`);
+  const left = qemuProcesses(buildDir);
+  assert.equal(left.length, 1, 'the bake VMM outlived the process that ran the bake');
+  const record = JSON.parse(readFileSync(join(buildDir, 'vmm.json'), 'utf8'));
+  assert.equal(record.pid, left[0], 'and its build directory records it');
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.deepEqual(qemuProcesses(buildDir), [], 'the next start stopped it');
+    assert.ok(!isAlive(left[0]));
+    assert.ok(!existsSync(buildDir), 'its build directory is gone');
+    assert.ok(!existsSync(record.memPath), 'and its RAM file');
+    for (const d of record.jail?.cgroups ?? []) assert.ok(!existsSync(d), `and its cgroup ${d}`);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
