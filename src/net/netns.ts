@@ -79,6 +79,8 @@ function sh(file: string, args: string[], input?: string): Promise<string> {
       if (err) reject(new Error(`${file} ${args.join(' ')}: ${(stderr || err.message).trim().split('\n').slice(0, 4).join('; ')}`));
       else resolve(stdout);
     });
+    // A command that fails before reading its input closes the pipe: its exit status says why.
+    child.stdin?.on('error', () => {});
     if (input !== undefined) child.stdin!.end(input);
   });
 }
