@@ -256,7 +256,7 @@ uint32_t exec_pids_max(void);
 bool exec_cgroup_create(struct exec_cgroup *cg);
 /* In the forked child, before execve: into the exec's cgroup, at the execs' nice value. */
 void exec_cgroup_enter_child(const struct exec_cgroup *cg);
-bool exec_cgroup_limit_hit(const struct exec_cgroup *cg);
+bool exec_cgroup_limit_hit(struct exec_cgroup *cg);
 /* SIGKILLs every process in the cgroup (cgroup.kill). */
 void exec_cgroup_kill(const struct exec_cgroup *cg);
 /* The exec is over: the cgroup goes now if empty, else once its background processes are gone. */

@@ -192,10 +192,17 @@ static void kill_exec_cgroup(uint64_t seq)
     write_text_file(path, "1");
 }
 
-static bool limit_was_hit(int pids_events_fd)
+/* Whether pids.events counts a refused fork. A file that cannot be read any more (root in the
+   guest removed the cgroup, say) would poll as changed forever: it is closed instead. */
+static bool limit_was_hit(int *pids_events_fd)
 {
     char text[64];
-    return pids_events_fd >= 0 && read_cgroup_file(pids_events_fd, text, sizeof text) && keyed_value(text, "max") > 0;
+    if (*pids_events_fd < 0) return false;
+    if (!read_cgroup_file(*pids_events_fd, text, sizeof text)) {
+        close_fd(pids_events_fd);
+        return false;
+    }
+    return keyed_value(text, "max") > 0;
 }
 
 /* Removes every empty exec cgroup no longer watched (rmdir fails on populated ones). */
@@ -228,7 +235,7 @@ void limits_handle_poll(enum poll_owner owner, int fd, short revents)
     for (size_t i = 0; i < lingering_count; i++) {
         struct lingering_cgroup *l = &lingering[i];
         if (owner == POLL_CGROUP_PIDS && l->pids_events_fd == fd) {
-            if (limit_was_hit(fd)) {
+            if (limit_was_hit(&l->pids_events_fd)) {
                 /* A process tree left behind by a finished exec hit the limit: a fork bomb
                    started in the background. Nobody waits for a result any more. */
                 agent_log("exec cgroup %llu hit its process limit after its exec ended; killing it", (unsigned long long)l->seq);
@@ -238,9 +245,10 @@ void limits_handle_poll(enum poll_owner owner, int fd, short revents)
             return;
         }
         if (owner == POLL_CGROUP_EVENTS && l->cgroup_events_fd == fd) {
+            /* Unreadable: the cgroup is gone already (a sweep, or root in the guest). */
             char text[128];
-            if (read_cgroup_file(fd, text, sizeof text) && keyed_value(text, "populated") == 0 && remove_exec_cgroup(l->seq))
-                forget_lingering(i);
+            bool readable = read_cgroup_file(fd, text, sizeof text);
+            if (!readable || (keyed_value(text, "populated") == 0 && remove_exec_cgroup(l->seq))) forget_lingering(i);
             return;
         }
     }
@@ -287,7 +295,7 @@ void exec_cgroup_enter_child(const struct exec_cgroup *cg)
     if (cg->procs_fd >= 0) (void)!write(cg->procs_fd, "0", 1);
 }
 
-bool exec_cgroup_limit_hit(const struct exec_cgroup *cg) { return cg->seq && limit_was_hit(cg->pids_events_fd); }
+bool exec_cgroup_limit_hit(struct exec_cgroup *cg) { return cg->seq && limit_was_hit(&cg->pids_events_fd); }
 
 void exec_cgroup_kill(const struct exec_cgroup *cg)
 {
