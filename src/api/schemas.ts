@@ -529,6 +529,10 @@ export const Health = named(
       z.strictObject({ enabled: z.boolean(), cgroups: z.string().optional(), reason: z.string().optional() }),
       'Whether VMM processes run confined (own uid, no capabilities, private mount view) and which cgroup layout limits them.',
     ).optional(),
+    network: described(
+      z.strictObject({ enabled: z.boolean(), reason: z.string().optional() }),
+      'Whether sandboxes get a network namespace and NIC (docs/networking.md); off when the server is not root or COLLIMATE_NET=off.',
+    ).optional(),
   }),
 );
 

@@ -60,6 +60,8 @@ export interface HealthInfo {
   mode?: 'development' | 'production';
   isolation?: string;
   confinement?: { enabled: boolean; cgroups?: string; reason?: string };
+  /** Per-sandbox networking (docs/networking.md): off when not root or COLLIMATE_NET=off. */
+  network?: { enabled: boolean; reason?: string };
 }
 
 export interface ApiServer {
@@ -768,6 +770,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
         ...(h.mode ? { mode: h.mode } : {}),
         ...(h.isolation ? { isolation: h.isolation } : {}),
         ...(h.confinement ? { confinement: h.confinement } : {}),
+        ...(h.network ? { network: h.network } : {}),
       };
       return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
     },

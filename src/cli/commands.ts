@@ -268,6 +268,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       mode: engine.accel === 'kvm' ? 'production' : 'development',
       ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
       confinement,
+      network: engine.networkStatus(),
     }),
   });
   const address = await api.app.listen({ host, port });

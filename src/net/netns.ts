@@ -328,7 +328,10 @@ export class NetManager {
       const index = Number(ns.slice(ns.lastIndexOf('-') + 1));
       const claim = join(this.claims.dir, String(index));
       const owner = readClaim(claim);
-      if (owner && processMatches(owner) && !(owner.pid === this.self.pid && owner.startTicks === this.self.startTicks)) continue;
+      // Held by a live VMM, or by this process (pooled, being made, or about to get its VMM): kept.
+      if (owner && processMatches(owner)) continue;
+      // A claim being written right now has no owner yet.
+      if (!owner && existsSync(claim) && Date.now() - statSync(claim).mtimeMs < 60_000) continue;
       await removeNamespace(ns, index);
       if (owner) releaseClaim(claim, owner);
     }

@@ -87,9 +87,9 @@ export class Engine extends EventEmitter implements SandboxService {
     const engine = new Engine(cfg, db, opts);
     if (!opts.noTemplates) {
       engine.net = await netFor(cfg);
-      engine.net?.refill();
       // Reconcile before the pools spawn anything: every VMM dir found now belongs to the past.
       await engine.reconcile();
+      engine.net?.refill();
       await engine.warmTemplates();
       engine.reaper = setInterval(() => void engine.reap(), cfg.reapIntervalMs);
       engine.reaper.unref();
@@ -262,7 +262,8 @@ export class Engine extends EventEmitter implements SandboxService {
     const t = this.resolveTemplate(opts.template, scope.tenant);
     const egress = this.effectiveEgress(t, opts.egress);
     const pool = this.pools.get(t.kind === 'catalog' ? t.id : envKey(scope.tenant, t.id))!;
-    const pending = await pool.take();
+    // A pool that is empty spawns on demand: its failure is the VMM's (502), never an internal error.
+    const pending = await pool.take().catch((e) => { throw vmmFailure('create', e); });
     let live: LiveVm | undefined;
     try {
       if (pending.record.net && policyKey(egress) !== policyKey(t.egress)) await this.net!.apply(pending.record.net, egress);
