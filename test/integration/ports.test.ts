@@ -132,6 +132,29 @@ describe('ports proxy on real VMs', { skip: net.enabled ? false : `networking un
     }
   });
 
+  it('fork a sandbox with a server listening: every child answers at its own port URL with its own state, and so does the parent', async () => {
+    const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', key, { template: 'python' })).json();
+    const ids = [sb.id];
+    try {
+      await call('execSandbox', 'POST', `/v1/sandboxes/${sb.id}/exec`, key, {
+        command: `mkdir -p /srv/www && echo ${sb.id} > /srv/www/who && cd /srv/www && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) && ${waitListening(8000)}`,
+      });
+      const kids = (await call('forkSandbox', 'POST', `/v1/sandboxes/${sb.id}/fork`, key, { count: 2 })).json();
+      const children: string[] = (kids.sandboxes ?? kids).map((k: any) => k.id);
+      assert.equal(children.length, 2);
+      ids.push(...children);
+      // The server process was forked with the memory; each child changes only its own file.
+      for (const c of children) await call('execSandbox', 'POST', `/v1/sandboxes/${c}/exec`, key, { command: `echo ${c} > /srv/www/who` });
+      for (const id of ids) {
+        const r = await call(null, 'GET', `/v1/sandboxes/${id}/ports/8000/who`, key);
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.text.trim(), id, `sandbox ${id} answered with ${r.text.trim()}`);
+      }
+    } finally {
+      for (const id of ids.reverse()) await call(null, 'DELETE', `/v1/sandboxes/${id}`, key);
+    }
+  });
+
   it('a WebSocket echo server (node:http in the node template) answers through the proxy and a signed URL; the key does not reach it', async () => {
     const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', key, { template: 'node' })).json();
     try {
