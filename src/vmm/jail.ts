@@ -23,7 +23,7 @@
  * The pieces that decide (the view plan, the launch script) are pure functions, golden-tested in
  * test/unit/vmm/jail.test.ts.
  */
-import { chmodSync, chownSync, closeSync, existsSync, linkSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readlinkSync, rmSync, statSync } from 'node:fs';
+import { chmodSync, chownSync, closeSync, existsSync, linkSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, rmSync, statSync } from 'node:fs';
 import { dirname, isAbsolute, join, resolve, relative } from 'node:path';
 import { release as osRelease } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -335,6 +335,7 @@ export class Jailer {
     const j = new Jailer(settings, layout, opts.tag, { assets: opts.assetsDir, tmp: opts.tmpDir });
     mkdirSync(j.uids.dir, { recursive: true, mode: 0o700 });
     j.uids.sweepStale();
+    sweepTunNodes(j.uids);
     j.shim = await ensureRamShim(opts.assetsDir, opts.tmpDir);
     return j;
   }
@@ -472,6 +473,17 @@ async function tunNode(uid: number): Promise<string> {
   await run('mknod', ['-m', '600', path, 'c', '10', '200']);
   chownSync(path, uid, uid);
   return path;
+}
+
+/** Tun nodes whose uid nobody claims any more (a VMM that died with no server to release it). */
+function sweepTunNodes(uids: UidPool): void {
+  let names: string[] = [];
+  try { names = readdirSync(TUN_DIR); } catch { return; }
+  const claimed = new Set(uids.claimed());
+  for (const n of names) {
+    const m = /^tun-(\d+)$/.exec(n);
+    if (m && !claimed.has(Number(m[1]))) rmSync(join(TUN_DIR, n), { force: true });
+  }
 }
 
 const jailers = new Map<string, Promise<Jailer | null>>();
