@@ -20,7 +20,7 @@
 import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ClaimPool, processMatches, releaseClaim, type ClaimOwner } from '../vmm/uidPool.js';
+import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../vmm/uidPool.js';
 import { cidrOf, intToIpv4, ipInCidr, ipv4ToInt, policyKey, type EgressPolicy } from './policy.js';
 import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
@@ -380,27 +380,10 @@ async function hostAddresses(): Promise<string[]> {
   return [...addrs].sort();
 }
 
-function readClaim(path: string): ClaimOwner | null {
-  try {
-    const v = JSON.parse(readFileSync(path, 'utf8'));
-    return typeof v?.pid === 'number' && typeof v?.startTicks === 'string' ? v : null;
-  } catch {
-    return null;
-  }
-}
-
 function readOr(path: string): string {
   try { return readFileSync(path, 'utf8'); } catch { return ''; }
 }
 
-let selfTicks: string | undefined;
-function ownStartTicks(): string {
-  if (selfTicks === undefined) {
-    const stat = readFileSync('/proc/self/stat', 'utf8');
-    selfTicks = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-  }
-  return selfTicks;
-}
 
 const managers = new Map<string, Promise<NetManager | null>>();
 

@@ -29,7 +29,7 @@ import { release as osRelease } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import type { Accel } from './argv.js';
 import type { MachineShape } from './machine.js';
-import { UidPool, releaseClaim, type ClaimOwner } from './uidPool.js';
+import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from './uidPool.js';
 import {
   createVmmCgroup, ensureParents, hostCgroups, removeVmmCgroup, sweepVmmCgroups, listVmmCgroups, vmmLimits,
   type CgroupLayout, type CgroupMode,
@@ -557,11 +557,3 @@ function kernelAtLeast(major: number, minor: number): boolean {
   return Number(m[1]) > major || (Number(m[1]) === major && Number(m[2]) >= minor);
 }
 
-let selfTicks: string | undefined;
-function ownStartTicks(): string {
-  if (selfTicks === undefined) {
-    const stat = readFileSync('/proc/self/stat', 'utf8');
-    selfTicks = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-  }
-  return selfTicks;
-}

@@ -151,7 +151,7 @@ export class UidPool extends ClaimPool {
   }
 }
 
-function readClaim(path: string): ClaimOwner | null {
+export function readClaim(path: string): ClaimOwner | null {
   try {
     const v = JSON.parse(readFileSync(path, 'utf8'));
     return typeof v?.pid === 'number' && typeof v?.startTicks === 'string' ? v : null;
@@ -187,4 +187,14 @@ export function uidInUse(uid: number): boolean {
     } catch { /* exited meanwhile */ }
   }
   return false;
+}
+
+let selfTicks: string | undefined;
+/** This process's start time (clock ticks since boot), as claims record it. */
+export function ownStartTicks(): string {
+  if (selfTicks === undefined) {
+    const stat = readFileSync('/proc/self/stat', 'utf8');
+    selfTicks = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+  }
+  return selfTicks;
 }
