@@ -138,6 +138,8 @@ export interface ResolverOptions {
 }
 
 export class PolicyResolver {
+  private readonly conns = new Set<Socket>();
+
   private constructor(
     private readonly opts: ResolverOptions,
     private readonly udp: UdpSocket,
@@ -189,6 +191,8 @@ export class PolicyResolver {
   }
 
   private serveTcp(s: Socket): void {
+    this.conns.add(s);
+    s.once('close', () => this.conns.delete(s));
     let buf = Buffer.alloc(0);
     s.setTimeout(10_000, () => s.destroy());
     s.on('error', () => s.destroy());
@@ -210,6 +214,8 @@ export class PolicyResolver {
 
   async close(): Promise<void> {
     await new Promise<void>((resolve) => this.udp.close(() => resolve()));
+    // A guest may hold a TCP query connection open: it must not keep the resolver alive.
+    for (const c of this.conns) c.destroy();
     await new Promise<void>((resolve) => this.tcp.close(() => resolve()));
   }
 }
