@@ -317,6 +317,11 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return { host: '127.0.0.1', port: this.portMap.get(port) ?? port };
   }
 
+  /** Networking as /healthz shows it (Engine.networkStatus; `collimate serve` reports it). */
+  networkStatus(): { enabled: boolean; reason?: string } {
+    return this.networkUnavailable ? { enabled: false, reason: 'the fake service has networking switched off' } : { enabled: true };
+  }
+
   /** Test hook: the ports servers listen on inside the sandbox (what openPorts reads). */
   listen(id: string, ports: number[]): void {
     this.find(id).ports = [...ports];
