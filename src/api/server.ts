@@ -214,6 +214,7 @@ export function execResultView(r: ExecResult): z.infer<typeof S.ExecResult> {
   if (r.failed_index !== undefined) v.failed_index = r.failed_index;
   if (r.signal !== undefined) v.signal = r.signal;
   if (r.oom_killed) v.oom_killed = true;
+  if (r.pids_limited) v.pids_limited = true;
   if (r.error !== undefined) v.error = r.error;
   return v;
 }

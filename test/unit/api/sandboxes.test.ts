@@ -115,6 +115,21 @@ describe('sandbox endpoints', () => {
     }
   });
 
+  test('exec: the guest\'s limit flags (oom_killed, pids_limited) reach the REST result', async () => {
+    const s = await create();
+    const real = f.svc.exec.bind(f.svc);
+    f.svc.exec = async (...a: Parameters<typeof real>) => ({ ...(await real(...a)), exit_code: 137, signal: 9, oom_killed: true, pids_limited: true, error: 'the exec hit its process limit' });
+    try {
+      const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'true' } });
+      assert.equal(r.statusCode, 200);
+      assert.equal(r.json().pids_limited, true);
+      assert.equal(r.json().oom_killed, true);
+      assert.match(r.json().error, /process limit/);
+    } finally {
+      f.svc.exec = real;
+    }
+  });
+
   test('exec: command, code, commands; exactly one is required', async () => {
     const s = await create();
     let r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'echo hello' } });
