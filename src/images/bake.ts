@@ -3,7 +3,9 @@ import { join } from 'node:path';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { Accel } from '../vmm/argv.js';
-import { releaseJail, sealShared, type JailRecord, type Jailer } from '../vmm/jail.js';
+import { releaseJail, sealShared, type JailLaunch, type JailRecord, type Jailer } from '../vmm/jail.js';
+import { NETNS_DIR, type NetManager, type NetRecord } from '../net/netns.js';
+import { policyKey, type EgressPolicy } from '../net/policy.js';
 import { processMatches, type ClaimOwner } from '../vmm/uidPool.js';
 import { connectAgent } from '../guest/connect.js';
 import { homePaths, run, sha256Hex } from './cache.js';
@@ -49,6 +51,11 @@ export interface BakeContext {
   progress?: (m: string) => void;
   /** Receives the guest's output of the ready steps (the bake log). */
   log?: (chunk: string) => void;
+  /**
+   * With networking on, ready steps run on a network under the environment's egress policy (a
+   * `pip install` needs one). Without, or with no ready steps, the NIC goes nowhere.
+   */
+  net?: { manager: NetManager; egress: EgressPolicy } | null;
 }
 
 const ARTIFACT_RECIPE = 'artifact-v1';
@@ -67,6 +74,11 @@ export interface BakeVmmRecord {
   jail?: JailRecord;
 }
 
+/** Whether a bake's ready steps run on a network. */
+function bakeNet(ctx: BakeContext, shape: MachineShape, ready?: ReadyParams): boolean {
+  return !!(ctx.net && shape.nic && ready && (ready.command || ready.probe));
+}
+
 export function artifactKey(shape: MachineShape, diskMib: number, inputs: string[]): string {
   return sha256Hex(ARTIFACT_RECIPE, JSON.stringify(shape), String(diskMib), ...inputs);
 }
@@ -77,7 +89,9 @@ export function artifactKey(shape: MachineShape, diskMib: number, inputs: string
  * `inputs` are the content digests the shape's files were built from (kernel, initramfs, layers).
  */
 export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, inputs: string[], ready?: ReadyParams): Promise<Artifact> {
-  const key = artifactKey(shape, diskMib, ready ? [...inputs, `ready:${JSON.stringify(ready)}`] : inputs);
+  // What the ready steps could reach is part of what they made.
+  const readyInputs = ready ? [`ready:${JSON.stringify(ready)}`, ...(bakeNet(ctx, shape, ready) ? [`egress:${policyKey(ctx.net!.egress)}`] : [])] : [];
+  const key = artifactKey(shape, diskMib, [...inputs, ...readyInputs]);
   const root = join(homePaths(ctx.home).artifacts, key.slice(0, 24));
   mkdirSync(root, { recursive: true });
   // Newest complete build whose RAM file is still there.
@@ -106,31 +120,46 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     await run('truncate', ['-s', `${diskMib}M`, diskTmp]);
     // No lazy init left for the guest to do in the background after the checkpoint.
     await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=0,lazy_journal_init=0', '-O', '^has_journal', diskTmp]);
+    const netm = bakeNet(ctx, shape, ready) ? ctx.net!.manager : null;
     const spec = machineSpec({
       qemuBinary: ctx.qemuBinary, accel: ctx.accel, seccomp: ctx.seccomp, shape, dir: tmpDir,
-      memPath, memShared: true, upper: { path: diskTmp, format: 'raw' }, incoming: false,
+      memPath, memShared: true, upper: { path: diskTmp, format: 'raw' }, incoming: false, tap: !!netm,
     });
     progress(`baking artifact ${key.slice(0, 12)}: booting the guest`);
     const t0 = Date.now();
-    const jail = ctx.jail
-      ? await ctx.jail.prepare({
-        name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
-        memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [],
-      })
-      : undefined;
-    const record: BakeVmmRecord = { pid: 0, startTicks: '', owner: { pid: process.pid, startTicks: procStartTicks(process.pid) ?? '' }, memPath, ...(jail ? { jail: jail.record } : {}) };
+    const record: BakeVmmRecord = { pid: 0, startTicks: '', owner: { pid: process.pid, startTicks: procStartTicks(process.pid) ?? '' }, memPath };
+    let jail: JailLaunch | undefined;
+    let ns: NetRecord | undefined;
     try {
+      // The namespace is bound to the bake's VMM: if this process dies, the next start's sweep takes it.
+      if (netm) ns = await netm.acquire();
+      jail = ctx.jail
+        ? await ctx.jail.prepare({
+          name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
+          memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [], tun: !!ns,
+        })
+        : undefined;
+      if (jail) record.jail = jail.record;
+      if (netm && ns) {
+        await netm.attachTap(ns, jail?.uid);
+        await netm.apply(ns, ctx.net!.egress);
+      }
+      const bakeNs = ns;
       vmm = await Vmm.spawn(spec, {
         logPath: vmmFiles(tmpDir).qemuLog,
         jail,
+        netns: bakeNs ? join(NETNS_DIR, bakeNs.ns) : undefined,
+        release: netm && bakeNs ? () => netm.release(bakeNs, { pid: record.pid, startTicks: record.startTicks }) : undefined,
         onSpawned: (pid, startTicks) => {
           record.pid = pid;
           record.startTicks = startTicks;
+          if (netm && bakeNs) netm.bind(bakeNs, { pid, startTicks });
           writeFileSync(vmmFiles(tmpDir).vmmJson, JSON.stringify(record), { mode: 0o600 });
         },
       });
     } catch (e) {
       await jail?.release();
+      if (netm && ns) await netm.release(ns, record.pid ? { pid: record.pid, startTicks: record.startTicks } : undefined).catch(() => {});
       throw e;
     }
     const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {

@@ -11,7 +11,7 @@ import { seedLibrary } from './seedAsset.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { DEBIAN_CATALOG } from './debianRootfs.js';
 import type { EgressPolicy } from '../net/policy.js';
-import { guestNetArg, networkingOn } from '../net/netns.js';
+import { guestNetArg, netFor, networkingOn } from '../net/netns.js';
 
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
@@ -86,7 +86,11 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
     ...nicOf(cfg),
   };
   const artifact = await ensureArtifact(
-    { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress, log },
+    {
+      home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress, log,
+      // Ready steps (a `pip install`) run under the environment's own egress policy.
+      net: recipe.ready && networkingOn(cfg.net) ? { manager: (await netFor(cfg))!, egress: recipe.egress ?? 'allow' } : null,
+    },
     shape, recipe.diskMib, [kernel.debSha256, initramfs.digest, ...recipe.layers.map((l) => l.digest)], recipe.ready,
   );
   return {

@@ -233,6 +233,30 @@ out['b80'] = tcp('203.0.113.10', 80)
     await engine.delete(s.id, T);
   });
 
+  it('an environment\'s ready command runs on a network under the environment\'s policy, and its sandboxes inherit it', async () => {
+    const py = (engine as any).templatesById.get('python');
+    const fetch = (url: string) => `python3 -c "import urllib.request; open('/opt/fetched', 'w').write(urllib.request.urlopen('${url}', timeout=5).read().decode())"`;
+    const recipe = (id: string, command: string, egress: any) => ({
+      id, tenant: T.tenant, description: id, interpreter: ['python3', '-c'],
+      layers: py.artifact.shape.layers.map((p: string) => ({ path: p, digest: `layer:${p}` })),
+      vcpus: py.artifact.shape.vcpus, memoryMib: py.artifact.shape.memoryMib, diskMib: py.artifact.diskMib,
+      ready: { command }, egress,
+    });
+    const policy = { domains: ['a.test'], cidrs: [], ports: [] };
+    await engine.addTemplate(recipe('fetcher', fetch('http://a.test/'), policy), { poolSize: 1 });
+    const s = await engine.create({ template: 'fetcher' }, T);
+    try {
+      assert.deepEqual(s.egress, policy);
+      assert.equal((await engine.readFile(s.id, '/opt/fetched', T)).toString(), 'host A', 'the ready command fetched from A');
+      await assert.rejects(engine.create({ template: 'fetcher', egress: 'allow' }, T), (e: any) => e.code === 'egress_forbidden');
+    } finally {
+      await engine.delete(s.id, T);
+      await engine.removeTemplate(T.tenant, 'fetcher');
+    }
+    // The same ready step under a policy that does not name B fails the bake.
+    await assert.rejects(engine.addTemplate(recipe('blocked', fetch('http://203.0.113.10/'), policy), { poolSize: 1 }), /ready command exited/);
+  });
+
   it('forked children keep their parent\'s server and policy, each reachable at its own port target', async () => {
     const s = await engine.create({ template: 'python', egress: { domains: ['a.test'] } }, T);
     const start = await engine.exec(s.id, {
