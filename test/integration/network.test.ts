@@ -135,6 +135,7 @@ describe('networking', { timeout: 900_000 }, () => {
   let dns: { port: number; close(): void };
   let api: Server;
   let apiPort: number;
+  const engineOpts = () => ({ catalog: ['base', 'python'], net: { ...netSettings(), dnsUpstream: `127.0.0.1:${dns.port}` } });
   const hostAddr = Object.values(networkInterfaces()).flat().find((a) => a && a.family === 'IPv4' && !a.internal)?.address ?? '127.0.0.1';
 
   before(async () => {
@@ -148,7 +149,7 @@ describe('networking', { timeout: 900_000 }, () => {
     api = createServer((_q, res) => res.end('api'));
     await new Promise<void>((r) => api.listen(0, '0.0.0.0', () => r()));
     apiPort = (api.address() as { port: number }).port;
-    engine = await openEngine(home, { catalog: ['base', 'python'], net: { ...netSettings(), dnsUpstream: `127.0.0.1:${dns.port}` } });
+    engine = await openEngine(home, engineOpts());
   });
 
   after(async () => {
@@ -255,6 +256,24 @@ out['b80'] = tcp('203.0.113.10', 80)
     }
     // The same ready step under a policy that does not name B fails the bake.
     await assert.rejects(engine.addTemplate(recipe('blocked', fetch('http://203.0.113.10/'), policy), { poolSize: 1 }), /ready command exited/);
+  });
+
+  it('after a server restart an adopted sandbox keeps its policy and resolves through a new resolver', async () => {
+    const s = await engine.create({ template: 'python', egress: { domains: ['a.test'] } }, T);
+    assert.equal((await probe(engine, s.id, `out['a'] = http('http://a.test/')`)).a, 'host A');
+    // Running VMMs (and their namespaces and rules) outlive the server; its resolvers do not.
+    await engine.close();
+    engine = await openEngine(home, engineOpts());
+    const out = await probe(engine, s.id, `
+out['a'] = http('http://a.test/')
+out['bname'] = dns('b.test')
+out['b'] = tcp('203.0.113.10', 80)
+`);
+    assert.equal(out.a, 'host A', 'DNS works again through the new resolver');
+    assert.equal(out.bname, 'error');
+    assert.notEqual(out.b[0], 'ok');
+    assert.deepEqual(engine.get(s.id, T).egress, { domains: ['a.test'], cidrs: [], ports: [] });
+    await engine.delete(s.id, T);
   });
 
   it('forked children keep their parent\'s server and policy, each reachable at its own port target', async () => {
