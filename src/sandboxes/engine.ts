@@ -16,7 +16,7 @@ import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js'
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, prewarm, claimWarm, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
-  snapshotUpperDisk, releaseRecorded, sweepConfinement,
+  snapshotUpperDisk, releaseRecorded, sweepConfinement, RESTORE_UNACKNOWLEDGED,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import type {
@@ -261,6 +261,14 @@ export class Engine extends EventEmitter implements SandboxService {
     this.assertOpen();
     const t = this.resolveTemplate(opts.template, scope.tenant);
     const egress = this.effectiveEgress(t, opts.egress);
+    // A guest that never acknowledges its restore (see announceRestore) gets one fresh VMM.
+    return this.createOnce(t, opts, egress, scope).catch((e) => {
+      if (!isUnacknowledgedRestore(e.cause ?? e)) throw e;
+      return this.createOnce(t, opts, egress, scope);
+    });
+  }
+
+  private async createOnce(t: ReadyTemplate, opts: CreateOptions, egress: EgressPolicy, scope: Scope): Promise<SandboxInfo> {
     const pool = this.pools.get(t.kind === 'catalog' ? t.id : envKey(scope.tenant, t.id))!;
     // A pool that is empty spawns on demand: its failure is the VMM's (502), never an internal error.
     const pending = await pool.take().catch((e) => { throw vmmFailure('create', e); });
@@ -555,7 +563,7 @@ export class Engine extends EventEmitter implements SandboxService {
     try {
       // allSettled, not all: when one child fails the others are still landing, and every one
       // that lands must be in `children` for the caller to stop it.
-      const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, async () => {
+      const spawnChild = async () => {
         const id = newSandboxId();
         const p = await spawnIncoming(this.cfg, shape, {
           id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: fpMem, memShared: false,
@@ -566,19 +574,32 @@ export class Engine extends EventEmitter implements SandboxService {
         // Children inherit the parent's policy, in place before they wake.
         if (p.record.net) await this.net!.apply(p.record.net, parentRow.egress);
         return p;
-      }));
+      };
+      const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, spawnChild));
       const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (spawnFailure) throw spawnFailure.reason;
       const spawned = children.slice();
       await this.fault('fork:children-spawned');
-      const restored = await Promise.allSettled(spawned.map((p) => restoreCheckpoint(p, devState, p.id)));
-      for (const r of restored) if (r.status === 'fulfilled') lives.push(r.value);
+      // A restore whose guest never acknowledges (see finishRestore) gets one fresh VMM.
+      const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
+        try {
+          return { id: p.id, live: await restoreCheckpoint(p, devState, p.id) };
+        } catch (e) {
+          if (!isUnacknowledgedRestore(e)) throw e;
+          await this.destroyPending(p).catch(() => {});
+          const q = await spawnChild();
+          return { id: q.id, live: await restoreCheckpoint(q, devState, q.id) };
+        }
+      };
+      const restored = await Promise.allSettled(spawned.map(restoreChild));
+      const ids: string[] = [];
+      for (const r of restored) if (r.status === 'fulfilled') { lives.push(r.value.live); ids.push(r.value.id); }
       const restoreFailure = restored.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (restoreFailure) throw restoreFailure.reason;
       await this.fault('fork:children-restored');
       const now = Date.now();
-      const rows: SandboxRow[] = spawned.map((p, i) => ({
-        id: p.id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
+      const rows: SandboxRow[] = ids.map((id, i) => ({
+        id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
         labels: { ...parentRow.labels, ...(opts.labels ?? {}) },
         created_at: now, last_active: now, exec_count: 0, parent: parentRow.id, forked_at: now,
         timeout_secs: parentRow.timeout_secs, session_started_at: now,
@@ -975,6 +996,11 @@ export class Engine extends EventEmitter implements SandboxService {
 
 function envKey(tenant: string, id: string): string {
   return `${tenant}/${id}`;
+}
+
+/** A restored guest that never acknowledged RESTORED (finishRestore): worth one fresh VMM. */
+function isUnacknowledgedRestore(e: unknown): boolean {
+  return e instanceof Error && e.message.startsWith(RESTORE_UNACKNOWLEDGED);
 }
 
 function vmmFailure(op: string, e: unknown): CollimateError {
