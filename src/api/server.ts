@@ -9,7 +9,6 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, 
 import type { z } from 'zod';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { Db } from '../store/db.js';
-import { parseEgress } from '../net/policy.js';
 import type { ExecResult, OpenPort, SandboxInfo, SandboxService, Scope, TemplateInfo } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import { fingerprint, IdempotencyStore } from './idempotency.js';
@@ -530,7 +529,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
             template: body.template,
             labels: body.labels ?? {},
             timeoutSecs: body.timeout_secs ?? tier.defaultSessionSecs,
-            ...(body.egress === undefined ? {} : { egress: parseEgress(body.egress, 'egress') }),
+            ...(body.egress === undefined ? {} : { egress: body.egress }),
           },
           scope,
         );

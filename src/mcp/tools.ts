@@ -14,7 +14,6 @@ import type { Principal } from '../api/keys.js';
 import type { PortUrlSigner } from '../api/portUrls.js';
 import * as S from '../api/schemas.js';
 import { execResultView, sandboxView, templateView, toClientError, withLivePorts } from '../api/server.js';
-import { parseEgress } from '../net/policy.js';
 import type { SandboxInfo, SandboxService, Scope } from '../sandboxes/types.js';
 
 export interface ToolContext {
@@ -219,7 +218,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
           template: a.template,
           labels: a.labels ?? {},
           timeoutSecs: a.timeout_secs ?? tier.defaultSessionSecs,
-          ...(a.egress === undefined ? {} : { egress: parseEgress(a.egress, 'egress') }),
+          ...(a.egress === undefined ? {} : { egress: a.egress }),
         },
         scope,
       );
