@@ -4,7 +4,7 @@ import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { Accel } from '../vmm/argv.js';
 import { releaseJail, sealShared, type JailLaunch, type JailRecord, type Jailer } from '../vmm/jail.js';
-import { NETNS_DIR, type NetManager, type NetRecord } from '../net/netns.js';
+import type { NetManager, VmmNet } from '../net/netns.js';
 import { policyKey, type EgressPolicy } from '../net/policy.js';
 import { processMatches, type ClaimOwner } from '../vmm/uidPool.js';
 import { connectAgent } from '../guest/connect.js';
@@ -129,37 +129,36 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     const t0 = Date.now();
     const record: BakeVmmRecord = { pid: 0, startTicks: '', owner: { pid: process.pid, startTicks: procStartTicks(process.pid) ?? '' }, memPath };
     let jail: JailLaunch | undefined;
-    let ns: NetRecord | undefined;
+    let net: VmmNet | undefined;
     try {
       // The namespace is bound to the bake's VMM: if this process dies, the next start's sweep takes it.
-      if (netm) ns = await netm.acquire();
+      if (netm) net = netm.forVmm(await netm.acquire());
       jail = ctx.jail
         ? await ctx.jail.prepare({
           name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
-          memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [], tun: !!ns,
+          memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [], tun: !!net,
         })
         : undefined;
       if (jail) record.jail = jail.record;
-      if (netm && ns) {
-        await netm.attachTap(ns, jail?.uid);
-        await netm.apply(ns, ctx.net!.egress);
+      if (netm && net) {
+        await netm.attachTap(net.rec, jail?.uid);
+        await netm.apply(net.rec, ctx.net!.egress);
       }
-      const bakeNs = ns;
       vmm = await Vmm.spawn(spec, {
         logPath: vmmFiles(tmpDir).qemuLog,
         jail,
-        netns: bakeNs ? join(NETNS_DIR, bakeNs.ns) : undefined,
-        release: netm && bakeNs ? () => netm.release(bakeNs, { pid: record.pid, startTicks: record.startTicks }) : undefined,
+        netns: net?.netns,
+        release: net?.release,
         onSpawned: (pid, startTicks) => {
           record.pid = pid;
           record.startTicks = startTicks;
-          if (netm && bakeNs) netm.bind(bakeNs, { pid, startTicks });
+          net?.bound({ pid, startTicks });
           writeFileSync(vmmFiles(tmpDir).vmmJson, JSON.stringify(record), { mode: 0o600 });
         },
       });
     } catch (e) {
       await jail?.release();
-      if (netm && ns) await netm.release(ns, record.pid ? { pid: record.pid, startTicks: record.startTicks } : undefined).catch(() => {});
+      await net?.release().catch(() => {});
       throw e;
     }
     const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {

@@ -51,6 +51,14 @@ export interface NetRecord {
 }
 
 export const NETNS_DIR = '/run/netns';
+
+/** One VMM's namespace as its spawn uses it (NetManager.forVmm). */
+export interface VmmNet {
+  rec: NetRecord;
+  netns: string;
+  bound(owner: ClaimOwner): void;
+  release(): Promise<void>;
+}
 const TOOLS = ['/usr/sbin/ip', '/usr/sbin/nft', '/usr/bin/nsenter'];
 
 export function netAvailability(s: NetSettings): { enabled: boolean; reason: string } {
@@ -243,6 +251,21 @@ export class NetManager {
   /** The spawned VMM now holds the namespace: it outlives a crash of this server with it. */
   bind(rec: NetRecord, owner: ClaimOwner): void {
     this.claims.bind(rec.index, owner);
+  }
+
+  /**
+   * Running one VMM in `rec`: what Vmm.spawn needs (the namespace path, and `release` once the
+   * process is gone), `bound` for its onSpawned (the claim passes to the VMM), and `release` also
+   * for a spawn that failed (before or after the VMM existed).
+   */
+  forVmm(rec: NetRecord): VmmNet {
+    let owner: ClaimOwner | undefined;
+    return {
+      rec,
+      netns: join(NETNS_DIR, rec.ns),
+      bound: (o) => { owner = o; this.bind(rec, o); },
+      release: () => this.release(rec, owner),
+    };
   }
 
   /** Enforces `policy` in the namespace (replacing what was there) and points its DNS at the policy's resolver. */

@@ -4,7 +4,7 @@ import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared, type JailLaunch } from '../vmm/jail.js';
-import { netFor, NETNS_DIR } from '../net/netns.js';
+import { netFor, type VmmNet } from '../net/netns.js';
 import { homePaths } from '../images/cache.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
@@ -94,39 +94,42 @@ export async function spawnIncoming(
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
   const netm = opts.network && shape.nic ? await netFor(cfg) : null;
   let jail: JailLaunch | undefined;
+  let net: VmmNet | undefined;
   let vmm: Vmm;
   try {
-    if (netm) record.net = await netm.acquire();
+    if (netm) {
+      net = netm.forVmm(await netm.acquire());
+      record.net = net.rec;
+    }
     const spec = specFor(cfg, shape, record, true);
     const jailer = await jailerFor(cfg);
     jail = jailer
       ? await jailer.prepare({
         name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
         memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
-        trustedLayers: opts.trustedLayers, tun: !!record.net,
+        trustedLayers: opts.trustedLayers, tun: !!net,
       })
       : undefined;
     if (jail) record.jail = jail.record;
-    if (netm && record.net) await netm.attachTap(record.net, jail?.uid);
-    const net = record.net;
+    if (netm && net) await netm.attachTap(net.rec, jail?.uid);
     vmm = await Vmm.spawn(spec, {
       logPath: vmmFiles(opts.dir).qemuLog,
       jail,
-      netns: net ? join(NETNS_DIR, net.ns) : undefined,
-      release: netm && net ? () => netm.release(net, { pid: record.pid, startTicks: record.startTicks }) : undefined,
+      netns: net?.netns,
+      release: net?.release,
       // Written the moment the process exists, so a server that dies while QEMU starts leaves a
       // record the next start finds and stops it by.
       onSpawned: (pid, startTicks) => {
         record.pid = pid;
         record.startTicks = startTicks;
-        if (netm && net) netm.bind(net, { pid, startTicks });
+        net?.bound({ pid, startTicks });
         writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record), { mode: 0o600 });
         chmodSync(vmmFiles(opts.dir).vmmJson, 0o600);
       },
     });
   } catch (e) {
     await jail?.release();
-    if (netm && record.net) await netm.release(record.net, record.pid ? { pid: record.pid, startTicks: record.startTicks } : undefined).catch(() => {});
+    await net?.release().catch(() => {});
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
     rmSync(opts.dir, { recursive: true, force: true });
     if (opts.backing) rmSync(diskPath, { force: true });
