@@ -642,6 +642,20 @@ static void command_finished(struct exec_run *r)
 
 /* ------------------------------------------------------------- pipe I/O */
 
+/* Counts what a read or splice of the pipe took; false when it took nothing: not yet (EAGAIN),
+   or the pipe reached its end (then it is closed). */
+static bool took_output(struct output_stream *s, ssize_t n)
+{
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    if (n <= 0) {
+        close(s->fd);
+        s->fd = -1;
+        return false;
+    }
+    s->total += (uint64_t)n;
+    return true;
+}
+
 /* Past the cap: count and drop (see DISCARD_PIPE_SIZE). */
 static void discard_output(struct exec_run *r, struct output_stream *s)
 {
@@ -650,13 +664,7 @@ static void discard_output(struct exec_run *r, struct output_stream *s)
         (void)fcntl(s->fd, F_SETPIPE_SZ, DISCARD_PIPE_SIZE);
     }
     ssize_t n = discard_from_pipe(s->fd);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) {
-        close(s->fd);
-        s->fd = -1;
-        return;
-    }
-    s->total += (uint64_t)n;
+    if (!took_output(s, n)) return;
     s->truncated = true;
     s->resume_at = discard_resume_at(n);
     if (r->main_exited) r->quiet_until = monotonic_ns() + DRAIN_QUIET_NS;
@@ -669,13 +677,7 @@ static void forward_output(struct exec_run *r, struct output_stream *s)
         return;
     }
     ssize_t n = read(s->fd, read_scratch, sizeof read_scratch);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) {
-        close(s->fd);
-        s->fd = -1;
-        return;
-    }
-    s->total += (uint64_t)n;
+    if (!took_output(s, n)) return;
     uint64_t room = r->max_output > s->forwarded ? r->max_output - s->forwarded : 0;
     size_t forward = (uint64_t)n < room ? (size_t)n : (size_t)room;
     if (forward < (size_t)n) s->truncated = true;
