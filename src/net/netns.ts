@@ -17,7 +17,6 @@
  * it; names resolve through the policy's resolver on the host (resolver.ts), which adds what it
  * answers to the namespace's set.
  */
-import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../vmm/uidPool.js';
@@ -26,6 +25,7 @@ import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
 } from './nft.js';
 import { PolicyResolver, upstreamFromResolvConf } from './resolver.js';
+import { run } from '../images/cache.js';
 
 export interface NetSettings {
   /** auto: networking when the server runs as root and `ip`/`nft` exist; on: require it; off: no NIC at all. */
@@ -81,17 +81,7 @@ export function guestNetArg(): string {
   return `collimate.net=172.16.0.2/${GUEST_PREFIX},${GATEWAY_IP}`;
 }
 
-function sh(file: string, args: string[], input?: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = execFile(file, args, { maxBuffer: 16 * 1024 * 1024 }, (err, stdout, stderr) => {
-      if (err) reject(new Error(`${file} ${args.join(' ')}: ${(stderr || err.message).trim().split('\n').slice(0, 4).join('; ')}`));
-      else resolve(stdout);
-    });
-    // A command that fails before reading its input closes the pipe: its exit status says why.
-    child.stdin?.on('error', () => {});
-    if (input !== undefined) child.stdin!.end(input);
-  });
-}
+const sh = async (file: string, args: string[], input?: string): Promise<string> => (await run(file, args, { input })).stdout;
 
 const inNs = (ns: string, file: string, args: string[], input?: string) => sh('/usr/bin/nsenter', [`--net=${join(NETNS_DIR, ns)}`, '--', file, ...args], input);
 
