@@ -7,7 +7,7 @@
  */
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, createReadStream, existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { run } from '../src/images/cache.ts';
+import { run } from '../src/host/run.ts';
 import { readTar } from '../src/images/tar.ts';
 import { newBudget, unpackLayer } from '../src/images/unpack.ts';
 import { LAYER_MKFS_ARGS } from '../src/images/layerStore.ts';

@@ -9,7 +9,7 @@ import { isAbsolute, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { CollimateError } from '../errors.js';
-import { homePaths } from '../images/cache.js';
+import { homePaths } from '../host/paths.js';
 import { ApiClient, CliHttpError } from './client.js';
 import { duration, table } from './format.js';
 

@@ -1,7 +1,9 @@
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { readFileSync } from 'node:fs';
-import { homePaths, sha256Hex, buildOnce } from './cache.js';
+import { homePaths } from '../host/paths.js';
+import { sha256Hex } from '../host/hash.js';
+import { buildOnce } from '../host/buildOnce.js';
 import { agentSourceFiles } from '../guest/agentBuild.js';
 
 /** The guest agent binary, compiled once per source digest and cached under the data directory. */

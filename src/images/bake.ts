@@ -6,9 +6,11 @@ import type { Accel } from '../vmm/argv.js';
 import { releaseJail, sealShared, type JailLaunch, type JailRecord, type Jailer } from '../vmm/jail.js';
 import type { NetManager, VmmNet } from '../net/netns.js';
 import { policyKey, type EgressPolicy } from '../net/policy.js';
-import { processMatches, type ClaimOwner } from '../vmm/uidPool.js';
+import { processMatches, type ClaimOwner } from '../host/claims.js';
 import { connectAgent } from '../guest/connect.js';
-import { homePaths, run, sha256Hex } from './cache.js';
+import { homePaths } from '../host/paths.js';
+import { run } from '../host/run.js';
+import { sha256Hex } from '../host/hash.js';
 
 /**
  * An artifact: a booted, checkpointed guest that sandboxes are restored from. RAM in a file on

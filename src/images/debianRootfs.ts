@@ -1,6 +1,9 @@
 import { mkdirSync, existsSync, readFileSync, readdirSync, writeFileSync, copyFileSync, rmSync, statSync, lstatSync } from 'node:fs';
 import { join } from 'node:path';
-import { homePaths, sha256Hex, run, buildOnce } from './cache.js';
+import { homePaths } from '../host/paths.js';
+import { sha256Hex } from '../host/hash.js';
+import { run } from '../host/run.js';
+import { buildOnce } from '../host/buildOnce.js';
 import type { LayerAsset, Progress } from './guestAssets.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 

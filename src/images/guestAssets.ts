@@ -1,6 +1,9 @@
 import { mkdirSync, readdirSync, existsSync, copyFileSync, writeFileSync, symlinkSync, readFileSync, chmodSync, statSync } from 'node:fs';
 import { join, dirname } from 'node:path';
-import { homePaths, sha256Hex, sha256File, run, buildOnce } from './cache.js';
+import { homePaths } from '../host/paths.js';
+import { sha256Hex, sha256File } from '../host/hash.js';
+import { run } from '../host/run.js';
+import { buildOnce } from '../host/buildOnce.js';
 
 /**
  * Guest assets the project builds itself from Debian packages: the kernel (linux-image-cloud-amd64,

@@ -6,7 +6,7 @@ import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import { spawn } from 'node:child_process';
 import { CollimateError } from '../errors.js';
-import { run } from './cache.js';
+import { run } from '../host/run.js';
 import { invalid, type Descriptor } from './oci.js';
 import { readTar, TarError } from './tar.js';
 import { LayerRejected, unpackLayer, type LayerFacts, type UnpackBudget } from './unpack.js';

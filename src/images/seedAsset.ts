@@ -1,6 +1,9 @@
 import { existsSync, mkdirSync, readFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
-import { homePaths, sha256Hex, buildOnce, run } from './cache.js';
+import { homePaths } from '../host/paths.js';
+import { sha256Hex } from '../host/hash.js';
+import { buildOnce } from '../host/buildOnce.js';
+import { run } from '../host/run.js';
 import { SEED_LIBRARY_NAME, seedSourceFiles, buildSeedLibrary } from '../guest/seed/build.js';
 
 /**

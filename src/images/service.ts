@@ -4,7 +4,7 @@ import { CollimateError } from '../errors.js';
 import { parseEgress } from '../net/policy.js';
 import type { Db } from '../store/db.js';
 import type { Scope, TemplateInfo } from '../sandboxes/types.js';
-import { homePaths } from './cache.js';
+import { homePaths } from '../host/paths.js';
 import { BakeError } from './bake.js';
 import { CATALOG, type TemplateRecipe } from './templates.js';
 import { CATALOG_DEFAULTS } from './catalog.js';

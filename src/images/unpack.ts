@@ -1,6 +1,6 @@
 import { closeSync, linkSync, lchownSync, chmodSync, lstatSync, lutimesSync, mkdirSync, openSync, rmSync, symlinkSync, writeFileSync, writeSync, utimesSync } from 'node:fs';
 import { join, posix } from 'node:path';
-import { run } from './cache.js';
+import { run } from '../host/run.js';
 import { type TarEntry, TarError } from './tar.js';
 
 /**

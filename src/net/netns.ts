@@ -19,13 +19,13 @@
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../vmm/uidPool.js';
+import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import { cidrOf, intToIpv4, ipInCidr, ipv4ToInt, policyKey, type EgressPolicy } from './policy.js';
 import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
 } from './nft.js';
 import { PolicyResolver, upstreamFromResolvConf } from './resolver.js';
-import { run } from '../images/cache.js';
+import { run } from '../host/run.js';
 
 export interface NetSettings {
   /** auto: networking when the server runs as root and `ip`/`nft` exist; on: require it; off: no NIC at all. */

@@ -4,7 +4,7 @@ import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import { loadConfig, type EngineConfig } from '../config.js';
 import { openDb, type Db } from '../store/db.js';
-import { homePaths } from '../images/cache.js';
+import { homePaths } from '../host/paths.js';
 import { ensureArtifact, stopOrphanedBakes, type Artifact } from '../images/bake.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateRecipe } from '../images/templates.js';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';

@@ -5,13 +5,13 @@ import { basename, dirname, join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared, type JailLaunch } from '../vmm/jail.js';
 import { netFor, type VmmNet } from '../net/netns.js';
-import { homePaths } from '../images/cache.js';
+import { homePaths } from '../host/paths.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
 import type { EngineConfig } from '../config.js';
 import { connectAgent, connectRestoredAgent } from '../guest/connect.js';
 import type { AgentClient } from '../guest/agentClient.js';
-import { run } from '../images/cache.js';
+import { run } from '../host/run.js';
 import type { VmmRecord } from './repo.js';
 
 /** A sandbox's live VMM and its agent connection, held in memory while it runs. */

@@ -1,7 +1,7 @@
 /**
  * Confinement of VMM processes (the jailer). Every QEMU runs
  *
- * - under a uid of its own from a range (uidPool.ts), with no supplementary groups, no
+ * - under a uid of its own from a range (src/host/claims.ts), with no supplementary groups, no
  *   capabilities (effective, permitted, inheritable, ambient and bounding sets empty) and
  *   no_new_privs — `setpriv` does the switch just before exec;
  * - with QEMU's own seccomp filter (`-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
@@ -29,12 +29,14 @@ import { release as osRelease } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import type { Accel } from './argv.js';
 import type { MachineShape } from './machine.js';
-import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from './uidPool.js';
+import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import {
   createVmmCgroup, ensureParents, hostCgroups, removeVmmCgroup, sweepVmmCgroups, listVmmCgroups, vmmLimits,
   type CgroupLayout, type CgroupMode,
 } from './cgroup.js';
-import { buildOnce, run, sha256Hex } from '../images/cache.js';
+import { buildOnce } from '../host/buildOnce.js';
+import { run } from '../host/run.js';
+import { sha256Hex } from '../host/hash.js';
 
 export interface JailSettings {
   /** auto: confine when the server runs as root (it needs to, to switch uids); on: require it; off. */
@@ -54,7 +56,7 @@ export interface JailSettings {
 /** What a VMM record keeps so that a later server can release the VMM's uid and cgroup. */
 export interface JailRecord {
   uid: number;
-  /** The uid's claim file (uidPool.ts). */
+  /** The uid's claim file (src/host/claims.ts). */
   claim: string;
   cgroups: string[];
   /** The VMM's own tun device node, when it attaches to a tap. */

@@ -7,7 +7,7 @@ import { Engine } from '../../src/sandboxes/engine.ts';
 import { loadConfig } from '../../src/config.ts';
 import { bakeRecipe } from '../../src/images/templates.ts';
 import { ensureBaseRootfs } from '../../src/images/guestAssets.ts';
-import { homePaths } from '../../src/images/cache.ts';
+import { homePaths } from '../../src/host/paths.ts';
 
 const [home, cacheDir, op, id] = process.argv.slice(2);
 const crashAt = process.env.COLLIMATE_CRASH_AT;

@@ -2,7 +2,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, existsSync, readFileSync, statSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { run } from '../../src/images/cache.ts';
+import { run } from '../../src/host/run.ts';
 import type { LayerAsset } from '../../src/images/guestAssets.ts';
 import { ensureDebianBaseLayer, ensureRuntimeLayer, unmountAll, DEBIAN_CATALOG } from '../../src/images/debianRootfs.ts';
 

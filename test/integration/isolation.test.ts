@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
-import { homePaths } from '../../src/images/cache.ts';
+import { homePaths } from '../../src/host/paths.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
 import { loadConfig } from '../../src/config.ts';
 import { EXIT_TCG_REFUSED } from '../../src/cli/commands.ts';

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { launchScript, vmmBinds, systemBinds, backingChain, untrustedLayer, uidRangeConflicts, shq, type ViewPlan } from '../../../src/vmm/jail.ts';
 import { isOwnDiskPath } from '../../../src/sandboxes/runtime.ts';
-import { UidPool, releaseClaim } from '../../../src/vmm/uidPool.ts';
+import { UidPool, releaseClaim } from '../../../src/host/claims.ts';
 
 test('vmmBinds: own dir, the links dir shown as the disks dir, shared files read-only, nothing bound twice', () => {
   const binds = vmmBinds({
