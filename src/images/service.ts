@@ -3,10 +3,9 @@ import { join } from 'node:path';
 import { CollimateError } from '../errors.js';
 import { parseEgress } from '../net/policy.js';
 import type { Db } from '../store/db.js';
-import type { Scope, TemplateInfo } from '../sandboxes/types.js';
 import { homePaths } from '../host/paths.js';
 import { BakeError } from './bake.js';
-import { CATALOG, type TemplateRecipe } from './templates.js';
+import { CATALOG, type TemplateInfo, type TemplateRecipe } from './templates.js';
 import { CATALOG_DEFAULTS } from './catalog.js';
 import { LayerStore, type StagedLayer } from './layerStore.js';
 import { ImageRepo, type EnvironmentRow, type ImageLayerRecord, type ImageRow, type ImageRuntime } from './imageRepo.js';
@@ -394,8 +393,8 @@ export class ImageService {
   }
 
   /** The environment templates of a tenant as /v1/templates shows them, baked or not. */
-  templateInfos(scope: Scope): TemplateInfo[] {
-    return this.repo.listEnvs(scope.tenant).map((e) => ({
+  templateInfos(tenant: string): TemplateInfo[] {
+    return this.repo.listEnvs(tenant).map((e) => ({
       id: e.name, kind: 'environment', description: e.description, interpreter: e.interpreter, ready: e.state === 'ready', vcpus: e.vcpus, memory_mib: e.memory_mib,
     }));
   }

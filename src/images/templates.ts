@@ -13,6 +13,17 @@ import { DEBIAN_CATALOG } from './debianRootfs.js';
 import type { EgressPolicy } from '../net/policy.js';
 import { guestNetArg, netFor, networkingOn } from '../net/netns.js';
 
+/** A template as the service lists it (GET /v1/templates). */
+export interface TemplateInfo {
+  id: string;
+  kind: 'catalog' | 'environment';
+  description: string;
+  interpreter: string[];
+  ready: boolean;
+  vcpus: number;
+  memory_mib: number;
+}
+
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */
 export interface ReadyTemplate {
   id: string;

@@ -1,4 +1,8 @@
-import type { OpenPort } from '../sandboxes/types.js';
+/** A TCP port a server listens on inside a sandbox. */
+export interface OpenPort {
+  port: number;
+  protocol: 'tcp';
+}
 
 /**
  * The TCP ports listening on an address the host can reach (any, or the guest's own), from the

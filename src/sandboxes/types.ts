@@ -4,8 +4,12 @@
  */
 
 import type { EgressInput, EgressPolicy } from '../net/policy.js';
+import type { OpenPort } from '../net/ports.js';
+import type { TemplateInfo } from '../images/templates.js';
 
 export type { EgressInput, EgressPolicy } from '../net/policy.js';
+export type { OpenPort } from '../net/ports.js';
+export type { TemplateInfo } from '../images/templates.js';
 
 export type SandboxState = 'running' | 'suspended' | 'deleted';
 
@@ -42,11 +46,6 @@ export interface SandboxInfo {
    * views show the last reading.
    */
   ports: OpenPort[];
-}
-
-export interface OpenPort {
-  port: number;
-  protocol: 'tcp';
 }
 
 /** Where the host reaches a port of a sandbox (the proxy connects here). */
@@ -142,16 +141,6 @@ export interface ListFilter {
   /** Opaque cursor from a previous page (the last id seen). */
   after?: string;
   limit?: number;
-}
-
-export interface TemplateInfo {
-  id: string;
-  kind: 'catalog' | 'environment';
-  description: string;
-  interpreter: string[];
-  ready: boolean;
-  vcpus: number;
-  memory_mib: number;
 }
 
 export interface SandboxService {
