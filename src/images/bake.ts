@@ -3,8 +3,9 @@ import { join } from 'node:path';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { Accel } from '../vmm/argv.js';
-import { releaseJail, sealShared, type JailLaunch, type JailRecord, type Jailer } from '../vmm/jail.js';
-import type { NetManager, VmmNet } from '../net/netns.js';
+import { releaseJail, sealShared, type JailRecord, type Jailer } from '../vmm/jail.js';
+import { launchVmm } from '../vmm/launch.js';
+import type { NetManager } from '../net/netns.js';
 import { policyKey, type EgressPolicy } from '../net/policy.js';
 import { processMatches, type ClaimOwner } from '../host/claims.js';
 import { connectAgent } from '../guest/connect.js';
@@ -130,39 +131,14 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     progress(`baking artifact ${key.slice(0, 12)}: booting the guest`);
     const t0 = Date.now();
     const record: BakeVmmRecord = { pid: 0, startTicks: '', owner: { pid: process.pid, startTicks: procStartTicks(process.pid) ?? '' }, memPath };
-    let jail: JailLaunch | undefined;
-    let net: VmmNet | undefined;
-    try {
-      // The namespace is bound to the bake's VMM: if this process dies, the next start's sweep takes it.
-      if (netm) net = netm.forVmm(await netm.acquire());
-      jail = ctx.jail
-        ? await ctx.jail.prepare({
-          name: `bake-${key.slice(0, 12)}-${buildId}`, dir: tmpDir, shape, accel: ctx.accel, qemuBinary: ctx.qemuBinary,
-          memPath, memShared: true, diskPath: diskTmp, consoleLog: spec.consoleLog, disksDir: join(ctx.home, 'disks'), trustedLayers: [], tun: !!net,
-        })
-        : undefined;
-      if (jail) record.jail = jail.record;
-      if (netm && net) {
-        await netm.attachTap(net.rec, jail?.uid);
-        await netm.apply(net.rec, ctx.net!.egress);
-      }
-      vmm = await Vmm.spawn(spec, {
-        logPath: vmmFiles(tmpDir).qemuLog,
-        jail,
-        netns: net?.netns,
-        release: net?.release,
-        onSpawned: (pid, startTicks) => {
-          record.pid = pid;
-          record.startTicks = startTicks;
-          net?.bound({ pid, startTicks });
-          writeFileSync(vmmFiles(tmpDir).vmmJson, JSON.stringify(record), { mode: 0o600 });
-        },
-      });
-    } catch (e) {
-      await jail?.release();
-      await net?.release().catch(() => {});
-      throw e;
-    }
+    // The namespace is bound to the bake's VMM: if this process dies, the next start's sweep takes it.
+    vmm = await launchVmm({
+      spec, dir: tmpDir, jailer: ctx.jail ?? null,
+      jail: { name: `bake-${key.slice(0, 12)}-${buildId}`, shape, diskPath: diskTmp, disksDir: join(ctx.home, 'disks'), trustedLayers: [] },
+      net: netm, record,
+      // The ready steps run under the environment's policy from their first packet.
+      onNetwork: (net) => netm!.apply(net, ctx.net!.egress),
+    });
     const agent = await connectAgent(spec.agentSocket, 120_000).catch((e) => {
       throw new Error(`${(e as Error).message}\nconsole:\n${tailFile(spec.consoleLog)}`);
     });

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync, rmSync, createReadStream, chmodSync, lstatSync } from 'node:fs';
+import { mkdirSync, rmSync, createReadStream, lstatSync } from 'node:fs';
 import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
 import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
-import { jailerFor, releaseJail, sealShared, type JailLaunch } from '../vmm/jail.js';
-import { netFor, type VmmNet } from '../net/netns.js';
+import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
+import { launchVmm } from '../vmm/launch.js';
+import { netFor } from '../net/netns.js';
 import { homePaths } from '../host/paths.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
@@ -61,10 +62,11 @@ export async function createOverlay(path: string, backing: string, backingFormat
   await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', backingFormat, '-b', backing, path]);
 }
 
-function specFor(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, incoming: boolean): VmSpec {
+/** The machine of a sandbox-side VMM; its NIC is on the namespace's tap when `tap`. */
+function specFor(cfg: EngineConfig, shape: MachineShape, rec: Pick<VmmRecord, 'dir' | 'memPath' | 'memShared' | 'diskPath'>, opts: { incoming: boolean; tap: boolean }): VmSpec {
   return machineSpec({
     qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, shape, dir: rec.dir,
-    memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming, tap: !!rec.net,
+    memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming: opts.incoming, tap: opts.tap,
   });
 }
 
@@ -93,43 +95,19 @@ export async function spawnIncoming(
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
   const netm = opts.network && shape.nic ? await netFor(cfg) : null;
-  let jail: JailLaunch | undefined;
-  let net: VmmNet | undefined;
   let vmm: Vmm;
   try {
-    if (netm) {
-      net = netm.forVmm(await netm.acquire());
-      record.net = net.rec;
-    }
-    const spec = specFor(cfg, shape, record, true);
-    const jailer = await jailerFor(cfg);
-    jail = jailer
-      ? await jailer.prepare({
-        name: opts.id, dir: opts.dir, shape, accel: cfg.accel.accel, qemuBinary: cfg.qemuBinary,
-        memPath: opts.memPath, memShared: opts.memShared, diskPath, consoleLog: spec.consoleLog, disksDir: homePaths(cfg.home).disks,
-        trustedLayers: opts.trustedLayers, tun: !!net,
-      })
-      : undefined;
-    if (jail) record.jail = jail.record;
-    if (netm && net) await netm.attachTap(net.rec, jail?.uid);
-    vmm = await Vmm.spawn(spec, {
-      logPath: vmmFiles(opts.dir).qemuLog,
-      jail,
-      netns: net?.netns,
-      release: net?.release,
-      // Written the moment the process exists, so a server that dies while QEMU starts leaves a
-      // record the next start finds and stops it by.
-      onSpawned: (pid, startTicks) => {
-        record.pid = pid;
-        record.startTicks = startTicks;
-        net?.bound({ pid, startTicks });
-        writeFileSync(vmmFiles(opts.dir).vmmJson, JSON.stringify(record), { mode: 0o600 });
-        chmodSync(vmmFiles(opts.dir).vmmJson, 0o600);
-      },
+    vmm = await launchVmm({
+      spec: specFor(cfg, shape, record, { incoming: true, tap: !!netm }),
+      dir: opts.dir,
+      jailer: await jailerFor(cfg),
+      jail: { name: opts.id, shape, diskPath, disksDir: homePaths(cfg.home).disks, trustedLayers: opts.trustedLayers },
+      net: netm,
+      record,
+      // Kept in the record, so that a later server can adopt or remove the namespace.
+      onNetwork: (net) => { record.net = net; },
     });
   } catch (e) {
-    await jail?.release();
-    await net?.release().catch(() => {});
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
     rmSync(opts.dir, { recursive: true, force: true });
     if (opts.backing) rmSync(diskPath, { force: true });
@@ -259,7 +237,7 @@ export async function sweepConfinement(cfg: EngineConfig): Promise<void> {
 
 /** Re-attaches to a running sandbox's VMM after a server restart. */
 export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, sandboxId: string): Promise<LiveVm | null> {
-  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, false), confinementOf(cfg, rec));
+  const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, { incoming: false, tap: !!rec.net }), confinementOf(cfg, rec));
   if (!vmm) return null;
   try {
     const status = await vmm.status();
