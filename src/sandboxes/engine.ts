@@ -16,7 +16,7 @@ import { SandboxRepo, toInfo, type SandboxRow, type VmmRecord } from './repo.js'
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, prewarm, claimWarm, restoreCheckpoint, restoreStream, finishRestore, adoptVm, createOverlay,
-  snapshotUpperDisk, releaseRecorded, sweepConfinement, RESTORE_UNACKNOWLEDGED,
+  snapshotUpperDisk, releaseRecorded, sweepConfinement, RestoreUnacknowledgedError,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import type {
@@ -263,7 +263,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const egress = this.effectiveEgress(t, opts.egress);
     // A guest that never acknowledges its restore (see announceRestore) gets one fresh VMM.
     return this.createOnce(t, opts, egress, scope).catch((e) => {
-      if (!isUnacknowledgedRestore(e.cause ?? e)) throw e;
+      if (!isUnacknowledgedRestore(e)) throw e;
       return this.createOnce(t, opts, egress, scope);
     });
   }
@@ -998,9 +998,9 @@ function envKey(tenant: string, id: string): string {
   return `${tenant}/${id}`;
 }
 
-/** A restored guest that never acknowledged RESTORED (finishRestore): worth one fresh VMM. */
+/** Whether `e` is, or (wrapped by vmmFailure) was caused by, a restore the guest never acknowledged. */
 function isUnacknowledgedRestore(e: unknown): boolean {
-  return e instanceof Error && e.message.startsWith(RESTORE_UNACKNOWLEDGED);
+  return e instanceof RestoreUnacknowledgedError || (e instanceof Error && e.cause instanceof RestoreUnacknowledgedError);
 }
 
 function vmmFailure(op: string, e: unknown): CollimateError {

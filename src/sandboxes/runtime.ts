@@ -116,19 +116,25 @@ export async function spawnIncoming(
   return { id: opts.id, dir: opts.dir, vmm, record };
 }
 
-export const RESTORE_UNACKNOWLEDGED = 'guest agent did not acknowledge the restore';
+/** A restored guest that never acknowledged RESTORED (announceRestore): worth one fresh VMM. */
+export class RestoreUnacknowledgedError extends Error {
+  constructor(readonly timeoutMs: number) {
+    super(`guest agent did not acknowledge the restore within ${timeoutMs} ms`);
+    this.name = 'RestoreUnacknowledgedError';
+  }
+}
 
 /**
  * Entropy, clock and a new identity for a guest that just woke up as a clone. The acknowledgement
  * comes within ~150 ms even on a loaded host; about one fresh restore in a hundred under load never
  * acknowledges (the guest idles with the agent's data unread, reconnecting does not help — a
  * lost interrupt, under TCG at least), so callers that can start over with a fresh VMM do
- * (isUnacknowledgedRestore in engine.ts) and the wait is short.
+ * (on a RestoreUnacknowledgedError) and the wait is short.
  */
 export async function announceRestore(agent: AgentClient, sandboxId: string, timeoutMs = 8_000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${RESTORE_UNACKNOWLEDGED} within ${timeoutMs} ms`)), timeoutMs);
+    timer = setTimeout(() => reject(new RestoreUnacknowledgedError(timeoutMs)), timeoutMs);
   });
   try {
     await Promise.race([
