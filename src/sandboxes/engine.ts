@@ -918,7 +918,7 @@ export class Engine extends EventEmitter implements SandboxService {
     }
     if (!row.vmm) throw new Error('no VMM recorded');
     const artifact = this.artifactFor(row.vmm.artifactKey);
-    const live = await adoptVm(this.cfg, artifact.shape, row.vmm, row.id);
+    const live = await adoptVm(this.cfg, artifact.shape, row.vmm);
     if (!live) throw new Error('its VMM is gone');
     // The namespace kept its rules, but its resolver went with the previous server: point DNS at a new one.
     if (live.record.net) {

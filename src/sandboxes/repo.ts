@@ -4,8 +4,11 @@ import type { NetRecord } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
 import type { SandboxInfo, SandboxState, ListFilter, OpenPort } from './types.js';
 
-/** Internal states: the spec's three plus the in-flight ones a crash can leave behind. */
-export type RowState = SandboxState | 'creating' | 'suspending' | 'resuming' | 'deleting';
+/**
+ * The public states plus `deleting`, which a crash mid-delete can leave behind (reconcile finishes
+ * the delete). In-flight suspends and forks are `pending_op` on a running row instead.
+ */
+export type RowState = SandboxState | 'deleting';
 
 /** Where a sandbox's VMM is, so a restarted server can re-adopt it. */
 export interface VmmRecord {
@@ -31,7 +34,7 @@ export interface SnapshotRecord {
 }
 
 export interface PendingOp {
-  op: 'fork' | 'suspend' | 'resume';
+  op: 'fork' | 'suspend';
   forkPoint?: string;
   startedAt: number;
 }
@@ -113,10 +116,7 @@ export class SandboxRepo {
     const where: string[] = ["state != 'deleted'"];
     const args: unknown[] = [];
     if (tenant !== undefined) { where.push('tenant = ?'); args.push(tenant); }
-    if (filter.state) {
-      where.push(filter.state === 'running' ? "state IN ('running','creating','suspending','resuming')" : 'state = ?');
-      if (filter.state !== 'running') args.push(filter.state);
-    }
+    if (filter.state) { where.push('state = ?'); args.push(filter.state); }
     for (const [k, v] of Object.entries(filter.labels ?? {})) {
       where.push('json_extract(labels, ?) = ?');
       args.push(`$."${k.replace(/"/g, '""')}"`, v);
@@ -131,7 +131,7 @@ export class SandboxRepo {
   }
 
   countRunning(tenant: string): number {
-    return (this.db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state IN ('running','creating','resuming','suspending')").get(tenant) as any).n;
+    return (this.db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state = 'running'").get(tenant) as any).n;
   }
 
   addForkPoint(id: string, dir: string, memPath: string, diskPath: string): void {

@@ -242,7 +242,7 @@ export async function sweepConfinement(cfg: EngineConfig): Promise<void> {
 }
 
 /** Re-attaches to a running sandbox's VMM after a server restart. */
-export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord, sandboxId: string): Promise<LiveVm | null> {
+export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord): Promise<LiveVm | null> {
   const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, { incoming: false, tap: !!rec.net }), confinementOf(cfg, rec));
   if (!vmm) return null;
   try {
@@ -258,7 +258,6 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     if (reported && isOwnDiskPath(homePaths(cfg.home).disks, reported)) rec.diskPath = reported;
     // PING with retries: the guest may not yet have noticed that the previous server went away.
     const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
-    void sandboxId;
     return { vmm, agent, record: rec };
   } catch {
     await vmm.kill().catch(() => {});
@@ -266,6 +265,3 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
   }
 }
 
-export async function destroyDir(dir: string): Promise<void> {
-  rmSync(dir, { recursive: true, force: true });
-}

