@@ -119,7 +119,8 @@ export class SandboxRepo {
     if (filter.state) { where.push('state = ?'); args.push(filter.state); }
     for (const [k, v] of Object.entries(filter.labels ?? {})) {
       where.push('json_extract(labels, ?) = ?');
-      args.push(`$."${k.replace(/"/g, '""')}"`, v);
+      // A JSON path's quoted key escapes with a backslash (doubling a quote matches nothing).
+      args.push(`$."${k.replace(/[\\"]/g, '\\$&')}"`, v);
     }
     if (filter.after) { where.push('id > ?'); args.push(filter.after); }
     const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
