@@ -8,8 +8,9 @@ import { execFile } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
-import '../src/api/migrations.ts';
+import '../src/service/migrations.ts';
 import { buildServer } from '../src/api/server.ts';
+import { TenantService, trustedScope } from '../src/service/tenantService.ts';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { connect, createLocalFleet, type Sandbox } from '../src/sdk/rl/index.ts';
 import { fmt, percentile } from './stats.ts';
@@ -31,12 +32,13 @@ const engine = await Engine.open({
   catalog: ['base'],
   progress: log,
 });
-const api = await buildServer({ service: engine, db: engine.db, reconcileIntervalMs: 0 });
+const tenants = new TenantService({ engine, db: engine.db, reconcileIntervalMs: 0 });
+const api = await buildServer({ tenants });
 const baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
 const tenant = 'bench-rl';
 const key = api.keys.create({ tenant, tier: 'pro' }).key;
 
-const local = createLocalFleet(engine, { tenant });
+const local = createLocalFleet(tenants, trustedScope(tenant));
 const remote = connect({ apiKey: key, baseUrl });
 const sb = await local.create('base');
 const viaLocal: Sandbox = sb;
@@ -107,6 +109,7 @@ print(json.dumps({"samples": out, "connections": f.client.http.connections_opene
 } finally {
   await sb.delete().catch(() => {});
   await api.shutdown(500);
+  tenants.close();
   await engine.deleteAll();
   await engine.close();
   rmSync(home, { recursive: true, force: true });

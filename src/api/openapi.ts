@@ -6,8 +6,8 @@
 import { z } from 'zod';
 import { ERROR_CODES, type ErrorCode } from '../errors.js';
 import { PROXY_METHODS, ROUTES, type RouteSpec } from './routes.js';
-import { apiRegistry, ErrorBody } from './schemas.js';
-import { TIERS } from './tiers.js';
+import { apiRegistry, ErrorBody } from '../wire/schemas.js';
+import { TIERS } from '../service/tiers.js';
 
 type Json = Record<string, any>;
 

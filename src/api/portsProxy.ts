@@ -17,24 +17,21 @@ import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { CollimateError, sandboxNotFound } from '../errors.js';
-import type { PortTarget, SandboxService, Scope } from '../sandboxes/types.js';
-import type { Principal } from './keys.js';
-import type { PortUrlSigner } from './portUrls.js';
-import { SANDBOX_ID_RE } from './schemas.js';
+import type { PortTarget } from '../sandboxes/types.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { toClientError } from '../wire/errors.js';
+import { SANDBOX_ID_RE } from '../wire/schemas.js';
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
 /** How long connecting to a sandbox port may take before the proxy answers 502. */
 const CONNECT_TIMEOUT_MS = 10_000;
 
 export interface PortsProxyOptions {
-  service: SandboxService;
-  /** The REST API's key check on request headers: the principal, or a thrown `unauthorized`. */
-  authenticate: (headers: IncomingHttpHeaders) => Principal;
-  signer: PortUrlSigner;
+  tenants: TenantService;
+  /** The REST API's key check on request headers: the caller's scope, or a thrown `unauthorized`. */
+  authenticate: (headers: IncomingHttpHeaders) => Scope;
   /** True once the server is shutting down: new requests and upgrades get 503. */
   draining: () => boolean;
-  /** Maps anything thrown to a client-safe CollimateError (server.ts's toClientError). */
-  toClientError: (err: unknown, log?: FastifyBaseLogger) => CollimateError;
 }
 
 export interface PortsProxy {
@@ -114,19 +111,12 @@ function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: Incoming
   const p = proxyPathOf(rawUrl);
   if (!p) throw new CollimateError('not_found', 'Not a ports proxy path.');
   if (p.kind === 'key') {
-    const principal = opts.authenticate(headers);
-    const scope: Scope = { tenant: principal.tenant };
+    const scope = opts.authenticate(headers);
     const id = decodeSafe(p.id);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    const port = parsePort(p.port);
-    if (opts.service.get(id, scope).tenant !== scope.tenant) throw sandboxNotFound(id);
-    const target = opts.service.portTarget(id, port, scope);
-    return { sandboxId: id, port, target, ...splitUrl(rawUrl, 5), key: bearerOf(headers) };
+    return { ...opts.tenants.portTarget(scope, id, parsePort(p.port)), ...splitUrl(rawUrl, 5), key: bearerOf(headers) };
   }
-  const grant = opts.signer.verify(p.token);
-  const tenant = opts.service.get(grant.sandboxId).tenant;
-  const target = opts.service.portTarget(grant.sandboxId, grant.port, { tenant });
-  return { sandboxId: grant.sandboxId, port: grant.port, target, ...splitUrl(rawUrl, 3) };
+  return { ...opts.tenants.signedPortTarget(p.token), ...splitUrl(rawUrl, 3) };
 }
 
 /**
@@ -234,7 +224,7 @@ function clientOf(req: IncomingMessage): { ip?: string; proto: string; host?: st
 }
 
 /** Streams one HTTP request to the sandbox and its answer back. */
-function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log: FastifyBaseLogger, toClient: PortsProxyOptions['toClientError']): void {
+function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log: FastifyBaseLogger): void {
   const headers = forwardHeaders(req.rawHeaders, route, clientOf(req), false);
   const hasBody = req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined;
   if (req.headers['transfer-encoding'] !== undefined && req.headers['content-length'] === undefined) headers.push('Transfer-Encoding', 'chunked');
@@ -274,7 +264,7 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
     }
     const e = upstreamError(err, route);
     log.info({ sandbox: route.sandboxId, port: route.port, err: err.code }, 'ports proxy: upstream failed');
-    sendRawError(res, toClient(e, log));
+    sendRawError(res, toClientError(e, log));
   });
   // The client went away (or the answer is complete): stop talking to the sandbox.
   res.on('close', () => {
@@ -301,10 +291,10 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       } catch (err) {
         // Drain what the client sends so the connection stays usable for its next request.
         req.raw.resume();
-        sendRawError(reply.raw, opts.toClientError(err, req.log));
+        sendRawError(reply.raw, toClientError(err, req.log));
         return;
       }
-      proxyHttp(req.raw, reply.raw, route, req.log, opts.toClientError);
+      proxyHttp(req.raw, reply.raw, route, req.log);
     };
     for (const url of ['/v1/sandboxes/:id/ports/:port', '/v1/sandboxes/:id/ports/:port/*', '/v1/p/:token', '/v1/p/:token/*']) {
       scope.all(url, handler);
@@ -328,7 +318,7 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
     try {
       route = resolveRoute(opts, req.url ?? '/', req.headers);
     } catch (err) {
-      socketError(socket, opts.toClientError(err, app.log));
+      socketError(socket, toClientError(err, app.log));
       return;
     }
     const upstream = connect({ host: route.target.host, port: route.target.port });

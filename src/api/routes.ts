@@ -5,7 +5,7 @@
  */
 import type { z } from 'zod';
 import type { ErrorCode } from '../errors.js';
-import * as S from './schemas.js';
+import * as S from '../wire/schemas.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'DELETE';
 
@@ -32,7 +32,7 @@ export interface RouteSpec {
   tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path'>;
+  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path'>>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
   bodyKind?: 'json' | 'raw';
@@ -43,14 +43,15 @@ export interface RouteSpec {
   idempotent?: boolean;
   /** Streams SSE when the client sends Accept: text/event-stream. */
   sse?: boolean;
-  responses: Record<number, ResponseSpec>;
+  responses: Readonly<Record<number, ResponseSpec>>;
   /** Error codes this endpoint can return besides the generic ones (validation, auth, shutdown). */
-  errors: ErrorCode[];
+  errors: readonly ErrorCode[];
 }
 
 const sandbox = { id: 'sandbox' } as const;
 
-export const ROUTES: RouteSpec[] = [
+/** The table with its literal types, so handlers are typed from their route's schemas (binder.ts). */
+export const ROUTE_TABLE = [
   {
     operationId: 'createSandbox',
     method: 'POST',
@@ -113,8 +114,10 @@ export const ROUTES: RouteSpec[] = [
     operationId: 'forkSandbox',
     method: 'POST',
     path: '/v1/sandboxes/:id/fork',
-    summary: 'Live-fork a running sandbox into N children',
-    description: 'Children keep the parent\'s process memory; the parent keeps running. Each child counts against the tier cap. Honours Idempotency-Key.',
+    summary: 'Fork a running or suspended sandbox into N children',
+    description:
+      'Children keep the parent\'s process memory and files, and run. A running parent keeps running (live fork); a suspended parent ' +
+      'stays suspended (its snapshot is the fork point). Each child counts against the tier cap. Honours Idempotency-Key.',
     tag: 'sandboxes',
     auth: true,
     params: sandbox,
@@ -417,7 +420,10 @@ export const ROUTES: RouteSpec[] = [
     responses: { 200: { description: 'Prometheus text exposition format 0.0.4.', contentType: 'text/plain; version=0.0.4' } },
     errors: [],
   },
-];
+] as const satisfies readonly RouteSpec[];
+
+/** The same table, for code that walks every route alike (OpenAPI, the binder, tests). */
+export const ROUTES: readonly RouteSpec[] = ROUTE_TABLE;
 
 export function routeById(operationId: string): RouteSpec {
   const r = ROUTES.find((x) => x.operationId === operationId);
@@ -445,3 +451,14 @@ export function matchPath(pattern: string, path: string): Record<string, string>
   }
   return params;
 }
+
+// ---- types of the table, for handlers typed from their route's schemas ----------------------------
+
+export type Route = (typeof ROUTE_TABLE)[number];
+export type OperationId = Route['operationId'];
+/** The operations the JSON binder serves (the ports proxy binds the `ANY` ones itself). */
+export type BoundOperationId = Exclude<Route, { method: 'ANY' }>['operationId'];
+export type RouteOf<K extends OperationId> = Extract<Route, { operationId: K }>;
+export type BodyOf<R> = R extends { bodyKind: 'raw' } ? Buffer : R extends { body: infer B extends z.ZodType } ? z.infer<B> : undefined;
+export type QueryOf<R> = R extends { query: infer Q extends z.ZodType } ? z.infer<Q> : Record<string, never>;
+export type ParamsOf<R> = R extends { params: infer P } ? { [K in keyof P]: string } : Record<string, never>;

@@ -231,7 +231,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const dir = homeDir(values.home, io);
   const host = values.host ?? '127.0.0.1';
   const port = num(values.port, 'port') ?? 7070;
-  await import('../api/migrations.js'); // register the API's tables before the engine opens the db
+  await import('../service/migrations.js'); // register the API's tables before the engine opens the db
   // The accelerator policy is decided before anything is spawned.
   const { detectAccel } = await import('../vmm/accel.js');
   const accel = detectAccel(io.env);
@@ -257,10 +257,10 @@ async function serve(args: string[], io: Io): Promise<number> {
     io.err(`collimate: restoring environments...\n`);
     await images.restore();
   }
+  const { TenantService } = await import('../service/tenantService.js');
+  const tenants = new TenantService({ engine, images, db: engine.db });
   const api = await buildServer({
-    service: engine,
-    images,
-    db: engine.db,
+    tenants,
     logger: { level: values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info' },
     health: () => ({
       ready: engine.isReady(),
@@ -271,6 +271,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       network: engine.networkStatus(),
     }),
   });
+  tenants.log = (err, msg) => api.app.log.error({ err }, msg);
   const address = await api.app.listen({ host, port });
   io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel})\n`);
   await new Promise<void>((done) => {
@@ -284,6 +285,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       io.err(`${signal}: draining requests, then closing (VMs are left running for re-adoption)\n`);
       try {
         await api.shutdown();
+        tenants.close();
         await images?.close();
         await engine.close();
       } finally {
@@ -297,10 +299,10 @@ async function serve(args: string[], io: Io): Promise<number> {
 }
 
 async function keys(sub: string | undefined, args: string[], io: Io): Promise<number> {
-  await import('../api/migrations.js');
+  await import('../service/migrations.js');
   const { openDb } = await import('../store/db.js');
-  const { KeyStore } = await import('../api/keys.js');
-  const { isTierName, TIER_NAMES } = await import('../api/tiers.js');
+  const { KeyStore } = await import('../service/keys.js');
+  const { isTierName, TIER_NAMES } = await import('../service/tiers.js');
   const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' } } as const;
   const { values, positionals } = parse(args, opts, sub === 'revoke' ? 1 : 0);
   const db = openDb(dbPathOf(homeDir(values.home, io)));

@@ -6,30 +6,25 @@
  * lives in the sandboxes, addressed by id. GET (a standalone server→client stream) and DELETE
  * (ending a session) have nothing to do without sessions and answer 405.
  *
- * Authentication is the REST API's own function; tier rules use the server's shared Admission.
+ * Authentication and every tenant rule are the tenant service's (src/service/tenantService.ts), the
+ * same one REST calls, so both doors draw on one concurrency cap and answer with the same codes.
  */
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { IncomingHttpHeaders } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
-import type { Admission } from '../api/admission.js';
-import type { Principal } from '../api/keys.js';
-import type { PortUrlSigner } from '../api/portUrls.js';
-import { toClientError } from '../api/server.js';
-import type { SandboxService } from '../sandboxes/types.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { toClientError } from '../wire/errors.js';
 import { allowedOriginsFromEnv, originAllowed } from './origin.js';
 import { registerTools } from './tools.js';
 
 export const MCP_PATH = '/mcp';
 
 export interface RegisterMcpOptions {
-  service: SandboxService;
-  /** The REST API's authenticate(req): the principal, or a thrown `unauthorized` CollimateError. */
-  auth: (req: FastifyRequest) => Principal;
-  /** The REST server's Admission, so both front doors share one concurrency reservation table. */
-  admission: Admission;
-  /** Signs the port URLs of expose_port (the REST server's signer, so both doors' URLs work alike). */
-  signer: PortUrlSigner;
+  tenants: TenantService;
+  /** The key check on request headers: the caller's scope, or a thrown `unauthorized` CollimateError. */
+  authenticate: (headers: IncomingHttpHeaders) => Scope;
   /** Browser origins allowed besides loopback ones (default: $COLLIMATE_MCP_ALLOWED_ORIGINS). */
   allowedOrigins?: string[];
 }
@@ -56,14 +51,14 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
   const version = '0.1.0';
 
   /** Origin first (a foreign page learns nothing, not even whether its key was valid), then the key. */
-  const gate = (req: FastifyRequest, reply: FastifyReply): Principal | null => {
+  const gate = (req: FastifyRequest, reply: FastifyReply): Scope | null => {
     const origin = req.headers.origin;
     if (!originAllowed(origin, allowed)) {
       sendError(reply, new CollimateError('origin_forbidden', `Origin ${String(origin).slice(0, 200)} is not allowed to use ${MCP_PATH}. Allowed: no Origin, loopback origins, and COLLIMATE_MCP_ALLOWED_ORIGINS.`));
       return null;
     }
     try {
-      return opts.auth(req);
+      return opts.authenticate(req.headers);
     } catch (err) {
       sendError(reply, toClientError(err, req.log, req.id), { 'www-authenticate': 'Bearer realm="collimate"' });
       return null;
@@ -74,8 +69,8 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
     method: 'POST',
     url: MCP_PATH,
     handler: async (req, reply) => {
-      const principal = gate(req, reply);
-      if (!principal) return reply;
+      const scope = gate(req, reply);
+      if (!scope) return reply;
       let body: unknown;
       try {
         const raw = Buffer.isBuffer(req.body) ? req.body.toString('utf8') : '';
@@ -87,7 +82,7 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
       const server = new McpServer({ name: 'collimate', version }, { instructions: INSTRUCTIONS });
       // Absolute URLs (expose_port) are built on the address the agent reached us at.
       const baseUrl = `${req.protocol}://${req.headers.host ?? req.hostname}`;
-      registerTools(server, { service: opts.service, admission: opts.admission, principal, signer: opts.signer, baseUrl, log: req.log });
+      registerTools(server, { tenants: opts.tenants, scope, baseUrl, log: req.log });
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
       reply.hijack();
       reply.raw.on('close', () => {

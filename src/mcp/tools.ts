@@ -1,26 +1,22 @@
 /**
- * The MCP tools: each one is a thin translation onto one SandboxService call, with the same policy as
- * the REST handlers in src/api/server.ts — the caller's tenant scope, the tier's template, session
- * and concurrency rules (the server's shared Admission, so REST and MCP draw on one cap), and the same
- * error codes. Results are JSON text plus structuredContent (validated against the REST response
- * schemas); failures are `isError` results whose text starts with the API error code.
+ * The MCP tools: each one parses its arguments, makes one call to the tenant service — the same one
+ * REST calls, so both doors share every rule and one concurrency cap — and renders the REST view.
+ * Results are JSON text plus structuredContent (validated against the REST response schemas);
+ * failures are `isError` results whose text starts with the API error code.
  */
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
-import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
-import type { Admission } from '../api/admission.js';
-import type { Principal } from '../api/keys.js';
-import type { PortUrlSigner } from '../api/portUrls.js';
-import * as S from '../api/schemas.js';
-import { execResultView, sandboxView, templateView, toClientError, withLivePorts } from '../api/server.js';
-import type { SandboxInfo, SandboxService, Scope } from '../sandboxes/types.js';
+import { CollimateError, sandboxNotFound } from '../errors.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { parseWith, toClientError } from '../wire/errors.js';
+import * as S from '../wire/schemas.js';
+import { execResultView, sandboxView, templateView } from '../wire/views.js';
 
 export interface ToolContext {
-  service: SandboxService;
-  admission: Admission;
-  principal: Principal;
-  signer: PortUrlSigner;
+  tenants: TenantService;
+  /** The caller, authenticated by the endpoint. */
+  scope: Scope;
   /** Scheme, host and port the MCP request reached the server at: absolute URLs start with it. */
   baseUrl: string;
   log?: { error: (o: object, msg: string) => void; warn: (o: object, msg: string) => void };
@@ -115,7 +111,7 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
   exec:
     'Run a command in a running sandbox and wait for it: exactly one of `command` (shell string), `code` (interpreter source) or `commands` (argv lists). Returns {stdout, stderr, exit_code, timed_out, ...}. Files and background processes persist between calls; calls to one sandbox run one at a time. Needs state "running" (invalid_state if suspended: resume_sandbox first).',
   fork_sandbox:
-    'Live-fork a running sandbox into `count` children that keep its memory, running processes and files as of now; the parent keeps running unchanged. Use it to try several actions from one prepared state. Returns {sandboxes: [...children]}, all running; each child counts against your cap. Needs state "running" (invalid_state otherwise).',
+    'Fork a sandbox into `count` children that keep its memory, running processes and files as of now. A running parent keeps running unchanged (live fork); a suspended one stays suspended and its children start from its snapshot. Use it to try several actions from one prepared state. Returns {sandboxes: [...children]}, all running; each child counts against your cap.',
   suspend_sandbox:
     'Suspend a running sandbox to disk, memory and processes included; it stops counting against your concurrency cap. Returns the sandbox with state "suspended". Needs state "running".',
   resume_sandbox:
@@ -145,27 +141,16 @@ export function errorResult(err: CollimateError): CallToolResult {
   return { content: [{ type: 'text', text: `${err.code}: ${err.message}${extra}` }], isError: true };
 }
 
-function validationError(where: string, issues: z.core.$ZodIssue[]): CollimateError {
-  const summary = issues
-    .slice(0, 20)
-    .map((i) => `${[where, ...i.path.map(String)].join('.')}: ${i.message}`)
-    .join('; ');
-  return new CollimateError('validation_error', `Invalid arguments — ${summary}.`);
-}
-
-/** Reads the sandbox through the tenant's scope (ids of other tenants and malformed ids: not found). */
-function getOwn(service: SandboxService, id: string, scope: Scope): SandboxInfo {
+/** Sandbox ids are checked before any call: a malformed one reads as not found, like REST's path check. */
+function sandboxIdOf(id: string): string {
   if (!S.SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-  const info = service.get(id, scope);
-  if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
-  return info;
+  return id;
 }
 
-/** Registers every tool on `server`, bound to one authenticated principal. */
+
+/** Registers every tool on `server`, bound to one authenticated caller. */
 export function registerTools(server: McpServer, ctx: ToolContext): void {
-  const { service, admission, principal } = ctx;
-  const scope: Scope = { tenant: principal.tenant };
-  const tier = principal.tier;
+  const { tenants, scope } = ctx;
 
   const tool = <K extends keyof typeof INPUTS>(
     name: K,
@@ -192,47 +177,15 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     );
   };
 
-  tool('list_images', S.ImageList, { readOnlyHint: true }, () => ({
-    images: service.templates(scope).filter((t) => t.kind === 'catalog').map(templateView),
-  }));
+  tool('list_images', S.ImageList, { readOnlyHint: true }, () => ({ images: tenants.catalog(scope).map(templateView) }));
 
-  tool('create_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    // The same rules, in the same order, as POST /v1/sandboxes (src/api/server.ts createSandbox;
-    // test/unit/mcp/mcp.test.ts checks both doors answer alike). A catalog-only tier gets 403 for
-    // anything outside the catalog, whether or not such a template exists.
-    const inCatalog = service.templates(scope).some((t) => t.id === a.template && t.kind === 'catalog');
-    const tpl = !tier.ownImages && !inCatalog ? null : service.template(a.template, scope);
-    if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
-      throw new CollimateError(
-        'template_forbidden',
-        `Template ${a.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (list_images). Upgrade to Pro to use your own images.`,
-      );
-    }
-    if (a.timeout_secs !== undefined && a.timeout_secs > tier.maxSessionSecs) {
-      throw new CollimateError('tier_forbidden', `timeout_secs ${a.timeout_secs} exceeds the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s.`);
-    }
-    const slot = await admission.reserve(principal.tenant, tier, 1, 'create');
-    try {
-      const info = await service.create(
-        {
-          template: a.template,
-          labels: a.labels ?? {},
-          timeoutSecs: a.timeout_secs ?? tier.defaultSessionSecs,
-          ...(a.egress === undefined ? {} : { egress: a.egress }),
-        },
-        scope,
-      );
-      return sandboxView(info);
-    } finally {
-      slot.release();
-    }
-  });
+  tool('create_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) =>
+    sandboxView(await tenants.create(scope, { template: a.template, labels: a.labels, timeoutSecs: a.timeout_secs, egress: a.egress })),
+  );
 
   tool('exec', S.ExecResult, { readOnlyHint: false, destructiveHint: true }, async (a, extra) => {
     const { sandbox_id, ...req } = a;
-    const parsed = S.ExecRequest.safeParse(req);
-    if (!parsed.success) throw validationError('arguments', parsed.error.issues);
-    getOwn(service, sandbox_id, scope);
+    const parsed = parseWith(S.ExecRequest, req, 'arguments', '');
     let bytes = 0;
     const progress = extra.sendProgress
       ? (c: Buffer) => {
@@ -240,74 +193,51 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
           extra.sendProgress!(bytes, c.toString('utf8'));
         }
       : undefined;
-    const r = await service.exec(sandbox_id, parsed.data, scope, progress ? { onStdout: progress, onStderr: progress } : undefined);
-    return execResultView(r);
+    return execResultView(await tenants.exec(scope, sandboxIdOf(sandbox_id), parsed, progress ? { onStdout: progress, onStderr: progress } : undefined));
   });
 
   tool('fork_sandbox', S.ForkResponse, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    const count = a.count ?? 1;
-    const parent = getOwn(service, a.sandbox_id, scope);
-    if (parent.state !== 'running') throw invalidState(a.sandbox_id, parent.state, 'fork', ['running']);
-    const slot = await admission.reserve(principal.tenant, tier, count, `fork of ${count}`);
-    try {
-      const children = await service.fork(a.sandbox_id, { count, labels: a.labels }, scope);
-      return { sandboxes: children.map(sandboxView) };
-    } finally {
-      slot.release();
-    }
+    const children = await tenants.fork(scope, sandboxIdOf(a.sandbox_id), { count: a.count ?? 1, labels: a.labels });
+    return { sandboxes: children.map(sandboxView) };
   });
 
-  tool('suspend_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: false }, async (a) => {
-    getOwn(service, a.sandbox_id, scope);
-    return sandboxView(await service.suspend(a.sandbox_id, scope));
-  });
+  tool('suspend_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: false }, async (a) =>
+    sandboxView(await tenants.suspend(scope, sandboxIdOf(a.sandbox_id))),
+  );
 
-  tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    const cur = getOwn(service, a.sandbox_id, scope);
-    if (cur.state !== 'suspended') throw invalidState(a.sandbox_id, cur.state, 'resume', ['suspended']);
-    const slot = await admission.reserve(principal.tenant, tier, 1, 'resume');
-    try {
-      return sandboxView(await service.resume(a.sandbox_id, scope));
-    } finally {
-      slot.release();
-    }
-  });
+  tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.resume(scope, sandboxIdOf(a.sandbox_id))));
 
   tool('delete_sandbox', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
-    getOwn(service, a.sandbox_id, scope);
-    await service.delete(a.sandbox_id, scope);
+    await tenants.delete(scope, sandboxIdOf(a.sandbox_id));
     return { id: a.sandbox_id, deleted: true };
   });
 
-  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await withLivePorts(service, getOwn(service, a.sandbox_id, scope), scope, ctx.log)));
+  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await tenants.inspect(scope, sandboxIdOf(a.sandbox_id))));
 
   tool('expose_port', ExposedPort, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    const info = await withLivePorts(service, getOwn(service, a.sandbox_id, scope), scope, ctx.log);
-    const expiresAt = Math.floor(Date.now() / 1000) + (a.expires_in_secs ?? S.DEFAULT_PORT_URL_SECS);
-    const token = ctx.signer.sign({ sandboxId: a.sandbox_id, port: a.port, expiresAt });
-    return { url: `${ctx.baseUrl}/v1/p/${token}/`, port: a.port, expires_at: new Date(expiresAt * 1000).toISOString(), listening: info.ports.some((p) => p.port === a.port) };
+    const info = await tenants.inspect(scope, sandboxIdOf(a.sandbox_id));
+    const u = tenants.portUrl(scope, a.sandbox_id, a.port, a.expires_in_secs);
+    return { url: `${ctx.baseUrl}/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString(), listening: info.ports.some((p) => p.port === a.port) };
   });
 
   tool('list_sandboxes', S.SandboxList, { readOnlyHint: true }, (a) => {
     for (const k of Object.keys(a.labels ?? {})) {
       if (!S.LABEL_KEY_RE.test(k)) throw new CollimateError('validation_error', `label key ${JSON.stringify(k.slice(0, 100))} must match ${S.LABEL_KEY_RE.source}.`);
     }
-    const r = service.list({ state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 }, scope);
-    return { sandboxes: r.sandboxes.filter((s) => s.tenant === scope.tenant).map(sandboxView), next: r.next };
+    const r = tenants.list(scope, { state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 });
+    return { sandboxes: r.sandboxes.map(sandboxView), next: r.next };
   });
 
   tool('read_file', FileContent, { readOnlyHint: true }, async (a) => {
-    getOwn(service, a.sandbox_id, scope);
-    const data = await service.readFile(a.sandbox_id, a.path, scope);
+    const data = await tenants.readFile(scope, sandboxIdOf(a.sandbox_id), a.path);
     const text = data.toString('utf8');
     const utf8 = Buffer.from(text, 'utf8').equals(data);
     return { path: a.path, size: data.length, encoding: utf8 ? 'utf8' : 'base64', content: utf8 ? text : data.toString('base64') };
   });
 
   tool('write_file', S.PutFileResponse, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
-    getOwn(service, a.sandbox_id, scope);
     const data = Buffer.from(a.content, a.encoding === 'base64' ? 'base64' : 'utf8');
-    await service.writeFile(a.sandbox_id, a.path, data, scope, a.mode === undefined ? undefined : parseInt(a.mode, 8));
+    await tenants.writeFile(scope, sandboxIdOf(a.sandbox_id), a.path, data, a.mode === undefined ? undefined : parseInt(a.mode, 8));
     return { path: a.path, size: data.length };
   });
 }

@@ -93,8 +93,9 @@ export class Sandbox {
   }
 
   /**
-   * Live-forks this running sandbox into `n` children that keep its memory and processes; the
-   * parent keeps running. Each child counts against the tier's cap. Safe to retry (idempotency key).
+   * Forks this sandbox into `n` running children that keep its memory and processes. A running
+   * parent keeps running (live fork); a suspended one stays suspended. Each child counts against the
+   * tier's cap. Safe to retry (idempotency key).
    */
   async fork(n = 1, params: ForkParams = {}): Promise<Sandbox[]> {
     const body: Record<string, unknown> = { count: n };

@@ -1,9 +1,9 @@
 /**
- * Wire types of the SDK, derived from the REST API's zod schemas (src/api/schemas.ts) so the SDK can
+ * Wire types of the SDK, derived from the REST API's zod schemas (src/wire/schemas.ts) so the SDK can
  * never drift from the contract. Type-only: the SDK has no runtime dependency on zod.
  */
 import type { z } from 'zod';
-import type * as S from '../api/schemas.js';
+import type * as S from '../wire/schemas.js';
 
 export type SandboxInfo = z.infer<typeof S.Sandbox>;
 export type SandboxState = SandboxInfo['state'];

@@ -4,15 +4,14 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
-import '../../src/api/migrations.ts';
-import { buildServer, type ApiServer } from '../../src/api/server.ts';
+import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { checkResponse } from '../unit/api/helpers.ts';
-import { openEngine, testHome, assertNoLeaks, TEST_CACHE } from './fixture.ts';
+import { openEngine, testHome, assertNoLeaks, TEST_CACHE, serveEngine, type Served } from './fixture.ts';
 
 const run = promisify(execFile);
 let engine: Engine;
-let api: ApiServer;
+let api: Served;
 let home: string;
 let base: string;
 let proKey: string;
@@ -39,7 +38,7 @@ async function call(op: string | null, method: string, path: string, key: string
 before(async () => {
   home = testHome('api');
   engine = await openEngine(home);
-  api = await buildServer({ service: engine, db: engine.db, logger: false, health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine, { logger: false, health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
   const addr = await api.app.listen({ host: '127.0.0.1', port: 0 });
   base = addr;
   proKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
@@ -48,7 +47,7 @@ before(async () => {
 });
 
 after(async () => {
-  await api.shutdown(1000);
+  await api.close(1000);
   await assertNoLeaks(engine, home);
 });
 

@@ -4,6 +4,9 @@ import assert from 'node:assert/strict';
 import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
 import { homeNamespaces } from '../../src/net/netns.ts';
+import { buildServer, type ApiServer, type BuildServerOptions } from '../../src/api/server.ts';
+import { TenantService } from '../../src/service/tenantService.ts';
+import type { ImageService } from '../../src/images/service.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
 export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -72,4 +75,20 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
   const jailer = await jailerFor(engine.cfg);
   if (jailer) assert.deepEqual(jailer.cgroupDirs(), [], 'VMM cgroups left');
   assert.deepEqual(homeNamespaces(engine.cfg.homeTag), [], 'network namespaces left');
+}
+
+/**
+ * The API over a real engine, wired as `collimate serve` does: one tenant service (images optional)
+ * under REST, MCP and the ports proxy. `close` shuts the server and the service (not the engine).
+ */
+export type Served = ApiServer & { close(graceMs?: number): Promise<void> };
+
+export async function serveEngine(
+  engine: Engine,
+  opts: Omit<BuildServerOptions, 'tenants'> & { images?: ImageService } = {},
+): Promise<Served> {
+  const { images, ...server } = opts;
+  const tenants = new TenantService({ engine, db: engine.db, images, reconcileIntervalMs: 0 });
+  const api = await buildServer({ tenants, ...server });
+  return { ...api, close: async (graceMs = 1000) => { await api.shutdown(graceMs); tenants.close(); } };
 }

@@ -8,12 +8,11 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import '../../src/api/migrations.ts';
-import { buildServer, type ApiServer } from '../../src/api/server.ts';
+import '../../src/service/migrations.ts';
 import { ImageService } from '../../src/images/service.ts';
 import { RegistryClient, parseReference } from '../../src/images/registry.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
-import { assertNoLeaks, openEngine, testHome, TEST_CACHE } from './fixture.ts';
+import { assertNoLeaks, openEngine, testHome, TEST_CACHE, serveEngine, type Served } from './fixture.ts';
 import { busyboxEntries, dockerSaveArchive, image, layer, push, writeLayout, type TestImage } from '../support/oci.ts';
 import { countingProxy, startRegistry, type CountingProxy, type TestRegistry } from '../support/registry.ts';
 
@@ -42,7 +41,7 @@ describe('own images on real VMs and a real registry', () => {
   const regDir = join(home, 'registries');
   let engine: Engine;
   let images: ImageService;
-  let api: ApiServer;
+  let api: Served;
   let reg: TestRegistry;
   let authReg: TestRegistry;
   let proxy: CountingProxy;
@@ -55,13 +54,13 @@ describe('own images on real VMs and a real registry', () => {
     // The layer store lives in this home: every run pulls for real, and artifacts made here are removed after.
     images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), maxUnpackedBytes: 64 * MiB, poolSize: 1, log: (m) => logLines.push(m) });
     await images.restore();
-    api = await buildServer({
-      service: engine, images, db: engine.db, reconcileIntervalMs: 0,
+    api = await serveEngine(engine, {
+      images,
       logger: { level: 'debug', stream: { write: (s: string) => void logLines.push(s) } } as any,
     });
   };
   const close = async () => {
-    await api.shutdown(100);
+    await api.close(100);
     await images.close();
   };
 

@@ -7,14 +7,13 @@
  */
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import '../../src/api/migrations.ts';
-import { buildServer, type ApiServer } from '../../src/api/server.ts';
+import '../../src/service/migrations.ts';
 import { netSettings } from '../../src/config.ts';
 import { netAvailability } from '../../src/net/netns.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { checkResponse } from '../unit/api/helpers.ts';
 import { wsConnect } from '../support/ws.ts';
-import { assertNoLeaks, openEngine, testHome } from './fixture.ts';
+import { assertNoLeaks, openEngine, testHome, serveEngine, type Served } from './fixture.ts';
 
 const net = netAvailability(netSettings());
 
@@ -56,7 +55,7 @@ server.listen(9000, '0.0.0.0');
 
 describe('ports proxy on real VMs', { skip: net.enabled ? false : `networking unavailable: ${net.reason}`, timeout: 900_000 }, () => {
   let engine: Engine;
-  let api: ApiServer;
+  let api: Served;
   let home: string;
   let base: string;
   let key: string;
@@ -65,14 +64,14 @@ describe('ports proxy on real VMs', { skip: net.enabled ? false : `networking un
   before(async () => {
     home = testHome('ports');
     engine = await openEngine(home, { catalog: ['python', 'node'], poolSize: 1 });
-    api = await buildServer({ service: engine, db: engine.db, logger: false });
+    api = await serveEngine(engine, { logger: false });
     base = await api.app.listen({ host: '127.0.0.1', port: 0 });
     key = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
     otherKey = api.keys.create({ tenant: 'globex', tier: 'pro' }).key;
   });
 
   after(async () => {
-    if (api) await api.shutdown(1000);
+    if (api) await api.close(1000);
     if (engine) await assertNoLeaks(engine, home);
   });
 

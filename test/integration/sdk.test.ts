@@ -15,8 +15,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport, StreamableHTTPError } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import '../../src/api/migrations.ts';
-import { buildServer, type ApiServer } from '../../src/api/server.ts';
+import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import {
   AuthenticationError,
@@ -30,7 +29,8 @@ import {
   type ExecResult,
 } from '../../src/sdk/index.ts';
 import { bestOfN, connect, createLocalFleet, RUN_LABEL, treeSearch, type Sandbox as FleetSandbox } from '../../src/sdk/rl/index.ts';
-import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
+import { trustedScope } from '../../src/service/tenantService.ts';
+import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
 
 const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -38,7 +38,7 @@ const PYTHON = '/usr/bin/python3';
 
 let engine: Engine;
 let home: string;
-let api: ApiServer;
+let api: Served;
 let baseUrl: string;
 let proKey: string;
 let demoKey: string;
@@ -64,7 +64,7 @@ async function liveIds(tenantKey: string, labels: Record<string, string>): Promi
 before(async () => {
   home = testHome('sdk');
   engine = await openEngine(home);
-  api = await buildServer({ service: engine, db: engine.db, reconcileIntervalMs: 0, health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
   baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   proTenant = 'sdk-pro';
   proKey = await createKey(proTenant, 'pro');
@@ -73,7 +73,7 @@ before(async () => {
 });
 
 after(async () => {
-  await api?.shutdown(1000);
+  await api?.close(1000);
   await assertNoLeaks(engine, home);
 });
 
@@ -157,6 +157,63 @@ test('TS SDK: create, exec, streaming, files, fork, suspend, resume, delete', as
   }
   // `await using` deleted it.
   await assert.rejects(client.sandboxes.get(id), NotFoundError);
+});
+
+test('fork of a suspended sandbox through every door: REST, MCP, TS SDK, Python SDK, RL — children continue its counter, it stays suspended', async () => {
+  // A counter process started before the suspend; each child must find it alive and counting on
+  // from where it was (a restart would begin again at 1).
+  const parent = await client.sandboxes.create({ template: 'base', labels: { suite: 'fork-suspended' } });
+  const children: string[] = [];
+  try {
+    await parent.exec({ command: "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/count; sleep 0.2; done' >/dev/null 2>&1 &" });
+    await new Promise((r) => setTimeout(r, 1500));
+    const atSuspend = Number((await parent.exec({ command: 'cat /root/count' })).stdout);
+    assert.ok(atSuspend >= 2, `the counter runs (${atSuspend})`);
+    await parent.suspend();
+    assert.equal(parent.state, 'suspended');
+
+    const checkChild = async (door: string, id: string) => {
+      children.push(id);
+      const child = await client.sandboxes.get(id);
+      assert.equal(child.state, 'running', door);
+      assert.equal(child.parent, parent.id, door);
+      const first = Number((await child.exec({ command: 'cat /root/count' })).stdout);
+      await new Promise((r) => setTimeout(r, 1000));
+      const later = Number((await child.exec({ command: 'cat /root/count' })).stdout);
+      assert.ok(first >= atSuspend, `${door}: the child's counter continues from ${atSuspend} (read ${first})`);
+      assert.ok(later > first, `${door}: the counter process runs in the child (${first} → ${later})`);
+      const p = await client.sandboxes.get(parent.id);
+      assert.equal(p.state, 'suspended', `${door}: the parent stays suspended`);
+    };
+
+    // REST
+    const rest = await fetch(`${baseUrl}/v1/sandboxes/${parent.id}/fork`, { method: 'POST', headers: { authorization: `Bearer ${proKey}`, 'content-type': 'application/json' }, body: '{"count":1}' });
+    assert.equal(rest.status, 201);
+    await checkChild('REST', ((await rest.json()) as any).sandboxes[0].id);
+    // MCP
+    const { client: mcp } = await mcpClient(proKey);
+    try {
+      const forked = await mcp.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: parent.id, count: 1 } });
+      assert.ok(!forked.isError, JSON.stringify(forked.content));
+      await checkChild('MCP', (forked.structuredContent as any).sandboxes[0].id);
+    } finally {
+      await mcp.close();
+    }
+    // TS SDK
+    const [viaTs] = await (await client.sandboxes.get(parent.id)).fork(1);
+    await checkChild('TS SDK', viaTs.id);
+    // Python SDK
+    const py = await run(PYTHON, ['-c', `import collimate; print(collimate.Collimate().sandboxes.get(${JSON.stringify(parent.id)}).fork(1)[0].id)`], { env: env(), timeout: 120_000 });
+    await checkChild('Python SDK', py.stdout.trim());
+    // RL: the in-process fleet over the same tenant service, and connect() over HTTP
+    const [viaLocal] = await (await createLocalFleet(api.tenants, trustedScope(proTenant)).get(parent.id)).fork(1);
+    await checkChild('RL local', viaLocal.id);
+    const [viaRemote] = await (await connect({ apiKey: proKey, baseUrl }).get(parent.id)).fork(1);
+    await checkChild('RL connect', viaRemote.id);
+  } finally {
+    for (const id of children) await (await client.sandboxes.get(id)).delete().catch(() => {});
+    await parent.delete();
+  }
 });
 
 test('TS SDK: typed errors from the one code mapping', async () => {
@@ -294,7 +351,7 @@ test('RL: best-of-N on a real task picks the largest correct answer by its outpu
 
 test('RL: the in-process local fleet and the connect() fleet give identical output for the same script', async () => {
   const script = 'echo start; i=0; while [ $i -lt 5 ]; do echo "line $i $((i*i))"; i=$((i+1)); done; printf "no newline"; echo to-err >&2; exit 3';
-  const local = createLocalFleet(engine, { tenant: proTenant });
+  const local = createLocalFleet(api.tenants, trustedScope(proTenant));
   const remote = connect({ apiKey: proKey, baseUrl });
   const outputs: Array<{ stdout: string; stderr: string; exit: number; forked: string }> = [];
   for (const fleet of [local, remote]) {

@@ -362,8 +362,9 @@ class Sandbox:
         raise ConnectionError("The exec stream ended without a result.", code="stream_ended", status=0)
 
     def fork(self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None) -> List["Sandbox"]:
-        """Live-forks this running sandbox into ``n`` children that keep its memory and processes;
-        the parent keeps running. Each child counts against the cap. Safe to retry."""
+        """Forks this sandbox into ``n`` running children that keep its memory and processes. A
+        running parent keeps running (live fork); a suspended one stays suspended. Each child
+        counts against the cap. Safe to retry."""
         body: Dict[str, Any] = {"count": n}
         if labels:
             body["labels"] = dict(labels)

@@ -23,7 +23,7 @@ export interface Sandbox {
   readonly info: SandboxInfo;
   /** Runs a command (the sandbox must be running); output streams to `handlers` when given. */
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult>;
-  /** Live-forks into `n` children that keep this sandbox's memory and processes; they carry the run label. */
+  /** Forks into `n` children that keep this sandbox's memory and processes (running or suspended: it stays as it is); they carry the run label. */
   fork(n: number, opts?: { labels?: Record<string, string> }): Promise<Sandbox[]>;
   suspend(): Promise<void>;
   resume(): Promise<void>;

@@ -1,11 +1,14 @@
 /**
- * createLocalFleet(): the in-process hot path. It drives a SandboxService (the Engine) directly —
- * no HTTP, no JSON, no auth — with the same interface as connect(). Service errors are mapped to the
- * SDK's error classes, so code written against one fleet handles the other's errors the same way.
- * There are no tier caps here: the process holding the engine is trusted.
+ * createLocalFleet(): the in-process hot path. It calls the tenant service (the same one REST and MCP
+ * call, over the engine in this process) directly — no HTTP, no JSON, no keys — with the same
+ * interface as connect(). Service errors are mapped to the SDK's error classes, so code written
+ * against one fleet handles the other's errors the same way. The scope is explicit: trustedScope()
+ * for a process that owns the engine (no tier caps), or a tenant's own scope and tier.
  */
 import { CollimateError as ServiceError } from '../../errors.js';
-import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxInfo, SandboxService, Scope } from '../../sandboxes/types.js';
+import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxInfo } from '../../sandboxes/types.js';
+import type { Scope, TenantService } from '../../service/tenantService.js';
+import { sandboxView } from '../../wire/views.js';
 import { errorFromBody, NotFoundError } from '../errors.js';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
 import { newRunId, RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
@@ -15,7 +18,7 @@ export interface LocalFleetOptions {
   runId?: string;
 }
 
-export function createLocalFleet(service: SandboxService, scope: Scope, opts: LocalFleetOptions = {}): LocalFleet {
+export function createLocalFleet(service: TenantService, scope: Scope, opts: LocalFleetOptions = {}): LocalFleet {
   return new LocalFleet(service, scope, opts.runId ?? newRunId());
 }
 
@@ -33,41 +36,40 @@ async function mapped<T>(call: () => T | Promise<T>): Promise<T> {
   }
 }
 
-/** The REST view of a sandbox (src/api/server.ts sandboxView): no tenant, ports with their proxy path. */
+/** The REST view of a sandbox: no tenant, ports with their proxy path. */
 function view(info: ServiceSandboxInfo): SandboxInfo {
-  const { tenant: _tenant, ports, ...rest } = info;
-  return { ...rest, ports: (ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: `/v1/sandboxes/${info.id}/ports/${p.port}/` })) };
+  return sandboxView(info) as SandboxInfo;
 }
 
 export class LocalFleet implements Fleet {
   readonly runLabel: Record<string, string>;
-  constructor(readonly service: SandboxService, readonly scope: Scope, readonly runId: string) {
+  constructor(readonly service: TenantService, readonly scope: Scope, readonly runId: string) {
     this.runLabel = { [RUN_LABEL]: runId };
   }
 
   async create(template: string, opts: CreateOptions = {}): Promise<Sandbox> {
-    const info = await mapped(() => this.service.create({ template, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }, this.scope));
+    const info = await mapped(() => this.service.create(this.scope, { template, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }));
     return new LocalSandbox(this, view(info));
   }
 
   /** A fleet handle on an existing sandbox of this scope. */
   async get(id: string): Promise<Sandbox> {
-    return new LocalSandbox(this, view(await mapped(() => this.service.get(id, this.scope))));
+    return new LocalSandbox(this, view(await mapped(() => this.service.get(this.scope, id))));
   }
 
   async listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]> {
     const ids: string[] = [];
     let after: string | undefined;
     for (;;) {
-      const page = await mapped(() => this.service.list({ labels: filter.labels, state: filter.state, after, limit: 1000 }, this.scope));
-      ids.push(...page.sandboxes.filter((s) => s.tenant === this.scope.tenant).map((s) => s.id));
+      const page = await mapped(() => this.service.list(this.scope, { labels: filter.labels, state: filter.state, after, limit: 1000 }));
+      ids.push(...page.sandboxes.map((s) => s.id));
       if (!page.next || page.sandboxes.length === 0) return ids;
       after = page.next;
     }
   }
 
   async deleteById(id: string): Promise<void> {
-    await mapped(() => this.service.delete(id, this.scope));
+    await mapped(() => this.service.delete(this.scope, id));
   }
 
   sweep(runId: string = this.runId, opts?: SweepOptions): Promise<number> {
@@ -82,34 +84,34 @@ export class LocalSandbox implements Sandbox {
     return this.info.id;
   }
 
-  private get svc(): SandboxService {
+  private get svc(): TenantService {
     return this.fleet.service;
   }
 
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
-    return mapped(() => this.svc.exec(this.info.id, req as ServiceExecRequest, this.fleet.scope, handlers));
+    return mapped(() => this.svc.exec(this.fleet.scope, this.info.id, req as ServiceExecRequest, handlers));
   }
 
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
-    const kids = await mapped(() => this.svc.fork(this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }, this.fleet.scope));
+    const kids = await mapped(() => this.svc.fork(this.fleet.scope, this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }));
     return kids.map((k) => new LocalSandbox(this.fleet, view(k)));
   }
 
   async suspend(): Promise<void> {
-    this.info = view(await mapped(() => this.svc.suspend(this.info.id, this.fleet.scope)));
+    this.info = view(await mapped(() => this.svc.suspend(this.fleet.scope, this.info.id)));
   }
   async resume(): Promise<void> {
-    this.info = view(await mapped(() => this.svc.resume(this.info.id, this.fleet.scope)));
+    this.info = view(await mapped(() => this.svc.resume(this.fleet.scope, this.info.id)));
   }
   async delete(): Promise<void> {
-    await mapped(() => this.svc.delete(this.info.id, this.fleet.scope));
+    await mapped(() => this.svc.delete(this.fleet.scope, this.info.id));
     this.info = { ...this.info, state: 'deleted' };
   }
   readFile(path: string): Promise<Buffer> {
-    return mapped(() => this.svc.readFile(this.info.id, path, this.fleet.scope));
+    return mapped(() => this.svc.readFile(this.fleet.scope, this.info.id, path));
   }
   writeFile(path: string, data: string | Uint8Array, mode?: number): Promise<void> {
-    return mapped(() => this.svc.writeFile(this.info.id, path, typeof data === 'string' ? Buffer.from(data) : Buffer.from(data), this.fleet.scope, mode));
+    return mapped(() => this.svc.writeFile(this.fleet.scope, this.info.id, path, typeof data === 'string' ? Buffer.from(data) : Buffer.from(data), mode));
   }
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.info.state === 'deleted') return;

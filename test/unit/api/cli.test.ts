@@ -5,12 +5,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
-import { KEY_RE } from '../../../src/api/keys.js';
+import { KEY_RE } from '../../../src/service/keys.js';
 import { run, type Io } from '../../../src/cli/commands.js';
 import { fixture, type Fixture } from './helpers.js';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
-const FAKE_ENGINE = fileURLToPath(new URL('./fakeEngine.ts', import.meta.url));
+const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 
 function captureIo(env: Record<string, string | undefined> = {}): Io & { stdout: () => string; stderr: () => string } {
   const out: Buffer[] = [];

@@ -8,13 +8,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { LightMyRequestResponse } from 'fastify';
 import { ERROR_CODES } from '../../../src/errors.js';
-import '../../../src/api/migrations.js';
+import '../../../src/service/migrations.js';
 import { routeById } from '../../../src/api/routes.js';
-import { ErrorBody } from '../../../src/api/schemas.js';
+import { ErrorBody } from '../../../src/wire/schemas.js';
 import { buildServer, type ApiServer, type BuildServerOptions } from '../../../src/api/server.js';
+import { TenantService, type TenantServiceOptions } from '../../../src/service/tenantService.js';
 import { openDb, type Db } from '../../../src/store/db.js';
-import type { TierName } from '../../../src/api/tiers.js';
-import { FakeSandboxService, type FakeOptions } from './fakeService.js';
+import type { TierName } from '../../../src/service/tiers.js';
+import { FakeSandboxService, type FakeOptions } from '../../support/fakeSandboxService.js';
 
 export interface Fixture {
   api: ApiServer;
@@ -37,12 +38,22 @@ export interface ReqOpts {
   allow5xx?: boolean;
 }
 
-export async function fixture(opts: { fake?: FakeOptions; server?: Partial<BuildServerOptions>; dbPath?: string } = {}): Promise<Fixture> {
+/** Server options, and the tenant service's that tests set (images, clock, signing key, reconcile period). */
+export type ServerOptions = Partial<Omit<BuildServerOptions, 'tenants'>> & Partial<Pick<TenantServiceOptions, 'images' | 'now' | 'portUrlKeyPath' | 'reconcileIntervalMs'>>;
+
+/** A tenant service and an API server over `engine` (the fake), the way `collimate serve` wires them. */
+export async function serverOn(engine: TenantServiceOptions['engine'], db: Db, opts: ServerOptions = {}): Promise<ApiServer> {
+  const { images, now, portUrlKeyPath, reconcileIntervalMs, ...server } = opts;
+  const tenants = new TenantService({ engine, db, images, now, portUrlKeyPath, reconcileIntervalMs: reconcileIntervalMs ?? 0 });
+  return buildServer({ tenants, now, ...server });
+}
+
+export async function fixture(opts: { fake?: FakeOptions; server?: ServerOptions; dbPath?: string } = {}): Promise<Fixture> {
   const dir = opts.dbPath ? null : mkdtempSync(join(tmpdir(), 'collimate-api-'));
   const dbPath = opts.dbPath ?? join(dir!, 'collimate.db');
   const db = openDb(dbPath);
   const svc = new FakeSandboxService(opts.fake);
-  const api = await buildServer({ service: svc, db, reconcileIntervalMs: 0, ...opts.server });
+  const api = await serverOn(svc, db, opts.server);
   const keys = new Map<string, string>();
   return {
     api,
@@ -69,6 +80,7 @@ export async function fixture(opts: { fake?: FakeOptions; server?: Partial<Build
     },
     async close() {
       await api.shutdown(100);
+      api.tenants.close();
       db.close();
       if (dir) rmSync(dir, { recursive: true, force: true });
     },

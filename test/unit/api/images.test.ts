@@ -7,6 +7,8 @@ import { openDb, type Db } from '../../../src/store/db.ts';
 import { ImageService, type TemplateHost } from '../../../src/images/service.ts';
 import type { TemplateRecipe } from '../../../src/images/templates.ts';
 import { busyboxEntries, image, layer, writeLayout } from '../../support/oci.ts';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { assertErrorBody, fixture, type Fixture } from './helpers.ts';
 
 class FakeHost implements TemplateHost {
@@ -14,7 +16,7 @@ class FakeHost implements TemplateHost {
   constructor(readonly cfg: { home: string; cacheDir: string }) {}
   async addTemplate(recipe: TemplateRecipe) {
     this.recipes.push(recipe);
-    return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib };
+    return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib, egress: 'allow' as const, network: true };
   }
   async removeTemplate() {}
 }
@@ -114,6 +116,27 @@ describe('REST /v1/images and /v1/environments', () => {
     assert.equal(t.ready, false);
     assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'slow' } }), 'template_not_ready');
     await images.idle();
+  });
+
+  test('MCP create_sandbox on a baking environment is template_not_ready too, for Pro and Enterprise', async () => {
+    const url = (await f.api.app.listen({ host: '127.0.0.1', port: 0 })) + '/mcp';
+    for (const tier of ['pro', 'enterprise'] as const) {
+      const key = f.key(`mcp-${tier}`, tier);
+      const mcp = new Client({ name: 'unit', version: '1' });
+      await mcp.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: { authorization: `Bearer ${key}` } } }));
+      try {
+        // Created while the pull is still queued: pending until the image is ready.
+        const r = await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: layout } } });
+        const c = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'baking', image: r.json().id } });
+        assert.equal(c.json().state, 'pending');
+        const m = await mcp.callTool({ name: 'create_sandbox', arguments: { template: 'baking' } });
+        assert.equal(m.isError, true);
+        assert.match((m.content as Array<{ text: string }>)[0].text, /^template_not_ready: Environment baking is pending/);
+      } finally {
+        await mcp.close();
+      }
+      await images.idle();
+    }
   });
 
   test('bad sources: a missing path and a bad reference are clear errors', async () => {

@@ -11,7 +11,7 @@ import { createServer, request, type IncomingHttpHeaders, type IncomingMessage, 
 import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { wsConnect, wsEcho } from '../../support/ws.js';
-import { fixture, assertErrorBody, type Fixture } from './helpers.js';
+import { fixture, assertErrorBody, serverOn, type Fixture } from './helpers.js';
 
 const MB = 1024 * 1024;
 const SANDBOX_PORT = 8000;
@@ -387,14 +387,14 @@ describe('signed port URLs', () => {
     const k = f.key('acme', 'pro');
     const sid = (await f.req('createSandbox', { url: '/v1/sandboxes', key: k, body: { template: 'python' } })).json().id;
     const url = (await mint({ port: SANDBOX_PORT }, k, sid)).json().url;
-    const { buildServer } = await import('../../../src/api/server.js');
-    const again = await buildServer({ service: f.svc, db: f.db, reconcileIntervalMs: 0, now: () => clock });
+    const again = await serverOn(f.svc, f.db, { now: () => clock });
     try {
       const againBase = await again.app.listen({ host: '127.0.0.1', port: 0 });
       const r = await call(`${againBase}${url}`);
       assert.equal(r.status, 200, r.body.toString());
     } finally {
       await again.shutdown(100);
+      again.tenants.close();
     }
   });
 });

@@ -253,7 +253,14 @@ describe('sandbox endpoints', () => {
     r = await f.req('suspendSandbox', { url: `/v1/sandboxes/${p.id}/suspend`, key });
     assert.equal(r.statusCode, 200);
     assert.equal(r.json().state, 'suspended');
-    for (const [op, path, body] of [['execSandbox', 'exec', { command: 'echo' }], ['forkSandbox', 'fork', { count: 1 }], ['suspendSandbox', 'suspend', undefined]] as const) {
+    // Fork of a suspended sandbox: the children run, the parent stays suspended.
+    r = await f.req('forkSandbox', { url: `/v1/sandboxes/${p.id}/fork`, key, body: { count: 2 } });
+    assert.equal(r.statusCode, 201);
+    assert.deepEqual(r.json().sandboxes.map((c: any) => [c.state, c.parent]), [['running', p.id], ['running', p.id]]);
+    r = await f.req('getSandbox', { url: `/v1/sandboxes/${p.id}`, key });
+    assert.equal(r.json().state, 'suspended');
+    assert.equal(r.json().children.length, 7);
+    for (const [op, path, body] of [['execSandbox', 'exec', { command: 'echo' }], ['suspendSandbox', 'suspend', undefined]] as const) {
       const r2 = await f.req(op, { url: `/v1/sandboxes/${p.id}/${path}`, key, body });
       assertErrorBody(r2, 'invalid_state');
       assert.equal(r2.json().error.state, 'suspended');

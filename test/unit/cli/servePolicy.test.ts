@@ -10,7 +10,7 @@ import { tcgPolicy, isLoopbackHost, EXIT_TCG_REFUSED } from '../../../src/cli/co
 // `node --import tsx src/cli/main.ts serve ...`, as an operator would run it; the engine is the
 // in-memory fake so that no VM is needed (the policy is decided before the engine opens).
 const MAIN = fileURLToPath(new URL('../../../src/cli/main.ts', import.meta.url));
-const FAKE_ENGINE = fileURLToPath(new URL('../api/fakeEngine.ts', import.meta.url));
+const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 
 function cli(args: string[], env: Record<string, string>) {
   return spawnSync(process.execPath, ['--import', 'tsx', MAIN, ...args], {

@@ -9,12 +9,15 @@ import { originAllowed } from '../../../src/mcp/origin.js';
 
 let f: Fixture;
 let url: string;
+const ENV = { id: 'env-mine', kind: 'environment' as const, description: 'own', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 };
 
 before(async () => {
   f = await fixture({
     fake: {
       environments: {
-        'demo-t': [{ id: 'env-mine', kind: 'environment', description: 'own', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 }],
+        'demo-t': [ENV],
+        'pro-parity': [ENV],
+        'ent-parity': [ENV],
       },
       templateEgress: { node: 'none' },
     },
@@ -94,24 +97,70 @@ test('tools carry input and output schemas; results are JSON text and structured
   }
 });
 
-test('tier rules are REST\'s: same codes for the same requests, one concurrency cap across both doors', async () => {
+/** Asks REST and MCP the same create and asserts the same answer: the code on failure, the fields that matter on success. */
+async function sameCreate(c: Client, key: string, args: Record<string, unknown>, expected: string | null): Promise<void> {
+  const rest = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: args });
+  const m = await c.callTool({ name: 'create_sandbox', arguments: args });
+  if (expected === null) {
+    assert.equal(rest.statusCode, 201, rest.body);
+    assert.ok(!m.isError, text(m));
+    const viaMcp = m.structuredContent as any;
+    for (const k of ['template', 'timeout_secs', 'egress', 'state'] as const) assert.deepEqual(viaMcp[k], rest.json()[k], `${JSON.stringify(args)}: ${k}`);
+    return;
+  }
+  assert.equal(rest.json().error.code, expected, `REST ${JSON.stringify(args)}`);
+  assert.equal(m.isError, true);
+  assert.ok(text(m).startsWith(`${expected}: `), `MCP ${JSON.stringify(args)}: ${text(m)}`);
+}
+
+test('tier rules are REST\'s for every tier: same codes and results for the same creates', async () => {
+  const cases: Record<string, Array<[Record<string, unknown>, string | null]>> = {
+    demo: [
+      [{ template: 'env-mine' }, 'template_forbidden'],
+      [{ template: 'nope' }, 'template_forbidden'],
+      [{ template: 'base', timeout_secs: 901 }, 'tier_forbidden'],
+      [{ template: 'node', egress: 'allow' }, 'egress_forbidden'],
+    ],
+    pro: [
+      [{ template: 'env-mine' }, null],
+      [{ template: 'nope' }, 'template_not_found'],
+      [{ template: 'base', timeout_secs: 86_401 }, 'tier_forbidden'],
+      [{ template: 'base', timeout_secs: 86_400 }, null],
+      [{ template: 'node', egress: 'allow' }, 'egress_forbidden'],
+      [{ template: 'base', egress: { domains: ['pypi.org'] } }, null],
+      [{ template: 'base' }, null],
+    ],
+    enterprise: [
+      [{ template: 'env-mine' }, null],
+      [{ template: 'nope' }, 'template_not_found'],
+      [{ template: 'base', timeout_secs: 7 * 86_400 + 1 }, 'tier_forbidden'],
+      [{ template: 'base', timeout_secs: 7 * 86_400 }, null],
+      [{ template: 'node', egress: 'allow' }, 'egress_forbidden'],
+    ],
+  };
+  for (const [tier, list] of Object.entries(cases)) {
+    const tenant = tier === 'demo' ? 'demo-parity' : tier === 'pro' ? 'pro-parity' : 'ent-parity';
+    const key = f.key(tenant, tier as 'demo' | 'pro' | 'enterprise');
+    const c = await connect(key);
+    try {
+      for (const [args, expected] of list) await sameCreate(c, key, args, expected);
+      // An environment of another tenant does not exist for this one, through either door.
+      if (tier !== 'demo') {
+        const otherKey = f.key(`nobody-${tier}`, tier as 'pro');
+        const other = await connect(otherKey);
+        await sameCreate(other, otherKey, { template: 'env-mine' }, 'template_not_found').finally(() => other.close());
+      }
+    } finally {
+      await c.close();
+    }
+  }
+});
+
+test('one concurrency cap across both doors; fork of a suspended sandbox works through MCP', async () => {
   const key = f.key('demo-t', 'demo');
   const c = await connect(key);
   try {
     const rest = async (body: unknown) => (await f.req('createSandbox', { url: '/v1/sandboxes', key, body })).json();
-    const cases: Array<[Record<string, unknown>, string | null]> = [
-      [{ template: 'env-mine' }, 'template_forbidden'],
-      [{ template: 'base', timeout_secs: 901 }, 'tier_forbidden'],
-      [{ template: 'node', egress: 'allow' }, 'egress_forbidden'],
-      [{ template: 'nope' }, null], // whatever REST answers
-    ];
-    for (const [args, expected] of cases) {
-      const code = (await rest(args)).error.code;
-      if (expected) assert.equal(code, expected);
-      const m = await c.callTool({ name: 'create_sandbox', arguments: args });
-      assert.equal(m.isError, true);
-      assert.ok(text(m).startsWith(`${code}: `), text(m));
-    }
     const viaRest = await rest({ template: 'base' });
     const viaMcp = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })).structuredContent as any;
     assert.equal(viaMcp.timeout_secs, 900, "the tier's default session");
@@ -120,14 +169,38 @@ test('tier rules are REST\'s: same codes for the same requests, one concurrency 
     assert.equal((await rest({ template: 'base' })).error.code, 'concurrency_limit');
     // Suspend frees a slot through either door; resume takes it back under the same cap.
     await c.callTool({ name: 'suspend_sandbox', arguments: { sandbox_id: viaRest.id } });
-    const fits = await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } });
-    assert.ok(!fits.isError, text(fits));
+    const fits = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })).structuredContent as any;
+    assert.ok(fits?.id);
     const resume = await c.callTool({ name: 'resume_sandbox', arguments: { sandbox_id: viaRest.id } });
     assert.match(text(resume), /^concurrency_limit: /);
     const fork = await c.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: viaMcp.id } });
     assert.match(text(fork), /^concurrency_limit: /);
+    // A suspended parent can be forked: its child takes a slot like any running sandbox.
+    await c.callTool({ name: 'delete_sandbox', arguments: { sandbox_id: fits.id } });
     const forkSuspended = await c.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: viaRest.id } });
-    assert.match(text(forkSuspended), /^invalid_state: /, 'like REST, fork needs a running sandbox');
+    assert.ok(!forkSuspended.isError, text(forkSuspended));
+    const [child] = (forkSuspended.structuredContent as any).sandboxes;
+    assert.equal(child.state, 'running');
+    assert.equal(child.parent, viaRest.id);
+    const parent = (await c.callTool({ name: 'get_sandbox', arguments: { sandbox_id: viaRest.id } })).structuredContent as any;
+    assert.equal(parent.state, 'suspended');
+    assert.deepEqual(parent.children, [child.id]);
+  } finally {
+    await c.close();
+  }
+});
+
+test('inspect right after an exec shows it counted, through REST and MCP', async () => {
+  const key = f.key('activity-t', 'pro');
+  const c = await connect(key);
+  try {
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })).structuredContent as any;
+    await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo 1' } });
+    await f.req('execSandbox', { url: `/v1/sandboxes/${sb.id}/exec`, key, body: { command: 'echo 2' } });
+    const viaMcp = (await c.callTool({ name: 'get_sandbox', arguments: { sandbox_id: sb.id } })).structuredContent as any;
+    const viaRest = (await f.req('getSandbox', { url: `/v1/sandboxes/${sb.id}`, key })).json();
+    assert.equal(viaMcp.exec_count, 2);
+    assert.equal(viaRest.exec_count, 2);
   } finally {
     await c.close();
   }

@@ -1,16 +1,21 @@
 /** The RL helpers on the in-process fleet over the fake service (no VMs): cleanup, pruning, caps. */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { FakeSandboxService } from '../api/fakeService.js';
+import { FakeSandboxService } from '../../support/fakeSandboxService.js';
 import { NotFoundError } from '../../../src/sdk/index.js';
 import { bestOfN, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch } from '../../../src/sdk/rl/index.js';
 
-const scope = { tenant: 't1' };
+import { openDb } from '../../../src/store/db.js';
+import { TenantService, trustedScope } from '../../../src/service/tenantService.js';
+
+const scope = trustedScope('t1');
+/** The local fleet calls the tenant service, over the fake engine here. */
+const tenantsOn = (svc: FakeSandboxService) => new TenantService({ engine: svc, db: openDb(':memory:'), reconcileIntervalMs: 0 });
 const live = (svc: FakeSandboxService) => svc.list({}, scope).sandboxes.map((s) => s.id).sort();
 
 test('create and fork carry the run label; the service errors become SDK classes', async () => {
   const svc = new FakeSandboxService();
-  const fleet = createLocalFleet(svc, scope, { runId: 'r1' });
+  const fleet = createLocalFleet(tenantsOn(svc), scope, { runId: 'r1' });
   const root = await fleet.create('base', { labels: { a: 'b' } });
   assert.deepEqual(root.info.labels, { a: 'b', [RUN_LABEL]: 'r1' });
   const [kid] = await root.fork(1, { labels: { c: 'd' } });
@@ -25,7 +30,7 @@ test('create and fork carry the run label; the service errors become SDK classes
 
 test('bestOfN keeps only the winner when asked, deletes every child on a failing step', async () => {
   const svc = new FakeSandboxService();
-  const fleet = createLocalFleet(svc, scope);
+  const fleet = createLocalFleet(tenantsOn(svc), scope);
   const root = await fleet.create('base');
   const out = await bestOfN(root, 4, (sb, i) => sb.exec({ command: `echo ${[3, 9, 9, 1][i]}` }), (r) => Number(r.stdout), { keepWinner: true });
   assert.equal(out.winner.index, 1, 'ties go to the lowest index');
@@ -44,7 +49,7 @@ test('bestOfN keeps only the winner when asked, deletes every child on a failing
 
 test('treeSearch prunes to the beam, deletes expanded nodes, keeps the root, cleans up on error', async () => {
   const svc = new FakeSandboxService();
-  const fleet = createLocalFleet(svc, scope);
+  const fleet = createLocalFleet(tenantsOn(svc), scope);
   const root = await fleet.create('base');
   let peak = 0;
   const t = await treeSearch(root, {
@@ -102,7 +107,7 @@ test('map: hard concurrency cap, start-rate limit, input order, stops after the 
 
 test('mapSandboxes creates one sandbox per item and always deletes it', async () => {
   const svc = new FakeSandboxService();
-  const fleet = createLocalFleet(svc, scope);
+  const fleet = createLocalFleet(tenantsOn(svc), scope);
   let alive = 0;
   let peak = 0;
   const r = await mapSandboxes(fleet, 'base', ['a', 'b', 'c', 'd'], async (sb, item) => {
@@ -119,8 +124,8 @@ test('mapSandboxes creates one sandbox per item and always deletes it', async ()
 
 test('sweep deletes only the run, including a create that lands after the first empty list', async () => {
   const svc = new FakeSandboxService();
-  const fleet = createLocalFleet(svc, scope, { runId: 'dead-run' });
-  const other = createLocalFleet(svc, scope, { runId: 'other-run' });
+  const fleet = createLocalFleet(tenantsOn(svc), scope, { runId: 'dead-run' });
+  const other = createLocalFleet(tenantsOn(svc), scope, { runId: 'other-run' });
   const keep = await other.create('base');
   const a = await fleet.create('base');
   await a.fork(2);

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { assertErrorBody, fixture } from './helpers.js';
+import { assertErrorBody, fixture } from '../api/helpers.js';
 
 const T0 = Date.UTC(2026, 0, 10, 12, 0, 0);
 

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Admission } from '../../../src/api/admission.js';
-import { TIERS } from '../../../src/api/tiers.js';
-import { assertErrorBody, fixture, type Fixture } from './helpers.js';
+import { Admission } from '../../../src/service/admission.js';
+import { TIERS } from '../../../src/service/tiers.js';
+import { assertErrorBody, fixture, type Fixture } from '../api/helpers.js';
 
 const ENV = { id: 'my-env', kind: 'environment' as const, description: 'own image', interpreter: ['sh'], ready: true, vcpus: 1, memory_mib: 256 };
 

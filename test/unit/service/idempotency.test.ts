@@ -3,8 +3,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { canonicalJson } from '../../../src/api/idempotency.js';
-import { assertErrorBody, fixture, type Fixture } from './helpers.js';
+import { canonicalJson } from '../../../src/service/idempotency.js';
+import { assertErrorBody, fixture, type Fixture } from '../api/helpers.js';
 
 describe('Idempotency-Key', () => {
   let f: Fixture;

@@ -1,21 +1,21 @@
 /**
  * An in-memory SandboxService for API tests. It honours the contract of src/sandboxes/types.ts and the
- * lifecycle of spec/sandbox-lifecycle.txt: exec/fork/suspend need running, resume needs suspended,
+ * lifecycle of spec/sandbox-lifecycle.txt: exec/suspend need running, fork running or suspended, resume suspended,
  * unknown, deleted and other tenants' ids are sandbox_not_found. Execs are serialized per sandbox.
  *
  * Exec understands a tiny shell: `echo WORDS`, `printf-bytes HEX` (raw bytes), `exit N`, `sleep SECS`,
  * `cat` (echoes stdin), `stderr WORDS`, `cat FILE`; `code` is echoed back; `commands` run in order.
  *
- * Networking: a create may narrow the template's egress policy (`templateEgress`, default "allow";
- * wider is egress_forbidden), forks inherit it. `listen(id, ports)` sets what openPorts reports, and
+ * Networking: templates have an egress policy (`templateEgress`, default "allow"), a create takes
+ * the policy its caller decided (the tenant service narrows it), forks inherit it. `listen(id, ports)` sets what openPorts reports, and
  * portTarget points at 127.0.0.1 — at `portMap.get(port)` when mapped, else the same port number —
  * so a test reaches real servers it started itself through the proxy.
  */
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { CollimateError, invalidState, sandboxNotFound } from '../../../src/errors.js';
-import { execSeed } from '../../../src/sandboxes/exec.js';
-import { parseEgress, widening, type EgressPolicy } from '../../../src/net/policy.js';
+import { CollimateError, invalidState, sandboxNotFound } from '../../src/errors.js';
+import { execSeed } from '../../src/sandboxes/exec.js';
+import type { EgressPolicy } from '../../src/net/policy.js';
 import type {
   CreateOptions,
   ExecRequest,
@@ -30,7 +30,7 @@ import type {
   SandboxState,
   Scope,
   TemplateInfo,
-} from '../../../src/sandboxes/types.js';
+} from '../../src/sandboxes/types.js';
 
 interface Box {
   id: string;
@@ -54,7 +54,9 @@ interface Box {
   ports: number[];
 }
 
-export const CATALOG: TemplateInfo[] = [
+type TemplateBase = Omit<TemplateInfo, 'egress' | 'network'>;
+
+export const CATALOG: TemplateBase[] = [
   { id: 'base', kind: 'catalog', description: 'Debian base', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 },
   { id: 'python', kind: 'catalog', description: 'Python 3', interpreter: ['python3', '-c'], ready: true, vcpus: 1, memory_mib: 512 },
   { id: 'node', kind: 'catalog', description: 'Node.js', interpreter: ['node', '-e'], ready: true, vcpus: 2, memory_mib: 512 },
@@ -64,7 +66,7 @@ export interface FakeOptions {
   /** Milliseconds each create/fork/resume/suspend takes (default 1; uses timers, so calls interleave). */
   opDelayMs?: number;
   /** Environments (non-catalog templates) per tenant. */
-  environments?: Record<string, TemplateInfo[]>;
+  environments?: Record<string, TemplateBase[]>;
   now?: () => number;
   /** Emit `transition` events like the engine ({id, tenant, state, op, snapshotBytes?}). */
   events?: boolean;
@@ -80,7 +82,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   ready = true;
   private readonly boxes = new Map<string, Box>();
   private readonly opDelayMs: number;
-  private readonly environments: Record<string, TemplateInfo[]>;
+  private readonly environments: Record<string, TemplateBase[]>;
   private readonly now: () => number;
   /** Make the next N creates fail with vmm_failed (to test slot release). */
   failCreates = 0;
@@ -120,7 +122,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
 
   templates(scope?: Scope): TemplateInfo[] {
     const envs = scope ? this.environments[scope.tenant] ?? [] : Object.values(this.environments).flat();
-    return [...CATALOG, ...envs].map((t) => ({ ...t, interpreter: [...t.interpreter] }));
+    return [...CATALOG, ...envs].map((t) => ({ ...t, interpreter: [...t.interpreter], egress: this.templateEgress[t.id] ?? 'allow', network: true }));
   }
 
   template(id: string, scope?: Scope): TemplateInfo {
@@ -137,12 +139,9 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       this.failCreates--;
       throw new CollimateError('vmm_failed', 'The VMM failed to start; retry.');
     }
-    const tplEgress = this.templateEgress[tpl.id] ?? 'allow';
-    const asked = opts.egress === undefined ? undefined : parseEgress(opts.egress);
-    const wider = asked === undefined ? null : widening(asked, tplEgress);
-    if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${tpl.id}'s: ${wider}.`);
     const box = this.newBox(scope.tenant, tpl, opts.labels ?? {}, opts.timeoutSecs ?? 3600, null);
-    box.egress = asked ?? tplEgress;
+    // The egress was decided by the caller (the tenant service narrows it); absent: the template's.
+    box.egress = opts.egress ?? tpl.egress;
     this.transition(box, 'create');
     return this.info(box);
   }
@@ -246,13 +245,14 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   async fork(id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]> {
     this.calls.push('fork');
     const parent = this.find(id, scope);
-    if (parent.state !== 'running') throw invalidState(id, parent.state, 'fork', ['running']);
-    if (!Number.isInteger(opts.count) || opts.count < 1 || opts.count > 64) throw new CollimateError('validation_error', 'count must be 1..64');
+    // A running parent keeps running, a suspended one stays suspended: its children run either way.
+    if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
+    if (!Number.isInteger(opts.count) || opts.count < 1 || opts.count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
     await sleep(this.opDelayMs);
     const tpl = CATALOG.find((t) => t.id === parent.template) ?? this.template(parent.template, { tenant: parent.tenant });
     const children: SandboxInfo[] = [];
     for (let i = 0; i < opts.count; i++) {
-      const child = this.newBox(parent.tenant, tpl, opts.labels ?? { ...parent.labels }, parent.timeoutSecs, parent.id);
+      const child = this.newBox(parent.tenant, tpl, { ...parent.labels, ...(opts.labels ?? {}) }, parent.timeoutSecs, parent.id);
       child.files = new Map(parent.files);
       child.egress = parent.egress;
       parent.children.push(child.id);

@@ -4,9 +4,9 @@
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import '../../../src/api/migrations.js';
-import { openDb, type Db } from '../../../src/store/db.js';
-import { FakeSandboxService } from './fakeService.js';
+import '../../src/service/migrations.js';
+import { openDb, type Db } from '../../src/store/db.js';
+import { FakeSandboxService } from './fakeSandboxService.js';
 
 export class Engine extends FakeSandboxService {
   db!: Db;

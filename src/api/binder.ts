@@ -1,0 +1,128 @@
+/**
+ * The route binder: one generic wrapper per route of the table (routes.ts) that authenticates,
+ * validates path, query and body against the route's schemas, hands an Idempotency-Key to the
+ * tenant service, calls the route's handler and renders what it returns. Handlers get their inputs
+ * typed from the same schemas (z.infer), so a handler is parse → one service call → render.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { z } from 'zod';
+import { CollimateError, sandboxNotFound } from '../errors.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { fingerprint } from '../service/idempotency.js';
+import { parseWith, toClientError } from '../wire/errors.js';
+import * as S from '../wire/schemas.js';
+import { ROUTES, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
+
+export interface Ctx<K extends BoundOperationId> {
+  /** The caller's scope (routes without auth have none). */
+  scope: RouteOf<K> extends { auth: true } ? Scope : undefined;
+  params: ParamsOf<RouteOf<K>>;
+  query: QueryOf<RouteOf<K>>;
+  body: BodyOf<RouteOf<K>>;
+  req: FastifyRequest;
+  reply: FastifyReply;
+}
+
+/** A handler returns the response, or null when it has written the response itself (SSE, raw bytes). */
+export type Result = { status: number; body?: unknown; headers?: Record<string, string> } | null;
+export type Handler<K extends BoundOperationId> = (ctx: Ctx<K>) => Promise<Result> | Result;
+export type Handlers = { [K in BoundOperationId]: Handler<K> };
+
+export interface BindOptions {
+  tenants: TenantService;
+  maxJsonBytes: number;
+  maxFileBytes: number;
+}
+
+const JSON_CT = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
+
+/** The API key of a request's `Authorization: Bearer` header, if it has one. */
+export function bearerKey(authorization: string | undefined): string | undefined {
+  const m = typeof authorization === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(authorization) : null;
+  return m?.[1];
+}
+
+export function sendError(reply: FastifyReply, err: CollimateError): void {
+  if (reply.sent || reply.raw.headersSent) return;
+  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
+}
+
+function decodeJsonBody(req: FastifyRequest): unknown {
+  const raw = req.body;
+  if (raw === undefined || raw === null) return undefined;
+  const buf = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
+  const text = buf.toString('utf8');
+  if (text.trim() === '') return undefined;
+  const ct = req.headers['content-type'];
+  if (ct !== undefined && !JSON_CT.test(ct)) {
+    throw new CollimateError('unsupported_media_type', `Content-Type ${JSON.stringify(ct.slice(0, 100))} is not supported here; send application/json.`);
+  }
+  try {
+    return JSON.parse(text, (k, v) => {
+      // Prototype poisoning guard: such keys are never valid in this API.
+      if (k === '__proto__' || (k === 'constructor' && v && typeof v === 'object' && 'prototype' in v)) {
+        throw new CollimateError('validation_error', `Key ${JSON.stringify(k)} is not allowed.`);
+      }
+      return v;
+    });
+  } catch (e) {
+    if (e instanceof CollimateError) throw e;
+    throw new CollimateError('invalid_json', `Request body is not valid JSON (${(e as Error).message}).`);
+  }
+}
+
+export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindOptions): void {
+  const { tenants } = opts;
+  for (const route of ROUTES) {
+    if (route.method === 'ANY') continue; // the ports proxy binds its own (portsProxy.ts)
+    const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
+    if (!handler) throw new Error(`no handler for ${route.operationId}`);
+    const spec = route;
+    app.route({
+      method: route.method,
+      url: spec.path,
+      bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
+      handler: async (req, reply) => {
+        try {
+          const scope = spec.auth ? tenants.authenticate(bearerKey(req.headers.authorization)) : undefined;
+          const params = (req.params ?? {}) as Record<string, string>;
+          for (const [name, kind] of Object.entries(spec.params ?? {})) {
+            if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));
+          }
+          const query = parseWith(spec.query ?? S.EmptyQuery, req.query ?? {}, 'query');
+          let body: unknown;
+          if (spec.bodyKind === 'json') {
+            const decoded = decodeJsonBody(req);
+            body = parseWith(spec.body!, decoded === undefined && spec.bodyOptional ? {} : decoded, 'body');
+          } else if (spec.bodyKind === 'raw') {
+            body = req.body;
+          }
+          const ctx = { scope, params, query, body, req, reply } as Ctx<BoundOperationId>;
+          const idemKey = req.headers['idempotency-key'];
+          let result: Result;
+          if (spec.idempotent && idemKey !== undefined) {
+            const key = Array.isArray(idemKey) ? idemKey[0] : idemKey;
+            const fp = fingerprint(spec.method, req.url.split('?')[0], body);
+            const r = await tenants.idempotent(scope!, key, fp, async () => {
+              const out = (await handler(ctx))!;
+              return { status: out.status, body: out.body };
+            });
+            result = { status: r.status, body: r.body, headers: r.replayed ? { 'idempotent-replayed': 'true' } : undefined };
+          } else {
+            result = await handler(ctx);
+          }
+          if (result === null || reply.sent || reply.raw.headersSent) return reply;
+          for (const [k, v] of Object.entries(result.headers ?? {})) reply.header(k, v);
+          reply.code(result.status);
+          if (result.body === undefined) return reply.send();
+          return reply.type('application/json; charset=utf-8').send(result.body);
+        } catch (err) {
+          if (reply.raw.headersSent) return reply;
+          sendError(reply, toClientError(err, req.log, req.id));
+          return reply;
+        }
+      },
+    });
+  }
+}

@@ -1,0 +1,78 @@
+/** Handlers of /v1/images, /v1/environments and /v1/templates: parse → one tenant-service call → render. */
+import { CollimateError } from '../../errors.js';
+import type { TenantService } from '../../service/tenantService.js';
+import * as S from '../../wire/schemas.js';
+import { environmentView, imageView, templateView } from '../../wire/views.js';
+import type { Handlers } from '../binder.js';
+
+type ImageOps =
+  | 'listImages' | 'createImage' | 'getImage' | 'deleteImage'
+  | 'createEnvironment' | 'listEnvironments' | 'getEnvironment' | 'getEnvironmentLog' | 'deleteEnvironment'
+  | 'listTemplates' | 'getTemplate';
+
+const IMAGE_ID_RE = /^sha256:[a-f0-9]{64}$/;
+
+function checkImageId(id: string): void {
+  if (!IMAGE_ID_RE.test(id)) throw new CollimateError('image_not_found', `No image ${id.slice(0, 80)}; image ids are sha256:<64 hex>.`);
+}
+
+export function imageHandlers(tenants: TenantService): Pick<Handlers, ImageOps> {
+  return {
+    listImages({ scope }) {
+      return { status: 200, body: { images: tenants.catalog(scope).map(templateView), own: tenants.ownImages(scope).map(imageView) } };
+    },
+
+    async createImage({ scope, body }) {
+      return { status: 202, body: imageView(await tenants.pullImage(scope, body.source)) };
+    },
+
+    getImage({ scope, params }) {
+      checkImageId(params.id);
+      return { status: 200, body: imageView(tenants.image(scope, params.id)) };
+    },
+
+    deleteImage({ scope, params }) {
+      checkImageId(params.id);
+      tenants.deleteImage(scope, params.id);
+      return { status: 204 };
+    },
+
+    createEnvironment({ scope, body }) {
+      const env = tenants.createEnvironment(scope, {
+        name: body.name, image: body.image, description: body.description, interpreter: body.interpreter,
+        readyCommand: body.ready_command, readyProbe: body.ready_probe, readyTimeoutSecs: body.ready_timeout_secs,
+        secrets: body.secrets, vcpus: body.vcpus, memoryMib: body.memory_mib, egress: body.egress,
+      });
+      return { status: 202, body: environmentView(env) };
+    },
+
+    listEnvironments({ scope }) {
+      return { status: 200, body: { environments: tenants.environments(scope).map(environmentView) } };
+    },
+
+    getEnvironment({ scope, params }) {
+      return { status: 200, body: environmentView(tenants.environment(scope, params.name)) };
+    },
+
+    getEnvironmentLog({ scope, params, reply }) {
+      reply.code(200).type('text/plain; charset=utf-8').send(tenants.environment(scope, params.name).log);
+      return null;
+    },
+
+    async deleteEnvironment({ scope, params }) {
+      await tenants.deleteEnvironment(scope, params.name);
+      return { status: 204 };
+    },
+
+    listTemplates({ scope }) {
+      return { status: 200, body: { templates: tenants.templates(scope).map(templateView) } };
+    },
+
+    getTemplate({ scope, params }) {
+      if (!S.TEMPLATE_ID_RE.test(params.id)) {
+        throw new CollimateError('template_not_found', `No template ${params.id.slice(0, 130)}. List them with GET /v1/templates.`);
+      }
+      return { status: 200, body: templateView(tenants.template(scope, params.id)) };
+    },
+  };
+}

@@ -1,0 +1,69 @@
+/** Handlers of usage, the OpenAPI document, health and metrics. */
+import { CollimateError } from '../../errors.js';
+import type { TenantService } from '../../service/tenantService.js';
+import type { MetricsRegistry } from '../../service/metrics.js';
+import type { Handlers } from '../binder.js';
+import { renderOpenApi } from '../openapi.js';
+
+type Ops = 'getUsage' | 'getOpenApi' | 'health' | 'metrics';
+
+/** What /healthz reports beyond readiness: the accelerator mode and how VMMs are confined (docs/security.md). */
+export interface HealthInfo {
+  ready: boolean;
+  accel: string;
+  /** `development` under TCG: guests are not a security boundary (QEMU's security policy). */
+  mode?: 'development' | 'production';
+  isolation?: string;
+  confinement?: { enabled: boolean; cgroups?: string; reason?: string };
+  /** Per-sandbox networking (docs/networking.md): off when not root or COLLIMATE_NET=off. */
+  network?: { enabled: boolean; reason?: string };
+}
+
+/** ISO 8601 or epoch seconds. */
+export function parseTime(s: string, name: string): number {
+  const t = /^\d+(\.\d+)?$/.test(s) ? Number(s) * 1000 : Date.parse(s);
+  // 8.64e15 ms is the range of a JS Date (year 275760); beyond it there is no ISO form to answer with.
+  if (!Number.isFinite(t) || Math.abs(t) > 8.64e15) throw new CollimateError('validation_error', `${name} must be ISO 8601 or epoch seconds.`);
+  return t;
+}
+
+export function operationHandlers(deps: {
+  tenants: TenantService;
+  metrics: MetricsRegistry;
+  health: () => HealthInfo;
+  draining: () => boolean;
+  now: () => number;
+}): Pick<Handlers, Ops> {
+  const openApiText = renderOpenApi();
+  return {
+    getUsage({ scope, query }) {
+      const t = deps.now();
+      const d = new Date(t);
+      const to = query.to === undefined ? t : parseTime(query.to, 'to');
+      const from = query.from === undefined ? Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1) : parseTime(query.from, 'from');
+      return { status: 200, body: deps.tenants.usage(scope, from, to) };
+    },
+
+    getOpenApi({ reply }) {
+      reply.code(200).type('application/json; charset=utf-8').send(openApiText);
+      return null;
+    },
+
+    health() {
+      const h = deps.health();
+      const status = deps.draining() ? 'shutting_down' : h.ready ? 'ok' : 'starting';
+      const extra = {
+        ...(h.mode ? { mode: h.mode } : {}),
+        ...(h.isolation ? { isolation: h.isolation } : {}),
+        ...(h.confinement ? { confinement: h.confinement } : {}),
+        ...(h.network ? { network: h.network } : {}),
+      };
+      return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
+    },
+
+    metrics({ reply }) {
+      reply.code(200).type('text/plain; version=0.0.4; charset=utf-8').send(deps.metrics.render());
+      return null;
+    },
+  };
+}

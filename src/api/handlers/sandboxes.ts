@@ -1,0 +1,88 @@
+/** Handlers of /v1/sandboxes: parse → one tenant-service call → render. */
+import { CollimateError } from '../../errors.js';
+import type { TenantService } from '../../service/tenantService.js';
+import * as S from '../../wire/schemas.js';
+import { execResultView, sandboxView } from '../../wire/views.js';
+import type { Handlers } from '../binder.js';
+import { wantsSse, type SseStreams } from '../sse.js';
+
+type SandboxOps =
+  | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'execSandbox' | 'forkSandbox'
+  | 'suspendSandbox' | 'resumeSandbox' | 'deleteSandbox' | 'readFile' | 'writeFile';
+
+/** `key=value` label filters of a list query. */
+export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
+  if (label === undefined) return undefined;
+  const out: Record<string, string> = {};
+  for (const l of Array.isArray(label) ? label : [label]) {
+    const eq = l.indexOf('=');
+    if (eq <= 0) throw new CollimateError('validation_error', `label filter ${JSON.stringify(l.slice(0, 100))} must be key=value.`);
+    const k = l.slice(0, eq);
+    if (!S.LABEL_KEY_RE.test(k)) throw new CollimateError('validation_error', `label key ${JSON.stringify(k.slice(0, 100))} must match ${S.LABEL_KEY_RE.source}.`);
+    out[k] = l.slice(eq + 1);
+  }
+  return out;
+}
+
+export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, SandboxOps> {
+  return {
+    async createSandbox({ scope, body }) {
+      const info = await tenants.create(scope, { template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress });
+      return { status: 201, body: sandboxView(info) };
+    },
+
+    listSandboxes({ scope, query }) {
+      const r = tenants.list(scope, { state: query.state, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
+      return { status: 200, body: { sandboxes: r.sandboxes.map(sandboxView), next: r.next } };
+    },
+
+    async getSandbox({ scope, params }) {
+      return { status: 200, body: sandboxView(await tenants.inspect(scope, params.id)) };
+    },
+
+    createPortUrl({ scope, params, body }) {
+      const u = tenants.portUrl(scope, params.id, body.port, body.expires_in_secs);
+      return { status: 201, body: { url: `/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString() } };
+    },
+
+    async execSandbox({ scope, params, body, req, reply }) {
+      if (!wantsSse(req.headers.accept)) {
+        return { status: 200, body: execResultView(await tenants.exec(scope, params.id, body)) };
+      }
+      // Checked before committing to a 200 stream, so the common mistakes still get their status code.
+      tenants.requireRunning(scope, params.id, 'exec');
+      await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.exec(scope, params.id, body, handlers));
+      return null;
+    },
+
+    async forkSandbox({ scope, params, body }) {
+      const children = await tenants.fork(scope, params.id, { count: body.count ?? 1, labels: body.labels });
+      return { status: 201, body: { sandboxes: children.map(sandboxView) } };
+    },
+
+    async suspendSandbox({ scope, params }) {
+      return { status: 200, body: sandboxView(await tenants.suspend(scope, params.id)) };
+    },
+
+    async resumeSandbox({ scope, params }) {
+      return { status: 200, body: sandboxView(await tenants.resume(scope, params.id)) };
+    },
+
+    async deleteSandbox({ scope, params }) {
+      await tenants.delete(scope, params.id);
+      return { status: 204 };
+    },
+
+    async readFile({ scope, params, query, reply }) {
+      const data = await tenants.readFile(scope, params.id, query.path);
+      reply.code(200).type('application/octet-stream').send(data);
+      return null;
+    },
+
+    async writeFile({ scope, params, query, body }) {
+      const data = Buffer.isBuffer(body) ? body : Buffer.alloc(0);
+      await tenants.writeFile(scope, params.id, query.path, data, query.mode === undefined ? undefined : parseInt(query.mode, 8));
+      return { status: 200, body: { path: query.path, size: data.length } };
+    },
+  };
+}

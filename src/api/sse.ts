@@ -1,0 +1,67 @@
+/**
+ * Server-sent events for a streaming exec: `stdout`/`stderr` events with base64 chunks, then
+ * `result` (the ExecResult view) or `error` (an Error body). A ping comment every 15 s keeps
+ * proxies from closing an idle stream. Shutdown aborts open streams with a `shutting_down` error.
+ */
+import type { FastifyReply } from 'fastify';
+import type { CollimateError } from '../errors.js';
+import type { ExecResult, ExecStreamHandlers } from '../sandboxes/types.js';
+import { toClientError, type ErrorLog } from '../wire/errors.js';
+import { execResultView } from '../wire/views.js';
+
+export function wantsSse(accept: string | undefined): boolean {
+  return /\btext\/event-stream\b/i.test(accept ?? '');
+}
+
+/** The streams open now, so that shutdown can end them. */
+export class SseStreams {
+  private readonly open = new Set<(err: CollimateError) => void>();
+
+  abortAll(err: CollimateError): void {
+    for (const abort of [...this.open]) abort(err);
+  }
+
+  /**
+   * Hijacks `reply` for a 200 event stream and runs `exec` with handlers that forward its output.
+   * The caller has checked everything that should still get its own status code.
+   */
+  async streamExec(reply: FastifyReply, log: ErrorLog, requestId: string, exec: (h: ExecStreamHandlers) => Promise<ExecResult>): Promise<void> {
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+    });
+    let live = true;
+    const send = (event: string, data: unknown) => {
+      // A client that went away just stops receiving; the exec itself runs to completion.
+      if (live && !res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    const finish = () => {
+      if (!live) return;
+      live = false;
+      clearInterval(ping);
+      this.open.delete(abort);
+      res.end();
+    };
+    const abort = (err: CollimateError) => {
+      send('error', err.toJSON());
+      finish();
+    };
+    this.open.add(abort);
+    const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
+    ping.unref();
+    try {
+      const r = await exec({
+        onStdout: (c) => send('stdout', { data: c.toString('base64') }),
+        onStderr: (c) => send('stderr', { data: c.toString('base64') }),
+      });
+      send('result', execResultView(r));
+    } catch (err) {
+      send('error', toClientError(err, log, requestId).toJSON());
+    } finally {
+      finish();
+    }
+  }
+}

@@ -1,0 +1,496 @@
+/**
+ * The tenant service: every rule a tenant meets, written once, in front of the engine. REST
+ * (src/api), MCP (src/mcp), the CLI (through REST) and the in-process RL fleet (src/sdk/rl/local.ts)
+ * all call it; each of them only parses its input, makes one call here and renders the result
+ * (src/wire/views.ts). Nothing here knows HTTP or MCP.
+ *
+ * What it owns: API keys → scope; tier rules (catalog-only tiers, session length, VM size, own
+ * images); concurrency admission (one reservation table for every front door); template readiness
+ * (an environment still baking); egress narrowing; the idempotency of retried requests; state
+ * pre-checks; metering; the lifecycle metrics (create, fork, exec latency).
+ *
+ * Every call takes a Scope, always: which tenant acts and under which tier. The local RL fleet, which
+ * holds the engine in its own process, passes trustedScope(tenant).
+ */
+import { dirname, join } from 'node:path';
+import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
+import type { Db } from '../store/db.js';
+import type { EnvironmentSpec, ImageService } from '../images/service.js';
+import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
+import type { SourceSpec } from '../images/sources.js';
+import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
+import type {
+  ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, SandboxInfo, SandboxService, TemplateInfo,
+} from '../sandboxes/types.js';
+import { Admission } from './admission.js';
+import { IdempotencyStore, type StoredResponse } from './idempotency.js';
+import { KeyStore } from './keys.js';
+import { Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
+import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
+import { applyApiMigrations } from './migrations.js';
+import { PortUrlSigner } from './portUrls.js';
+import { TRUSTED_TIER, type Tier } from './tiers.js';
+import { DEFAULT_PORT_URL_SECS } from '../wire/schemas.js';
+
+/** Who acts: the tenant and the tier whose rules apply. Required on every call. */
+export interface Scope {
+  tenant: string;
+  tier: Tier;
+}
+
+/** The scope of a process that holds the engine itself (the local RL fleet): no caps. */
+export function trustedScope(tenant: string): Scope {
+  return { tenant, tier: TRUSTED_TIER };
+}
+
+export interface CreateInput {
+  template: string;
+  labels?: Record<string, string>;
+  /** Default: the tier's default session (the server's, for a trusted scope). */
+  timeoutSecs?: number;
+  /** Narrows the template's policy; absent: the template's. */
+  egress?: EgressInput;
+}
+
+export interface ForkInput {
+  count: number;
+  labels?: Record<string, string>;
+}
+
+export interface PortUrl {
+  /** The token of `/v1/p/<token>/`. */
+  token: string;
+  port: number;
+  expiresAt: number;
+}
+
+/** A sandbox port resolved for the ports proxy. */
+export interface ResolvedPort {
+  sandboxId: string;
+  port: number;
+  target: PortTarget;
+}
+
+export interface TenantServiceOptions {
+  engine: SandboxService;
+  /** The database of keys, idempotency records and usage (the engine's own in production). */
+  db: Db;
+  /** Own images and environments; without it those calls answer not_found. */
+  images?: ImageService;
+  /**
+   * The key file signing port URLs. Default: `port-urls.key` beside the database; null (or an
+   * in-memory database) keeps a key in memory only, so URLs die with the process.
+   */
+  portUrlKeyPath?: string | null;
+  /** Period of the metering reconcile; 0 disables it. Default 10 s, or 60 s when the engine emits transitions. */
+  reconcileIntervalMs?: number;
+  /** Longest a create, fork or resume waits for in-flight operations before concurrency_limit (tests). */
+  admissionWaitMs?: number;
+  now?: () => number;
+  /** Where failures of background work (metering) are reported. */
+  log?: (err: unknown, msg: string) => void;
+}
+
+type Transition = { id: string; state: string; snapshotBytes?: number };
+type Emitter = { on?: (e: string, f: (ev: Transition) => void) => unknown; off?: (e: string, f: (ev: Transition) => void) => unknown };
+
+export class TenantService {
+  readonly engine: SandboxService;
+  readonly keys: KeyStore;
+  readonly admission: Admission;
+  readonly idempotency: IdempotencyStore;
+  readonly meter: Meter;
+  readonly signer: PortUrlSigner;
+  /** The service's instruments; front doors register theirs in the same registry. */
+  readonly metrics = new MetricsRegistry();
+  private readonly images?: ImageService;
+  private readonly now: () => number;
+  /** Where failures of background work (metering, port readings) go; settable once a logger exists. */
+  log: (err: unknown, msg: string) => void;
+  private readonly createSeconds: Histogram;
+  private readonly forkSeconds: Histogram;
+  private readonly execSeconds: Histogram;
+  private readonly timers: NodeJS.Timeout[] = [];
+  private readonly onTransition = (ev: Transition) => this.meterTransition(ev);
+  private closed = false;
+
+  constructor(opts: TenantServiceOptions) {
+    this.engine = opts.engine;
+    this.images = opts.images;
+    this.now = opts.now ?? Date.now;
+    this.log = opts.log ?? (() => {});
+    applyApiMigrations(opts.db);
+    this.keys = new KeyStore(opts.db);
+    this.idempotency = new IdempotencyStore(opts.db);
+    this.meter = new Meter(opts.db, this.now);
+    this.admission = new Admission(this.engine, opts.admissionWaitMs);
+    const dbFile = (opts.db as { name?: string }).name;
+    const keyPath = opts.portUrlKeyPath !== undefined ? opts.portUrlKeyPath : dbFile && dbFile !== ':memory:' ? join(dirname(dbFile), 'port-urls.key') : null;
+    this.signer = new PortUrlSigner(keyPath, this.now);
+
+    this.createSeconds = this.metrics.register(new Histogram('collimate_create_seconds', 'Sandbox create latency (service call), every front door.'));
+    this.execSeconds = this.metrics.register(new Histogram('collimate_exec_seconds', 'Exec latency including queueing (service call), every front door.'));
+    this.forkSeconds = this.metrics.register(new Histogram('collimate_fork_seconds', 'Live fork latency (service call), by child count, every front door.'));
+    this.metrics.register(
+      new Gauge('collimate_sandboxes', 'Sandboxes by state.', () => {
+        const counts: Record<string, number> = { running: 0, suspended: 0 };
+        for (const s of this.allSandboxes()) counts[s.state] = (counts[s.state] ?? 0) + 1;
+        return Object.entries(counts).map(([state, value]) => ({ labels: { state }, value }));
+      }),
+    );
+    const pools = this.engine as { poolSizes?: () => Record<string, number> };
+    this.metrics.register(
+      new Gauge('collimate_pool_size', 'Warm pool size by template (when the engine reports it).', () =>
+        typeof pools.poolSizes === 'function' ? Object.entries(pools.poolSizes()).map(([template, value]) => ({ labels: { template }, value })) : [],
+      ),
+    );
+
+    // The engine emits a `transition` for every acknowledged state change, the reaper's included;
+    // metering from those is exact. Without events the reconcile timer catches up.
+    const emitter = this.engine as unknown as Emitter;
+    if (typeof emitter.on === 'function') emitter.on('transition', this.onTransition);
+    this.reconcile();
+    const period = opts.reconcileIntervalMs ?? (typeof emitter.on === 'function' ? 60_000 : 10_000);
+    if (period > 0) this.timers.push(setInterval(() => this.reconcile(), period));
+    this.timers.push(setInterval(() => this.idempotency.prune(), 60 * 60 * 1000));
+    this.timers.forEach((t) => t.unref());
+  }
+
+  // ---- who acts --------------------------------------------------------------------------------
+
+  /** The scope of an API key; `unauthorized` when it is missing, unknown or revoked. */
+  authenticate(key: string | undefined): Scope {
+    if (!key) throw new CollimateError('unauthorized', 'Missing API key. Send Authorization: Bearer <key> (create one with `collimate keys create`).');
+    const p = this.keys.authenticate(key);
+    if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
+    return { tenant: p.tenant, tier: p.tier };
+  }
+
+  // ---- templates and images --------------------------------------------------------------------
+
+  /** The catalog, which every tier may create from. */
+  catalog(scope: Scope): TemplateInfo[] {
+    return this.engine.templates(scope).filter((t) => t.kind === 'catalog');
+  }
+
+  /** The catalog and the tenant's environments, baked or not. */
+  templates(scope: Scope): TemplateInfo[] {
+    const baked = this.engine.templates(scope);
+    const unbaked = (this.images?.templateInfos(scope.tenant) ?? []).filter((t) => !t.ready && !baked.some((b) => b.kind === 'environment' && b.id === t.id));
+    return [...baked, ...unbaked];
+  }
+
+  template(scope: Scope, id: string): TemplateInfo {
+    if (this.unbakedEnvironment(scope, id)) return this.images!.templateInfos(scope.tenant).find((t) => t.id === id)!;
+    return this.engine.template(id, scope);
+  }
+
+  ownImages(scope: Scope): ImageRow[] {
+    return this.images?.images(scope.tenant) ?? [];
+  }
+
+  async pullImage(scope: Scope, source: SourceSpec): Promise<ImageRow> {
+    requireOwnImages(scope, 'register images');
+    return this.imagesOrThrow().pull(scope.tenant, source);
+  }
+
+  image(scope: Scope, id: string): ImageRow {
+    return this.imagesOrThrow().image(scope.tenant, id);
+  }
+
+  deleteImage(scope: Scope, id: string): void {
+    this.imagesOrThrow().deleteImage(scope.tenant, id);
+  }
+
+  createEnvironment(scope: Scope, spec: EnvironmentSpec): EnvironmentRow {
+    requireOwnImages(scope, 'create environments');
+    const tier = scope.tier;
+    if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
+      throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
+    }
+    return this.imagesOrThrow().createEnvironment(scope.tenant, spec);
+  }
+
+  environments(scope: Scope): EnvironmentRow[] {
+    return this.images?.environments(scope.tenant) ?? [];
+  }
+
+  environment(scope: Scope, name: string): EnvironmentRow {
+    return this.imagesOrThrow().environment(scope.tenant, name);
+  }
+
+  async deleteEnvironment(scope: Scope, name: string): Promise<void> {
+    await this.imagesOrThrow().deleteEnvironment(scope.tenant, name);
+  }
+
+  // ---- reads -----------------------------------------------------------------------------------
+
+  /** One sandbox as last observed (ports as last read). Other tenants' ids read as not found. */
+  get(scope: Scope, id: string): SandboxInfo {
+    const info = this.engine.get(id, scope);
+    // Belt and braces against an engine that leaks across tenants.
+    if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
+    return info;
+  }
+
+  /**
+   * One sandbox with its listening ports read now. A failed reading keeps the last one: a port list
+   * is not worth failing the read for.
+   */
+  async inspect(scope: Scope, id: string): Promise<SandboxInfo> {
+    const info = this.get(scope, id);
+    if (info.state !== 'running') return info;
+    let ports: OpenPort[];
+    try {
+      ports = await this.engine.openPorts(id, scope);
+    } catch (err) {
+      if (err instanceof CollimateError && err.code === 'sandbox_not_found') throw err;
+      this.log(err, `reading the open ports of ${id} failed`);
+      return info;
+    }
+    return { ...info, ports };
+  }
+
+  list(scope: Scope, filter: ListFilter): { sandboxes: SandboxInfo[]; next: string | null } {
+    const r = this.engine.list(filter, scope);
+    return { sandboxes: r.sandboxes.filter((s) => s.tenant === scope.tenant), next: r.next };
+  }
+
+  /** Throws invalid_state unless the sandbox is running (for callers that must know before they start streaming). */
+  requireRunning(scope: Scope, id: string, operation: string): SandboxInfo {
+    const info = this.get(scope, id);
+    if (info.state !== 'running') throw invalidState(id, info.state, operation, ['running']);
+    return info;
+  }
+
+  // ---- lifecycle -------------------------------------------------------------------------------
+
+  async create(scope: Scope, input: CreateInput): Promise<SandboxInfo> {
+    const tier = scope.tier;
+    const unbaked = tier.ownImages ? this.unbakedEnvironment(scope, input.template) : undefined;
+    if (unbaked) {
+      throw new CollimateError(
+        'template_not_ready',
+        `Environment ${input.template} is ${unbaked.state}${unbaked.error ? ` (${unbaked.error})` : ''}; create sandboxes from it once GET /v1/environments/${input.template} shows state ready.`,
+        unbaked.state === 'failed' ? {} : { retryAfterSecs: 10 },
+      );
+    }
+    // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
+    const inCatalog = this.catalog(scope).some((t) => t.id === input.template);
+    const tpl = !tier.ownImages && !inCatalog ? null : this.engine.template(input.template, scope);
+    if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
+      throw new CollimateError(
+        'template_forbidden',
+        `Template ${input.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (GET /v1/images, or list_images over MCP). Upgrade to Pro to use your own images.`,
+      );
+    }
+    if (input.timeoutSecs !== undefined && input.timeoutSecs > tier.maxSessionSecs) {
+      throw new CollimateError('tier_forbidden', `timeout_secs ${input.timeoutSecs} exceeds the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s.`);
+    }
+    const egress = this.effectiveEgress(tpl, input.egress);
+    const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
+    const slot = await this.admission.reserve(scope.tenant, tier, 1, 'create');
+    try {
+      const stop = this.createSeconds.startTimer();
+      const info = await this.engine.create({ template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }) }, scope);
+      stop();
+      this.observe(info);
+      return info;
+    } finally {
+      slot.release();
+    }
+  }
+
+  async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
+    const stop = this.execSeconds.startTimer();
+    const r = await this.engine.exec(id, req, scope, stream);
+    stop();
+    return r;
+  }
+
+  /**
+   * Live fork of a running sandbox, or fork of a suspended one (it stays suspended; the children run
+   * and keep its processes). Every child takes a slot of the tier's cap.
+   */
+  async fork(scope: Scope, id: string, input: ForkInput): Promise<SandboxInfo[]> {
+    const count = input.count;
+    const parent = this.get(scope, id);
+    if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
+    const slot = await this.admission.reserve(scope.tenant, scope.tier, count, `fork of ${count}`);
+    try {
+      const stop = this.forkSeconds.startTimer({ count: String(count) });
+      const children = await this.engine.fork(id, { count, labels: input.labels }, scope);
+      stop();
+      children.forEach((c) => this.observe(c));
+      return children;
+    } finally {
+      slot.release();
+    }
+  }
+
+  async suspend(scope: Scope, id: string): Promise<SandboxInfo> {
+    this.get(scope, id);
+    const info = await this.engine.suspend(id, scope);
+    this.observe(info);
+    return info;
+  }
+
+  async resume(scope: Scope, id: string): Promise<SandboxInfo> {
+    const cur = this.get(scope, id);
+    // Checked before a slot is taken: resuming a running sandbox is invalid_state, not concurrency_limit.
+    if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
+    const slot = await this.admission.reserve(scope.tenant, scope.tier, 1, 'resume');
+    try {
+      const info = await this.engine.resume(id, scope);
+      this.observe(info);
+      return info;
+    } finally {
+      slot.release();
+    }
+  }
+
+  async delete(scope: Scope, id: string): Promise<void> {
+    this.get(scope, id);
+    await this.engine.delete(id, scope);
+    try {
+      this.meter.deleted(id);
+    } catch (err) {
+      this.log(err, 'metering failed'); // metering must never fail a request
+    }
+  }
+
+  readFile(scope: Scope, id: string, path: string): Promise<Buffer> {
+    this.get(scope, id);
+    return this.engine.readFile(id, path, scope);
+  }
+
+  async writeFile(scope: Scope, id: string, path: string, data: Buffer, mode?: number): Promise<void> {
+    this.get(scope, id);
+    await this.engine.writeFile(id, path, data, scope, mode);
+  }
+
+  // ---- ports -----------------------------------------------------------------------------------
+
+  /** A signed URL token for a sandbox port: anyone holding it reaches the port until it expires. */
+  portUrl(scope: Scope, id: string, port: number, expiresInSecs = DEFAULT_PORT_URL_SECS): PortUrl {
+    this.get(scope, id);
+    const expiresAt = Math.floor(this.now() / 1000) + expiresInSecs;
+    return { token: this.signer.sign({ sandboxId: id, port, expiresAt }), port, expiresAt };
+  }
+
+  /** Where the proxy connects for a tenant's request to a port (invalid_state unless running). */
+  portTarget(scope: Scope, id: string, port: number): ResolvedPort {
+    this.get(scope, id);
+    return { sandboxId: id, port, target: this.engine.portTarget(id, port, scope) };
+  }
+
+  /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */
+  signedPortTarget(token: string): ResolvedPort {
+    const grant = this.signer.verify(token);
+    const tenant = this.engine.get(grant.sandboxId).tenant;
+    return { sandboxId: grant.sandboxId, port: grant.port, target: this.engine.portTarget(grant.sandboxId, grant.port, { tenant }) };
+  }
+
+  // ---- idempotency and usage -------------------------------------------------------------------
+
+  /**
+   * Runs `exec` once per (tenant, key): a retry with the same key and fingerprint gets the stored
+   * response back (`replayed`), a different request under a used key idempotency_key_reused.
+   */
+  idempotent(scope: Scope, key: string, fingerprint: string, exec: () => Promise<StoredResponse>): Promise<StoredResponse & { replayed: boolean }> {
+    return this.idempotency.run(scope.tenant, key, fingerprint, exec);
+  }
+
+  usage(scope: Scope, fromMs: number, toMs: number): UsageReport {
+    if (!(fromMs < toMs)) throw new CollimateError('validation_error', '`from` must be before `to`.');
+    return this.meter.usage(scope.tenant, fromMs, toMs);
+  }
+
+  /** Brings the meter in line with the engine's current sandboxes. */
+  reconcile(): void {
+    try {
+      this.meter.reconcile(this.allSandboxes() as MeteredSandboxInfo[]);
+    } catch (err) {
+      this.log(err, 'metering reconcile failed');
+    }
+  }
+
+  /** Stops the background work (a last reconcile included). Does not close the engine. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.timers.forEach(clearInterval);
+    const emitter = this.engine as unknown as Emitter;
+    if (typeof emitter.off === 'function') emitter.off('transition', this.onTransition);
+    this.reconcile();
+  }
+
+  // ---- rules -----------------------------------------------------------------------------------
+
+  /** The template's policy, or the asked one if it is the same or narrower. */
+  private effectiveEgress(t: TemplateInfo, raw: EgressInput | undefined): EgressPolicy | undefined {
+    // Normalised here too: in-process callers (the RL local fleet) do not go through a schema.
+    const asked = raw === undefined ? undefined : parseEgress(raw);
+    if (!t.network) {
+      if (asked !== undefined && asked !== 'none') {
+        throw new CollimateError('network_unavailable', `This server runs without networking (${this.networkReason()}), so sandboxes have no egress; create without egress or with "none".`);
+      }
+      return 'none';
+    }
+    if (asked === undefined) return undefined;
+    const wider = widening(asked, t.egress);
+    if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${t.id}'s: ${wider}. A sandbox may only narrow its environment's policy.`);
+    return asked;
+  }
+
+  private networkReason(): string {
+    const net = (this.engine as { networkStatus?: () => { enabled: boolean; reason?: string } }).networkStatus?.();
+    return net?.reason ?? (net?.enabled ? "its template was baked without a network" : 'networking is off');
+  }
+
+  /** An environment the image service knows but the engine has not (yet) registered. */
+  private unbakedEnvironment(scope: Scope, id: string): EnvironmentRow | undefined {
+    const env = this.images?.repo.getEnv(scope.tenant, id);
+    return env && env.state !== 'ready' ? env : undefined;
+  }
+
+  private imagesOrThrow(): ImageService {
+    if (!this.images) throw new CollimateError('not_found', 'This server runs without an image service.');
+    return this.images;
+  }
+
+  private observe(info: SandboxInfo): void {
+    try {
+      this.meter.observe(info as MeteredSandboxInfo);
+    } catch (err) {
+      this.log(err, 'metering failed'); // metering must never fail a request
+    }
+  }
+
+  private meterTransition(ev: Transition): void {
+    try {
+      if (ev.state === 'deleted') this.meter.deleted(ev.id);
+      else this.meter.observe({ ...this.engine.get(ev.id), ...(ev.snapshotBytes === undefined ? {} : { snapshot_bytes: ev.snapshotBytes }) });
+    } catch (err) {
+      this.log(err, 'metering a transition failed');
+    }
+  }
+
+  private allSandboxes(): SandboxInfo[] {
+    const out: SandboxInfo[] = [];
+    let after: string | undefined;
+    for (let page = 0; page < 10_000; page++) {
+      const r = this.engine.list({ limit: 1000, after });
+      out.push(...r.sandboxes);
+      if (!r.next || r.sandboxes.length === 0) break;
+      after = r.next;
+    }
+    return out;
+  }
+}
+
+function requireOwnImages(scope: Scope, what: string): void {
+  if (!scope.tier.ownImages) {
+    throw new CollimateError('tier_forbidden', `The ${scope.tier.name} tier cannot ${what}; it creates from catalog images only (GET /v1/images). Upgrade to Pro to bring your own images.`);
+  }
+}

@@ -1,0 +1,143 @@
+/**
+ * The contract of a SandboxService (src/sandboxes/types.ts), as one list of tests run against two
+ * targets: the unit tests' in-memory fake (test/unit/sandboxes/contract.test.ts) and the real engine
+ * on microVMs (test/integration/contract.test.ts). Whatever the front doors are tested against on the
+ * fake must hold on the engine, so the fake cannot drift from it again.
+ *
+ * Only behaviour both must share is asserted: states and transitions, tenant isolation, lineage,
+ * labels, files, exec results and activity, error codes. Commands are ones the fake's tiny shell
+ * understands and /bin/sh runs alike (`echo`, `exit N`).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { CollimateError } from '../../src/errors.js';
+import type { SandboxService, Scope } from '../../src/sandboxes/types.js';
+
+export interface ContractTarget {
+  service: SandboxService;
+  /** Stops what the target started (sandboxes the tests left are deleted before). */
+  close(): Promise<void>;
+}
+
+async function rejectsWith(p: Promise<unknown> | (() => unknown), code: string): Promise<void> {
+  await assert.rejects(async () => (typeof p === 'function' ? p() : p), (e: unknown) => {
+    assert.ok(e instanceof CollimateError, `expected a CollimateError, got ${String(e)}`);
+    assert.equal(e.code, code, e.message);
+    return true;
+  });
+}
+
+export function sandboxServiceContract(name: string, open: () => Promise<ContractTarget>): void {
+  describe(`SandboxService contract: ${name}`, () => {
+    let t: ContractTarget;
+    let svc: SandboxService;
+    const a: Scope = { tenant: 'contract-a' };
+    const b: Scope = { tenant: 'contract-b' };
+
+    before(async () => {
+      t = await open();
+      svc = t.service;
+    });
+    after(async () => {
+      for (const scope of [a, b]) {
+        for (const s of svc.list({ limit: 1000 }, scope).sandboxes) await svc.delete(s.id, scope).catch(() => {});
+      }
+      await t.close();
+    });
+
+    test('templates: the catalog is listed with its egress and network; an unknown id is template_not_found', async () => {
+      const base = svc.templates(a).find((x) => x.id === 'base');
+      assert.ok(base, 'base is in the catalog');
+      assert.equal(base.kind, 'catalog');
+      assert.equal(base.ready, true);
+      assert.equal(typeof base.network, 'boolean');
+      assert.ok(base.egress !== undefined);
+      assert.deepEqual(svc.template('base', a).id, 'base');
+      await rejectsWith(() => svc.template('no-such-template', a), 'template_not_found');
+      await rejectsWith(svc.create({ template: 'no-such-template' }, a), 'template_not_found');
+    });
+
+    test('lifecycle: create, exec, files, fork a running and a suspended parent, resume, delete', async () => {
+      const before = svc.countRunning(a.tenant);
+      const p = await svc.create({ template: 'base', labels: { role: 'parent', run: 'c1' }, timeoutSecs: 600 }, a);
+      assert.equal(p.state, 'running');
+      assert.equal(p.tenant, a.tenant);
+      assert.equal(p.parent, null);
+      assert.deepEqual(p.children, []);
+      assert.deepEqual(p.labels, { role: 'parent', run: 'c1' });
+      assert.equal(p.timeout_secs, 600);
+      assert.equal(p.exec_count, 0);
+      assert.equal(svc.countRunning(a.tenant), before + 1);
+
+      // Tenant isolation: another tenant's id reads as not found for every operation.
+      await rejectsWith(() => svc.get(p.id, b), 'sandbox_not_found');
+      await rejectsWith(svc.exec(p.id, { command: 'echo x' }, b), 'sandbox_not_found');
+      await rejectsWith(svc.fork(p.id, { count: 1 }, b), 'sandbox_not_found');
+      await rejectsWith(svc.delete(p.id, b), 'sandbox_not_found');
+      assert.ok(!svc.list({ limit: 1000 }, b).sandboxes.some((s) => s.id === p.id));
+      assert.ok(svc.list({ labels: { run: 'c1' } }, a).sandboxes.some((s) => s.id === p.id));
+
+      // Exec results, and activity visible to the very next read.
+      const r = await svc.exec(p.id, { command: 'echo hi' }, a);
+      assert.equal(r.stdout, 'hi\n');
+      assert.equal(r.exit_code, 0);
+      assert.match(r.seed, /^\d+$/);
+      assert.equal((await svc.exec(p.id, { command: 'exit 3' }, a)).exit_code, 3);
+      const seen = svc.get(p.id, a);
+      assert.equal(seen.exec_count, 2, 'inspect right after an exec counts it');
+      assert.ok(seen.idle_secs < 5, `idle_secs ${seen.idle_secs} is since the last exec`);
+
+      // Files.
+      await svc.writeFile(p.id, '/root/note.txt', Buffer.from('from the parent'), a);
+      assert.equal((await svc.readFile(p.id, '/root/note.txt', a)).toString(), 'from the parent');
+      await rejectsWith(svc.readFile(p.id, '/root/missing.txt', a), 'file_not_found');
+
+      // Fork of a running parent: children run, keep its files, merge labels; the parent runs on.
+      await rejectsWith(svc.fork(p.id, { count: 0 }, a), 'validation_error');
+      const kids = await svc.fork(p.id, { count: 2, labels: { role: 'child' } }, a);
+      assert.equal(kids.length, 2);
+      for (const k of kids) {
+        assert.equal(k.state, 'running');
+        assert.equal(k.parent, p.id);
+        assert.ok(k.forked_at);
+        assert.deepEqual(k.labels, { role: 'child', run: 'c1' });
+        assert.equal((await svc.readFile(k.id, '/root/note.txt', a)).toString(), 'from the parent');
+      }
+      assert.equal(svc.get(p.id, a).state, 'running');
+      assert.deepEqual(svc.get(p.id, a).children.slice().sort(), kids.map((k) => k.id).sort());
+
+      // Suspend: state-bound operations say invalid_state; the slot is freed.
+      const running = svc.countRunning(a.tenant);
+      const s = await svc.suspend(p.id, a);
+      assert.equal(s.state, 'suspended');
+      assert.equal(svc.countRunning(a.tenant), running - 1);
+      await rejectsWith(svc.exec(p.id, { command: 'echo x' }, a), 'invalid_state');
+      await rejectsWith(svc.suspend(p.id, a), 'invalid_state');
+      assert.ok(svc.list({ state: 'suspended' }, a).sandboxes.some((x) => x.id === p.id));
+
+      // Fork of a suspended parent: the child runs with its files, the parent stays suspended.
+      const [fromSnap] = await svc.fork(p.id, { count: 1 }, a);
+      assert.equal(fromSnap.state, 'running');
+      assert.equal(fromSnap.parent, p.id);
+      assert.equal((await svc.readFile(fromSnap.id, '/root/note.txt', a)).toString(), 'from the parent');
+      assert.equal(svc.get(p.id, a).state, 'suspended');
+
+      // Resume: running again with its files; resuming a running sandbox is invalid_state.
+      const back = await svc.resume(p.id, a);
+      assert.equal(back.state, 'running');
+      await rejectsWith(svc.resume(p.id, a), 'invalid_state');
+      assert.equal((await svc.readFile(p.id, '/root/note.txt', a)).toString(), 'from the parent');
+
+      // Delete: the id is gone for good; the children live on.
+      await svc.delete(p.id, a);
+      await rejectsWith(() => svc.get(p.id, a), 'sandbox_not_found');
+      await rejectsWith(svc.delete(p.id, a), 'sandbox_not_found');
+      await rejectsWith(svc.resume(p.id, a), 'sandbox_not_found');
+      for (const k of [...kids, fromSnap]) {
+        assert.equal(svc.get(k.id, a).state, 'running');
+        await svc.delete(k.id, a);
+      }
+      assert.equal(svc.countRunning(a.tenant), before);
+    });
+  });
+}
