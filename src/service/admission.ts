@@ -1,12 +1,13 @@
 /**
  * Tier concurrency caps, enforced atomically. Node runs handlers on one thread, so the check and the
  * reservation below happen in one synchronous step that no other request can interleave with: the
- * tenant's running sandboxes (service.countRunning) plus the slots held by in-flight creates, forks
+ * tenant's running sandboxes (engine.countRunning) plus the slots held by in-flight creates, forks
  * and resumes either leave room — then the slots are taken before the caller's first await — or not.
  * The caller releases the reservation when its service call settles, success or failure.
  *
  * countRunning may or may not already include a sandbox whose operation is still in flight (the
- * engine counts `resuming` rows, a create only once its row is written). So with R = countRunning
+ * engine counts a create, fork child or resume only once its row says running, which happens
+ * before the call returns). So with R = countRunning
  * and P = slots reserved in flight, the true occupancy lies in [R, R + P]:
  *   R + P + n ≤ cap → admit (certainly fits);   R + n > cap → 429 (certainly does not);
  *   otherwise        → wait until an in-flight operation of this tenant settles, and decide again.
