@@ -24,8 +24,8 @@ const read = (p: string) => readFileSync(p, 'utf8');
 const log = (m: string) => console.error(`[bench] ${m}`);
 
 const engine = await Engine.open({ home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 4, catalog: ['base'], progress: log });
-const pool = (engine as any).pools.get('base');
-const artifact = (engine as any).templatesById.get('base').artifact;
+const pool = engine.templatePools.pool('base')!;
+const artifact = engine.templatePools.get('base')!.artifact;
 
 async function warmCreate(): Promise<{ ms: number; id: string }> {
   await pool.waitFull(30_000);

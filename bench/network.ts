@@ -7,6 +7,7 @@ import { rmSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { netSettings } from '../src/config.ts';
 import { NetManager } from '../src/net/netns.ts';
+import type { EgressPolicy } from '../src/net/policy.ts';
 import { summary, fmt, timed } from './stats.ts';
 
 const arg = (name: string, dflt: number) => {
@@ -24,9 +25,9 @@ const open = (mode: 'on' | 'off') => Engine.open({
   net: { ...netSettings(), mode },
 });
 const engines = { on: await open('on'), off: await open('off') };
-const pools = { on: (engines.on as any).pools.get('base'), off: (engines.off as any).pools.get('base') };
+const pools = { on: engines.on.templatePools.pool('base')!, off: engines.off.templatePools.pool('base')! };
 
-async function create(mode: 'on' | 'off', egress?: 'none' | { domains: string[] }): Promise<number> {
+async function create(mode: 'on' | 'off', egress?: EgressPolicy): Promise<number> {
   await pools[mode].waitFull(60_000);
   const [ms, sb] = await timed(() => engines[mode].create({ template: 'base', ...(egress ? { egress } : {}) }, tenant));
   await engines[mode].delete(sb.id);
@@ -38,7 +39,7 @@ log(`warm creates x${CREATES} each, interleaved`);
 for (let i = 0; i < CREATES; i++) {
   ms.off.push(await create('off'));
   ms.on.push(await create('on'));
-  ms.narrowed.push(await create('on', { domains: ['pypi.org'] }));
+  ms.narrowed.push(await create('on', { domains: ['pypi.org'], cidrs: [], ports: [] }));
 }
 
 log(`fork(1) x${FORKS} each`);

@@ -392,10 +392,14 @@ export class ImageService {
     await this.opts.host.removeTemplate(tenant, name);
   }
 
-  /** The environment templates of a tenant as /v1/templates shows them, baked or not. */
+  /**
+   * The environment templates of a tenant as /v1/templates shows them, baked or not. `network` is
+   * false here: whether sandboxes get a NIC is the baked template's (the engine's TemplateInfo).
+   */
   templateInfos(tenant: string): TemplateInfo[] {
     return this.repo.listEnvs(tenant).map((e) => ({
       id: e.name, kind: 'environment', description: e.description, interpreter: e.interpreter, ready: e.state === 'ready', vcpus: e.vcpus, memory_mib: e.memory_mib,
+      egress: e.egress, network: false,
     }));
   }
 

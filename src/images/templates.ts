@@ -22,6 +22,10 @@ export interface TemplateInfo {
   ready: boolean;
   vcpus: number;
   memory_mib: number;
+  /** The egress policy of its sandboxes unless a create narrows it (src/net/policy.ts). */
+  egress: EgressPolicy;
+  /** Whether its sandboxes get a NIC: the server runs with networking and the template was baked with one. */
+  network: boolean;
 }
 
 /** A template whose artifact is baked and whose device state is loaded: creates restore from it. */

@@ -127,6 +127,29 @@ export class SandboxRepo {
     return this.db.prepare(`SELECT * FROM sandboxes WHERE ${where.join(' AND ')} ORDER BY id LIMIT ${limit + 1}`).all(...args).map(decode);
   }
 
+  /**
+   * Adds activity counted in memory (SandboxRegistry) to the rows, in one transaction: last_active
+   * only moves forward, exec_count grows by the execs counted.
+   */
+  addActivity(entries: Iterable<[id: string, activity: { last: number; execs: number }]>): void {
+    const stmt = this.db.prepare('UPDATE sandboxes SET last_active = MAX(last_active, ?), exec_count = exec_count + ? WHERE id = ?');
+    this.tx(() => {
+      for (const [id, a] of entries) stmt.run(a.last, a.execs, id);
+    });
+  }
+
+  /**
+   * Marks a row deleted, in one transaction: no VMM, snapshot or pending operation is left on it,
+   * and it holds no fork point any more. `deletedAt` records when a client deleted it.
+   */
+  markDeleted(id: string, deletedAt?: number): void {
+    this.tx(() => {
+      this.update(id, { state: 'deleted', vmm: null, snapshot: null, pending_op: null });
+      if (deletedAt !== undefined) this.db.prepare('UPDATE sandboxes SET deleted_at = ? WHERE id = ?').run(deletedAt, id);
+      this.dropRefs(id);
+    });
+  }
+
   children(id: string): string[] {
     return this.db.prepare("SELECT id FROM sandboxes WHERE parent = ? AND state != 'deleted' ORDER BY id").all(id).map((r: any) => r.id);
   }

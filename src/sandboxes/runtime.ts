@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, rmSync, createReadStream, lstatSync } from 'node:fs';
+import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSync } from 'node:fs';
 import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
-import { Vmm, type VmmConfinement } from '../vmm/vmm.js';
+import { Vmm, isAlive, procStartTicks, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
 import { launchVmm } from '../vmm/launch.js';
 import { netFor } from '../net/netns.js';
@@ -114,6 +114,14 @@ export async function spawnIncoming(
     throw e;
   }
   return { id: opts.id, dir: opts.dir, vmm, record };
+}
+
+/** Stops a pending VMM (a pool's, a fork point's receiver, an unborn child) and removes its directory and disk. */
+export async function destroyPending(p: PendingVm): Promise<void> {
+  p.warm?.agent.close();
+  await p.vmm.kill();
+  rmSync(p.dir, { recursive: true, force: true });
+  rmSync(p.record.diskPath, { force: true });
 }
 
 /** A restored guest that never acknowledged RESTORED (announceRestore): worth one fresh VMM. */
@@ -265,3 +273,23 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
   }
 }
 
+/** Stops a VMM known only by its record (not in memory: suspended, or found at start) and gives back what it held. */
+export async function killRecorded(cfg: EngineConfig, rec: VmmRecord): Promise<void> {
+  if (rec.pid && isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) {
+    try { process.kill(rec.pid, 'SIGKILL'); } catch { /* gone */ }
+    const deadline = Date.now() + 5000;
+    while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  }
+  await releaseRecorded(cfg, rec);
+}
+
+/** Stops the VMM whose record is in `dir` (vmm.json), if there is one. */
+export async function killFromDir(cfg: EngineConfig, dir: string): Promise<void> {
+  const f = vmmFiles(dir).vmmJson;
+  if (!existsSync(f)) return;
+  try {
+    await killRecorded(cfg, JSON.parse(readFileSync(f, 'utf8')) as VmmRecord);
+  } catch {
+    // unreadable record: nothing we can safely kill
+  }
+}

@@ -3,7 +3,7 @@
  * SandboxService; nothing below it knows about HTTP or MCP.
  */
 
-import type { EgressInput, EgressPolicy } from '../net/policy.js';
+import type { EgressPolicy } from '../net/policy.js';
 import type { OpenPort } from '../net/ports.js';
 import type { TemplateInfo } from '../images/templates.js';
 
@@ -126,8 +126,12 @@ export interface CreateOptions {
   labels?: Record<string, string>;
   /** Maximum session duration in seconds (capped by the tier in the API layer). */
   timeoutSecs?: number;
-  /** Narrows the template's egress policy for this sandbox (never widens it: egress_forbidden). Default: the template's. */
-  egress?: EgressInput;
+  /**
+   * The sandbox's egress policy, already decided by the caller (the tenant service allows only the
+   * template's, TemplateInfo.egress, or a narrower one). Default: the template's. A sandbox without
+   * a network (TemplateInfo.network false) gets "none" whatever is given.
+   */
+  egress?: EgressPolicy;
 }
 
 export interface ForkOptions {
@@ -141,6 +145,16 @@ export interface ListFilter {
   /** Opaque cursor from a previous page (the last id seen). */
   after?: string;
   limit?: number;
+}
+
+/** What the engine emits as 'transition' once a change of state is persisted (metering listens). */
+export interface SandboxTransition {
+  id: string;
+  tenant: string;
+  state: SandboxState;
+  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete';
+  /** With op suspend: the size of the snapshot written. */
+  snapshotBytes?: number;
 }
 
 export interface SandboxService {

@@ -107,7 +107,7 @@ test('create is a restore, not a boot: uptime continues from the checkpoint, VMM
   assert.ok(cmdline.includes('-incoming'), 'VMM must be started with -incoming');
   assert.ok(cmdline.some((a) => a.startsWith('memory-backend-file') && a.includes('share=off')), 'RAM must be share=off');
   const uptime = await engine.exec(sb.id, { command: 'cut -d" " -f1 /proc/uptime' });
-  const artifactUptime = (engine as any).templatesById.get('base').artifact.uptimeAtCheckpointMs / 1000;
+  const artifactUptime = engine.templatePools.get('base')!.artifact.uptimeAtCheckpointMs / 1000;
   assert.ok(Number(uptime.stdout) >= artifactUptime, `uptime ${uptime.stdout} should continue from the checkpoint's ${artifactUptime}`);
   await engine.delete(sb.id);
 });

@@ -20,7 +20,7 @@ class FakeHost implements TemplateHost {
     opts.progress?.('baking (fake)');
     opts.log?.('ready output\n');
     this.recipes.push(recipe);
-    return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib };
+    return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib, egress: recipe.egress ?? 'allow', network: false };
   }
   async removeTemplate(tenant: string, id: string) { this.removed.push(`${tenant}/${id}`); }
 }

@@ -1,0 +1,62 @@
+import { readdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { killRecorded } from './runtime.js';
+import type { SandboxRow } from './repo.js';
+import { dirs, rowFor, type EngineContext } from './context.js';
+import type { Scope } from './types.js';
+
+/** Deletes from any state, at once: queued operations on the sandbox fail with not found. */
+export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<void> {
+  const row = rowFor(ctx, id, scope);
+  const r = ctx.registry.get(id);
+  if (r) r.deleting = true;
+  ctx.repo.update(id, { state: 'deleting' });
+  if (r) {
+    r.live.agent.close();
+    await r.live.vmm.kill();
+    ctx.registry.remove(id);
+  } else if (row.vmm) {
+    await killRecorded(ctx.cfg, row.vmm);
+  }
+  removeSandboxFiles(ctx, row);
+  ctx.repo.markDeleted(id, Date.now());
+  ctx.registry.forget(id);
+  gcForkPoints(ctx);
+  ctx.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: 'delete' });
+}
+
+/** Marks a sandbox whose VMM is gone (or was stopped) deleted and removes its files (reconcile). */
+export function markLost(ctx: EngineContext, row: SandboxRow): void {
+  ctx.repo.markDeleted(row.id);
+  removeSandboxFiles(ctx, row);
+}
+
+/** Removes a sandbox's directory, its own disk layers and its RAM file. */
+export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
+  const { sandboxes, disks } = dirs(ctx.cfg);
+  rmSync(join(sandboxes, row.id), { recursive: true, force: true });
+  // Every disk layer named after it except those fork points hold (removed with the fork point).
+  // By name rather than by the row's top-disk path: a delete that overtakes a fork may read the
+  // row before the fork recorded the parent's new top layer.
+  const held = new Set(ctx.repo.allForkPoints().map((f) => f.disk_path));
+  if (row.vmm?.diskPath && !held.has(row.vmm.diskPath)) rmSync(row.vmm.diskPath, { force: true });
+  for (const f of readdirSync(disks)) {
+    const p = join(disks, f);
+    if (f.startsWith(`${row.id}-`) && !held.has(p)) rmSync(p, { force: true });
+  }
+  rmSync(join(ctx.cfg.ramDir, `${row.id}.mem`), { force: true });
+}
+
+/** Removes fork points nothing depends on, repeatedly (removing one can free its ancestors). */
+export function gcForkPoints(ctx: EngineContext): void {
+  for (;;) {
+    const dead = ctx.repo.unreferencedForkPoints();
+    if (dead.length === 0) return;
+    for (const fp of dead) {
+      rmSync(fp.dir, { recursive: true, force: true });
+      rmSync(fp.mem_path, { force: true });
+      rmSync(fp.disk_path, { force: true });
+      ctx.repo.removeForkPoint(fp.id);
+    }
+  }
+}

@@ -1,0 +1,232 @@
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
+import type { MachineShape } from '../vmm/machine.js';
+import {
+  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, snapshotUpperDisk, destroyPending,
+  type LiveVm, type PendingVm,
+} from './runtime.js';
+import { toInfo, type SandboxRow } from './repo.js';
+import type { Running } from './registry.js';
+import { gcForkPoints } from './delete.js';
+import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import type { ForkOptions, SandboxInfo, Scope } from './types.js';
+
+/**
+ * Fork: a sandbox's memory and disk are frozen into a fork point (a RAM file, a device state and
+ * the disk layer it had), and N children are restored copy-on-write from it. A running parent is
+ * migrated into the fork point and runs on; a suspended one's snapshot is restored into it.
+ */
+
+/** A fork point being made: its directory, RAM file (share=on) and frozen disk layer. */
+interface ForkPoint {
+  id: string;
+  dir: string;
+  mem: string;
+  disk: string;
+}
+
+/** What a fork has made that nobody owns yet: destroyed when the fork fails. */
+interface Unowned {
+  /** The VMM the fork point's RAM is filled through. */
+  recv?: PendingVm;
+  children: PendingVm[];
+}
+
+export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]> {
+  ctx.assertOpen();
+  const count = opts.count;
+  if (!Number.isInteger(count) || count < 1 || count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
+  const row = rowFor(ctx, id, scope);
+  if (row.state === 'suspended') return forkSuspended(ctx, row, opts);
+  const r = runningFor(ctx, id, scope, 'fork');
+  return r.queue.run(async () => {
+    if (r.deleting) throw sandboxNotFound(id);
+    ctx.registry.flushActivity();
+    return forkRunning(ctx, r, opts);
+  });
+}
+
+/**
+ * Live fork: freeze the parent's disk into a fork point, migrate its RAM into the fork point's
+ * share=on file, let the parent run on, and restore N children copy-on-write from that file.
+ */
+async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): Promise<SandboxInfo[]> {
+  const parentRow = ctx.repo.get(r.id)!;
+  const shape = shapeOf(ctx, parentRow);
+  // The parent's current top layer becomes the fork point's frozen disk, in place.
+  const fp = beginForkPoint(ctx, r.id, r.live.record.diskPath, (fpId) => {
+    ctx.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: fpId, startedAt: Date.now() } });
+  });
+  const vmm = r.live.vmm;
+  const unowned: Unowned = { children: [] };
+  let parentStopped = false;
+  try {
+    await ctx.fault('fork:before-stop');
+    await vmm.qmp.execute('stop');
+    parentStopped = true;
+    const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+    await snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`);
+    r.live.record.diskPath = newDisk;
+    ctx.repo.update(r.id, { vmm: r.live.record });
+    await ctx.fault('fork:after-disk');
+    return await finishForkPoint(ctx, parentRow, shape, fp, r.live.record.artifactKey, opts, unowned, async (recv) => {
+      await ctx.fault('fork:recv-spawned');
+      await vmm.migrateTo(recv.vmm, 300_000);
+      await ctx.fault('fork:after-migrate');
+      // The parent runs on as soon as its memory is copied.
+      await vmm.cont();
+      parentStopped = false;
+    });
+  } catch (e) {
+    if (parentStopped) await vmm.cont().catch(() => {});
+    await destroyUnowned(unowned);
+    ctx.repo.update(r.id, { pending_op: null });
+    gcForkPoints(ctx);
+    throw vmmFailure('fork', e);
+  }
+}
+
+/** Fork of a suspended sandbox: its snapshot is restored into a fork point, children come from that. */
+async function forkSuspended(ctx: EngineContext, row: SandboxRow, opts: ForkOptions): Promise<SandboxInfo[]> {
+  const snap = row.snapshot;
+  if (!snap || !row.vmm) throw invalidState(row.id, row.state, 'fork', ['running', 'suspended']);
+  const rec = row.vmm;
+  return ctx.registry.serialized(row.id, async () => {
+    const shape = shapeOf(ctx, row);
+    // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
+    const fpDisk = rec.diskPath;
+    const newDisk = newDiskPath(dirs(ctx.cfg).disks, row.id);
+    await createOverlay(newDisk, fpDisk, 'qcow2');
+    const fp = beginForkPoint(ctx, row.id, fpDisk, () => {
+      ctx.repo.update(row.id, { vmm: { ...rec, diskPath: newDisk } });
+    });
+    const unowned: Unowned = { children: [] };
+    try {
+      return await finishForkPoint(ctx, row, shape, fp, rec.artifactKey, opts, unowned, (recv) => restoreStream(recv, snap.statePath));
+    } catch (e) {
+      await destroyUnowned(unowned);
+      gcForkPoints(ctx);
+      throw vmmFailure('fork', e);
+    }
+  });
+}
+
+/**
+ * Records a new fork point on `disk` before anything moves, in one transaction with `alsoInTx`:
+ * the owner references it from the moment its disk freezes, and the fork point inherits the
+ * owner's references (its disk chain and RAM lie on those).
+ */
+function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInTx: (fpId: string) => void): ForkPoint {
+  const id = newForkPointId();
+  const fp: ForkPoint = { id, dir: join(dirs(ctx.cfg).forkpoints, id), mem: join(ctx.cfg.ramDir, `${id}.mem`), disk };
+  mkdirSync(fp.dir, { recursive: true });
+  ctx.repo.tx(() => {
+    ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
+    ctx.repo.addRef(fp.id, owner);
+    for (const up of ctx.repo.refsOf(owner)) if (up !== fp.id) ctx.repo.addRef(up, fp.id);
+    alsoInTx(fp.id);
+  });
+  return fp;
+}
+
+/**
+ * The part of a fork both kinds of parent share: a receiving VMM on the fork point's RAM file
+ * (share=on) is filled by `fill`, its device state is checkpointed beside the RAM, the receiver
+ * goes, and the children are restored from the now ready fork point. What it makes is recorded in
+ * `unowned` until the children's rows own it.
+ */
+async function finishForkPoint(
+  ctx: EngineContext, parent: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, opts: ForkOptions, unowned: Unowned,
+  fill: (recv: PendingVm) => Promise<void>,
+): Promise<SandboxInfo[]> {
+  const recv = await spawnIncoming(ctx.cfg, shape, {
+    id: fp.id, dir: join(fp.dir, 'recv'), memPath: fp.mem, memShared: true,
+    backing: { path: fp.disk, format: 'qcow2' }, diskPath: join(fp.dir, 'recv.qcow2'), artifactKey,
+    trustedLayers: trustedLayers(ctx, fp.id, artifactKey),
+  });
+  unowned.recv = recv;
+  await fill(recv);
+  const devState = join(fp.dir, 'device.state');
+  await recv.vmm.checkpointDeviceState(devState, join(recv.dir, 'save.sock'));
+  await destroyPending(recv);
+  unowned.recv = undefined;
+  ctx.repo.markForkPointReady(fp.id);
+  return spawnChildren(ctx, parent, shape, fp, artifactKey, readFileSync(devState), opts, unowned.children);
+}
+
+/** Restores `opts.count` children from a ready fork point and commits their rows in one transaction. */
+async function spawnChildren(
+  ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devState: Buffer,
+  opts: ForkOptions, children: PendingVm[],
+): Promise<SandboxInfo[]> {
+  const lives: LiveVm[] = [];
+  try {
+    // allSettled, not all: when one child fails the others are still landing, and every one
+    // that lands must be in `children` for the caller to stop it.
+    const spawnChild = async () => {
+      const id = newSandboxId();
+      const p = await spawnIncoming(ctx.cfg, shape, {
+        id, dir: join(dirs(ctx.cfg).sandboxes, id), memPath: fp.mem, memShared: false,
+        backing: { path: fp.disk, format: 'qcow2' }, diskPath: newDiskPath(dirs(ctx.cfg).disks, id), artifactKey,
+        trustedLayers: trustedLayers(ctx, fp.id, artifactKey), network: true,
+      });
+      children.push(p);
+      // Children inherit the parent's policy, in place before they wake.
+      if (p.record.net) await ctx.net!.apply(p.record.net, parentRow.egress);
+      return p;
+    };
+    const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, spawnChild));
+    const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (spawnFailure) throw spawnFailure.reason;
+    const spawned = children.slice();
+    await ctx.fault('fork:children-spawned');
+    // A restore whose guest never acknowledges (see finishRestore) gets one fresh VMM.
+    const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
+      try {
+        return { id: p.id, live: await restoreCheckpoint(p, devState, p.id) };
+      } catch (e) {
+        if (!isUnacknowledgedRestore(e)) throw e;
+        await destroyPending(p).catch(() => {});
+        const q = await spawnChild();
+        return { id: q.id, live: await restoreCheckpoint(q, devState, q.id) };
+      }
+    };
+    const restored = await Promise.allSettled(spawned.map(restoreChild));
+    const ids: string[] = [];
+    for (const r of restored) if (r.status === 'fulfilled') { lives.push(r.value.live); ids.push(r.value.id); }
+    const restoreFailure = restored.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (restoreFailure) throw restoreFailure.reason;
+    await ctx.fault('fork:children-restored');
+    const now = Date.now();
+    const rows: SandboxRow[] = ids.map((id, i) => ({
+      id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
+      labels: { ...parentRow.labels, ...(opts.labels ?? {}) },
+      created_at: now, last_active: now, exec_count: 0, parent: parentRow.id, forked_at: now,
+      timeout_secs: parentRow.timeout_secs, session_started_at: now,
+      vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
+      vmm: lives[i].record, snapshot: null, pending_op: null,
+    }));
+    ctx.repo.tx(() => {
+      for (const row of rows) {
+        ctx.repo.insert(row);
+        ctx.repo.addRef(fp.id, row.id);
+        for (const up of ctx.repo.refsOf(fp.id)) ctx.repo.addRef(up, row.id);
+      }
+      ctx.repo.update(parentRow.id, { pending_op: null });
+    });
+    rows.forEach((row, i) => {
+      ctx.registry.add(row.id, lives[i]);
+      ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });
+    });
+    return rows.map((row) => toInfo(row, []));
+  } catch (e) {
+    for (const l of lives) l.agent.close();
+    throw e;
+  }
+}
+
+async function destroyUnowned(unowned: Unowned): Promise<void> {
+  if (unowned.recv) await destroyPending(unowned.recv).catch(() => {});
+  for (const c of unowned.children) await destroyPending(c).catch(() => {});
+}

@@ -1,0 +1,98 @@
+import { existsSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { stopOrphanedBakes } from '../images/bake.js';
+import { adoptVm, killFromDir, killRecorded, sweepConfinement } from './runtime.js';
+import type { SandboxRow } from './repo.js';
+import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
+import { dirs, type EngineContext } from './context.js';
+
+/**
+ * Brings the database and the host back into agreement after a start: re-adopts VMMs of running
+ * sandboxes, finishes or rolls back half-done suspends and forks, and stops every VMM and removes
+ * every file that no row accounts for. Runs before the warm pools spawn anything: every VMM
+ * directory found now belongs to the past.
+ */
+export async function reconcile(ctx: EngineContext): Promise<void> {
+  const { sandboxes, disks, forkpoints } = dirs(ctx.cfg);
+  const known = new Set<string>();
+  for (const row of ctx.repo.live()) {
+    known.add(row.id);
+    await reconcileRow(ctx, row).catch(async (e) => {
+      ctx.progress?.(`reconcile ${row.id}: ${(e as Error).message}; marking it deleted`);
+      if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
+      markLost(ctx, row);
+    });
+  }
+  // Warm-pool VMMs of the previous process and children of a fork that never committed.
+  for (const d of readdirSync(sandboxes)) {
+    if (known.has(d) && ctx.repo.get(d)?.state !== 'deleted') continue;
+    await killFromDir(ctx.cfg, join(sandboxes, d));
+    rmSync(join(sandboxes, d), { recursive: true, force: true });
+  }
+  // Fork points whose recv VMM survived a crash mid-fork.
+  const fps = new Set(ctx.repo.allForkPoints().map((f) => f.id));
+  for (const d of readdirSync(forkpoints)) {
+    await killFromDir(ctx.cfg, join(forkpoints, d, 'recv'));
+    rmSync(join(forkpoints, d, 'recv'), { recursive: true, force: true });
+    if (!fps.has(d)) rmSync(join(forkpoints, d), { recursive: true, force: true });
+  }
+  // A half-made fork point stays while its parent's disk chain refers to it; otherwise it goes.
+  gcForkPoints(ctx);
+  // Disk layers no row accounts for: warm-pool disks of the previous process, children of a fork
+  // that never committed.
+  const inUse = new Set<string>([
+    ...ctx.repo.live().map((r) => r.vmm?.diskPath).filter((p): p is string => !!p),
+    ...ctx.repo.allForkPoints().map((f) => f.disk_path),
+  ]);
+  for (const f of readdirSync(disks)) {
+    const p = join(disks, f);
+    if (!inUse.has(p)) rmSync(p, { force: true });
+  }
+  for (const f of readdirSync(ctx.cfg.ramDir)) {
+    const p = join(ctx.cfg.ramDir, f);
+    if (f.startsWith('artifact-')) continue;
+    const owner = f.replace(/\.mem$/, '');
+    if (owner.startsWith('fp_') && fps.has(owner)) continue;
+    if (owner.startsWith('sbx_') && ctx.registry.has(owner)) continue;
+    rmSync(p, { force: true });
+  }
+  // Template bakes cut off by a crash: their VMMs run on, recorded in their build directories.
+  await stopOrphanedBakes(ctx.cfg.cacheDir, ctx.cfg.artifactRamDir, ctx.progress);
+  // Cgroups of VMMs that never started (a crash between preparing a VMM and spawning it).
+  await sweepConfinement(ctx.cfg);
+  // Namespaces of VMMs that are gone (or never started).
+  await ctx.net?.sweep(new Set(ctx.registry.all().map((r) => r.live.record.net?.ns).filter((n): n is string => !!n)));
+}
+
+async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> {
+  if (row.state === 'deleting') {
+    if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
+    removeSandboxFiles(ctx, row);
+    markLost(ctx, row);
+    return;
+  }
+  const snapDir = join(dirs(ctx.cfg).sandboxes, row.id, 'suspend');
+  if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
+    // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
+    if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
+    if (row.state !== 'suspended') {
+      const statePath = join(snapDir, 'state.mig');
+      ctx.repo.update(row.id, { state: 'suspended', snapshot: { statePath, bytes: statSync(statePath).size, suspendedAt: Date.now() }, pending_op: null });
+    }
+    if (!row.snapshot && row.state === 'suspended') throw new Error('suspended without a snapshot');
+    return;
+  }
+  if (!row.vmm) throw new Error('no VMM recorded');
+  const artifact = ctx.templates.artifactFor(row.vmm.artifactKey);
+  const live = await adoptVm(ctx.cfg, artifact.shape, row.vmm);
+  if (!live) throw new Error('its VMM is gone');
+  // The namespace kept its rules, but its resolver went with the previous server: point DNS at a new one.
+  if (live.record.net) {
+    if (!ctx.net) { await live.vmm.kill(); throw new Error('it has a network namespace but networking is off now'); }
+    await ctx.net.apply(live.record.net, row.egress);
+  }
+  // A half-done suspend or fork is rolled back: adoptVm resumed a stopped VMM.
+  rmSync(snapDir, { recursive: true, force: true });
+  ctx.repo.update(row.id, { state: 'running', vmm: live.record, pending_op: null });
+  ctx.registry.add(row.id, live);
+}

@@ -1,0 +1,167 @@
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { CollimateError } from '../errors.js';
+import type { EngineConfig } from '../config.js';
+import { homePaths } from '../host/paths.js';
+import type { Artifact } from '../images/bake.js';
+import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
+import type { NetManager } from '../net/netns.js';
+import { WarmPool } from './warmPool.js';
+import { newSandboxId, newDiskPath, spawnIncoming, prewarm, destroyPending, type PendingVm } from './runtime.js';
+import type { Scope } from './types.js';
+
+/**
+ * The templates sandboxes are made from — the catalog's and tenants' environments — each with a
+ * warm pool of VMMs waiting to become its next sandbox, and the artifacts they were baked into
+ * (also those of earlier builds that running or suspended sandboxes still sit on).
+ */
+export class TemplatePools {
+  /** Catalog templates by id, environments by `<tenant>/<id>`. */
+  private readonly byKey = new Map<string, ReadyTemplate>();
+  private readonly pools = new Map<string, WarmPool<PendingVm>>();
+  /** Artifacts by key, for restoring sandboxes whose template was made by an earlier build. */
+  private readonly artifacts = new Map<string, Artifact>();
+
+  constructor(private readonly cfg: EngineConfig, private readonly net: NetManager | null) {}
+
+  /** Builds (or finds) the catalog's templates and fills their pools; resolves once they are full or after a minute. */
+  async warmCatalog(progress: (msg: string) => void, only?: string[]): Promise<void> {
+    const templates = await loadCatalog(this.cfg, progress, only);
+    for (const t of templates) {
+      this.byKey.set(t.id, t);
+      this.artifacts.set(t.artifact.key, t.artifact);
+      const pool = new WarmPool<PendingVm>(
+        t.id,
+        this.cfg.poolSize,
+        () => this.spawnFor(t),
+        destroyPending,
+        (e) => progress(`warm pool ${t.id}: spawn failed: ${(e as Error).message}`),
+      );
+      this.pools.set(t.id, pool);
+      pool.refill();
+    }
+    for (const [, pool] of this.pools) await pool.waitFull(60_000);
+  }
+
+  /**
+   * Registers (baking if needed) a tenant's template: an image's layers plus an environment's
+   * configuration. Replaces an earlier one of the same name; sandboxes already made from it keep
+   * running on their own artifact.
+   */
+  async add(recipe: TemplateRecipe, opts: { progress?: (m: string) => void; log?: (c: string) => void; poolSize?: number } = {}): Promise<TemplateInfo> {
+    const t = await bakeRecipe(this.cfg, recipe, opts.progress ?? (() => {}), opts.log);
+    const key = envKey(recipe.tenant, recipe.id);
+    await this.removeKey(key);
+    this.byKey.set(key, t);
+    this.artifacts.set(t.artifact.key, t.artifact);
+    const pool = new WarmPool<PendingVm>(key, opts.poolSize ?? this.cfg.environmentPoolSize, () => this.spawnFor(t), destroyPending);
+    this.pools.set(key, pool);
+    pool.refill();
+    return this.infoOf(t);
+  }
+
+  async remove(tenant: string, id: string): Promise<void> {
+    await this.removeKey(envKey(tenant, id));
+  }
+
+  private async removeKey(key: string): Promise<void> {
+    const pool = this.pools.get(key);
+    this.pools.delete(key);
+    this.byKey.delete(key);
+    await pool?.close();
+  }
+
+  /** The catalog plus, with a scope, that tenant's environments. */
+  list(scope?: Scope): TemplateInfo[] {
+    return [...this.byKey.values()]
+      .filter((t) => t.kind === 'catalog' || (scope && t.tenant === scope.tenant))
+      .map((t) => this.infoOf(t));
+  }
+
+  /** A tenant's environment of that name, else the catalog template. */
+  resolve(id: string, tenant: string | undefined): ReadyTemplate {
+    const t = (tenant !== undefined ? this.byKey.get(envKey(tenant, id)) : undefined) ?? this.byKey.get(id);
+    if (!t || (t.kind === 'environment' && t.tenant !== tenant)) {
+      throw new CollimateError('template_not_found', `No template ${JSON.stringify(id)}. List them with GET /v1/templates.`);
+    }
+    return t;
+  }
+
+  infoOf(t: ReadyTemplate): TemplateInfo {
+    return {
+      id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, ready: true,
+      vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib,
+      egress: t.egress, network: this.hasNetwork(t),
+    };
+  }
+
+  /** Whether sandboxes of `t` get a NIC: networking is on and the template was baked with one. */
+  hasNetwork(t: ReadyTemplate): boolean {
+    return !!this.net && !!t.artifact.shape.nic;
+  }
+
+  /** The warm pool of a template `resolve` returned. */
+  poolOf(t: ReadyTemplate): WarmPool<PendingVm> | undefined {
+    return this.pool(t.kind === 'catalog' ? t.id : envKey(t.tenant!, t.id));
+  }
+
+  /** A template by key: a catalog id, or `<tenant>/<id>` of an environment (tests, benches). */
+  get(key: string): ReadyTemplate | undefined {
+    return this.byKey.get(key);
+  }
+
+  /** A template's warm pool by key, as `get` (tests, benches). */
+  pool(key: string): WarmPool<PendingVm> | undefined {
+    return this.pools.get(key);
+  }
+
+  /** Pool sizes by template, for metrics. */
+  poolSizes(): Record<string, number> {
+    return Object.fromEntries([...this.pools].map(([k, p]) => [k, p.size]));
+  }
+
+  /** The artifact of that key: of a template now, or of an earlier build whose manifest is still on disk. */
+  artifactFor(key: string): Artifact {
+    const a = this.artifacts.get(key);
+    if (a) return a;
+    // An artifact from an earlier build: its manifest is still on disk (its RAM file may not be).
+    const root = join(homePaths(this.cfg.cacheDir).artifacts, key.slice(0, 24));
+    for (const b of existsSync(root) ? readdirSync(root).sort().reverse() : []) {
+      const m = join(root, b, 'artifact.json');
+      if (existsSync(m)) {
+        const art = JSON.parse(readFileSync(m, 'utf8')) as Artifact;
+        this.artifacts.set(key, art);
+        return art;
+      }
+    }
+    throw new Error(`artifact ${key.slice(0, 12)} is gone`);
+  }
+
+  /** Stops the pools; their VMMs are destroyed. */
+  async close(): Promise<void> {
+    await Promise.all([...this.pools.values()].map((p) => p.close()));
+  }
+
+  /** A pool's next VMM: waiting for its restore under the template's egress policy (prewarmed if configured). */
+  private async spawnFor(t: ReadyTemplate): Promise<PendingVm> {
+    const id = newSandboxId();
+    const pending = await spawnIncoming(this.cfg, t.artifact.shape, {
+      id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
+      backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(homePaths(this.cfg.home).disks, id), artifactKey: t.artifact.key,
+      trustedLayers: [t.artifact.diskPath], network: true,
+    });
+    try {
+      // The template's policy is in place before the guest first runs; a create with another policy re-applies.
+      if (pending.record.net) await this.net!.apply(pending.record.net, t.egress);
+      if (!this.cfg.prewarmPool) return pending;
+      return await prewarm(pending, t.deviceState);
+    } catch (e) {
+      await destroyPending(pending).catch(() => {});
+      throw e;
+    }
+  }
+}
+
+function envKey(tenant: string, id: string): string {
+  return `${tenant}/${id}`;
+}

@@ -1,0 +1,122 @@
+import { test, beforeEach, afterEach } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { openDb, type Db } from '../../../src/store/db.ts';
+import { SandboxRepo, type SandboxRow } from '../../../src/sandboxes/repo.ts';
+import { SandboxRegistry } from '../../../src/sandboxes/registry.ts';
+import { getInfo, runningFor, type EngineContext } from '../../../src/sandboxes/context.ts';
+import type { LiveVm } from '../../../src/sandboxes/runtime.ts';
+
+let dir: string;
+let db: Db;
+let repo: SandboxRepo;
+let registry: SandboxRegistry;
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'collimate-registry-'));
+  db = openDb(join(dir, 'collimate.db'));
+  repo = new SandboxRepo(db);
+  registry = new SandboxRegistry(repo);
+});
+
+afterEach(() => {
+  db.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function row(id: string, over: Partial<SandboxRow> = {}): SandboxRow {
+  return {
+    id, tenant: 't1', template: 'base', state: 'running', labels: {}, created_at: 1000, last_active: 1000, exec_count: 0,
+    parent: null, forked_at: null, timeout_secs: 300, session_started_at: 1000, vcpus: 1, memory_mib: 256, disk_mib: 1024,
+    egress: 'none', vmm: null, snapshot: null, pending_op: null, ...over,
+  };
+}
+
+/** Just what the reads need of an engine context. */
+const ctxOf = () => ({ repo, registry }) as unknown as EngineContext;
+const fakeLive = {} as LiveVm;
+
+test('activity: reads see execs and the last use at once; the flush writes them and leaves nothing behind', () => {
+  repo.insert(row('sbx_a', { last_active: 1000, exec_count: 2 }));
+  registry.touch('sbx_a', true, 5000);
+  registry.touch('sbx_a', false, 6000);
+  registry.touch('sbx_a', true, 7000);
+  assert.deepEqual(pick(registry.withActivity(repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
+  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 1000, exec_count: 2 }, 'not in the database before the flush');
+  registry.flushActivity();
+  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
+  // Flushed activity is not counted twice.
+  assert.deepEqual(pick(registry.withActivity(repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
+  registry.flushActivity();
+  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
+});
+
+test('activity: last_active never moves back (a resume may have written a later one meanwhile)', () => {
+  repo.insert(row('sbx_a', { last_active: 9000 }));
+  registry.touch('sbx_a', true, 5000);
+  assert.equal(registry.withActivity(repo.get('sbx_a')!).last_active, 9000);
+  registry.flushActivity();
+  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 9000, exec_count: 1 });
+});
+
+test('activity of a deleted sandbox is forgotten with its ports', () => {
+  repo.insert(row('sbx_a'));
+  registry.touch('sbx_a', true, 5000);
+  registry.setPorts('sbx_a', [{ port: 8000, protocol: 'tcp' }]);
+  registry.forget('sbx_a');
+  registry.flushActivity();
+  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 1000, exec_count: 0 });
+  assert.deepEqual(registry.portsOf('sbx_a'), []);
+});
+
+test('getInfo shows an exec the moment it ends, not a second later', () => {
+  const now = Date.now();
+  repo.insert(row('sbx_a', { created_at: now - 60_000, last_active: now - 60_000, session_started_at: now - 60_000 }));
+  registry.touch('sbx_a', true);
+  const info = getInfo(ctxOf(), 'sbx_a', { tenant: 't1' });
+  assert.equal(info.exec_count, 1);
+  assert.ok(info.idle_secs < 5, `idle ${info.idle_secs} s right after an exec`);
+  assert.ok(info.age_secs >= 60);
+  assert.throws(() => getInfo(ctxOf(), 'sbx_a', { tenant: 't2' }), { code: 'sandbox_not_found' });
+});
+
+test('ports: the last reading, empty before the first', () => {
+  assert.deepEqual(registry.portsOf('sbx_a'), []);
+  registry.setPorts('sbx_a', [{ port: 8000, protocol: 'tcp' }]);
+  assert.deepEqual(registry.portsOf('sbx_a'), [{ port: 8000, protocol: 'tcp' }]);
+});
+
+test('running sandboxes: added with an empty queue, found by id, removed; runningFor refuses the others', () => {
+  repo.insert(row('sbx_a'));
+  repo.insert(row('sbx_s', { state: 'suspended' }));
+  const r = registry.add('sbx_a', fakeLive);
+  assert.equal(r.queue.depth, 0);
+  assert.equal(r.deleting, false);
+  assert.equal(registry.get('sbx_a'), r);
+  assert.equal(runningFor(ctxOf(), 'sbx_a', undefined, 'exec'), r);
+  assert.throws(() => runningFor(ctxOf(), 'sbx_s', undefined, 'exec'), { code: 'invalid_state' });
+  r.deleting = true;
+  assert.throws(() => runningFor(ctxOf(), 'sbx_a', undefined, 'exec'), { code: 'invalid_state' });
+  registry.remove('sbx_a');
+  assert.equal(registry.has('sbx_a'), false);
+  assert.deepEqual(registry.all(), []);
+});
+
+test('serialized: operations on one suspended sandbox run one at a time, in order; other sandboxes do not wait', async () => {
+  const log: string[] = [];
+  const op = (id: string, name: string, ms: number) => registry.serialized(id, async () => {
+    log.push(`start ${name}`);
+    await sleep(ms);
+    log.push(`end ${name}`);
+  });
+  await Promise.all([op('sbx_a', 'a1', 20), op('sbx_a', 'a2', 1), op('sbx_b', 'b1', 1)]);
+  assert.deepEqual(log.filter((l) => / a\d/.test(l)), ['start a1', 'end a1', 'start a2', 'end a2']);
+  assert.ok(log.indexOf('end b1') < log.indexOf('end a1'), 'sbx_b did not wait for sbx_a');
+});
+
+function pick(r: SandboxRow) {
+  return { last_active: r.last_active, exec_count: r.exec_count };
+}
