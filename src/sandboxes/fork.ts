@@ -37,8 +37,11 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
   ctx.assertOpen();
   const count = opts.count;
   if (!Number.isInteger(count) || count < 1 || count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
-  const row = rowFor(ctx, id, scope);
-  if (row.state === 'suspended') return forkSuspended(ctx, row, opts);
+  if (rowFor(ctx, id, scope).state === 'suspended') {
+    const children = await forkSuspended(ctx, id, opts, scope);
+    if (children) return children;
+    // Resumed while this fork waited its turn: it is running now, so it forks live.
+  }
   const r = runningFor(ctx, id, scope, 'fork');
   return r.queue.run(async () => {
     if (r.deleting) throw sandboxNotFound(id);
@@ -87,12 +90,18 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
   }
 }
 
-/** Fork of a suspended sandbox: its snapshot is restored into a fork point, children come from that. */
-async function forkSuspended(ctx: EngineContext, row: SandboxRow, opts: ForkOptions): Promise<SandboxInfo[]> {
-  const snap = row.snapshot;
-  if (!snap || !row.vmm) throw invalidState(row.id, row.state, 'fork', ['running', 'suspended']);
-  const rec = row.vmm;
-  return ctx.registry.serialized(row.id, async () => {
+/**
+ * Fork of a suspended sandbox: its snapshot is restored into a fork point, children come from that.
+ * The row is read in turn, inside the sandbox's queue: a resume or another fork queued ahead changes
+ * it (a fork moves the sandbox onto a new top layer). Null when it is no longer suspended by then.
+ */
+async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[] | null> {
+  return ctx.registry.serialized(id, async () => {
+    const row = rowFor(ctx, id, scope);
+    if (row.state !== 'suspended') return null;
+    const snap = row.snapshot;
+    if (!snap || !row.vmm) throw invalidState(row.id, row.state, 'fork', ['running', 'suspended']);
+    const rec = row.vmm;
     const shape = shapeOf(ctx, row);
     // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
     const fpDisk = rec.diskPath;

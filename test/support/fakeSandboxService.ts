@@ -348,7 +348,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return b;
   }
 
-  private newBox(tenant: string, tpl: TemplateInfo, labels: Record<string, string>, timeoutSecs: number, parent: string | null): Box {
+  private newBox(tenant: string, tpl: TemplateBase, labels: Record<string, string>, timeoutSecs: number, parent: string | null): Box {
     let id: string;
     do id = 'sbx_' + randomBytes(6).toString('hex');
     while (this.boxes.has(id));
