@@ -190,6 +190,25 @@ test('one concurrency cap across both doors; fork of a suspended sandbox works t
   }
 });
 
+test('creates, forks and execs through MCP count in the lifecycle histograms like REST ones', async () => {
+  const count = async (name: string) => {
+    const m = new RegExp(`^${name}_count(?:\\{[^}]*\\})? (\\d+)$`, 'gm');
+    return [...(await f.req('metrics', { url: '/metrics' })).body.matchAll(m)].reduce((n, x) => n + Number(x[1]), 0);
+  };
+  const before = { create: await count('collimate_create_seconds'), fork: await count('collimate_fork_seconds'), exec: await count('collimate_exec_seconds') };
+  const c = await connect(f.key('metrics-t', 'pro'));
+  try {
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })).structuredContent as any;
+    await c.callTool({ name: 'exec', arguments: { sandbox_id: sb.id, command: 'echo 1' } });
+    await c.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: sb.id, count: 2 } });
+  } finally {
+    await c.close();
+  }
+  assert.equal(await count('collimate_create_seconds'), before.create + 1);
+  assert.equal(await count('collimate_exec_seconds'), before.exec + 1);
+  assert.equal(await count('collimate_fork_seconds'), before.fork + 1);
+});
+
 test('inspect right after an exec shows it counted, through REST and MCP', async () => {
   const key = f.key('activity-t', 'pro');
   const c = await connect(key);
