@@ -42,7 +42,7 @@ function guestRamPssMiB(p: number, memPath: string): number {
 log('parent: 512 MiB guest, dirtying ~100 MB');
 const parent = await engine.create({ template: 'base' }, tenant);
 await sh(parent.id, 'dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=100 2>/dev/null; sync');
-await sh(parent.id, '(i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 1; done) >/dev/null 2>&1 &');
+await sh(parent.id, '(i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 1; done) >/dev/null 2>&1 &');
 const parentRss = rssMiB(pid(parent.id), read);
 
 const forkMs: Record<number, number[]> = { 1: [], 4: [], 16: [] };

@@ -39,7 +39,7 @@ const engine = await Engine.open({
 const tenant = { tenant: 'crash' };
 if (op === 'setup') {
   const sb = await engine.create({ template: 'base' }, tenant);
-  await engine.exec(sb.id, { command: 'echo before > /root/marker; (i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 &' });
+  await engine.exec(sb.id, { command: 'echo before > /root/marker; (i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 0.2; done) >/dev/null 2>&1 &' });
   console.log(JSON.stringify({ id: sb.id }));
 } else if (op === 'fork') {
   await engine.fork(id, { count: 4 });
@@ -49,7 +49,7 @@ if (op === 'setup') {
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'create-and-suspend') {
   const sb = await engine.create({ template: 'base' }, tenant);
-  await engine.exec(sb.id, { command: 'echo kept > /root/marker; (i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 &' });
+  await engine.exec(sb.id, { command: 'echo kept > /root/marker; (i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 0.2; done) >/dev/null 2>&1 &' });
   await engine.suspend(sb.id);
   console.log(JSON.stringify({ id: sb.id }));
 }

@@ -22,7 +22,7 @@ after(async () => {
   await assertNoLeaks(engine, home);
 });
 
-const COUNTER = '(i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $!';
+const COUNTER = '(i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $!';
 
 async function sh(id: string, command: string, eng: Engine = engine): Promise<string> {
   const r = await eng.exec(id, { command });

@@ -165,7 +165,7 @@ test('fork of a suspended sandbox through every door: REST, MCP, TS SDK, Python 
   const parent = await client.sandboxes.create({ template: 'base', labels: { suite: 'fork-suspended' } });
   const children: string[] = [];
   try {
-    await parent.exec({ command: "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/count; sleep 0.2; done' >/dev/null 2>&1 &" });
+    await parent.exec({ command: '(i=0; while true; do i=$((i+1)); echo $i > /root/count.new; mv /root/count.new /root/count; sleep 0.2; done) >/dev/null 2>&1 &' });
     await new Promise((r) => setTimeout(r, 1500));
     const atSuspend = Number((await parent.exec({ command: 'cat /root/count' })).stdout);
     assert.ok(atSuspend >= 2, `the counter runs (${atSuspend})`);
