@@ -1,80 +1,58 @@
-import { test, beforeEach, afterEach } from 'node:test';
+import { test, beforeEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { openDb, type Db } from '../../../src/store/db.ts';
-import { SandboxRepo, type SandboxRow } from '../../../src/sandboxes/repo.ts';
+import type { SandboxRow } from '../../../src/sandboxes/repo.ts';
 import { SandboxRegistry } from '../../../src/sandboxes/registry.ts';
 import { getInfo, runningFor, type EngineContext } from '../../../src/sandboxes/context.ts';
 import type { LiveVm } from '../../../src/sandboxes/runtime.ts';
+import { freshRepo, row } from '../../support/sandboxRows.ts';
 
-let dir: string;
-let db: Db;
-let repo: SandboxRepo;
+const t = freshRepo('registry');
 let registry: SandboxRegistry;
-
 beforeEach(() => {
-  dir = mkdtempSync(join(tmpdir(), 'collimate-registry-'));
-  db = openDb(join(dir, 'collimate.db'));
-  repo = new SandboxRepo(db);
-  registry = new SandboxRegistry(repo);
+  registry = new SandboxRegistry(t.repo);
 });
-
-afterEach(() => {
-  db.close();
-  rmSync(dir, { recursive: true, force: true });
-});
-
-function row(id: string, over: Partial<SandboxRow> = {}): SandboxRow {
-  return {
-    id, tenant: 't1', template: 'base', state: 'running', labels: {}, created_at: 1000, last_active: 1000, exec_count: 0,
-    parent: null, forked_at: null, timeout_secs: 300, session_started_at: 1000, vcpus: 1, memory_mib: 256, disk_mib: 1024,
-    egress: 'none', vmm: null, snapshot: null, pending_op: null, ...over,
-  };
-}
 
 /** Just what the reads need of an engine context. */
-const ctxOf = () => ({ repo, registry }) as unknown as EngineContext;
+const ctxOf = () => ({ repo: t.repo, registry }) as unknown as EngineContext;
 const fakeLive = {} as LiveVm;
 
 test('activity: reads see execs and the last use at once; the flush writes them and leaves nothing behind', () => {
-  repo.insert(row('sbx_a', { last_active: 1000, exec_count: 2 }));
+  t.repo.insert(row('sbx_a', { last_active: 1000, exec_count: 2 }));
   registry.touch('sbx_a', true, 5000);
   registry.touch('sbx_a', false, 6000);
   registry.touch('sbx_a', true, 7000);
-  assert.deepEqual(pick(registry.withActivity(repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
-  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 1000, exec_count: 2 }, 'not in the database before the flush');
+  assert.deepEqual(pick(registry.withActivity(t.repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
+  assert.deepEqual(pick(t.repo.get('sbx_a')!), { last_active: 1000, exec_count: 2 }, 'not in the database before the flush');
   registry.flushActivity();
-  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
+  assert.deepEqual(pick(t.repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
   // Flushed activity is not counted twice.
-  assert.deepEqual(pick(registry.withActivity(repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
+  assert.deepEqual(pick(registry.withActivity(t.repo.get('sbx_a')!)), { last_active: 7000, exec_count: 4 });
   registry.flushActivity();
-  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
+  assert.deepEqual(pick(t.repo.get('sbx_a')!), { last_active: 7000, exec_count: 4 });
 });
 
 test('activity: last_active never moves back (a resume may have written a later one meanwhile)', () => {
-  repo.insert(row('sbx_a', { last_active: 9000 }));
+  t.repo.insert(row('sbx_a', { last_active: 9000 }));
   registry.touch('sbx_a', true, 5000);
-  assert.equal(registry.withActivity(repo.get('sbx_a')!).last_active, 9000);
+  assert.equal(registry.withActivity(t.repo.get('sbx_a')!).last_active, 9000);
   registry.flushActivity();
-  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 9000, exec_count: 1 });
+  assert.deepEqual(pick(t.repo.get('sbx_a')!), { last_active: 9000, exec_count: 1 });
 });
 
 test('activity of a deleted sandbox is forgotten with its ports', () => {
-  repo.insert(row('sbx_a'));
+  t.repo.insert(row('sbx_a'));
   registry.touch('sbx_a', true, 5000);
   registry.setPorts('sbx_a', [{ port: 8000, protocol: 'tcp' }]);
   registry.forget('sbx_a');
   registry.flushActivity();
-  assert.deepEqual(pick(repo.get('sbx_a')!), { last_active: 1000, exec_count: 0 });
+  assert.deepEqual(pick(t.repo.get('sbx_a')!), { last_active: 1000, exec_count: 0 });
   assert.deepEqual(registry.portsOf('sbx_a'), []);
 });
 
 test('getInfo shows an exec the moment it ends, not a second later', () => {
   const now = Date.now();
-  repo.insert(row('sbx_a', { created_at: now - 60_000, last_active: now - 60_000, session_started_at: now - 60_000 }));
+  t.repo.insert(row('sbx_a', { created_at: now - 60_000, last_active: now - 60_000, session_started_at: now - 60_000 }));
   registry.touch('sbx_a', true);
   const info = getInfo(ctxOf(), 'sbx_a', { tenant: 't1' });
   assert.equal(info.exec_count, 1);
@@ -90,8 +68,8 @@ test('ports: the last reading, empty before the first', () => {
 });
 
 test('running sandboxes: added with an empty queue, found by id, removed; runningFor refuses the others', () => {
-  repo.insert(row('sbx_a'));
-  repo.insert(row('sbx_s', { state: 'suspended' }));
+  t.repo.insert(row('sbx_a'));
+  t.repo.insert(row('sbx_s', { state: 'suspended' }));
   const r = registry.add('sbx_a', fakeLive);
   assert.equal(r.queue.depth, 0);
   assert.equal(r.deleting, false);

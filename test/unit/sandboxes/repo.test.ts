@@ -1,33 +1,9 @@
-import { test, beforeEach, afterEach } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { openDb, type Db } from '../../../src/store/db.ts';
-import { SandboxRepo, type SandboxRow } from '../../../src/sandboxes/repo.ts';
+import { type SandboxRow } from '../../../src/sandboxes/repo.ts';
+import { freshRepo, row } from '../../support/sandboxRows.ts';
 
-let dir: string;
-let db: Db;
-let repo: SandboxRepo;
-
-beforeEach(() => {
-  dir = mkdtempSync(join(tmpdir(), 'collimate-repo-'));
-  db = openDb(join(dir, 'collimate.db'));
-  repo = new SandboxRepo(db);
-});
-
-afterEach(() => {
-  db.close();
-  rmSync(dir, { recursive: true, force: true });
-});
-
-function row(id: string, over: Partial<SandboxRow> = {}): SandboxRow {
-  return {
-    id, tenant: 't1', template: 'base', state: 'running', labels: {}, created_at: 1000, last_active: 1000, exec_count: 0,
-    parent: null, forked_at: null, timeout_secs: 300, session_started_at: 1000, vcpus: 1, memory_mib: 256, disk_mib: 1024,
-    egress: 'none', vmm: null, snapshot: null, pending_op: null, ...over,
-  };
-}
+const t = freshRepo('repo');
 
 const ids = (rows: SandboxRow[]) => rows.map((r) => r.id);
 
@@ -39,120 +15,120 @@ test('insert then get gives the row back, JSON columns decoded', () => {
     snapshot: { statePath: '/s/state.mig', bytes: 99, suspendedAt: 5 },
     pending_op: { op: 'fork', forkPoint: 'fp_1', startedAt: 7 },
   });
-  repo.insert(r);
-  assert.deepEqual(repo.get('sbx_a'), { ...r, deleted_at: null });
-  assert.equal(repo.get('sbx_missing'), undefined);
+  t.repo.insert(r);
+  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null });
+  assert.equal(t.repo.get('sbx_missing'), undefined);
 });
 
 test('update changes only the given fields; JSON columns can be cleared', () => {
-  repo.insert(row('sbx_a', { pending_op: { op: 'suspend', startedAt: 1 }, labels: { a: '1' } }));
-  repo.update('sbx_a', { state: 'suspended', snapshot: { statePath: '/s', bytes: 1, suspendedAt: 2 }, pending_op: null });
-  const got = repo.get('sbx_a')!;
+  t.repo.insert(row('sbx_a', { pending_op: { op: 'suspend', startedAt: 1 }, labels: { a: '1' } }));
+  t.repo.update('sbx_a', { state: 'suspended', snapshot: { statePath: '/s', bytes: 1, suspendedAt: 2 }, pending_op: null });
+  const got = t.repo.get('sbx_a')!;
   assert.equal(got.state, 'suspended');
   assert.deepEqual(got.snapshot, { statePath: '/s', bytes: 1, suspendedAt: 2 });
   assert.equal(got.pending_op, null);
   assert.deepEqual(got.labels, { a: '1' });
-  repo.update('sbx_a', {});
-  assert.equal(repo.get('sbx_a')!.state, 'suspended');
+  t.repo.update('sbx_a', {});
+  assert.equal(t.repo.get('sbx_a')!.state, 'suspended');
 });
 
 test('list: deleted rows never show; by state, by tenant, ordered by id', () => {
-  repo.insert(row('sbx_c'));
-  repo.insert(row('sbx_a', { state: 'suspended' }));
-  repo.insert(row('sbx_b', { state: 'deleted' }));
-  repo.insert(row('sbx_d', { state: 'deleting' }));
-  repo.insert(row('sbx_e', { tenant: 't2' }));
-  assert.deepEqual(ids(repo.list({}, 't1')), ['sbx_a', 'sbx_c', 'sbx_d']);
-  assert.deepEqual(ids(repo.list({})), ['sbx_a', 'sbx_c', 'sbx_d', 'sbx_e']);
-  assert.deepEqual(ids(repo.list({ state: 'running' }, 't1')), ['sbx_c']);
-  assert.deepEqual(ids(repo.list({ state: 'suspended' }, 't1')), ['sbx_a']);
-  assert.deepEqual(ids(repo.list({ state: 'deleted' }, 't1')), []);
-  assert.deepEqual(ids(repo.live()).sort(), ['sbx_a', 'sbx_c', 'sbx_d', 'sbx_e']);
+  t.repo.insert(row('sbx_c'));
+  t.repo.insert(row('sbx_a', { state: 'suspended' }));
+  t.repo.insert(row('sbx_b', { state: 'deleted' }));
+  t.repo.insert(row('sbx_d', { state: 'deleting' }));
+  t.repo.insert(row('sbx_e', { tenant: 't2' }));
+  assert.deepEqual(ids(t.repo.list({}, 't1')), ['sbx_a', 'sbx_c', 'sbx_d']);
+  assert.deepEqual(ids(t.repo.list({})), ['sbx_a', 'sbx_c', 'sbx_d', 'sbx_e']);
+  assert.deepEqual(ids(t.repo.list({ state: 'running' }, 't1')), ['sbx_c']);
+  assert.deepEqual(ids(t.repo.list({ state: 'suspended' }, 't1')), ['sbx_a']);
+  assert.deepEqual(ids(t.repo.list({ state: 'deleted' }, 't1')), []);
+  assert.deepEqual(ids(t.repo.live()).sort(), ['sbx_a', 'sbx_c', 'sbx_d', 'sbx_e']);
 });
 
 test('list: every label given must match, keys quoted safely', () => {
-  repo.insert(row('sbx_a', { labels: { team: 'rl', run: '1' } }));
-  repo.insert(row('sbx_b', { labels: { team: 'rl', run: '2' } }));
-  repo.insert(row('sbx_c', { labels: { team: 'web' } }));
-  repo.insert(row('sbx_d', { labels: { 'a"b': 'x', 'c\\': 'y' } }));
-  assert.deepEqual(ids(repo.list({ labels: { team: 'rl' } })), ['sbx_a', 'sbx_b']);
-  assert.deepEqual(ids(repo.list({ labels: { team: 'rl', run: '2' } })), ['sbx_b']);
-  assert.deepEqual(ids(repo.list({ labels: { team: 'nobody' } })), []);
-  assert.deepEqual(ids(repo.list({ labels: { 'a"b': 'x' } })), ['sbx_d']);
-  assert.deepEqual(ids(repo.list({ labels: { 'c\\': 'y' } })), ['sbx_d']);
+  t.repo.insert(row('sbx_a', { labels: { team: 'rl', run: '1' } }));
+  t.repo.insert(row('sbx_b', { labels: { team: 'rl', run: '2' } }));
+  t.repo.insert(row('sbx_c', { labels: { team: 'web' } }));
+  t.repo.insert(row('sbx_d', { labels: { 'a"b': 'x', 'c\\': 'y' } }));
+  assert.deepEqual(ids(t.repo.list({ labels: { team: 'rl' } })), ['sbx_a', 'sbx_b']);
+  assert.deepEqual(ids(t.repo.list({ labels: { team: 'rl', run: '2' } })), ['sbx_b']);
+  assert.deepEqual(ids(t.repo.list({ labels: { team: 'nobody' } })), []);
+  assert.deepEqual(ids(t.repo.list({ labels: { 'a"b': 'x' } })), ['sbx_d']);
+  assert.deepEqual(ids(t.repo.list({ labels: { 'c\\': 'y' } })), ['sbx_d']);
 });
 
 test('list: pages of `limit` (one more row tells the caller there is a next page), continued after a cursor', () => {
-  for (const id of ['sbx_1', 'sbx_2', 'sbx_3', 'sbx_4', 'sbx_5']) repo.insert(row(id));
-  assert.deepEqual(ids(repo.list({ limit: 2 })), ['sbx_1', 'sbx_2', 'sbx_3']);
-  assert.deepEqual(ids(repo.list({ limit: 2, after: 'sbx_2' })), ['sbx_3', 'sbx_4', 'sbx_5']);
-  assert.deepEqual(ids(repo.list({ limit: 2, after: 'sbx_4' })), ['sbx_5']);
+  for (const id of ['sbx_1', 'sbx_2', 'sbx_3', 'sbx_4', 'sbx_5']) t.repo.insert(row(id));
+  assert.deepEqual(ids(t.repo.list({ limit: 2 })), ['sbx_1', 'sbx_2', 'sbx_3']);
+  assert.deepEqual(ids(t.repo.list({ limit: 2, after: 'sbx_2' })), ['sbx_3', 'sbx_4', 'sbx_5']);
+  assert.deepEqual(ids(t.repo.list({ limit: 2, after: 'sbx_4' })), ['sbx_5']);
   // Out-of-range limits are clamped to 1…1000.
-  assert.deepEqual(ids(repo.list({ limit: 0 })), ['sbx_1', 'sbx_2']);
-  assert.equal(repo.list({ limit: 5000 }).length, 5);
+  assert.deepEqual(ids(t.repo.list({ limit: 0 })), ['sbx_1', 'sbx_2']);
+  assert.equal(t.repo.list({ limit: 5000 }).length, 5);
 });
 
 test('countRunning counts only the tenant\'s running rows', () => {
-  repo.insert(row('sbx_a'));
-  repo.insert(row('sbx_b'));
-  repo.insert(row('sbx_c', { state: 'suspended' }));
-  repo.insert(row('sbx_d', { state: 'deleting' }));
-  repo.insert(row('sbx_e', { state: 'deleted' }));
-  repo.insert(row('sbx_f', { tenant: 't2' }));
-  assert.equal(repo.countRunning('t1'), 2);
-  assert.equal(repo.countRunning('t2'), 1);
-  assert.equal(repo.countRunning('t3'), 0);
+  t.repo.insert(row('sbx_a'));
+  t.repo.insert(row('sbx_b'));
+  t.repo.insert(row('sbx_c', { state: 'suspended' }));
+  t.repo.insert(row('sbx_d', { state: 'deleting' }));
+  t.repo.insert(row('sbx_e', { state: 'deleted' }));
+  t.repo.insert(row('sbx_f', { tenant: 't2' }));
+  assert.equal(t.repo.countRunning('t1'), 2);
+  assert.equal(t.repo.countRunning('t2'), 1);
+  assert.equal(t.repo.countRunning('t3'), 0);
 });
 
 test('children: live rows whose parent is the id, by id', () => {
-  repo.insert(row('sbx_p'));
-  repo.insert(row('sbx_c2', { parent: 'sbx_p', forked_at: 5 }));
-  repo.insert(row('sbx_c1', { parent: 'sbx_p', forked_at: 5 }));
-  repo.insert(row('sbx_c3', { parent: 'sbx_p', forked_at: 5, state: 'deleted' }));
-  assert.deepEqual(repo.children('sbx_p'), ['sbx_c1', 'sbx_c2']);
-  assert.deepEqual(repo.children('sbx_c1'), []);
+  t.repo.insert(row('sbx_p'));
+  t.repo.insert(row('sbx_c2', { parent: 'sbx_p', forked_at: 5 }));
+  t.repo.insert(row('sbx_c1', { parent: 'sbx_p', forked_at: 5 }));
+  t.repo.insert(row('sbx_c3', { parent: 'sbx_p', forked_at: 5, state: 'deleted' }));
+  assert.deepEqual(t.repo.children('sbx_p'), ['sbx_c1', 'sbx_c2']);
+  assert.deepEqual(t.repo.children('sbx_c1'), []);
 });
 
 test('fork points: references keep them; unreferenced ones are listed for removal; removing one drops the references it held', () => {
-  repo.addForkPoint('fp_1', '/fp/1', '/m/fp_1.mem', '/d/1.qcow2');
-  repo.addForkPoint('fp_2', '/fp/2', '/m/fp_2.mem', '/d/2.qcow2');
-  assert.equal(repo.forkPoint('fp_1')!.ready, 0);
-  repo.markForkPointReady('fp_1');
-  assert.equal(repo.forkPoint('fp_1')!.ready, 1);
-  assert.equal(repo.forkPoint('fp_9'), undefined);
+  t.repo.addForkPoint('fp_1', '/fp/1', '/m/fp_1.mem', '/d/1.qcow2');
+  t.repo.addForkPoint('fp_2', '/fp/2', '/m/fp_2.mem', '/d/2.qcow2');
+  assert.equal(t.repo.forkPoint('fp_1')!.ready, 0);
+  t.repo.markForkPointReady('fp_1');
+  assert.equal(t.repo.forkPoint('fp_1')!.ready, 1);
+  assert.equal(t.repo.forkPoint('fp_9'), undefined);
   // sbx_a sits on fp_1; fp_2's disk is backed by fp_1's; sbx_b sits on fp_2 (and so on fp_1).
-  repo.addRef('fp_1', 'sbx_a');
-  repo.addRef('fp_1', 'fp_2');
-  repo.addRef('fp_2', 'sbx_b');
-  repo.addRef('fp_1', 'sbx_b');
-  repo.addRef('fp_1', 'sbx_b'); // idempotent
-  assert.deepEqual(repo.refsOf('sbx_b').sort(), ['fp_1', 'fp_2']);
-  assert.deepEqual(repo.unreferencedForkPoints(), []);
-  repo.dropRefs('sbx_b');
-  assert.deepEqual(repo.refsOf('sbx_b'), []);
-  assert.deepEqual(repo.unreferencedForkPoints().map((f) => f.id), ['fp_2']);
-  repo.removeForkPoint('fp_2');
-  assert.equal(repo.forkPoint('fp_2'), undefined);
+  t.repo.addRef('fp_1', 'sbx_a');
+  t.repo.addRef('fp_1', 'fp_2');
+  t.repo.addRef('fp_2', 'sbx_b');
+  t.repo.addRef('fp_1', 'sbx_b');
+  t.repo.addRef('fp_1', 'sbx_b'); // idempotent
+  assert.deepEqual(t.repo.refsOf('sbx_b').sort(), ['fp_1', 'fp_2']);
+  assert.deepEqual(t.repo.unreferencedForkPoints(), []);
+  t.repo.dropRefs('sbx_b');
+  assert.deepEqual(t.repo.refsOf('sbx_b'), []);
+  assert.deepEqual(t.repo.unreferencedForkPoints().map((f) => f.id), ['fp_2']);
+  t.repo.removeForkPoint('fp_2');
+  assert.equal(t.repo.forkPoint('fp_2'), undefined);
   // fp_2's own reference on fp_1 went with it; sbx_a still holds fp_1.
-  assert.deepEqual(repo.unreferencedForkPoints(), []);
-  repo.dropRefs('sbx_a');
-  assert.deepEqual(repo.unreferencedForkPoints(), [{ id: 'fp_1', dir: '/fp/1', mem_path: '/m/fp_1.mem', disk_path: '/d/1.qcow2' }]);
-  assert.deepEqual(repo.allForkPoints().map((f) => f.id), ['fp_1']);
+  assert.deepEqual(t.repo.unreferencedForkPoints(), []);
+  t.repo.dropRefs('sbx_a');
+  assert.deepEqual(t.repo.unreferencedForkPoints(), [{ id: 'fp_1', dir: '/fp/1', mem_path: '/m/fp_1.mem', disk_path: '/d/1.qcow2' }]);
+  assert.deepEqual(t.repo.allForkPoints().map((f) => f.id), ['fp_1']);
 });
 
 test('tx: a throw rolls back every write in it', () => {
-  repo.insert(row('sbx_a'));
-  assert.throws(() => repo.tx(() => {
-    repo.update('sbx_a', { state: 'deleted' });
-    repo.addRef('fp_1', 'sbx_a');
+  t.repo.insert(row('sbx_a'));
+  assert.throws(() => t.repo.tx(() => {
+    t.repo.update('sbx_a', { state: 'deleted' });
+    t.repo.addRef('fp_1', 'sbx_a');
     throw new Error('boom');
   }), /boom/);
-  assert.equal(repo.get('sbx_a')!.state, 'running');
-  assert.deepEqual(repo.refsOf('sbx_a'), []);
+  assert.equal(t.repo.get('sbx_a')!.state, 'running');
+  assert.deepEqual(t.repo.refsOf('sbx_a'), []);
 });
 
 test('the states nothing writes are refused by a new database', () => {
   for (const state of ['creating', 'suspending', 'resuming', 'bogus']) {
-    assert.throws(() => repo.insert(row(`sbx_${state}`, { state: state as SandboxRow['state'] })), /CHECK constraint/, state);
+    assert.throws(() => t.repo.insert(row(`sbx_${state}`, { state: state as SandboxRow['state'] })), /CHECK constraint/, state);
   }
 });
