@@ -1,6 +1,7 @@
 /**
- * The core service contract. REST, MCP, the CLI and the in-process RL Sandbox all call a
- * SandboxService; nothing below it knows about HTTP or MCP.
+ * The engine's contract: what the tenant service (src/service/tenantService.ts) calls, and what the
+ * unit tests' fake implements (test/support/sandboxServiceContract.ts holds both to it). Scopes here
+ * only isolate tenants; tier rules live in the tenant service. Nothing below it knows HTTP or MCP.
  */
 
 import type { EgressPolicy } from '../net/policy.js';
@@ -124,7 +125,7 @@ export interface ExecStreamHandlers {
 export interface CreateOptions {
   template: string;
   labels?: Record<string, string>;
-  /** Maximum session duration in seconds (capped by the tier in the API layer). */
+  /** Maximum session duration in seconds (the tenant service caps it by the tier); default COLLIMATE_SESSION_SECS. */
   timeoutSecs?: number;
   /**
    * The sandbox's egress policy, already decided by the caller (the tenant service allows only the

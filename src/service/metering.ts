@@ -3,9 +3,9 @@
  * usage_intervals; a transition closes it and opens the next. Usage over [from, to) is the sum of the
  * clipped intervals × the sandbox's vCPUs / RAM / disk (running) or snapshot size (suspended).
  *
- * Transitions are observed from the API layer's own calls (create, fork, suspend, resume, delete) at
- * the moment they are acknowledged, and a periodic reconcile against service.list() catches the rest
- * (the reaper, other front doors, a restart): sandboxes that appeared are opened (from created_at if
+ * Transitions are observed from the tenant service's own calls (create, fork, suspend, resume, delete)
+ * and from the engine's transition events at the moment they are acknowledged, and a periodic
+ * reconcile against the engine's list catches the rest (a restart, an engine without events): sandboxes that appeared are opened (from created_at if
  * never seen), vanished ones are closed — at their expiry when that is earlier, since the reaper acts
  * then. The error of anything seen only by reconcile is bounded by the reconcile period.
  */

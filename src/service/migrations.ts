@@ -1,5 +1,5 @@
 /**
- * The API layer's tables (migration versions 10–19). Registered on import so that any later openDb()
+ * The tenant service's tables (keys, idempotency, usage; migration versions 10–19). Registered on import so that any later openDb()
  * applies them; `applyApiMigrations` also applies them to a database that was opened before this
  * module was imported (the engine may open the db first).
  */
