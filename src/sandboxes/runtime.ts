@@ -1,4 +1,8 @@
 import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { EventEmitter } from 'node:events';
+import { performance } from 'node:perf_hooks';
+import type { Phases } from './phases.js';
 import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSync } from 'node:fs';
 import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
@@ -126,11 +130,18 @@ export async function destroyPending(p: PendingVm): Promise<void> {
 
 /** A restored guest that never acknowledged RESTORED (announceRestore): worth one fresh VMM. */
 export class RestoreUnacknowledgedError extends Error {
+  /** The VMM's interrupt and virtio state when the wait ended (Vmm.interruptState), if it could be read. */
+  diagnostics?: string;
   constructor(readonly timeoutMs: number) {
     super(`guest agent did not acknowledge the restore within ${timeoutMs} ms`);
     this.name = 'RestoreUnacknowledgedError';
   }
 }
+
+/** Restores since the process started: acknowledged, and the ones whose guest never answered. */
+export const restoreCounts = { acknowledged: 0, unacknowledged: 0 };
+/** Emits `unacknowledged` (RestoreUnacknowledgedError, diagnostics filled) for every restore whose guest never answered. */
+export const restoreEvents = new EventEmitter();
 
 /**
  * Entropy, clock and a new identity for a guest that just woke up as a clone. The acknowledgement
@@ -139,27 +150,55 @@ export class RestoreUnacknowledgedError extends Error {
  * lost interrupt, under TCG at least), so callers that can start over with a fresh VMM do
  * (on a RestoreUnacknowledgedError) and the wait is short.
  */
-export async function announceRestore(agent: AgentClient, sandboxId: string, timeoutMs = 8_000): Promise<void> {
+export async function announceRestore(agent: AgentClient, sandboxId: string, opts: { vmm?: Vmm; timeoutMs?: number } = {}): Promise<void> {
+  const { vmm, timeoutMs = 8_000 } = opts;
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new RestoreUnacknowledgedError(timeoutMs)), timeoutMs);
   });
+  const acked = agent.restored({ entropy: randomBytes(64), timeNs: BigInt(Date.now()) * 1_000_000n, sandboxId, token: randomBytes(16).toString('hex') });
   try {
-    await Promise.race([
-      agent.restored({ entropy: randomBytes(64), timeNs: BigInt(Date.now()) * 1_000_000n, sandboxId, token: randomBytes(16).toString('hex') }),
-      timeout,
-    ]);
+    await Promise.race([acked, timeout]);
+    restoreCounts.acknowledged++;
+  } catch (e) {
+    if (e instanceof RestoreUnacknowledgedError) {
+      restoreCounts.unacknowledged++;
+      if (vmm) {
+        e.diagnostics = await vmm.interruptState().catch((err) => `(unreadable: ${(err as Error).message})`);
+        if (process.env.COLLIMATE_RESTORE_PROBE === 'nmi') {
+          await vmm.qmp.execute('inject-nmi').catch(() => {});
+          const woke = await Promise.race([acked.then(() => 'acknowledged after an NMI'), sleep(3000).then(() => 'still silent after an NMI')]).catch((err) => `failed: ${err}`);
+          e.diagnostics += `\n## probe\n${woke}\n## after\n${await vmm.interruptState().catch(() => '')}`;
+        }
+      }
+      restoreEvents.emit('unacknowledged', e);
+    }
+    throw e;
   } finally {
     clearTimeout(timer);
   }
 }
 
 /** Brings a restored VMM to running and connects its agent. */
-export async function finishRestore(pending: PendingVm, sandboxId: string): Promise<LiveVm> {
-  await pending.vmm.waitRunning();
+export async function finishRestore(pending: PendingVm, sandboxId: string, phases?: Phases): Promise<LiveVm> {
+  const t0 = performance.now();
+  // Connected before the VM runs again. The guest's port was open with a host attached when it
+  // was saved; QEMU's post-load check (virtio-serial, on the first tick of the running VM) tells
+  // the guest the host is gone if it finds no host then, and the agent drops its pending output
+  // on that — with a host attached a moment later, a reply (the RESTORED acknowledgement) could be
+  // dropped while the host waited for it. Attached first, the port never looks closed.
   const agent = await connectRestoredAgent(vmmFiles(pending.dir).agentSocket, 10_000);
   try {
-    await announceRestore(agent, sandboxId);
+    await pending.vmm.waitRunning();
+  } catch (e) {
+    agent.close();
+    throw e;
+  }
+  phases?.since('agent_connect', t0);
+  try {
+    const t1 = performance.now();
+    await announceRestore(agent, sandboxId, { vmm: pending.vmm });
+    phases?.since('agent_ack', t1);
   } catch (e) {
     agent.close();
     throw e;
@@ -186,20 +225,35 @@ export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<
 }
 
 /** Resumes a prewarmed VMM and makes it a new sandbox: fresh entropy, clock, boot id, ids. */
-export async function claimWarm(warm: LiveVm, sandboxId: string): Promise<LiveVm> {
+export async function claimWarm(warm: LiveVm, sandboxId: string, phases?: Phases): Promise<LiveVm> {
+  const t0 = performance.now();
   await warm.vmm.cont();
-  await announceRestore(warm.agent, sandboxId);
+  phases?.since('claim', t0);
+  const t1 = performance.now();
+  await announceRestore(warm.agent, sandboxId, { vmm: warm.vmm });
+  phases?.since('agent_ack', t1);
   return warm;
 }
 
 /** Restores a checkpoint's device state (RAM comes from the mapped file) into a pending VMM. */
-export async function restoreCheckpoint(pending: PendingVm, deviceState: Buffer, sandboxId: string): Promise<LiveVm> {
+export async function restoreCheckpoint(pending: PendingVm, deviceState: Buffer, sandboxId: string, phases?: Phases): Promise<LiveVm> {
+  const t0 = performance.now();
   await pending.vmm.restoreDeviceState(deviceState);
-  return finishRestore(pending, sandboxId);
+  phases?.since('device_state_load', t0);
+  return finishRestore(pending, sandboxId, phases);
 }
 
 /** Feeds a full migration stream (RAM included) from a file into a pending VMM. */
-export async function restoreStream(pending: PendingVm, statePath: string, timeoutMs = 120_000): Promise<void> {
+export async function restoreStream(pending: PendingVm, statePath: string, phases?: Phases, timeoutMs = 120_000): Promise<void> {
+  const t0 = performance.now();
+  try {
+    await streamInto(pending, statePath, timeoutMs);
+  } finally {
+    phases?.since('memory_load', t0);
+  }
+}
+
+async function streamInto(pending: PendingVm, statePath: string, timeoutMs: number): Promise<void> {
   const done = pending.vmm.waitMigration(timeoutMs);
   done.catch(() => {});
   const sink = await pending.vmm.listenIncoming(false);

@@ -229,6 +229,40 @@ export class Vmm {
     await this.qmp.execute('cont');
   }
 
+  /** One HMP command's text (for diagnostics: interrupt controllers, virtio queues). */
+  async monitor(command: string): Promise<string> {
+    return this.qmp.execute<string>('human-monitor-command', { 'command-line': command });
+  }
+
+  /**
+   * The guest's interrupt and virtio state as QEMU sees it, for a guest that stopped answering:
+   * local APIC, IOAPIC/PIC, IRQ counts, and the status and queues of every virtio device.
+   */
+  async interruptState(): Promise<string> {
+    const out: string[] = [];
+    const hmp = async (cmd: string) => {
+      try {
+        out.push(`## ${cmd}\n${(await this.monitor(cmd)).trimEnd()}`);
+      } catch (e) {
+        out.push(`## ${cmd}\n(failed: ${(e as Error).message})`);
+      }
+    };
+    for (const cmd of ['info status', 'info lapic', 'info pic', 'info irq', 'info virtio']) await hmp(cmd);
+    const virtio = out.find((l) => l.startsWith('## info virtio')) ?? '';
+    for (const m of virtio.matchAll(/^(\/machine\/\S+)\s/gm)) {
+      await hmp(`info virtio-status ${m[1]}`);
+      const queues = Number(/num_vqs:\s+(\d+)/.exec(out[out.length - 1])?.[1] ?? 0);
+      for (let q = 0; q < queues; q++) await hmp(`info virtio-queue-status ${m[1]} ${q}`);
+    }
+    try {
+      const console = readFileSync(this.spec.consoleLog, 'utf8').trimEnd().split('\n').slice(-40).join('\n');
+      out.push(`## console (last 40 lines)\n${console}`);
+    } catch {
+      // no console log
+    }
+    return out.join('\n');
+  }
+
   /**
    * Brings a restored VM to `running`. An incoming migration of a source that was stopped (all of
    * ours: we stop before saving) ends `paused`, so this issues the `cont`.
