@@ -1,5 +1,4 @@
 import { randomBytes } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import type { Phases } from './phases.js';
@@ -165,11 +164,6 @@ export async function announceRestore(agent: AgentClient, sandboxId: string, opt
       restoreCounts.unacknowledged++;
       if (vmm) {
         e.diagnostics = await vmm.interruptState().catch((err) => `(unreadable: ${(err as Error).message})`);
-        if (process.env.COLLIMATE_RESTORE_PROBE === 'nmi') {
-          await vmm.qmp.execute('inject-nmi').catch(() => {});
-          const woke = await Promise.race([acked.then(() => 'acknowledged after an NMI'), sleep(3000).then(() => 'still silent after an NMI')]).catch((err) => `failed: ${err}`);
-          e.diagnostics += `\n## probe\n${woke}\n## after\n${await vmm.interruptState().catch(() => '')}`;
-        }
       }
       restoreEvents.emit('unacknowledged', e);
     }
