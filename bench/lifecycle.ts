@@ -6,6 +6,7 @@
 import { readFileSync, rmSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { summary, fmt, timed, pssMiB, rssMiB } from './stats.ts';
+import type { PhaseReport } from '../src/sandboxes/phases.ts';
 
 const arg = (name: string, dflt: number) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -21,6 +22,15 @@ const engine = await Engine.open({
   home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 2, catalog: ['base'], catalogMemoryMib: 512, progress: log,
 });
 const pid = (id: string) => engine.repo.get(id)!.vmm!.pid;
+// Every operation's phases (src/sandboxes/phases.ts), filed under what the bench is measuring now.
+let measuring = '';
+const phaseReports = new Map<string, PhaseReport[]>();
+engine.on('phases', (r: PhaseReport) => {
+  if (!measuring) return;
+  const list = phaseReports.get(measuring) ?? [];
+  list.push(r);
+  phaseReports.set(measuring, list);
+});
 const sh = async (id: string, command: string) => {
   const r = await engine.exec(id, { command, timeout: 600 });
   if (r.exit_code !== 0) throw new Error(`${command}: ${r.stderr}`);
@@ -50,7 +60,9 @@ let childPss: number[] = [];
 let childRamPss: number[] = [];
 for (const n of [1, 4, 16]) {
   for (let r = 0; r < (n === 16 ? Math.max(3, Math.ceil(RUNS / 2)) : RUNS); r++) {
+    measuring = `fork(${n})`;
     const [ms, kids] = await timed(() => engine.fork(parent.id, { count: n }));
+    measuring = '';
     forkMs[n].push(ms);
     log(`fork(${n}) run ${r + 1}: ${fmt(ms)} ms`);
     if (n === 4 && r === 0) {
@@ -89,8 +101,11 @@ log('suspend / resume of the 512 MiB sandbox');
 const suspendMs: number[] = [];
 const resumeMs: number[] = [];
 for (let r = 0; r < RUNS; r++) {
+  measuring = 'suspend';
   suspendMs.push((await timed(() => engine.suspend(parent.id)))[0]);
+  measuring = 'resume';
   resumeMs.push((await timed(() => engine.resume(parent.id)))[0]);
+  measuring = '';
 }
 
 await engine.deleteAll();
@@ -122,4 +137,20 @@ console.log([
   `| **replay / fork (p50)** | | **${(rp.p50 / fr.p50).toFixed(1)}×** | |`,
   `| suspend (512 MiB, ~100 MB dirty) | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
   `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`,
+  '',
+  'Phases (p50 / p99 ms, src/sandboxes/phases.ts; children restored in parallel record the slowest):',
+  '',
+  ...phaseTable(),
 ].join('\n'));
+
+function phaseTable(): string[] {
+  const out = ['| operation | phase | n | p50 | p99 |', '|---|---|---|---|---|'];
+  for (const [what, reports] of phaseReports) {
+    const names = [...new Set(reports.flatMap((r) => Object.keys(r.phases)))];
+    for (const name of [...names, 'total']) {
+      const v = summary(reports.map((r) => (name === 'total' ? r.totalMs : r.phases[name])).filter((x): x is number => x !== undefined));
+      out.push(`| ${what} | ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
+    }
+  }
+  return out;
+}

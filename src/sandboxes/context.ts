@@ -8,6 +8,7 @@ import { RestoreUnacknowledgedError } from './runtime.js';
 import { toInfo, type SandboxRepo, type SandboxRow } from './repo.js';
 import type { Running, SandboxRegistry } from './registry.js';
 import type { TemplatePools } from './templatePools.js';
+import type { PhaseReport } from './phases.js';
 import type { SandboxInfo, SandboxTransition, Scope } from './types.js';
 
 /**
@@ -25,6 +26,8 @@ export interface EngineContext {
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */
   emit(event: 'transition', t: SandboxTransition): void;
   emit(event: 'reaped', r: { id: string; action: 'suspend' | 'delete' }): void;
+  /** A succeeded create, fork, suspend or resume, phase by phase (phases.ts). */
+  emit(event: 'phases', r: PhaseReport): void;
   /** Test hook: called at named points inside multi-step operations (crash injection). */
   fault(name: string): Promise<void>;
   /** Throws shutting_down once the engine closes. */

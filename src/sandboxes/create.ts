@@ -2,6 +2,7 @@ import { policyKey, type EgressPolicy } from '../net/policy.js';
 import type { ReadyTemplate } from '../images/templates.js';
 import { claimWarm, destroyPending, restoreCheckpoint, type LiveVm } from './runtime.js';
 import { toInfo, type SandboxRow } from './repo.js';
+import { Phases } from './phases.js';
 import { isUnacknowledgedRestore, vmmFailure, type EngineContext } from './context.js';
 import type { CreateOptions, SandboxInfo, Scope } from './types.js';
 
@@ -29,13 +30,14 @@ function egressOf(ctx: EngineContext, t: ReadyTemplate, asked: EgressPolicy | un
 
 async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOptions, egress: EgressPolicy, scope: Scope): Promise<SandboxInfo> {
   const pool = ctx.templates.poolOf(t)!;
+  const phases = new Phases('create');
   // A pool that is empty spawns on demand: its failure is the VMM's (502), never an internal error.
-  const pending = await pool.take().catch((e) => { throw vmmFailure('create', e); });
+  const pending = await phases.time('pool_take', () => pool.take()).catch((e) => { throw vmmFailure('create', e); });
   let live: LiveVm | undefined;
   try {
     // The pool's VMM runs under the template's policy; another is applied before the guest wakes.
-    if (pending.record.net && policyKey(egress) !== policyKey(t.egress)) await ctx.net!.apply(pending.record.net, egress);
-    live = pending.warm ? await claimWarm(pending.warm, pending.id) : await restoreCheckpoint(pending, t.deviceState, pending.id);
+    if (pending.record.net && policyKey(egress) !== policyKey(t.egress)) await phases.time('egress_apply', () => ctx.net!.apply(pending.record.net!, egress));
+    live = pending.warm ? await claimWarm(pending.warm, pending.id, phases) : await restoreCheckpoint(pending, t.deviceState, pending.id, phases);
     const now = Date.now();
     const row: SandboxRow = {
       id: pending.id, tenant: scope.tenant, template: t.id, state: 'running', labels: opts.labels ?? {},
@@ -47,6 +49,7 @@ async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOpti
     ctx.repo.insert(row);
     ctx.registry.add(row.id, live);
     ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'create' });
+    ctx.emit('phases', phases.report(row.id));
     return toInfo(row, []);
   } catch (e) {
     live?.agent.close();

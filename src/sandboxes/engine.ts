@@ -17,6 +17,7 @@ import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { deleteSandbox } from './delete.js';
 import { Reaper } from './reaper.js';
 import { reconcile } from './reconcile.js';
+import { restoreCounts } from './runtime.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget,
@@ -108,6 +109,11 @@ export class Engine extends EventEmitter implements SandboxService {
   /** Pool sizes by template, for metrics. */
   poolSizes(): Record<string, number> {
     return this.templatePools.poolSizes();
+  }
+
+  /** Guest restores in this process, by whether the guest acknowledged (for metrics). */
+  restoreCounts(): { acknowledged: number; unacknowledged: number } {
+    return { ...restoreCounts };
   }
 
   // ---- templates -------------------------------------------------------------------------------

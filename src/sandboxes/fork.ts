@@ -1,5 +1,6 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { MachineShape } from '../vmm/machine.js';
 import {
@@ -7,6 +8,7 @@ import {
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import { toInfo, type SandboxRow } from './repo.js';
+import { Phases } from './phases.js';
 import type { Running } from './registry.js';
 import { gcForkPoints } from './delete.js';
 import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
@@ -63,23 +65,27 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
   });
   const vmm = r.live.vmm;
   const unowned: Unowned = { children: [] };
+  const phases = new Phases('fork');
   let parentStopped = false;
+  let stoppedAt = 0;
   try {
     await ctx.fault('fork:before-stop');
-    await vmm.qmp.execute('stop');
+    stoppedAt = performance.now();
+    await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
     const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
-    await snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`);
+    await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
     r.live.record.diskPath = newDisk;
     ctx.repo.update(r.id, { vmm: r.live.record });
     await ctx.fault('fork:after-disk');
-    return await finishForkPoint(ctx, parentRow, shape, fp, r.live.record.artifactKey, opts, unowned, async (recv) => {
+    return await finishForkPoint(ctx, parentRow, shape, fp, r.live.record.artifactKey, opts, unowned, phases, async (recv) => {
       await ctx.fault('fork:recv-spawned');
-      await vmm.migrateTo(recv.vmm, 300_000);
+      await phases.time('memory_capture', () => vmm.migrateTo(recv.vmm, 300_000));
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
       await vmm.cont();
       parentStopped = false;
+      phases.since('parent_paused', stoppedAt);
     });
   } catch (e) {
     if (parentStopped) await vmm.cont().catch(() => {});
@@ -106,13 +112,14 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
     // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
     const fpDisk = rec.diskPath;
     const newDisk = newDiskPath(dirs(ctx.cfg).disks, row.id);
-    await createOverlay(newDisk, fpDisk, 'qcow2');
+    const phases = new Phases('fork');
+    await phases.time('disk_freeze', () => createOverlay(newDisk, fpDisk, 'qcow2'));
     const fp = beginForkPoint(ctx, row.id, fpDisk, () => {
       ctx.repo.update(row.id, { vmm: { ...rec, diskPath: newDisk } });
     });
     const unowned: Unowned = { children: [] };
     try {
-      return await finishForkPoint(ctx, row, shape, fp, rec.artifactKey, opts, unowned, (recv) => restoreStream(recv, snap.statePath));
+      return await finishForkPoint(ctx, row, shape, fp, rec.artifactKey, opts, unowned, phases, (recv) => restoreStream(recv, snap.statePath, phases));
     } catch (e) {
       await destroyUnowned(unowned);
       gcForkPoints(ctx);
@@ -147,33 +154,36 @@ function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInT
  */
 async function finishForkPoint(
   ctx: EngineContext, parent: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, opts: ForkOptions, unowned: Unowned,
-  fill: (recv: PendingVm) => Promise<void>,
+  phases: Phases, fill: (recv: PendingVm) => Promise<void>,
 ): Promise<SandboxInfo[]> {
-  const recv = await spawnIncoming(ctx.cfg, shape, {
+  const recv = await phases.time('recv_spawn', () => spawnIncoming(ctx.cfg, shape, {
     id: fp.id, dir: join(fp.dir, 'recv'), memPath: fp.mem, memShared: true,
     backing: { path: fp.disk, format: 'qcow2' }, diskPath: join(fp.dir, 'recv.qcow2'), artifactKey,
     trustedLayers: trustedLayers(ctx, fp.id, artifactKey),
-  });
+  }));
   unowned.recv = recv;
   await fill(recv);
   const devState = join(fp.dir, 'device.state');
-  await recv.vmm.checkpointDeviceState(devState, join(recv.dir, 'save.sock'));
-  await destroyPending(recv);
+  await phases.time('device_state_save', () => recv.vmm.checkpointDeviceState(devState, join(recv.dir, 'save.sock')));
+  await phases.time('recv_teardown', () => destroyPending(recv));
   unowned.recv = undefined;
   ctx.repo.markForkPointReady(fp.id);
-  return spawnChildren(ctx, parent, shape, fp, artifactKey, readFileSync(devState), opts, unowned.children);
+  const children = await spawnChildren(ctx, parent, shape, fp, artifactKey, readFileSync(devState), opts, unowned.children, phases);
+  ctx.emit('phases', phases.report(parent.id));
+  return children;
 }
 
 /** Restores `opts.count` children from a ready fork point and commits their rows in one transaction. */
 async function spawnChildren(
   ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devState: Buffer,
-  opts: ForkOptions, children: PendingVm[],
+  opts: ForkOptions, children: PendingVm[], phases: Phases,
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
   try {
     // allSettled, not all: when one child fails the others are still landing, and every one
     // that lands must be in `children` for the caller to stop it.
     const spawnChild = async () => {
+      const t0 = performance.now();
       const id = newSandboxId();
       const p = await spawnIncoming(ctx.cfg, shape, {
         id, dir: join(dirs(ctx.cfg).sandboxes, id), memPath: fp.mem, memShared: false,
@@ -183,6 +193,7 @@ async function spawnChildren(
       children.push(p);
       // Children inherit the parent's policy, in place before they wake.
       if (p.record.net) await ctx.net!.apply(p.record.net, parentRow.egress);
+      phases.since('child_spawn', t0);
       return p;
     };
     const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, spawnChild));
@@ -193,7 +204,7 @@ async function spawnChildren(
     // A restore whose guest never acknowledges (see finishRestore) gets one fresh VMM.
     const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
       try {
-        return { id: p.id, live: await restoreCheckpoint(p, devState, p.id) };
+        return { id: p.id, live: await restoreCheckpoint(p, devState, p.id, phases) };
       } catch (e) {
         if (!isUnacknowledgedRestore(e)) throw e;
         await destroyPending(p).catch(() => {});
@@ -207,6 +218,7 @@ async function spawnChildren(
     const restoreFailure = restored.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (restoreFailure) throw restoreFailure.reason;
     await ctx.fault('fork:children-restored');
+    const committing = performance.now();
     const now = Date.now();
     const rows: SandboxRow[] = ids.map((id, i) => ({
       id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
@@ -224,6 +236,7 @@ async function spawnChildren(
       }
       ctx.repo.update(parentRow.id, { pending_op: null });
     });
+    phases.since('commit', committing);
     rows.forEach((row, i) => {
       ctx.registry.add(row.id, lives[i]);
       ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });

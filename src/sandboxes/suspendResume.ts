@@ -1,9 +1,11 @@
 import { mkdirSync, rmSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
 import { vmmFiles } from '../vmm/machine.js';
 import { spawnIncoming, restoreStream, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
 import type { Running } from './registry.js';
+import { Phases } from './phases.js';
 import { dirs, getInfo, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
 
@@ -29,12 +31,15 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   const statePath = join(snapDir, 'state.mig');
   ctx.repo.update(r.id, { pending_op: { op: 'suspend', startedAt: Date.now() } });
   const vmm = r.live.vmm;
+  const phases = new Phases('suspend');
   try {
     await ctx.fault('suspend:before-save');
-    await vmm.saveFullState(statePath, vmmFiles(r.live.record.dir).migrationSocket);
+    await phases.time('save', () => vmm.saveFullState(statePath, vmmFiles(r.live.record.dir).migrationSocket));
+    const t0 = performance.now();
     const fd = openSync(statePath, 'r');
     fsyncSync(fd);
     closeSync(fd);
+    phases.since('fsync', t0);
     writeFileSync(join(snapDir, 'complete'), '');
     await ctx.fault('suspend:after-save');
   } catch (e) {
@@ -49,9 +54,10 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   ctx.repo.update(r.id, { state: 'suspended', snapshot: { statePath, bytes, suspendedAt: Date.now() }, pending_op: null });
   ctx.registry.remove(r.id);
   r.live.agent.close();
-  await vmm.kill();
+  await phases.time('teardown', () => vmm.kill());
   if (r.live.record.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(r.live.record.memPath, r.id)) rmSync(r.live.record.memPath, { force: true });
   ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: bytes });
+  ctx.emit('phases', phases.report(r.id));
   return getInfo(ctx, r.id);
 }
 
@@ -71,15 +77,17 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     const memPath = join(ctx.cfg.ramDir, `${id}.mem`);
     let pending: PendingVm | undefined;
     let live: LiveVm | undefined;
+    const phases = new Phases('resume');
     try {
       rmSync(join(rec.dir, 'qmp.sock'), { force: true });
-      pending = await spawnIncoming(ctx.cfg, shape, {
+      pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
         id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
         trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
-      });
-      if (pending.record.net) await ctx.net!.apply(pending.record.net, cur.egress);
-      await restoreStream(pending, snap.statePath);
-      live = await finishRestore(pending, id);
+      }));
+      const net = pending.record.net;
+      if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+      await restoreStream(pending, snap.statePath, phases);
+      live = await finishRestore(pending, id, phases);
     } catch (e) {
       live?.agent.close();
       if (pending) await pending.vmm.kill().catch(() => {});
@@ -91,6 +99,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     ctx.registry.add(id, live);
     rmSync(join(rec.dir, 'suspend'), { recursive: true, force: true });
     ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
+    ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
   });
 }

@@ -19,6 +19,7 @@ import type { EnvironmentSpec, ImageService } from '../images/service.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type { SourceSpec } from '../images/sources.js';
 import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
+import type { PhaseReport } from '../sandboxes/phases.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, SandboxInfo, SandboxService, TemplateInfo,
 } from '../sandboxes/types.js';
@@ -92,7 +93,7 @@ export interface TenantServiceOptions {
 }
 
 type Transition = { id: string; state: string; snapshotBytes?: number };
-type Emitter = { on?: (e: string, f: (ev: Transition) => void) => unknown; off?: (e: string, f: (ev: Transition) => void) => unknown };
+type Emitter = { on?: (e: string, f: (ev: never) => void) => unknown; off?: (e: string, f: (ev: never) => void) => unknown };
 
 export class TenantService {
   readonly engine: SandboxService;
@@ -112,6 +113,7 @@ export class TenantService {
   private readonly execSeconds: Histogram;
   private readonly timers: NodeJS.Timeout[] = [];
   private readonly onTransition = (ev: Transition) => this.meterTransition(ev);
+  private readonly onPhases: (r: PhaseReport) => void;
   private closed = false;
 
   constructor(opts: TenantServiceOptions) {
@@ -138,6 +140,20 @@ export class TenantService {
         return Object.entries(counts).map(([state, value]) => ({ labels: { state }, value }));
       }),
     );
+    const phaseSeconds = this.metrics.register(
+      new Histogram('collimate_lifecycle_phase_seconds', 'Where a create, fork, suspend or resume spends its time, by operation and phase (src/sandboxes/phases.ts).'),
+    );
+    this.onPhases = (r: PhaseReport) => {
+      for (const [phase, ms] of Object.entries(r.phases)) phaseSeconds.observe(ms / 1000, { op: r.op, phase });
+      phaseSeconds.observe(r.totalMs / 1000, { op: r.op, phase: 'total' });
+    };
+    const restores = this.engine as { restoreCounts?: () => { acknowledged: number; unacknowledged: number } };
+    this.metrics.register(
+      new Gauge('collimate_restores_total', 'Guest restores (creates, fork children, resumes, warm-pool refills) by whether the guest acknowledged; an unacknowledged one is retried with a fresh VMM where it can be.', () => {
+        const c = restores.restoreCounts?.();
+        return c ? [{ labels: { outcome: 'acknowledged' }, value: c.acknowledged }, { labels: { outcome: 'unacknowledged' }, value: c.unacknowledged }] : [];
+      }),
+    );
     const pools = this.engine as { poolSizes?: () => Record<string, number> };
     this.metrics.register(
       new Gauge('collimate_pool_size', 'Warm pool size by template (when the engine reports it).', () =>
@@ -148,7 +164,10 @@ export class TenantService {
     // The engine emits a `transition` for every acknowledged state change, the reaper's included;
     // metering from those is exact. Without events the reconcile timer catches up.
     const emitter = this.engine as unknown as Emitter;
-    if (typeof emitter.on === 'function') emitter.on('transition', this.onTransition);
+    if (typeof emitter.on === 'function') {
+      emitter.on('transition', this.onTransition);
+      emitter.on('phases', this.onPhases);
+    }
     this.reconcile();
     const period = opts.reconcileIntervalMs ?? (typeof emitter.on === 'function' ? 60_000 : 10_000);
     if (period > 0) this.timers.push(setInterval(() => this.reconcile(), period));
@@ -421,7 +440,10 @@ export class TenantService {
     this.closed = true;
     this.timers.forEach(clearInterval);
     const emitter = this.engine as unknown as Emitter;
-    if (typeof emitter.off === 'function') emitter.off('transition', this.onTransition);
+    if (typeof emitter.off === 'function') {
+      emitter.off('transition', this.onTransition);
+      emitter.off('phases', this.onPhases);
+    }
     this.reconcile();
   }
 

@@ -1,0 +1,57 @@
+import { performance } from 'node:perf_hooks';
+
+/**
+ * Per-phase timings of one lifecycle operation, so the next bottleneck is visible: the engine emits a
+ * `phases` event with a PhaseReport when a create, fork, suspend or resume succeeds; the tenant
+ * service turns them into the `collimate_lifecycle_phase_seconds` histogram and bench/lifecycle.ts
+ * into its phase table.
+ *
+ * Phases (milliseconds; a phase run by several children at once records the slowest):
+ * - create: `pool_take`, `egress_apply`, `claim` (cont of a prewarmed VMM) or `device_state_load`,
+ *   `agent_connect`, `agent_ack`.
+ * - fork: `stop`, `disk_freeze`, `recv_spawn`, `memory_capture` (running parent) or `memory_load`
+ *   (suspended parent), `parent_paused` (stop → cont), `device_state_save`, `recv_teardown`,
+ *   `child_spawn`, `device_state_load`, `agent_connect`, `agent_ack`, `commit`.
+ * - suspend: `save` (RAM and devices), `fsync`, `teardown`.
+ * - resume: `spawn`, `egress_apply`, `memory_load`, `agent_connect`, `agent_ack`.
+ */
+export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume';
+
+export interface PhaseReport {
+  op: LifecycleOp;
+  /** The sandbox created, forked, suspended or resumed (the parent, for a fork). */
+  id: string;
+  phases: Record<string, number>;
+  totalMs: number;
+}
+
+export class Phases {
+  private readonly startedAt = performance.now();
+  private readonly ms: Record<string, number> = {};
+
+  constructor(readonly op: LifecycleOp) {}
+
+  /** Runs `fn` and records how long it took under `name`. */
+  async time<T>(name: string, fn: () => Promise<T>): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      this.record(name, performance.now() - t0);
+    }
+  }
+
+  /** Records `ms` under `name`; of several (parallel children) the longest stays. */
+  record(name: string, ms: number): void {
+    this.ms[name] = Math.max(this.ms[name] ?? 0, ms);
+  }
+
+  /** Milliseconds since `since` (a performance.now() reading), recorded under `name`. */
+  since(name: string, since: number): void {
+    this.record(name, performance.now() - since);
+  }
+
+  report(id: string): PhaseReport {
+    return { op: this.op, id, phases: { ...this.ms }, totalMs: performance.now() - this.startedAt };
+  }
+}

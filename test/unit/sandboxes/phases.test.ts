@@ -1,0 +1,32 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Phases } from '../../../src/sandboxes/phases.ts';
+import { fixture } from '../api/helpers.ts';
+
+test('Phases: timed phases, the slowest of parallel ones, a total that spans them', async () => {
+  const p = new Phases('fork');
+  await p.time('stop', () => sleep(20));
+  await Promise.all([p.time('agent_ack', () => sleep(10)), p.time('agent_ack', () => sleep(40))]);
+  await assert.rejects(p.time('recv_spawn', async () => { await sleep(5); throw new Error('boom'); }), /boom/);
+  const r = p.report('sbx_000000000001');
+  assert.equal(r.op, 'fork');
+  assert.equal(r.id, 'sbx_000000000001');
+  assert.ok(r.phases.stop >= 19 && r.phases.stop < 200, `stop ${r.phases.stop}`);
+  assert.ok(r.phases.agent_ack >= 39, `the slowest child counts (${r.phases.agent_ack})`);
+  assert.ok(r.phases.recv_spawn >= 4, 'a failed phase is still timed');
+  assert.ok(r.totalMs >= r.phases.stop + r.phases.agent_ack);
+});
+
+test('the engine\'s phase reports become the collimate_lifecycle_phase_seconds histogram', async () => {
+  const f = await fixture({ fake: { events: true } });
+  try {
+    f.svc.emit('phases', { op: 'fork', id: 'sbx_000000000001', phases: { stop: 3, memory_capture: 250 }, totalMs: 400 });
+    const text = (await f.req('metrics', { url: '/metrics' })).body;
+    assert.match(text, /collimate_lifecycle_phase_seconds_count\{op="fork",phase="memory_capture"\} 1/);
+    assert.match(text, /collimate_lifecycle_phase_seconds_sum\{op="fork",phase="memory_capture"\} 0\.25\b/);
+    assert.match(text, /collimate_lifecycle_phase_seconds_count\{op="fork",phase="total"\} 1/);
+  } finally {
+    await f.close();
+  }
+});
