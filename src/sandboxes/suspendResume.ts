@@ -6,7 +6,7 @@ import { vmmFiles } from '../vmm/machine.js';
 import { spawnIncoming, restoreStream, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
 import type { Running } from './registry.js';
 import { Phases } from './phases.js';
-import { dirs, getInfo, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import { dirs, getInfo, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
 
 /**
@@ -75,23 +75,34 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     // share=off over an empty tmpfs file would cost each page twice (a zero page in the file,
     // then the private copy), and the VMM's memory limit counts both.
     const memPath = join(ctx.cfg.ramDir, `${id}.mem`);
-    let pending: PendingVm | undefined;
-    let live: LiveVm | undefined;
     const phases = new Phases('resume');
+    const restoreOnce = async (): Promise<LiveVm> => {
+      let pending: PendingVm | undefined;
+      try {
+        rmSync(join(rec.dir, 'qmp.sock'), { force: true });
+        pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
+          id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
+          trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
+        }));
+        const net = pending.record.net;
+        if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+        await restoreStream(pending, snap.statePath, phases);
+        return await finishRestore(pending, id, phases);
+      } catch (e) {
+        if (pending) await pending.vmm.kill().catch(() => {});
+        rmSync(memPath, { force: true });
+        throw e;
+      }
+    };
+    let live: LiveVm;
     try {
-      rmSync(join(rec.dir, 'qmp.sock'), { force: true });
-      pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
-        id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
-        trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
-      }));
-      const net = pending.record.net;
-      if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
-      await restoreStream(pending, snap.statePath, phases);
-      live = await finishRestore(pending, id, phases);
+      // A guest that never acknowledges its restore gets one fresh VMM (counted in restoreCounts);
+      // the snapshot on disk is untouched by a failed attempt.
+      live = await restoreOnce().catch((e) => {
+        if (!isUnacknowledgedRestore(e)) throw e;
+        return restoreOnce();
+      });
     } catch (e) {
-      live?.agent.close();
-      if (pending) await pending.vmm.kill().catch(() => {});
-      rmSync(memPath, { force: true });
       throw vmmFailure('resume', e);
     }
     const now = Date.now();
