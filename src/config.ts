@@ -23,6 +23,12 @@ export interface EngineConfig {
   poolSize: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
+  /**
+   * How a live fork captures the parent's memory: `pages` (default) copies the pages the parent
+   * wrote onto a copy of its backing file while it is stopped (src/vmm/memory.ts); `migrate` streams
+   * all of its RAM through a receiving VMM (QEMU migration). COLLIMATE_FORK_CAPTURE.
+   */
+  forkCapture: 'pages' | 'migrate';
   /** Warm VMMs per environment (tenant) template. */
   environmentPoolSize: number;
   /** Cap per output stream of one exec, in bytes. */
@@ -116,6 +122,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
     prewarmPool: env.COLLIMATE_PREWARM !== '0',
+    forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
     defaultExecTimeoutSecs: 60,
     defaultSessionSecs: intEnv(env, 'COLLIMATE_SESSION_SECS', 3600),
@@ -130,4 +137,10 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,
     ...overrides,
   };
+}
+
+function forkCaptureOf(v: string | undefined): 'pages' | 'migrate' {
+  if (v === undefined || v === '' || v === 'pages') return 'pages';
+  if (v === 'migrate') return 'migrate';
+  throw new Error(`COLLIMATE_FORK_CAPTURE must be pages or migrate, not ${JSON.stringify(v)}`);
 }

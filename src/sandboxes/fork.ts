@@ -1,8 +1,11 @@
-import { mkdirSync, readFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { MachineShape } from '../vmm/machine.js';
+import { copyPrivatePages, seedFromBacking } from '../vmm/memory.js';
+import { spliceDeviceState } from '../vmm/deviceState.js';
+import { sealShared } from '../vmm/jail.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, snapshotUpperDisk, destroyPending,
   type LiveVm, type PendingVm,
@@ -48,13 +51,90 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
   return r.queue.run(async () => {
     if (r.deleting) throw sandboxNotFound(id);
     ctx.registry.flushActivity();
-    return forkRunning(ctx, r, opts);
+    return ctx.cfg.forkCapture === 'pages' ? forkRunningByPages(ctx, r, opts) : forkRunning(ctx, r, opts);
   });
 }
 
 /**
- * Live fork: freeze the parent's disk into a fork point, migrate its RAM into the fork point's
- * share=on file, let the parent run on, and restore N children copy-on-write from that file.
+ * Live fork by page copy: the fork point's RAM file starts as a copy of the file the parent's RAM
+ * maps (made while the parent still runs: it never changes), the parent is stopped, its disk
+ * frozen, its devices saved without RAM, the pages it wrote copied over the copy, and it runs on.
+ * Children are spawned as soon as the disk is frozen and restored from the fork point once it is
+ * whole. Its cost follows what the parent wrote, not its size; no receiving VMM, no migration stream.
+ */
+async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOptions): Promise<SandboxInfo[]> {
+  const parentRow = ctx.repo.get(r.id)!;
+  const shape = shapeOf(ctx, parentRow);
+  const rec = r.live.record;
+  const artifact = ctx.templates.artifactFor(rec.artifactKey);
+  const fp = beginForkPoint(ctx, r.id, rec.diskPath, (fpId) => {
+    ctx.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: fpId, startedAt: Date.now() } });
+  });
+  const vmm = r.live.vmm;
+  const unowned: Unowned = { children: [] };
+  const phases = new Phases('fork');
+  const memBytes = shape.memoryMib * 1024 * 1024;
+  let parentStopped = false;
+  let stoppedAt = 0;
+  let children: Promise<SandboxInfo[]> | undefined;
+  try {
+    // A share=off parent's RAM is its backing file plus what it wrote: the file is copied now.
+    if (!rec.memShared) await phases.time('memory_seed', () => seedFromBacking(rec.memPath, fp.mem, memBytes));
+    await ctx.fault('fork:before-stop');
+    stoppedAt = performance.now();
+    await phases.time('stop', () => vmm.qmp.execute('stop'));
+    parentStopped = true;
+    const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+    await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
+    rec.diskPath = newDisk;
+    ctx.repo.update(r.id, { vmm: rec });
+    await ctx.fault('fork:after-disk');
+    // A share=on parent's file is copied while it is stopped (below); the children map it already.
+    if (rec.memShared) closeSync(openSync(fp.mem, 'w', 0o644));
+    // The children's VMMs start now (their disks lie on the frozen layer); they wait for the device state.
+    let deviceState!: (b: Buffer) => void;
+    let noDeviceState!: (e: unknown) => void;
+    const devState = new Promise<Buffer>((resolve, reject) => { deviceState = resolve; noDeviceState = reject; });
+    devState.catch(() => {});
+    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases);
+    children.catch(() => {});
+    try {
+      const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
+      const t0 = performance.now();
+      if (rec.memShared) await seedFromBacking(rec.memPath, fp.mem, memBytes);
+      else copyPrivatePages(vmm.pid, rec.memPath, fp.mem);
+      phases.since('memory_capture', t0);
+      await ctx.fault('fork:after-migrate');
+      // The parent runs on as soon as its memory is copied.
+      await vmm.cont();
+      parentStopped = false;
+      phases.since('parent_paused', stoppedAt);
+      const state = spliceDeviceState(readFileSync(artifact.devStatePath), devices);
+      writeFileSync(join(fp.dir, 'device.state'), state);
+      sealShared(fp.mem);
+      ctx.repo.markForkPointReady(fp.id);
+      deviceState(state);
+    } catch (e) {
+      noDeviceState(e);
+      throw e;
+    }
+    const out = await children;
+    ctx.emit('phases', phases.report(r.id));
+    return out;
+  } catch (e) {
+    if (parentStopped) await vmm.cont().catch(() => {});
+    await children?.catch(() => {});
+    await destroyUnowned(unowned);
+    ctx.repo.update(r.id, { pending_op: null });
+    gcForkPoints(ctx);
+    throw vmmFailure('fork', e);
+  }
+}
+
+/**
+ * Live fork by migration (COLLIMATE_FORK_CAPTURE=migrate): freeze the parent's disk into a fork
+ * point, migrate its RAM into the fork point's share=on file, let the parent run on, and restore N
+ * children copy-on-write from that file.
  */
 async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): Promise<SandboxInfo[]> {
   const parentRow = ctx.repo.get(r.id)!;
@@ -175,7 +255,7 @@ async function finishForkPoint(
 
 /** Restores `opts.count` children from a ready fork point and commits their rows in one transaction. */
 async function spawnChildren(
-  ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devState: Buffer,
+  ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devStateReady: Buffer | Promise<Buffer>,
   opts: ForkOptions, children: PendingVm[], phases: Phases,
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
@@ -201,6 +281,8 @@ async function spawnChildren(
     if (spawnFailure) throw spawnFailure.reason;
     const spawned = children.slice();
     await ctx.fault('fork:children-spawned');
+    // The fork point may still be filling while the children start: they restore once it is whole.
+    const devState = await devStateReady;
     // A restore whose guest never acknowledges (see finishRestore) gets one fresh VMM.
     const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
       try {

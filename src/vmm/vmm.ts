@@ -190,6 +190,24 @@ export class Vmm {
     }
   }
 
+  /**
+   * The state of every device, without RAM (QEMU's `xen-save-devices-state`, a few KB): for a VM
+   * whose memory is captured another way (memory.ts). Precondition: the VM is stopped. The file is
+   * made in the VMM's directory, owned by its uid, for the confined QEMU to write.
+   */
+  async saveDevicesOnly(): Promise<Buffer> {
+    const path = join(this.dir, 'devices.state');
+    closeSync(openSync(path, 'w', 0o600));
+    const uid = this.confinement?.uid;
+    if (uid !== undefined) lchownSync(path, uid, uid);
+    try {
+      await this.qmp.execute('xen-save-devices-state', { filename: path, live: false });
+      return readFileSync(path);
+    } finally {
+      rmSync(path, { force: true });
+    }
+  }
+
   /** Restores device state into a VMM started with `-incoming defer` whose RAM file already holds the memory. */
   async restoreDeviceState(state: Buffer, timeoutMs = 30_000): Promise<void> {
     const done = this.waitMigration(timeoutMs);

@@ -1,0 +1,105 @@
+/**
+ * Capturing a stopped VMM's guest RAM into a file on the host, without QEMU's migration stream: a
+ * guest whose RAM is a private (share=off) mapping of a file B sees B's pages except those it wrote
+ * since it mapped B, which the kernel keeps as anonymous copies in the QEMU process. So its memory
+ * is B plus those pages: `seedFromBacking` copies B's data into the new file (holes stay holes), and
+ * `copyPrivatePages` finds the written pages through /proc/PID/pagemap (present and not file-backed,
+ * or swapped) and copies them from /proc/PID/mem. Only pages that exist are written: the file costs
+ * what the guest's memory holds, not its size. No byte of guest RAM passes through JavaScript
+ * objects beyond one reused buffer.
+ */
+import { closeSync, openSync, readFileSync, readSync, statSync, writeSync } from 'node:fs';
+import { run } from '../host/run.js';
+
+const PAGE = 4096;
+/** Pagemap entries read at once (64 MiB of guest memory). */
+const SCAN_PAGES = 16384;
+/** Largest single copy from /proc/PID/mem. */
+const MAX_RUN_BYTES = 4 * 1024 * 1024;
+
+/** Where process `pid` maps `file`: the mapping's start address, length and file offset (matched by device and inode). */
+export function mappingOf(pid: number, file: string): { start: number; length: number; offset: number } {
+  const st = statSync(file);
+  let best: { start: number; length: number; offset: number } | null = null;
+  for (const line of readFileSync(`/proc/${pid}/maps`, 'utf8').split('\n')) {
+    // start-end perms offset dev inode path
+    const m = /^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ (\d+)\s/.exec(line);
+    if (!m || Number(m[4]) !== st.ino) continue;
+    const start = parseInt(m[1], 16);
+    const length = parseInt(m[2], 16) - start;
+    if (!best || length > best.length) best = { start, length, offset: parseInt(m[3], 16) };
+  }
+  if (!best) throw new Error(`process ${pid} does not map ${file}`);
+  return best;
+}
+
+/** Creates `dest` as a sparse copy of `backing` (data copied, holes kept), `size` bytes long. */
+export async function seedFromBacking(backing: string, dest: string, size: number): Promise<void> {
+  await run('cp', ['--sparse=always', '--reflink=never', backing, dest]);
+  await run('truncate', ['-s', String(size), dest]);
+}
+
+export interface PrivateCopy {
+  /** Guest pages the process had written (and so copied). */
+  pages: number;
+  bytes: number;
+}
+
+/**
+ * Copies every page process `pid` holds privately in its mapping of `memFile` into `dest` at the
+ * same offset. Precondition: the guest is stopped (its vCPUs write no more), `dest` holds the
+ * mapped file's content.
+ */
+export function copyPrivatePages(pid: number, memFile: string, dest: string): PrivateCopy {
+  const map = mappingOf(pid, memFile);
+  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
+  const mem = openSync(`/proc/${pid}/mem`, 'r');
+  const out = openSync(dest, 'r+');
+  const entries = Buffer.alloc(SCAN_PAGES * 8);
+  const data = Buffer.alloc(MAX_RUN_BYTES);
+  let pages = 0;
+  try {
+    const total = Math.floor(map.length / PAGE);
+    const copyRun = (firstPage: number, count: number) => {
+      for (let done = 0; done < count;) {
+        const n = Math.min(count - done, MAX_RUN_BYTES / PAGE);
+        const bytes = n * PAGE;
+        const addr = map.start + (firstPage + done) * PAGE;
+        const got = readSync(mem, data, 0, bytes, addr);
+        if (got !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${got} of ${bytes} bytes)`);
+        writeSync(out, data, 0, bytes, map.offset + (firstPage + done) * PAGE);
+        done += n;
+      }
+      pages += count;
+    };
+    for (let base = 0; base < total; base += SCAN_PAGES) {
+      const n = Math.min(SCAN_PAGES, total - base);
+      const want = n * 8;
+      const got = readSync(pagemap, entries, 0, want, ((map.start / PAGE) + base) * 8);
+      if (got !== want) throw new Error(`short read of /proc/${pid}/pagemap (${got} of ${want} bytes)`);
+      let runStart = -1;
+      for (let i = 0; i < n; i++) {
+        const hi = entries.readUInt32LE(i * 8 + 4);
+        // bit 63 present, bit 62 swapped, bit 61 file-page or shared-anon: a present page that is
+        // not the file's is the guest's own copy; a swapped one is too.
+        const priv = ((hi & 0x80000000) !== 0 && (hi & 0x20000000) === 0) || (hi & 0x40000000) !== 0;
+        if (priv && runStart < 0) runStart = i;
+        if (!priv && runStart >= 0) {
+          copyRun(base + runStart, i - runStart);
+          runStart = -1;
+        }
+      }
+      if (runStart >= 0) copyRun(base + runStart, n - runStart);
+    }
+  } finally {
+    closeSync(pagemap);
+    closeSync(mem);
+    closeSync(out);
+  }
+  return { pages, bytes: pages * PAGE };
+}
+
+/** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */
+export function allocatedBytes(path: string): number {
+  return statSync(path).blocks * 512;
+}
