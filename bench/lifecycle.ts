@@ -58,8 +58,19 @@ const parentRss = rssMiB(pid(parent.id), read);
 const forkMs: Record<number, number[]> = { 1: [], 4: [], 16: [] };
 let childPss: number[] = [];
 let childRamPss: number[] = [];
+// fork(1) by migration (the earlier path, COLLIMATE_FORK_CAPTURE=migrate), interleaved with the page-copy runs: the baseline.
+const forkMigrateMs: number[] = [];
 for (const n of [1, 4, 16]) {
   for (let r = 0; r < (n === 16 ? Math.max(3, Math.ceil(RUNS / 2)) : RUNS); r++) {
+    if (n === 1) {
+      engine.cfg.forkCapture = 'migrate';
+      measuring = 'fork(1) by migration';
+      const [mms, mkids] = await timed(() => engine.fork(parent.id, { count: 1 }));
+      engine.cfg.forkCapture = 'pages';
+      forkMigrateMs.push(mms);
+      log(`fork(1) by migration run ${r + 1}: ${fmt(mms)} ms`);
+      for (const k of mkids) await engine.delete(k.id);
+    }
     measuring = `fork(${n})`;
     const [ms, kids] = await timed(() => engine.fork(parent.id, { count: n }));
     measuring = '';
@@ -113,6 +124,7 @@ await engine.close();
 rmSync(home, { recursive: true, force: true });
 
 const f1 = summary(forkMs[1]);
+const fm = summary(forkMigrateMs);
 const f4 = summary(forkMs[4]);
 const f16 = summary(forkMs[16]);
 const rp = summary(replayMs);
@@ -127,6 +139,8 @@ console.log([
   '| measure | n | p50 | p99 |',
   '|---|---|---|---|',
   `| fork(1): request → child running | ${f1.n} | ${fmt(f1.p50)} ms | ${fmt(f1.p99)} ms |`,
+  `| fork(1) by migration (COLLIMATE_FORK_CAPTURE=migrate), same run | ${fm.n} | ${fmt(fm.p50)} ms | ${fmt(fm.p99)} ms |`,
+  `| **fork(1) by migration / by page copy (p50)** | | **${(fm.p50 / f1.p50).toFixed(1)}×** | |`,
   `| fork(4) | ${f4.n} | ${fmt(f4.p50)} ms | ${fmt(f4.p99)} ms |`,
   `| fork(16) | ${f16.n} | ${fmt(f16.p50)} ms | ${fmt(f16.p99)} ms |`,
   `| **fork(16) / fork(1) (p50)** | | **${(f16.p50 / f1.p50).toFixed(2)}×** | |`,

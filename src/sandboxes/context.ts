@@ -9,6 +9,7 @@ import { toInfo, type SandboxRepo, type SandboxRow } from './repo.js';
 import type { Running, SandboxRegistry } from './registry.js';
 import type { TemplatePools } from './templatePools.js';
 import type { PhaseReport } from './phases.js';
+import type { ForkSeeds } from './forkSeeds.js';
 import type { SandboxInfo, SandboxTransition, Scope } from './types.js';
 
 /**
@@ -21,6 +22,8 @@ export interface EngineContext {
   readonly repo: SandboxRepo;
   readonly registry: SandboxRegistry;
   readonly templates: TemplatePools;
+  /** Spare copies of backing files for the next fork point (forkSeeds.ts). */
+  readonly seeds: ForkSeeds;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
   readonly net: NetManager | null;
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */

@@ -54,6 +54,7 @@ export function gcForkPoints(ctx: EngineContext): void {
     if (dead.length === 0) return;
     for (const fp of dead) {
       rmSync(fp.dir, { recursive: true, force: true });
+      void ctx.seeds.drop(fp.mem_path);
       rmSync(fp.mem_path, { force: true });
       rmSync(fp.disk_path, { force: true });
       ctx.repo.removeForkPoint(fp.id);

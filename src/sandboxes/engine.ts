@@ -18,6 +18,7 @@ import { deleteSandbox } from './delete.js';
 import { Reaper } from './reaper.js';
 import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
+import { ForkSeeds } from './forkSeeds.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget,
@@ -66,7 +67,7 @@ export class Engine extends EventEmitter implements SandboxService {
     this.registry = new SandboxRegistry(this.repo);
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
-      cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net,
+      cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),
@@ -241,6 +242,7 @@ export class Engine extends EventEmitter implements SandboxService {
     clearInterval(this.reapTimer);
     clearInterval(this.flusher);
     await this.templatePools.close();
+    await this.ctx.seeds.close();
     await Promise.all(this.registry.all().map((r) => r.queue.drain().catch(() => {})));
     this.registry.flushActivity();
     for (const r of this.registry.all()) { r.live.agent.close(); r.live.vmm.qmp.close(); }

@@ -79,7 +79,11 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
   let children: Promise<SandboxInfo[]> | undefined;
   try {
     // A share=off parent's RAM is its backing file plus what it wrote: the file is copied now.
-    if (!rec.memShared) await phases.time('memory_seed', () => seedFromBacking(rec.memPath, fp.mem, memBytes));
+    if (!rec.memShared) {
+      const t0 = performance.now();
+      const spare = await ctx.seeds.take(rec.memPath, fp.mem, memBytes);
+      phases.since(spare ? 'memory_seed_spare' : 'memory_seed', t0);
+    }
     await ctx.fault('fork:before-stop');
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
@@ -102,7 +106,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
       const t0 = performance.now();
       if (rec.memShared) await seedFromBacking(rec.memPath, fp.mem, memBytes);
-      else copyPrivatePages(vmm.pid, rec.memPath, fp.mem);
+      else await copyPrivatePages(vmm.pid, rec.memPath, fp.mem);
       phases.since('memory_capture', t0);
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
@@ -120,8 +124,10 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     }
     const out = await children;
     ctx.emit('phases', phases.report(r.id));
+    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
     return out;
   } catch (e) {
+    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
     if (parentStopped) await vmm.cont().catch(() => {});
     await children?.catch(() => {});
     await destroyUnowned(unowned);
@@ -285,13 +291,16 @@ async function spawnChildren(
     const devState = await devStateReady;
     // A restore whose guest never acknowledges (see finishRestore) gets one fresh VMM.
     const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
+      const t0 = performance.now();
       try {
         return { id: p.id, live: await restoreCheckpoint(p, devState, p.id, phases) };
       } catch (e) {
         if (!isUnacknowledgedRestore(e)) throw e;
         await destroyPending(p).catch(() => {});
         const q = await spawnChild();
-        return { id: q.id, live: await restoreCheckpoint(q, devState, q.id) };
+        const live = await restoreCheckpoint(q, devState, q.id);
+        phases.since('restore_retry', t0);
+        return { id: q.id, live };
       }
     };
     const restored = await Promise.allSettled(spawned.map(restoreChild));

@@ -8,7 +8,8 @@
  * what the guest's memory holds, not its size. No byte of guest RAM passes through JavaScript
  * objects beyond one reused buffer.
  */
-import { closeSync, openSync, readFileSync, readSync, statSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, readSync, statSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { run } from '../host/run.js';
 
 const PAGE = 4096;
@@ -48,26 +49,27 @@ export interface PrivateCopy {
 /**
  * Copies every page process `pid` holds privately in its mapping of `memFile` into `dest` at the
  * same offset. Precondition: the guest is stopped (its vCPUs write no more), `dest` holds the
- * mapped file's content.
+ * mapped file's content. The reads and writes run on libuv's threads: the event loop stays free
+ * for the children being spawned meanwhile.
  */
-export function copyPrivatePages(pid: number, memFile: string, dest: string): PrivateCopy {
+export async function copyPrivatePages(pid: number, memFile: string, dest: string): Promise<PrivateCopy> {
   const map = mappingOf(pid, memFile);
-  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
-  const mem = openSync(`/proc/${pid}/mem`, 'r');
-  const out = openSync(dest, 'r+');
+  const pagemap = await open(`/proc/${pid}/pagemap`, 'r');
+  const mem = await open(`/proc/${pid}/mem`, 'r');
+  const out = await open(dest, 'r+');
   const entries = Buffer.alloc(SCAN_PAGES * 8);
   const data = Buffer.alloc(MAX_RUN_BYTES);
   let pages = 0;
   try {
     const total = Math.floor(map.length / PAGE);
-    const copyRun = (firstPage: number, count: number) => {
+    const copyRun = async (firstPage: number, count: number) => {
       for (let done = 0; done < count;) {
         const n = Math.min(count - done, MAX_RUN_BYTES / PAGE);
         const bytes = n * PAGE;
         const addr = map.start + (firstPage + done) * PAGE;
-        const got = readSync(mem, data, 0, bytes, addr);
-        if (got !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${got} of ${bytes} bytes)`);
-        writeSync(out, data, 0, bytes, map.offset + (firstPage + done) * PAGE);
+        const { bytesRead } = await mem.read(data, 0, bytes, addr);
+        if (bytesRead !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${bytesRead} of ${bytes} bytes)`);
+        await out.write(data, 0, bytes, map.offset + (firstPage + done) * PAGE);
         done += n;
       }
       pages += count;
@@ -75,28 +77,50 @@ export function copyPrivatePages(pid: number, memFile: string, dest: string): Pr
     for (let base = 0; base < total; base += SCAN_PAGES) {
       const n = Math.min(SCAN_PAGES, total - base);
       const want = n * 8;
-      const got = readSync(pagemap, entries, 0, want, ((map.start / PAGE) + base) * 8);
-      if (got !== want) throw new Error(`short read of /proc/${pid}/pagemap (${got} of ${want} bytes)`);
+      const { bytesRead } = await pagemap.read(entries, 0, want, (map.start / PAGE + base) * 8);
+      if (bytesRead !== want) throw new Error(`short read of /proc/${pid}/pagemap (${bytesRead} of ${want} bytes)`);
       let runStart = -1;
       for (let i = 0; i < n; i++) {
-        const hi = entries.readUInt32LE(i * 8 + 4);
-        // bit 63 present, bit 62 swapped, bit 61 file-page or shared-anon: a present page that is
-        // not the file's is the guest's own copy; a swapped one is too.
-        const priv = ((hi & 0x80000000) !== 0 && (hi & 0x20000000) === 0) || (hi & 0x40000000) !== 0;
+        const priv = isPrivate(entries.readUInt32LE(i * 8 + 4));
         if (priv && runStart < 0) runStart = i;
         if (!priv && runStart >= 0) {
-          copyRun(base + runStart, i - runStart);
+          await copyRun(base + runStart, i - runStart);
           runStart = -1;
         }
       }
-      if (runStart >= 0) copyRun(base + runStart, n - runStart);
+      if (runStart >= 0) await copyRun(base + runStart, n - runStart);
     }
   } finally {
-    closeSync(pagemap);
-    closeSync(mem);
-    closeSync(out);
+    await Promise.all([pagemap.close(), mem.close(), out.close()]);
   }
   return { pages, bytes: pages * PAGE };
+}
+
+/**
+ * From the high half of a pagemap entry: bit 63 present, bit 62 swapped, bit 61 file page or
+ * shared anonymous. A present page that is not the file's is the process's own copy; a swapped
+ * one is too.
+ */
+function isPrivate(hi: number): boolean {
+  return ((hi & 0x80000000) !== 0 && (hi & 0x20000000) === 0) || (hi & 0x40000000) !== 0;
+}
+
+/** Bytes of the pages process `pid` holds privately in its mapping of `memFile` (what copyPrivatePages would copy). */
+export function privatePageBytes(pid: number, memFile: string): number {
+  const map = mappingOf(pid, memFile);
+  const fd = openSync(`/proc/${pid}/pagemap`, 'r');
+  try {
+    const total = Math.floor(map.length / PAGE);
+    const entries = Buffer.alloc(total * 8);
+    readSync(fd, entries, 0, entries.length, (map.start / PAGE) * 8);
+    let pages = 0;
+    for (let i = 0; i < total; i++) {
+      if (isPrivate(entries.readUInt32LE(i * 8 + 4))) pages++;
+    }
+    return pages * PAGE;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */

@@ -70,6 +70,8 @@ export class Vmm {
     const full: VmSpec = { ...spec, socketFds: { qmp: QMP_FD, agent: AGENT_FD } };
     const argv = qemuArgv(full);
     if (opts.startPaused) argv.push('-S');
+    // Debugging aid: QEMU trace events to the VMM's log, e.g. COLLIMATE_QEMU_TRACE='virtio_serial_*'.
+    for (const t of (process.env.COLLIMATE_QEMU_TRACE ?? '').split(',').filter(Boolean)) argv.push('-trace', `enable=${t}`);
     const inner = opts.jail ? opts.jail.command(argv) : { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
     // nsenter first: the jail's mount namespace and uid switch happen inside the network namespace.
     const launch = opts.netns ? { file: '/usr/bin/nsenter', args: [`--net=${opts.netns}`, '--', inner.file, ...inner.args], env: inner.env } : inner;
@@ -271,6 +273,12 @@ export class Vmm {
       await hmp(`info virtio-status ${m[1]}`);
       const queues = Number(/num_vqs:\s+(\d+)/.exec(out[out.length - 1])?.[1] ?? 0);
       for (let q = 0; q < queues; q++) await hmp(`info virtio-queue-status ${m[1]} ${q}`);
+    }
+    try {
+      const log = readFileSync(join(this.dir, 'qemu.log'), 'utf8').trimEnd().split('\n').slice(-60).join('\n');
+      out.push(`## qemu.log (last 60 lines)\n${log}`);
+    } catch {
+      // no log
     }
     try {
       const console = readFileSync(this.spec.consoleLog, 'utf8').trimEnd().split('\n').slice(-40).join('\n');

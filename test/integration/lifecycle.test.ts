@@ -8,6 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
 import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
+import { allocatedBytes, privatePageBytes } from '../../src/vmm/memory.ts';
 
 const tenant = { tenant: 'it-lifecycle' };
 let engine: Engine;
@@ -79,6 +80,27 @@ test('live fork: every child runs the parent\'s process with its memory; files a
   await engine.delete(parent.id);
   assert.ok((await counter(children[1].id)) > atFork);
   for (const c of children) await engine.delete(c.id);
+});
+
+test('a fork point costs what the parent\'s memory holds, not its size: tmpfs bytes ≤ 1.1× its backing data plus the pages the parent wrote', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  try {
+    await sh(p.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=24 2>/dev/null; sync; echo ok');
+    const rec = engine.repo.get(p.id)!.vmm!;
+    // The parent is idle now: what it holds is its backing file's data and the pages it wrote.
+    const held = allocatedBytes(rec.memPath) + privatePageBytes(rec.pid, rec.memPath);
+    const guestBytes = engine.template('base').memory_mib * 1024 * 1024;
+    const [kid] = await engine.fork(p.id, { count: 1 });
+    const fp = engine.repo.allForkPoints().find((f) => engine.repo.refsOf(kid.id).includes(f.id))!;
+    const bytes = allocatedBytes(fp.mem_path);
+    assert.ok(bytes <= 1.1 * held, `fork point ${(bytes / 2 ** 20).toFixed(1)} MiB for ${(held / 2 ** 20).toFixed(1)} MiB held by the parent`);
+    assert.ok(bytes < guestBytes, `fork point ${(bytes / 2 ** 20).toFixed(1)} MiB is less than the guest's ${guestBytes / 2 ** 20} MiB`);
+    assert.ok(bytes >= 24 * 2 ** 20, 'and it holds the 24 MiB the parent wrote');
+    assert.equal(await sh(kid.id, 'md5sum < /dev/shm/blob'), await sh(p.id, 'md5sum < /dev/shm/blob'));
+    await engine.delete(kid.id);
+  } finally {
+    await engine.delete(p.id);
+  }
 });
 
 test('repeated forks of one parent and forks of a child (a fork tree three deep) keep every disk chain intact', async () => {
