@@ -178,11 +178,16 @@ export async function finishRestore(pending: PendingVm, sandboxId: string, phase
   const t0 = performance.now();
   // Connected before the VM runs again. The guest's port was open with a host attached when it
   // was saved; QEMU's post-load check (virtio-serial, on the first tick of the running VM) tells
-  // the guest the host is gone if it finds no host then, and the agent drops its pending output
-  // on that — with a host attached a moment later, a reply (the RESTORED acknowledgement) could be
-  // dropped while the host waited for it. Attached first, the port never looks closed.
+  // the guest the host is gone if it finds no host then, and a moment later that it is back. The
+  // guest processes those control messages late (a workqueue), after the host's RESTORED request
+  // has already arrived on the data queue: the agent answered, its answer waited for the port to
+  // be writable, the late 'closed' made it drop the answer, and the host waited for it in vain
+  // (QEMU trace: PORT_OPEN 0, chardev opened, PORT_OPEN 1, 160 bytes read, no write). Attached
+  // first, the post-load check finds the host there and the port never looks closed.
   const agent = await connectRestoredAgent(vmmFiles(pending.dir).agentSocket, 10_000);
   try {
+    // Accepted by QEMU, not only queued by the kernel: else the post-load check may still run first.
+    await pending.vmm.waitChardevConnected('agent');
     await pending.vmm.waitRunning();
   } catch (e) {
     agent.close();

@@ -8,8 +8,7 @@
  * what the guest's memory holds, not its size. No byte of guest RAM passes through JavaScript
  * objects beyond one reused buffer.
  */
-import { closeSync, openSync, readFileSync, readSync, statSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { closeSync, openSync, readFileSync, readSync, statSync, writeSync } from 'node:fs';
 import { run } from '../host/run.js';
 
 const PAGE = 4096;
@@ -17,6 +16,10 @@ const PAGE = 4096;
 const SCAN_PAGES = 16384;
 /** Largest single copy from /proc/PID/mem. */
 const MAX_RUN_BYTES = 4 * 1024 * 1024;
+/** Unwritten pages between two written ones that are still copied as one run. */
+const MAX_GAP_PAGES = 32;
+/** Bytes copied between two turns of the event loop. */
+const YIELD_BYTES = 16 * 1024 * 1024;
 
 /** Where process `pid` maps `file`: the mapping's start address, length and file offset (matched by device and inode). */
 export function mappingOf(pid: number, file: string): { start: number; length: number; offset: number } {
@@ -49,17 +52,20 @@ export interface PrivateCopy {
 /**
  * Copies every page process `pid` holds privately in its mapping of `memFile` into `dest` at the
  * same offset. Precondition: the guest is stopped (its vCPUs write no more), `dest` holds the
- * mapped file's content. The reads and writes run on libuv's threads: the event loop stays free
- * for the children being spawned meanwhile.
+ * mapped file's content. Runs of written pages separated by a few unwritten ones are copied as one
+ * (the unwritten ones read as the file's own content, which `dest` already holds): fewer, larger
+ * copies. The copy is synchronous (several times faster than through libuv's threads here) and
+ * yields to the event loop between chunks, so the children being spawned meanwhile progress.
  */
 export async function copyPrivatePages(pid: number, memFile: string, dest: string): Promise<PrivateCopy> {
   const map = mappingOf(pid, memFile);
-  const pagemap = await open(`/proc/${pid}/pagemap`, 'r');
-  const mem = await open(`/proc/${pid}/mem`, 'r');
-  const out = await open(dest, 'r+');
+  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
+  const mem = openSync(`/proc/${pid}/mem`, 'r');
+  const out = openSync(dest, 'r+');
   const entries = Buffer.alloc(SCAN_PAGES * 8);
   const data = Buffer.alloc(MAX_RUN_BYTES);
   let pages = 0;
+  let sinceYield = 0;
   try {
     const total = Math.floor(map.length / PAGE);
     const copyRun = async (firstPage: number, count: number) => {
@@ -67,31 +73,40 @@ export async function copyPrivatePages(pid: number, memFile: string, dest: strin
         const n = Math.min(count - done, MAX_RUN_BYTES / PAGE);
         const bytes = n * PAGE;
         const addr = map.start + (firstPage + done) * PAGE;
-        const { bytesRead } = await mem.read(data, 0, bytes, addr);
-        if (bytesRead !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${bytesRead} of ${bytes} bytes)`);
-        await out.write(data, 0, bytes, map.offset + (firstPage + done) * PAGE);
+        const got = readSync(mem, data, 0, bytes, addr);
+        if (got !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${got} of ${bytes} bytes)`);
+        writeSync(out, data, 0, bytes, map.offset + (firstPage + done) * PAGE);
         done += n;
+        sinceYield += bytes;
+        if (sinceYield >= YIELD_BYTES) {
+          sinceYield = 0;
+          await new Promise((r) => setImmediate(r));
+        }
       }
-      pages += count;
     };
     for (let base = 0; base < total; base += SCAN_PAGES) {
       const n = Math.min(SCAN_PAGES, total - base);
       const want = n * 8;
-      const { bytesRead } = await pagemap.read(entries, 0, want, (map.start / PAGE + base) * 8);
-      if (bytesRead !== want) throw new Error(`short read of /proc/${pid}/pagemap (${bytesRead} of ${want} bytes)`);
+      const got = readSync(pagemap, entries, 0, want, (map.start / PAGE + base) * 8);
+      if (got !== want) throw new Error(`short read of /proc/${pid}/pagemap (${got} of ${want} bytes)`);
       let runStart = -1;
+      let lastPrivate = -1;
       for (let i = 0; i < n; i++) {
-        const priv = isPrivate(entries.readUInt32LE(i * 8 + 4));
-        if (priv && runStart < 0) runStart = i;
-        if (!priv && runStart >= 0) {
-          await copyRun(base + runStart, i - runStart);
+        if (!isPrivate(entries.readUInt32LE(i * 8 + 4))) continue;
+        pages++;
+        if (runStart >= 0 && i - lastPrivate > MAX_GAP_PAGES) {
+          await copyRun(base + runStart, lastPrivate - runStart + 1);
           runStart = -1;
         }
+        if (runStart < 0) runStart = i;
+        lastPrivate = i;
       }
-      if (runStart >= 0) await copyRun(base + runStart, n - runStart);
+      if (runStart >= 0) await copyRun(base + runStart, lastPrivate - runStart + 1);
     }
   } finally {
-    await Promise.all([pagemap.close(), mem.close(), out.close()]);
+    closeSync(pagemap);
+    closeSync(mem);
+    closeSync(out);
   }
   return { pages, bytes: pages * PAGE };
 }

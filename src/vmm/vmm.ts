@@ -249,6 +249,23 @@ export class Vmm {
     await this.qmp.execute('cont');
   }
 
+  /**
+   * Waits until QEMU has accepted a client on the chardev `id` (`query-chardev` stops calling it
+   * disconnected). A connect() returns once the kernel queued the connection; QEMU accepts it on a
+   * later turn of its main loop.
+   */
+  async waitChardevConnected(id: string, timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const list = await this.qmp.execute<Array<{ label: string; filename: string }>>('query-chardev');
+      const dev = list.find((c) => c.label === id);
+      if (!dev) throw new Error(`no chardev ${id}`);
+      if (!dev.filename.startsWith('disconnected')) return;
+      if (Date.now() > deadline) throw new Error(`chardev ${id} still disconnected after ${timeoutMs} ms (${dev.filename})`);
+      await sleep(1);
+    }
+  }
+
   /** One HMP command's text (for diagnostics: interrupt controllers, virtio queues). */
   async monitor(command: string): Promise<string> {
     return this.qmp.execute<string>('human-monitor-command', { 'command-line': command });
