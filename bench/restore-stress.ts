@@ -2,7 +2,7 @@
 // children and resumes — while two guests run busy loops on the host's cores, until N restores have
 // been made; counts those whose guest never acknowledged and writes each one's interrupt and virtio
 // state (Vmm.interruptState) to the report file.
-// Usage: node --import tsx bench/restore-stress.ts [--restores 3000] [--report /tmp/restore-stress.txt]
+// Usage: node --import tsx bench/restore-stress.ts [--restores 3000] [--busy 2] [--report /tmp/restore-stress.txt]
 import { appendFileSync, rmSync, writeFileSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { restoreCounts, restoreEvents, type RestoreUnacknowledgedError } from '../src/sandboxes/runtime.ts';
@@ -12,6 +12,7 @@ const argOf = (name: string, dflt: string) => {
   return i > 0 ? process.argv[i + 1] : dflt;
 };
 const RESTORES = Number(argOf('restores', '3000'));
+const BUSY = Number(argOf('busy', '2'));
 const REPORT = argOf('report', '/tmp/restore-stress.txt');
 const home = `/tmp/collimate-bench-restore-${process.pid}`;
 const tenant = { tenant: 'bench' };
@@ -24,7 +25,7 @@ restoreEvents.on('unacknowledged', (e: RestoreUnacknowledgedError) => {
 
 const engine = await Engine.open({ home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 2, catalog: ['base'], progress: log });
 const busy = [];
-for (let i = 0; i < 2; i++) {
+for (let i = 0; i < BUSY; i++) {
   const s = await engine.create({ template: 'base' }, tenant);
   await engine.exec(s.id, { command: '(while :; do :; done) >/dev/null 2>&1 &' }, tenant);
   busy.push(s);
@@ -54,7 +55,7 @@ while (restoreCounts.acknowledged + restoreCounts.unacknowledged < RESTORES) {
   if (round % 10 === 0) log(`round ${round}: ${restoreCounts.acknowledged} acknowledged, ${restoreCounts.unacknowledged} unacknowledged, ${failures} failed rounds, ${((Date.now() - t0) / 1000).toFixed(0)} s`);
 }
 const total = restoreCounts.acknowledged + restoreCounts.unacknowledged;
-console.log(`restores: ${total} in ${((Date.now() - t0) / 1000).toFixed(0)} s under 2 busy guests; unacknowledged: ${restoreCounts.unacknowledged}; failed rounds: ${failures}; report: ${REPORT}`);
+console.log(`restores: ${total} in ${((Date.now() - t0) / 1000).toFixed(0)} s under ${BUSY} busy guests; unacknowledged: ${restoreCounts.unacknowledged}; failed rounds: ${failures}; report: ${REPORT}`);
 await engine.deleteAll();
 await engine.close();
 rmSync(home, { recursive: true, force: true });

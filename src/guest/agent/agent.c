@@ -36,6 +36,13 @@
 /* While no host is attached the agent waits for the port driver's SIGIO (sent when the
    host connects); this timer only covers a signal that never comes. */
 #define RECONNECT_FALLBACK_MS 1000
+/* Replies waiting to be sent survive a host absence this short. The port can look closed for a
+   moment though the host is there: after a restore the guest handles QEMU's 'host closed, host
+   open' control messages late (a workqueue), after it has already read and answered a request on
+   the data queue; the answer then waits for the port to be writable, and dropping it there left
+   the host waiting for ever. A host that really went away and came back later gets nothing stale;
+   one that comes back sooner ignores replies to requests it did not send (they carry its ids). */
+#define HOST_GONE_GRACE_MS 3000
 
 bool agent_debug;
 bool agent_test_mode;
@@ -54,7 +61,9 @@ static struct {
     bool host_connected;
     int64_t retry_at_ns;
     int64_t lost_at_ns;
-} transport = {.fd = -1, .listen_fd = -1, .host_connected = true};
+    /* While the host is away: when its unsent replies are dropped (-1: none pending). */
+    int64_t forget_output_at_ns;
+} transport = {.fd = -1, .listen_fd = -1, .host_connected = true, .forget_output_at_ns = -1};
 
 static struct {
     uint8_t *buf;
@@ -249,7 +258,11 @@ static void transport_lost(const char *why)
             agent_log("host disconnected (%s)", why);
             transport.host_connected = false;
             transport.lost_at_ns = monotonic_ns();
-            host_went_away();
+            /* A partial request and running execs go at once; replies wait (HOST_GONE_GRACE_MS). */
+            rx.len = 0;
+            rx.resyncing = false;
+            exec_detach();
+            transport.forget_output_at_ns = transport.lost_at_ns + (int64_t)HOST_GONE_GRACE_MS * NS_PER_MS;
         }
         schedule_port_retry();
         break;
@@ -270,6 +283,7 @@ static void transport_alive(void)
     if (transport.kind != TRANSPORT_VIRTIO_PORT) return;
     if (!transport.host_connected) agent_log("host connected (%lld us after it went away)", (long long)(monotonic_ns() - transport.lost_at_ns) / 1000);
     transport.host_connected = true;
+    transport.forget_output_at_ns = -1;
 }
 
 static void transport_read(void)
@@ -698,7 +712,7 @@ static void serve_forever(void)
             short events = (short)((rx.len < RX_CAPACITY ? POLLIN : 0) | (outq.head ? POLLOUT : 0));
             if (events) poll_set_add(&ps, transport.fd, events, POLL_TRANSPORT);
         } else {
-            deadline = earliest(deadline, transport.retry_at_ns);
+            deadline = earliest(deadline, earliest(transport.retry_at_ns, transport.forget_output_at_ns));
         }
         exec_add_poll_fds(&ps);
 
@@ -727,6 +741,12 @@ static void serve_forever(void)
         }
         if (transport.kind == TRANSPORT_VIRTIO_PORT && !transport.host_connected && monotonic_ns() >= transport.retry_at_ns)
             transport_read();
+        if (transport.kind == TRANSPORT_VIRTIO_PORT && !transport.host_connected && transport.forget_output_at_ns >= 0 &&
+            monotonic_ns() >= transport.forget_output_at_ns) {
+            agent_log("host away for %d ms: dropping unsent replies", HOST_GONE_GRACE_MS);
+            output_discard_all();
+            transport.forget_output_at_ns = -1;
+        }
     }
 }
 
