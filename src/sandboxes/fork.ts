@@ -88,11 +88,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
-    const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
-    await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
-    rec.diskPath = newDisk;
-    ctx.repo.update(r.id, { vmm: rec });
-    await ctx.fault('fork:after-disk');
+    await freezeParentDisk(ctx, r, fp, phases);
     // A share=on parent's file is copied while it is stopped (below); the children map it already.
     if (rec.memShared) closeSync(openSync(fp.mem, 'w', 0o644));
     // The children's VMMs start now (their disks lie on the frozen layer); they wait for the device state.
@@ -159,11 +155,7 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
-    const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
-    await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
-    r.live.record.diskPath = newDisk;
-    ctx.repo.update(r.id, { vmm: r.live.record });
-    await ctx.fault('fork:after-disk');
+    await freezeParentDisk(ctx, r, fp, phases);
     return await finishForkPoint(ctx, parentRow, shape, fp, r.live.record.artifactKey, opts, unowned, phases, async (recv) => {
       await ctx.fault('fork:recv-spawned');
       await phases.time('memory_capture', () => vmm.migrateTo(recv.vmm, 300_000));
@@ -212,6 +204,18 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
       throw vmmFailure('fork', e);
     }
   });
+}
+
+/**
+ * Freezes a stopped parent's top disk layer in place as the fork point's disk: the parent goes on
+ * on a new overlay above it (recorded before anything else moves).
+ */
+async function freezeParentDisk(ctx: EngineContext, r: Running, fp: ForkPoint, phases: Phases): Promise<void> {
+  const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+  await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
+  r.live.record.diskPath = newDisk;
+  ctx.repo.update(r.id, { vmm: r.live.record });
+  await ctx.fault('fork:after-disk');
 }
 
 /**
