@@ -120,16 +120,12 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     }
     const out = await children;
     ctx.emit('phases', phases.report(r.id));
-    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
     return out;
   } catch (e) {
-    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
-    if (parentStopped) await vmm.cont().catch(() => {});
-    await children?.catch(() => {});
-    await destroyUnowned(unowned);
-    ctx.repo.update(r.id, { pending_op: null });
-    gcForkPoints(ctx);
+    await undoLiveFork(ctx, r, unowned, parentStopped, children);
     throw vmmFailure('fork', e);
+  } finally {
+    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
   }
 }
 
@@ -166,12 +162,22 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
       phases.since('parent_paused', stoppedAt);
     });
   } catch (e) {
-    if (parentStopped) await vmm.cont().catch(() => {});
-    await destroyUnowned(unowned);
-    ctx.repo.update(r.id, { pending_op: null });
-    gcForkPoints(ctx);
+    await undoLiveFork(ctx, r, unowned, parentStopped);
     throw vmmFailure('fork', e);
   }
+}
+
+/**
+ * A live fork that failed: the parent runs again if it was stopped, what the fork made and nobody
+ * owns goes (once `settling`, the children still being spawned, has settled), and so does the
+ * fork point unless something refers to it.
+ */
+async function undoLiveFork(ctx: EngineContext, r: Running, unowned: Unowned, parentStopped: boolean, settling?: Promise<unknown>): Promise<void> {
+  if (parentStopped) await r.live.vmm.cont().catch(() => {});
+  await settling?.catch(() => {});
+  await destroyUnowned(unowned);
+  ctx.repo.update(r.id, { pending_op: null });
+  gcForkPoints(ctx);
 }
 
 /**
@@ -237,8 +243,8 @@ function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInT
 }
 
 /**
- * The part of a fork both kinds of parent share: a receiving VMM on the fork point's RAM file
- * (share=on) is filled by `fill`, its device state is checkpointed beside the RAM, the receiver
+ * The part of a fork by a receiving VMM (a running parent by migration, a suspended parent from its
+ * snapshot): a receiving VMM on the fork point's RAM file (share=on) is filled by `fill`, its device state is checkpointed beside the RAM, the receiver
  * goes, and the children are restored from the now ready fork point. What it makes is recorded in
  * `unowned` until the children's rows own it.
  */

@@ -59,23 +59,20 @@ export interface PrivateCopy {
  */
 export async function copyPrivatePages(pid: number, memFile: string, dest: string): Promise<PrivateCopy> {
   const map = mappingOf(pid, memFile);
-  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
   const mem = openSync(`/proc/${pid}/mem`, 'r');
   const out = openSync(dest, 'r+');
-  const entries = Buffer.alloc(SCAN_PAGES * 8);
   const data = Buffer.alloc(MAX_RUN_BYTES);
   let pages = 0;
   let sinceYield = 0;
   try {
-    const total = Math.floor(map.length / PAGE);
-    const copyRun = async (firstPage: number, count: number) => {
-      for (let done = 0; done < count;) {
-        const n = Math.min(count - done, MAX_RUN_BYTES / PAGE);
+    for (const run of privateRuns(pid, map, MAX_GAP_PAGES)) {
+      for (let done = 0; done < run.count;) {
+        const n = Math.min(run.count - done, MAX_RUN_BYTES / PAGE);
         const bytes = n * PAGE;
-        const addr = map.start + (firstPage + done) * PAGE;
+        const addr = map.start + (run.first + done) * PAGE;
         const got = readSync(mem, data, 0, bytes, addr);
         if (got !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${got} of ${bytes} bytes)`);
-        writeSync(out, data, 0, bytes, map.offset + (firstPage + done) * PAGE);
+        writeSync(out, data, 0, bytes, map.offset + (run.first + done) * PAGE);
         done += n;
         sinceYield += bytes;
         if (sinceYield >= YIELD_BYTES) {
@@ -83,32 +80,55 @@ export async function copyPrivatePages(pid: number, memFile: string, dest: strin
           await new Promise((r) => setImmediate(r));
         }
       }
-    };
+      pages += run.written;
+    }
+  } finally {
+    closeSync(mem);
+    closeSync(out);
+  }
+  return { pages, bytes: pages * PAGE };
+}
+
+/** A run of pages of a mapping (indexes from its start) holding `written` private pages. */
+interface PageRun {
+  first: number;
+  count: number;
+  written: number;
+}
+
+/**
+ * The runs of pages process `pid` holds privately in `map`, read from /proc/PID/pagemap a chunk at
+ * a time: two private pages at most `maxGap` pages apart are in one run.
+ */
+function* privateRuns(pid: number, map: { start: number; length: number }, maxGap: number): Generator<PageRun> {
+  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
+  try {
+    const entries = Buffer.alloc(SCAN_PAGES * 8);
+    const total = Math.floor(map.length / PAGE);
+    let run: PageRun | null = null;
+    let last = -1;
     for (let base = 0; base < total; base += SCAN_PAGES) {
       const n = Math.min(SCAN_PAGES, total - base);
       const want = n * 8;
       const got = readSync(pagemap, entries, 0, want, (map.start / PAGE + base) * 8);
       if (got !== want) throw new Error(`short read of /proc/${pid}/pagemap (${got} of ${want} bytes)`);
-      let runStart = -1;
-      let lastPrivate = -1;
       for (let i = 0; i < n; i++) {
         if (!isPrivate(entries.readUInt32LE(i * 8 + 4))) continue;
-        pages++;
-        if (runStart >= 0 && i - lastPrivate > MAX_GAP_PAGES) {
-          await copyRun(base + runStart, lastPrivate - runStart + 1);
-          runStart = -1;
+        const page = base + i;
+        if (run && page - last > maxGap) {
+          yield run;
+          run = null;
         }
-        if (runStart < 0) runStart = i;
-        lastPrivate = i;
+        run ??= { first: page, count: 0, written: 0 };
+        run.count = page - run.first + 1;
+        run.written++;
+        last = page;
       }
-      if (runStart >= 0) await copyRun(base + runStart, lastPrivate - runStart + 1);
     }
+    if (run) yield run;
   } finally {
     closeSync(pagemap);
-    closeSync(mem);
-    closeSync(out);
   }
-  return { pages, bytes: pages * PAGE };
 }
 
 /**
@@ -122,20 +142,9 @@ function isPrivate(hi: number): boolean {
 
 /** Bytes of the pages process `pid` holds privately in its mapping of `memFile` (what copyPrivatePages would copy). */
 export function privatePageBytes(pid: number, memFile: string): number {
-  const map = mappingOf(pid, memFile);
-  const fd = openSync(`/proc/${pid}/pagemap`, 'r');
-  try {
-    const total = Math.floor(map.length / PAGE);
-    const entries = Buffer.alloc(total * 8);
-    readSync(fd, entries, 0, entries.length, (map.start / PAGE) * 8);
-    let pages = 0;
-    for (let i = 0; i < total; i++) {
-      if (isPrivate(entries.readUInt32LE(i * 8 + 4))) pages++;
-    }
-    return pages * PAGE;
-  } finally {
-    closeSync(fd);
-  }
+  let pages = 0;
+  for (const run of privateRuns(pid, mappingOf(pid, memFile), 0)) pages += run.written;
+  return pages * PAGE;
 }
 
 /** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */
