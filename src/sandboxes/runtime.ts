@@ -3,7 +3,6 @@ import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import type { Phases } from './phases.js';
 import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSync } from 'node:fs';
-import { pipeline } from 'node:stream/promises';
 import { basename, dirname, join } from 'node:path';
 import { Vmm, isAlive, procStartTicks, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
@@ -252,12 +251,26 @@ export async function restoreStream(pending: PendingVm, statePath: string, phase
   }
 }
 
+/**
+ * QEMU's MIGRATION event is the only word on whether the stream loaded. The socket is not: QEMU
+ * closes its end as soon as it has read the stream's end marker, which can beat Node's own shutdown
+ * of the socket after the last byte was written, and a pipeline then reports a "premature close"
+ * for a load that completed (one resume in ~2,000 failed so). A load QEMU refuses fails the event
+ * with QEMU's reason from its log; a state file we cannot read fails here.
+ */
 async function streamInto(pending: PendingVm, statePath: string, timeoutMs: number): Promise<void> {
   const done = pending.vmm.waitMigration(timeoutMs);
   done.catch(() => {});
   const sink = await pending.vmm.listenIncoming(false);
-  await pipeline(createReadStream(statePath), sink);
-  await done;
+  const source = createReadStream(statePath);
+  const unreadable = new Promise<never>((_, reject) => source.once('error', (e) => { sink.destroy(); reject(e); }));
+  unreadable.catch(() => {});
+  source.pipe(sink);
+  try {
+    await Promise.race([done, unreadable]);
+  } finally {
+    source.destroy();
+  }
 }
 
 /**
