@@ -72,9 +72,11 @@ export class Vmm {
     if (opts.startPaused) argv.push('-S');
     // Debugging aid: QEMU trace events to the VMM's log, e.g. COLLIMATE_QEMU_TRACE='virtio_serial_*'.
     for (const t of (process.env.COLLIMATE_QEMU_TRACE ?? '').split(',').filter(Boolean)) argv.push('-trace', `enable=${t}`);
-    const inner = opts.jail ? opts.jail.command(argv) : { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
-    // nsenter first: the jail's mount namespace and uid switch happen inside the network namespace.
-    const launch = opts.netns ? { file: '/usr/bin/nsenter', args: [`--net=${opts.netns}`, '--', inner.file, ...inner.args], env: inner.env } : inner;
+    // The network namespace first: the jail's mount namespace and uid switch happen inside it.
+    const plain = { file: argv[0], args: argv.slice(1), env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' } };
+    const launch = opts.jail
+      ? opts.jail.command(argv, opts.netns)
+      : opts.netns ? { ...plain, file: '/usr/bin/nsenter', args: [`--net=${opts.netns}`, '--', plain.file, ...plain.args] } : plain;
     const logFd = openSync(opts.logPath, 'a');
     const stdio: StdioOptions = ['ignore', logFd, logFd, serverFd(listeners[0]), serverFd(listeners[1]), spec.incoming ? 'pipe' : 'ignore'];
     let child;
