@@ -29,6 +29,14 @@ export interface EngineConfig {
    * all of its RAM through a receiving VMM (QEMU migration). COLLIMATE_FORK_CAPTURE.
    */
   forkCapture: 'pages' | 'migrate';
+  /**
+   * Most VMMs kept spawned ahead of forks per artifact (forkReceivers.ts): a template whose
+   * sandboxes fork keeps as many as its largest recent fork asked for, up to this. 0: none.
+   * COLLIMATE_FORK_POOL_MAX.
+   */
+  forkPoolMax: number;
+  /** A template's fork receivers go after this long without a fork of its sandboxes. COLLIMATE_FORK_POOL_IDLE_SECS. */
+  forkPoolIdleSecs: number;
   /** Warm VMMs per environment (tenant) template. */
   environmentPoolSize: number;
   /** Cap per output stream of one exec, in bytes. */
@@ -123,6 +131,8 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
     prewarmPool: env.COLLIMATE_PREWARM !== '0',
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),
+    forkPoolMax: intEnv(env, 'COLLIMATE_FORK_POOL_MAX', 16),
+    forkPoolIdleSecs: intEnv(env, 'COLLIMATE_FORK_POOL_IDLE_SECS', 600),
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
     defaultExecTimeoutSecs: 60,
     defaultSessionSecs: intEnv(env, 'COLLIMATE_SESSION_SECS', 3600),

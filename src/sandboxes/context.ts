@@ -10,6 +10,7 @@ import type { Running, SandboxRegistry } from './registry.js';
 import type { TemplatePools } from './templatePools.js';
 import type { PhaseReport } from './phases.js';
 import type { ForkSeeds } from './forkSeeds.js';
+import type { ForkReceivers } from './forkReceivers.js';
 import type { SandboxInfo, SandboxTransition, Scope } from './types.js';
 
 /**
@@ -24,6 +25,8 @@ export interface EngineContext {
   readonly templates: TemplatePools;
   /** Spare copies of backing files for the next fork point (forkSeeds.ts). */
   readonly seeds: ForkSeeds;
+  /** VMMs spawned ahead of forks (forkReceivers.ts). */
+  readonly receivers: ForkReceivers;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
   readonly net: NetManager | null;
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */

@@ -19,6 +19,7 @@ import { Reaper } from './reaper.js';
 import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
+import { ForkReceivers } from './forkReceivers.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget,
@@ -68,6 +69,7 @@ export class Engine extends EventEmitter implements SandboxService {
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
+      receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress }),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),
@@ -110,6 +112,11 @@ export class Engine extends EventEmitter implements SandboxService {
   /** Pool sizes by template, for metrics. */
   poolSizes(): Record<string, number> {
     return this.templatePools.poolSizes();
+  }
+
+  /** VMMs spawned ahead of forks, ready and wanted, by artifact (forkReceivers.ts). */
+  forkReceiverSizes(): Record<string, { ready: number; target: number }> {
+    return this.ctx.receivers.sizes();
   }
 
   /** Guest restores in this process, by whether the guest acknowledged (for metrics). */
@@ -242,6 +249,7 @@ export class Engine extends EventEmitter implements SandboxService {
     clearInterval(this.reapTimer);
     clearInterval(this.flusher);
     await this.templatePools.close();
+    await this.ctx.receivers.close();
     await this.ctx.seeds.close();
     await Promise.all(this.registry.all().map((r) => r.queue.drain().catch(() => {})));
     this.registry.flushActivity();

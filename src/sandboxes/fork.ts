@@ -12,6 +12,7 @@ import {
 } from './runtime.js';
 import { toInfo, type SandboxRow } from './repo.js';
 import { Phases } from './phases.js';
+import { attachDisk, attachMemory } from './forkReceivers.js';
 import type { Running } from './registry.js';
 import { gcForkPoints } from './delete.js';
 import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
@@ -292,7 +293,18 @@ async function spawnChildren(
       phases.since('child_spawn', t0);
       return p;
     };
-    const spawnedAll = await Promise.allSettled(Array.from({ length: opts.count }, spawnChild));
+    // VMMs spawned ahead of this fork (forkReceivers.ts) are put on the fork point's disk now and
+    // its RAM once whole; the rest are spawned.
+    const taken = ctx.receivers.take(artifactKey, opts.count);
+    children.push(...taken);
+    const claim = async (p: PendingVm) => {
+      const t0 = performance.now();
+      await attachDisk(ctx.cfg, p, fp, trustedLayers(ctx, fp.id, artifactKey));
+      if (p.record.net) await ctx.net!.apply(p.record.net, parentRow.egress);
+      phases.since('child_claim', t0);
+      return p;
+    };
+    const spawnedAll = await Promise.allSettled([...taken.map(claim), ...Array.from({ length: opts.count - taken.length }, spawnChild)]);
     const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (spawnFailure) throw spawnFailure.reason;
     const spawned = children.slice();
@@ -303,6 +315,7 @@ async function spawnChildren(
     const restoreChild = async (p: PendingVm): Promise<{ id: string; live: LiveVm }> => {
       const t0 = performance.now();
       try {
+        if (p.remapDir) await phases.time('memory_remap', () => attachMemory(p, fp.mem));
         return { id: p.id, live: await restoreCheckpoint(p, devState, p.id, phases) };
       } catch (e) {
         if (!isUnacknowledgedRestore(e)) throw e;
@@ -342,6 +355,7 @@ async function spawnChildren(
       ctx.registry.add(row.id, lives[i]);
       ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });
     });
+    void ctx.receivers.forked(artifactKey, opts.count);
     return rows.map((row) => toInfo(row, []));
   } catch (e) {
     for (const l of lives) l.agent.close();

@@ -54,7 +54,8 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
     const owner = f.replace(/\.mem$/, '');
     if (owner.startsWith('fp_') && fps.has(owner)) continue;
     if (owner.startsWith('sbx_') && ctx.registry.has(owner)) continue;
-    rmSync(p, { force: true });
+    // Spare seeds, fork receivers' remap directories (remap-*): the previous process's.
+    rmSync(p, { recursive: true, force: true });
   }
   // Template bakes cut off by a crash: their VMMs run on, recorded in their build directories.
   await stopOrphanedBakes(ctx.cfg.cacheDir, ctx.cfg.artifactRamDir, ctx.progress);

@@ -35,6 +35,8 @@ export interface PendingVm {
    * paused it: claiming it is `cont` plus a fresh identity (see claimWarm).
    */
   warm?: LiveVm;
+  /** A VMM spawned for a fork not yet made (forkReceivers.ts): its remap directory. */
+  remapDir?: string;
 }
 
 export function newSandboxId(): string {
@@ -65,10 +67,14 @@ export async function createOverlay(path: string, backing: string, backingFormat
 }
 
 /** The machine of a sandbox-side VMM; its NIC is on the namespace's tap when `tap`. */
-function specFor(cfg: EngineConfig, shape: MachineShape, rec: Pick<VmmRecord, 'dir' | 'memPath' | 'memShared' | 'diskPath'>, opts: { incoming: boolean; tap: boolean }): VmSpec {
+function specFor(
+  cfg: EngineConfig, shape: MachineShape, rec: Pick<VmmRecord, 'dir' | 'memPath' | 'memShared' | 'diskPath'>,
+  opts: { incoming: boolean; tap: boolean; remappable?: boolean },
+): VmSpec {
   return machineSpec({
     qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, shape, dir: rec.dir,
     memPath: rec.memPath, memShared: rec.memShared, upper: { path: rec.diskPath, format: 'qcow2' }, incoming: opts.incoming, tap: opts.tap,
+    remappable: opts.remappable,
   });
 }
 
@@ -89,9 +95,13 @@ export async function spawnIncoming(
      * its own (fork-point receivers and the like get the NIC on a backend that goes nowhere).
      */
     network?: boolean;
+    /** Spawned for a fork not yet made: its RAM and disk can be moved onto the fork point (forkReceivers.ts); needs confinement. */
+    remapDir?: string;
   },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
+  const jailer = await jailerFor(cfg);
+  if (opts.remapDir && !jailer) throw new Error('a remappable VMM needs confinement (its RAM shim does the remap)');
   mkdirSync(opts.dir, { recursive: true });
   const diskPath = opts.diskPath;
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
@@ -100,10 +110,10 @@ export async function spawnIncoming(
   let vmm: Vmm;
   try {
     vmm = await launchVmm({
-      spec: specFor(cfg, shape, record, { incoming: true, tap: !!netm }),
+      spec: specFor(cfg, shape, record, { incoming: true, tap: !!netm, remappable: !!opts.remapDir }),
       dir: opts.dir,
-      jailer: await jailerFor(cfg),
-      jail: { name: opts.id, shape, diskPath, disksDir: homePaths(cfg.home).disks, trustedLayers: opts.trustedLayers },
+      jailer,
+      jail: { name: opts.id, shape, diskPath, disksDir: homePaths(cfg.home).disks, trustedLayers: opts.trustedLayers, remapDir: opts.remapDir },
       net: netm,
       record,
       // Kept in the record, so that a later server can adopt or remove the namespace.
@@ -112,10 +122,11 @@ export async function spawnIncoming(
   } catch (e) {
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
     rmSync(opts.dir, { recursive: true, force: true });
+    if (opts.remapDir) rmSync(opts.remapDir, { recursive: true, force: true });
     if (opts.backing) rmSync(diskPath, { force: true });
     throw e;
   }
-  return { id: opts.id, dir: opts.dir, vmm, record };
+  return { id: opts.id, dir: opts.dir, vmm, record, ...(opts.remapDir ? { remapDir: opts.remapDir } : {}) };
 }
 
 /** Stops a pending VMM (a pool's, a fork point's receiver, an unborn child) and removes its directory and disk. */
@@ -123,6 +134,7 @@ export async function destroyPending(p: PendingVm): Promise<void> {
   p.warm?.agent.close();
   await p.vmm.kill();
   rmSync(p.dir, { recursive: true, force: true });
+  if (p.remapDir) rmSync(p.remapDir, { recursive: true, force: true });
   rmSync(p.record.diskPath, { force: true });
 }
 

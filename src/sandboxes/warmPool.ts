@@ -38,6 +38,14 @@ export class WarmPool<T> {
     return item ?? this.spawnOne();
   }
 
+  /** A ready item if there is one (never spawns on demand). */
+  takeReady(): T | undefined {
+    if (this.closed) return undefined;
+    const item = this.ready.shift();
+    this.refill();
+    return item;
+  }
+
   refill(): void {
     if (this.closed) return;
     while (this.ready.length + this.spawning < this.target && this.spawning < this.maxParallelSpawns) {

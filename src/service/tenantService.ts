@@ -161,6 +161,18 @@ export class TenantService {
       ),
     );
 
+    const receivers = this.engine as { forkReceiverSizes?: () => Record<string, { ready: number; target: number }> };
+    this.metrics.register(
+      new Gauge('collimate_fork_receivers', 'VMMs spawned ahead of forks by artifact: ready now, and the number the pool keeps (the largest recent fork, capped by COLLIMATE_FORK_POOL_MAX).', () =>
+        typeof receivers.forkReceiverSizes === 'function'
+          ? Object.entries(receivers.forkReceiverSizes()).flatMap(([artifact, s]) => [
+            { labels: { artifact: artifact.slice(0, 12), kind: 'ready' }, value: s.ready },
+            { labels: { artifact: artifact.slice(0, 12), kind: 'target' }, value: s.target },
+          ])
+          : [],
+      ),
+    );
+
     // The engine emits a `transition` for every acknowledged state change, the reaper's included;
     // metering from those is exact. Without events the reconcile timer catches up.
     const emitter = this.engine as unknown as Emitter;

@@ -52,7 +52,16 @@ export interface VmSpec {
   nic?: 'tap' | 'none';
   /** Extra `-sandbox` policy: on with obsolete/elevateprivileges/spawn/resourcecontrol denied. */
   seccomp: boolean;
+  /**
+   * A VMM spawned for a fork not yet made (forkReceivers.ts): its upper disk's nodes are named
+   * (`upper`, `upper-file`) so the fork can give it another backing layer, and the RAM shim gets a
+   * socket on descriptor 6 (REMAP_FD) to map the fork point's RAM in place of the template's.
+   */
+  remappable?: boolean;
 }
+
+/** The descriptor a remappable VMM's RAM shim reads its one `remap` request from. */
+export const REMAP_FD = 6;
 
 /** Kernel command line for every Collimate guest. The agent is /init in the initramfs. */
 export function kernelCmdline(opts: { debug?: boolean; extra?: string[] } = {}): string {
@@ -102,7 +111,8 @@ export function qemuArgv(spec: VmSpec): string[] {
   for (const d of spec.disks) {
     const id = `disk-${d.serial}`;
     const ro = d.readonly ? ',readonly=on' : ',discard=unmap';
-    argv.push('-drive', `id=${id},file=${d.path},format=${d.format},if=none,cache=none,aio=threads${ro}`);
+    const names = spec.remappable && d.serial === 'upper' ? ',node-name=upper,file.node-name=upper-file' : '';
+    argv.push('-drive', `id=${id}${names},file=${d.path},format=${d.format},if=none,cache=none,aio=threads${ro}`);
     argv.push('-device', `virtio-blk-device,drive=${id},serial=${d.serial}`);
   }
   if (spec.nic) {

@@ -27,7 +27,7 @@ import { chmodSync, chownSync, closeSync, existsSync, linkSync, lstatSync, mkdir
 import { dirname, isAbsolute, join, resolve, relative } from 'node:path';
 import { release as osRelease } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import type { Accel } from './argv.js';
+import { REMAP_FD, type Accel } from './argv.js';
 import type { MachineShape } from './machine.js';
 import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import {
@@ -87,6 +87,11 @@ export interface JailRequest {
   trustedLayers: string[];
   /** The VMM attaches to a tap (needs /dev/net/tun in its view). */
   tun?: boolean;
+  /**
+   * A remappable VMM's remap directory (on the RAM files' tmpfs, root-owned 0711): bound read-only
+   * into its view, named to its RAM shim with the descriptor of its remap socket (VmSpec.remappable).
+   */
+  remapDir?: string;
 }
 
 export interface JailLaunch {
@@ -388,6 +393,9 @@ export class Jailer {
       const bad = untrustedLayer(chain, req.trustedLayers);
       if (bad) throw new Error(`the disk chain of ${req.diskPath} names ${bad}, which is not one of its layers; refusing to start a VMM on it`);
       const memOwn = req.memShared || !existsSync(req.memPath);
+      // The remap is done by the RAM shim, which a VMM writing its own RAM file does not load.
+      if (req.remapDir && memOwn) throw new Error('only a VMM on a shared RAM file (share=off) can be remapped');
+      if (req.remapDir) rootDir(req.remapDir);
       rootDir(req.dir);
       const linksDir = join(req.dir, 'disks');
       rmSync(linksDir, { recursive: true, force: true });
@@ -424,6 +432,10 @@ export class Jailer {
       // The VMM's own tun node (see tunNode) as /dev/net/tun; the tap in its network namespace is
       // owned by its uid too, so that is the one tap it can attach to.
       if (tun) plan.binds.push({ src: tun, dst: '/dev/net/tun', kind: 'file', ro: false, device: true });
+      if (req.remapDir) {
+        plan.binds.push({ src: req.remapDir, dst: req.remapDir, kind: 'dir', ro: true });
+        Object.assign(plan.env, { COLLIMATE_REMAP_FD: String(REMAP_FD), COLLIMATE_REMAP_DIR: req.remapDir });
+      }
       let bound: ClaimOwner = self;
       let released = false;
       const record: JailRecord = { uid, claim: this.uids.claimPath(uid), cgroups: cgroup?.dirs ?? [], ...(tun ? { tunNode: tun } : {}) };
@@ -460,6 +472,20 @@ export class Jailer {
     const link = join(vmmDir, 'disks', relative(disksDir, path));
     rmSync(link, { force: true });
     linkSync(path, link);
+  }
+}
+
+/**
+ * Shows read-only disk layers to a VMM started before they existed (a fork receiver taking a fork
+ * point's layer): the ones in the disks directory are linked into its disks view, root-owned 0644.
+ * Layers elsewhere (the artifact's disk) were bound into its view when it started.
+ */
+export function exposeLayers(vmmDir: string, disksDir: string, layers: string[]): void {
+  for (const p of layers) {
+    if (dirname(p) !== disksDir) continue;
+    sealShared(p);
+    const link = join(vmmDir, 'disks', relative(disksDir, p));
+    if (!existsSync(link)) linkSync(p, link);
   }
 }
 

@@ -24,7 +24,7 @@ export interface LaunchRequest<R extends LaunchRecord> {
   /** Confines the VMM (null: QEMU runs as the server). */
   jailer: Pick<Jailer, 'prepare'> | null;
   /** What the jail needs beyond the spec. */
-  jail: Pick<JailRequest, 'name' | 'shape' | 'diskPath' | 'disksDir' | 'trustedLayers'>;
+  jail: Pick<JailRequest, 'name' | 'shape' | 'diskPath' | 'disksDir' | 'trustedLayers' | 'remapDir'>;
   /** Runs the VMM in a pooled network namespace of its own, with a tap owned by its uid (null: no network). */
   net: Pick<NetManager, 'acquire' | 'forVmm' | 'attachTap'> | null;
   record: R;

@@ -38,6 +38,8 @@ export function machineSpec(opts: {
   incoming: boolean;
   /** Whether the NIC (if the shape has one) is attached to the namespace's tap; default: a backend that goes nowhere. */
   tap?: boolean;
+  /** Spawned for a fork not yet made (VmSpec.remappable). */
+  remappable?: boolean;
 }): VmSpec {
   const f = vmmFiles(opts.dir);
   const disks: VmDisk[] = opts.shape.layers.map((path, i) => ({ serial: `layer${i}`, path, format: 'raw', readonly: true }));
@@ -57,6 +59,7 @@ export function machineSpec(opts: {
     agentSocket: f.agentSocket,
     consoleLog: f.consoleLog,
     incoming: opts.incoming,
+    ...(opts.remappable ? { remappable: true } : {}),
     seccomp: opts.seccomp,
     ...(opts.shape.nic ? { nic: opts.tap ? 'tap' as const : 'none' as const } : {}),
   };

@@ -9,14 +9,29 @@
  * so for the one path named by COLLIMATE_RAM_RO this library turns that O_RDWR into O_RDONLY; the
  * file stays root-owned 0644. QEMU 8.2 does the same itself (it falls back to O_RDONLY for
  * share=off when O_RDWR is refused); with it this library is unnecessary.
+ *
+ * A VMM waiting in a fork pool (forkReceivers.ts) also gets COLLIMATE_REMAP_FD, a socket to the
+ * server, and COLLIMATE_REMAP_DIR, a directory of its view. A thread started here waits on the
+ * socket for one line, `remap NAME`, and maps NAME (a fork point's RAM file, linked into that
+ * directory by the server) copy-on-write over the guest RAM mapping, in place (MAP_FIXED, same
+ * address and length): the VMM, spawned ahead of the fork, then restores the fork point as if it had
+ * been started on it. It answers `ok` or `error ERRNO STEP`, and exits. Nothing else is read from
+ * the socket; the guest has not run in this process yet, so no vCPU touches the mapping meanwhile.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 typedef int (*open_fn)(const char *, int, ...);
 typedef int (*openat_fn)(int, const char *, int, ...);
@@ -27,7 +42,16 @@ static open_fn real_open, real_open64;
 static openat_fn real_openat, real_openat64;
 static open2_fn real_open_2, real_open64_2;
 
-__attribute__((constructor)) static void init(void) { ro_path = getenv("COLLIMATE_RAM_RO"); }
+static void *remap_thread(void *arg);
+
+__attribute__((constructor)) static void init(void) {
+  ro_path = getenv("COLLIMATE_RAM_RO");
+  const char *fd = getenv("COLLIMATE_REMAP_FD");
+  if (fd && *fd && ro_path && *ro_path) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, remap_thread, (void *)(long)atoi(fd)) == 0) pthread_detach(t);
+  }
+}
 
 static int needs_mode(int flags) { return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE; }
 
@@ -81,4 +105,81 @@ int __open_2(const char *path, int flags) {
 int __open64_2(const char *path, int flags) {
   RESOLVE(real_open64_2, open2_fn, "__open64_2");
   return real_open64_2(path, adjust(path, flags));
+}
+
+/* ---- remapping the guest RAM onto a fork point ------------------------------------------------ */
+
+/* The largest mapping of the file with inode `ino` on device `dev` in this process. */
+static int find_mapping(dev_t dev, ino_t ino, unsigned long *start, unsigned long *len, unsigned long long *off) {
+  FILE *maps = fopen("/proc/self/maps", "re");
+  if (!maps) return -1;
+  char line[4096];
+  int found = -1;
+  *len = 0;
+  while (fgets(line, sizeof line, maps)) {
+    unsigned long a, b, maj, min, inode;
+    unsigned long long o;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s %llx %lx:%lx %lu", &a, &b, perms, &o, &maj, &min, &inode) != 7) continue;
+    if (inode != (unsigned long)ino || makedev(maj, min) != dev || b - a <= *len) continue;
+    *start = a;
+    *len = b - a;
+    *off = o;
+    found = 0;
+  }
+  fclose(maps);
+  return found;
+}
+
+static void reply(int sock, const char *msg) {
+  ssize_t n = write(sock, msg, strlen(msg));
+  (void)n;
+}
+
+static void *remap_thread(void *arg) {
+  int sock = (int)(long)arg;
+  const char *dir = getenv("COLLIMATE_REMAP_DIR");
+  char buf[4096], msg[256], path[4096];
+  size_t got = 0;
+  while (got < sizeof buf - 1) {
+    ssize_t n = read(sock, buf + got, sizeof buf - 1 - got);
+    if (n <= 0) { close(sock); return NULL; }
+    got += (size_t)n;
+    if (memchr(buf, '\n', got)) break;
+  }
+  buf[got] = '\0';
+  char *nl = strchr(buf, '\n');
+  const char *step = "request";
+  int err = EINVAL;
+  if (!nl || strncmp(buf, "remap ", 6) != 0 || !dir || !*dir) goto fail;
+  *nl = '\0';
+  const char *name = buf + 6;
+  /* One plain name inside the remap directory: no slashes, no dot names. */
+  if (!*name || strchr(name, '/') || name[0] == '.') goto fail;
+  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) goto fail;
+  struct stat ram;
+  step = "stat";
+  if (stat(ro_path, &ram) != 0) { err = errno; goto fail; }
+  unsigned long start, len;
+  unsigned long long off;
+  step = "find";
+  if (find_mapping(ram.st_dev, ram.st_ino, &start, &len, &off) != 0) { err = ENOENT; goto fail; }
+  step = "open";
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) { err = errno; goto fail; }
+  struct stat st;
+  step = "size";
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size < off + len) { err = EINVAL; close(fd); goto fail; }
+  step = "mmap";
+  void *p = mmap((void *)start, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, (off_t)off);
+  if (p == MAP_FAILED) { err = errno; close(fd); goto fail; }
+  close(fd);
+  reply(sock, "ok\n");
+  close(sock);
+  return NULL;
+fail:
+  snprintf(msg, sizeof msg, "error %d %s\n", err, step);
+  reply(sock, msg);
+  close(sock);
+  return NULL;
 }

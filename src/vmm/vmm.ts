@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { QmpClient } from './qmp.js';
-import { qemuArgv, type VmSpec } from './argv.js';
+import { qemuArgv, REMAP_FD, type VmSpec } from './argv.js';
 import type { JailLaunch } from './jail.js';
 
 /** Descriptors every VMM inherits: the QMP and agent listening sockets, the incoming migration stream. */
@@ -33,6 +33,8 @@ export class Vmm {
   private exitWaiters: Array<() => void> = [];
   /** Our end of the socketpair QEMU reads an incoming migration from (`migrate-incoming fd:5`). */
   private incoming?: Socket;
+  /** Our end of a remappable VMM's socket to its RAM shim (ramro.c): one `remap` request. */
+  private remap?: Socket;
   private released?: Promise<void>;
 
   private constructor(
@@ -79,6 +81,7 @@ export class Vmm {
       : opts.netns ? { ...plain, file: '/usr/bin/nsenter', args: [`--net=${opts.netns}`, '--', plain.file, ...plain.args] } : plain;
     const logFd = openSync(opts.logPath, 'a');
     const stdio: StdioOptions = ['ignore', logFd, logFd, serverFd(listeners[0]), serverFd(listeners[1]), spec.incoming ? 'pipe' : 'ignore'];
+    if (spec.remappable) stdio[REMAP_FD] = 'pipe';
     let child;
     try {
       child = spawn(launch.file, launch.args, { detached: true, stdio, env: launch.env });
@@ -91,6 +94,9 @@ export class Vmm {
     const incoming = spec.incoming ? ((child.stdio as unknown as Array<Socket | null>)[INCOMING_FD] ?? undefined) : undefined;
     incoming?.on('error', () => { /* QEMU went away; the migration wait reports it */ });
     incoming?.unref();
+    const remap = spec.remappable ? ((child.stdio as unknown as Array<Socket | null>)[REMAP_FD] ?? undefined) : undefined;
+    remap?.on('error', () => { /* QEMU went away; remapRam reports it */ });
+    remap?.unref();
     const pid = child.pid;
     if (pid === undefined) throw new Error('QEMU failed to spawn');
     const startTicks = procStartTicks(pid) ?? '';
@@ -101,9 +107,10 @@ export class Vmm {
     const deadline = Date.now() + (opts.qmpTimeoutMs ?? 10_000);
     let qmp: QmpClient | undefined;
     while (!qmp) {
-      if (exitInfo) { incoming?.destroy(); throw new Error(`QEMU ${exitInfo}: ${tail(opts.logPath)}`); }
+      if (exitInfo) { incoming?.destroy(); remap?.destroy(); throw new Error(`QEMU ${exitInfo}: ${tail(opts.logPath)}`); }
       if (Date.now() > deadline) {
         incoming?.destroy();
+        remap?.destroy();
         try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
         throw new Error(`QEMU QMP socket did not come up: ${tail(opts.logPath)}`);
       }
@@ -114,6 +121,7 @@ export class Vmm {
     };
     const vmm = new Vmm(pid, full, qmp, startTicks, opts.jail || opts.release ? { uid: opts.jail?.uid, release } : undefined);
     vmm.incoming = incoming;
+    vmm.remap = remap;
     child.once('exit', () => vmm.markExited());
     qmp.once('closed', () => { if (!isAlive(pid)) vmm.markExited(); });
     return vmm;
@@ -235,6 +243,51 @@ export class Vmm {
     sink.ref();
     sink.once('close', () => sink.unref());
     return sink;
+  }
+
+  /**
+   * Maps the file `name` (linked by the server into the VMM's remap directory) over the guest RAM
+   * in place of the file it was started on (ramro.c does it inside QEMU). Once, before the VMM
+   * restores anything. Rejects with the shim's reason.
+   */
+  async remapRam(name: string, timeoutMs = 10_000): Promise<void> {
+    const sock = this.remap;
+    if (!sock || sock.destroyed) throw new Error('this VMM cannot remap its RAM (not spawned remappable, or already remapped)');
+    this.remap = undefined;
+    sock.ref();
+    try {
+      const answer = await new Promise<string>((resolve, reject) => {
+        let buf = '';
+        const timer = setTimeout(() => reject(new Error(`the VMM did not answer the RAM remap within ${timeoutMs} ms`)), timeoutMs);
+        sock.on('data', (d) => {
+          buf += d.toString('utf8');
+          if (buf.includes('\n') || buf.length > 256) { clearTimeout(timer); resolve(buf.split('\n')[0]); }
+        });
+        sock.once('close', () => { clearTimeout(timer); reject(new Error(`the VMM closed its remap socket: ${tail(join(this.dir, 'qemu.log'))}`)); });
+        sock.write(`remap ${name}\n`);
+      });
+      if (answer !== 'ok') throw new Error(`the VMM could not remap its RAM onto ${name}: ${answer.slice(0, 200)}`);
+    } finally {
+      sock.destroy();
+    }
+  }
+
+  /**
+   * Puts the read-only qcow2 layer `backing` (its own chain read from its header) under the VMM's
+   * upper disk, in place of what the upper disk was opened on: a remappable VMM waiting for a fork
+   * gets the fork point's disk. The upper disk's header must already name `backing` (the server
+   * rewrote it; QEMU re-reads it when the incoming migration activates the disk). Before restore.
+   */
+  async rebaseUpper(backing: string, nodeName: string): Promise<void> {
+    if (!this.spec.remappable) throw new Error('this VMM\'s upper disk cannot be rebased (not spawned remappable)');
+    const cache = { direct: true, 'no-flush': false };
+    await this.qmp.execute('blockdev-add', {
+      driver: 'qcow2', 'node-name': nodeName, 'read-only': true, cache,
+      file: { driver: 'file', filename: backing, aio: 'threads', cache },
+    });
+    await this.qmp.execute('blockdev-reopen', {
+      options: [{ driver: 'qcow2', 'node-name': 'upper', file: 'upper-file', backing: nodeName, discard: 'unmap', cache, 'read-only': false }],
+    });
   }
 
   waitMigration(timeoutMs: number): Promise<void> {

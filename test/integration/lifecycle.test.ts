@@ -8,7 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
 import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
-import { allocatedBytes, privatePageBytes } from '../../src/vmm/memory.ts';
+import { allocatedBytes, mappingOf, privatePageBytes } from '../../src/vmm/memory.ts';
 
 const tenant = { tenant: 'it-lifecycle' };
 let engine: Engine;
@@ -101,6 +101,54 @@ test('a fork point costs what the parent\'s memory holds, not its size: tmpfs by
   } finally {
     await engine.delete(p.id);
   }
+});
+
+test('fork children from VMMs spawned ahead (fork receivers) keep every guarantee: same process and memory, private files, fresh identity; they fork, suspend and resume on their own chain', async () => {
+  const parent = await engine.create({ template: 'base' }, tenant);
+  const pid = await sh(parent.id, COUNTER);
+  await sh(parent.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=8 2>/dev/null; echo disk > /root/file; sync; echo ok');
+  const blob = await sh(parent.id, 'md5sum < /dev/shm/blob');
+  // The first fork of this template's sandboxes asks for receivers; they are spawned after it.
+  const warmup = await engine.fork(parent.id, { count: 2 });
+  for (const c of warmup) await engine.delete(c.id);
+  const key = engine.repo.get(parent.id)!.vmm!.artifactKey;
+  const deadline = Date.now() + 60_000;
+  while ((engine.forkReceiverSizes()[key]?.ready ?? 0) < 2) {
+    assert.ok(Date.now() < deadline, `receivers never became ready: ${JSON.stringify(engine.forkReceiverSizes())}`);
+    await sleep(100);
+  }
+  assert.equal(engine.forkReceiverSizes()[key].target, 2, 'the pool keeps as many as the largest fork asked for');
+  const phases: Array<Record<string, number>> = [];
+  const onPhases = (r: { op: string; phases: Record<string, number> }) => { if (r.op === 'fork') phases.push(r.phases); };
+  engine.on('phases', onPhases);
+  await sleep(600);
+  const atFork = await counter(parent.id);
+  const kids = await engine.fork(parent.id, { count: 2 });
+  engine.off('phases', onPhases);
+  assert.ok(phases[0].child_claim !== undefined && phases[0].memory_remap !== undefined, `the fork took receivers: ${JSON.stringify(phases[0])}`);
+  assert.equal(phases[0].child_spawn, undefined, 'no child VMM was spawned during the fork');
+  for (const k of kids) {
+    const rec = engine.repo.get(k.id)!.vmm!;
+    const fp = engine.repo.allForkPoints().find((f) => engine.repo.refsOf(k.id).includes(f.id) && f.mem_path === rec.memPath);
+    assert.ok(fp, 'the child\'s record names its fork point\'s RAM file');
+    assert.ok(mappingOf(rec.pid, rec.memPath).length >= 256 * 2 ** 20, 'and its QEMU maps that file (found by inode) as its guest RAM');
+    assert.equal(await sh(k.id, `kill -0 ${pid} && echo alive`), 'alive');
+    assert.ok((await counter(k.id)) >= atFork, 'the counter continues from the parent\'s value');
+    assert.equal(await sh(k.id, 'md5sum < /dev/shm/blob'), blob, 'the parent\'s memory');
+    assert.equal(await sh(k.id, 'cat /root/file'), 'disk', 'the parent\'s disk');
+  }
+  await sh(kids[0].id, 'echo mine > /root/kid0; sync');
+  assert.notEqual((await engine.exec(kids[1].id, { command: 'cat /root/kid0' })).exit_code, 0, 'files stay private');
+  assert.notEqual((await engine.exec(parent.id, { command: 'cat /root/kid0' })).exit_code, 0);
+  const boots = await Promise.all([parent.id, ...kids.map((k) => k.id)].map((id) => sh(id, 'cat /proc/sys/kernel/random/boot_id')));
+  assert.equal(new Set(boots).size, 3, 'fresh identities');
+  // A receiver-born child forks, suspends and resumes like any other sandbox.
+  const [grand] = await engine.fork(kids[0].id, { count: 1 });
+  assert.equal(await sh(grand.id, 'cat /root/kid0 /root/file'), 'mine\ndisk');
+  await engine.suspend(kids[0].id);
+  await engine.resume(kids[0].id);
+  assert.equal(await sh(kids[0].id, `kill -0 ${pid} && cat /root/kid0 && md5sum < /dev/shm/blob`), `mine\n${blob}`);
+  for (const id of [grand.id, ...kids.map((k) => k.id), parent.id]) await engine.delete(id);
 });
 
 test('repeated forks of one parent and forks of a child (a fork tree three deep) keep every disk chain intact', async () => {

@@ -101,3 +101,10 @@ test('under TCG the guest is told the host TSC rate so it never calibrates again
   writeFileSync(info, 'processor\t: 0\ncpu MHz\t\t: 2596.098\nflags\t\t: fpu tsc\n');
   assert.deepEqual(guestClockArgs('tcg', info), [], 'a TSC that is not constant has no single rate to give');
 });
+
+test('a fork receiver names its upper disk\'s nodes (to rebase it over QMP); the layers and other VMMs do not', () => {
+  const argv = qemuArgv({ ...spec, remappable: true }).join(' ');
+  assert.ok(argv.includes('-drive id=disk-upper,node-name=upper,file.node-name=upper-file,file=/s/sbx_1/disk.qcow2,format=qcow2,'));
+  assert.ok(argv.includes('-drive id=disk-layer0,file=/l/base.erofs,'));
+  assert.ok(!qemuArgv(spec).join(' ').includes('node-name'));
+});

@@ -1,0 +1,170 @@
+import { existsSync, linkSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import type { EngineConfig } from '../config.js';
+import { homePaths } from '../host/paths.js';
+import type { Artifact } from '../images/bake.js';
+import { backingChain, exposeLayers, jailerFor, sealShared, untrustedLayer } from '../vmm/jail.js';
+import { WarmPool } from './warmPool.js';
+import { createOverlay, destroyPending, newDiskPath, newSandboxId, spawnIncoming, type PendingVm } from './runtime.js';
+
+/**
+ * VMMs spawned ahead of the forks that will need them ("receivers"), per artifact. Spawning a QEMU
+ * is the largest step of a live fork under TCG (the process, its jail and namespace, QEMU's own
+ * start: ~100–200 ms, and ×16 for fork(16) on two cores), and a child's VMM cannot be started
+ * before its fork point exists, because the RAM file and disk layer it runs on are made by the
+ * fork. A receiver is started on its template's RAM file and disk like a create-pool VMM, but
+ * remappable (VmSpec.remappable): a fork that takes it points its upper disk at the fork point's
+ * layer (`attachDisk`: the header rewritten, the layer added and set as backing over QMP) and,
+ * once the fork point's RAM is whole, has the RAM shim inside QEMU map that file over the guest
+ * RAM in place (`attachMemory`). Then it restores the fork point's device state like any child.
+ * The guest has never run in it, so nothing it holds comes from the template.
+ *
+ * Sizing follows demand: a template gets receivers only once its sandboxes fork, as many as the
+ * largest fork since (at most COLLIMATE_FORK_POOL_MAX), refilled one at a time after each fork,
+ * and none again after COLLIMATE_FORK_POOL_IDLE_SECS without a fork. A receiver costs its QEMU's
+ * own memory (no guest page is touched before it is taken) and no CPU while it waits. Needs
+ * confinement (the RAM shim does the remap); without it every child is spawned at fork time.
+ */
+export class ForkReceivers {
+  private readonly pools = new Map<string, { pool: WarmPool<PendingVm>; lastFork: number }>();
+  private sweeper?: NodeJS.Timeout;
+  private closed = false;
+
+  private readonly spawn: (a: Artifact) => Promise<PendingVm>;
+  private readonly destroy: (p: PendingVm) => Promise<void>;
+
+  constructor(
+    private readonly cfg: EngineConfig,
+    private readonly artifactFor: (key: string) => Artifact,
+    private readonly opts: {
+      onError?: (msg: string) => void;
+      /** Tests: how a receiver is made and destroyed, and whether receivers can be used at all. */
+      spawn?: (a: Artifact) => Promise<PendingVm>;
+      destroy?: (p: PendingVm) => Promise<void>;
+      available?: () => Promise<boolean>;
+    } = {},
+  ) {
+    this.spawn = opts.spawn ?? ((a) => this.spawnFor(a));
+    this.destroy = opts.destroy ?? destroyPending;
+  }
+
+  /** Whether forks here can use receivers: a pool allowed and confinement on (the RAM shim does the remap). */
+  async available(): Promise<boolean> {
+    if (this.opts.available) return this.opts.available();
+    return this.cfg.forkPoolMax > 0 && !!(await jailerFor(this.cfg));
+  }
+
+  /** Up to `n` ready receivers for a fork of a sandbox on `artifactKey` (fewer, or none, when the pool has fewer). */
+  take(artifactKey: string, n: number): PendingVm[] {
+    const slot = this.pools.get(artifactKey);
+    const out: PendingVm[] = [];
+    while (slot && out.length < n) {
+      const p = slot.pool.takeReady();
+      if (!p) break;
+      out.push(p);
+    }
+    return out;
+  }
+
+  /**
+   * After a fork of `count` children of a sandbox on `artifactKey`: the pool keeps as many as the
+   * largest fork (capped), refilled in the background once the children have settled.
+   */
+  async forked(artifactKey: string, count: number): Promise<void> {
+    if (this.closed || !(await this.available())) return;
+    let artifact: Artifact;
+    try {
+      artifact = this.artifactFor(artifactKey);
+    } catch {
+      return;
+    }
+    if (!this.opts.spawn && !existsSync(artifact.memPath)) return;
+    let slot = this.pools.get(artifactKey);
+    if (!slot) {
+      const pool = new WarmPool<PendingVm>(
+        `fork receivers ${artifactKey.slice(0, 12)}`, 0, () => this.spawn(artifact), this.destroy,
+        (e) => this.opts.onError?.(`fork receiver for ${artifactKey.slice(0, 12)}: spawn failed: ${(e as Error).message}`),
+        // One at a time: the children just forked are taking their first steps on the same cores.
+        1,
+      );
+      slot = { pool, lastFork: 0 };
+      this.pools.set(artifactKey, slot);
+    }
+    slot.lastFork = Date.now();
+    const target = Math.min(this.cfg.forkPoolMax, Math.max(slot.pool.targetSize, count));
+    const s = slot;
+    setTimeout(() => { if (!this.closed && this.pools.get(artifactKey) === s) s.pool.setTarget(target); }, 500).unref();
+    this.sweeper ??= setInterval(() => void this.sweepIdle(), 30_000);
+    this.sweeper.unref();
+  }
+
+  /** Ready receivers and the target, per artifact (metrics, /healthz). */
+  sizes(): Record<string, { ready: number; target: number }> {
+    return Object.fromEntries([...this.pools].map(([k, s]) => [k, { ready: s.pool.size, target: s.pool.targetSize }]));
+  }
+
+  /** Drops the receivers of templates whose sandboxes have not forked for a while. */
+  async sweepIdle(now = Date.now()): Promise<void> {
+    for (const [key, slot] of [...this.pools]) {
+      if (now - slot.lastFork < this.cfg.forkPoolIdleSecs * 1000) continue;
+      this.pools.delete(key);
+      await slot.pool.close();
+    }
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.sweeper);
+    const slots = [...this.pools.values()];
+    this.pools.clear();
+    await Promise.all(slots.map((s) => s.pool.close()));
+  }
+
+  private async spawnFor(a: Artifact): Promise<PendingVm> {
+    const id = newSandboxId();
+    const paths = homePaths(this.cfg.home);
+    return spawnIncoming(this.cfg, a.shape, {
+      id, dir: join(paths.sandboxes, id), memPath: a.memPath, memShared: false,
+      backing: { path: a.diskPath, format: 'raw' }, diskPath: newDiskPath(paths.disks, id), artifactKey: a.key,
+      trustedLayers: [a.diskPath], network: true, remapDir: join(this.cfg.ramDir, `remap-${id}`),
+    });
+  }
+}
+
+/**
+ * Puts a receiver's disk on a fork point's frozen layer: its empty top layer is recreated naming
+ * that layer (same file, which QEMU holds open but has not used: it re-reads the header when the
+ * restore activates the disk), the layer's chain must be one the server knows (`trusted`) and is
+ * shown in the VMM's view, and QEMU opens the layer and makes it the top layer's backing.
+ */
+export async function attachDisk(cfg: EngineConfig, p: PendingVm, fp: { id: string; disk: string }, trusted: string[]): Promise<void> {
+  await createOverlay(p.record.diskPath, fp.disk, 'qcow2');
+  const chain = backingChain(p.record.diskPath);
+  const bad = untrustedLayer(chain, trusted);
+  if (bad) throw new Error(`the disk chain of ${p.record.diskPath} names ${bad}, which is not one of its layers`);
+  exposeLayers(p.dir, homePaths(cfg.home).disks, chain.slice(1));
+  await p.vmm.rebaseUpper(fp.disk, `fp-${fp.id}`);
+}
+
+/**
+ * Maps a whole fork point's RAM file over a receiver's guest RAM (ramro.c does it inside QEMU):
+ * the file is linked into the receiver's remap directory for the moment it takes QEMU to open it.
+ * From here on the receiver is a child of that fork point like any other.
+ */
+export async function attachMemory(p: PendingVm, forkPointMem: string): Promise<void> {
+  if (!p.remapDir) throw new Error('not a fork receiver');
+  const link = join(p.remapDir, 'ram');
+  rmSync(link, { force: true });
+  // Shared from now on: root's, 0644 (a receiver filled by migration owned it until now).
+  sealShared(forkPointMem);
+  linkSync(forkPointMem, link);
+  try {
+    await p.vmm.remapRam('ram');
+  } finally {
+    rmSync(link, { force: true });
+  }
+  // Used once: the directory goes (QEMU's view keeps an empty, deleted one).
+  rmSync(p.remapDir, { recursive: true, force: true });
+  p.remapDir = undefined;
+  p.record.memPath = forkPointMem;
+}
