@@ -262,6 +262,8 @@ export class NetManager {
   async apply(rec: NetRecord, policy: EgressPolicy): Promise<void> {
     const key = policyKey(policy);
     const prev = this.applied.get(rec.ns);
+    // Already in place (a fork receiver made ready with the policy its next fork's parent has).
+    if (prev && prev.key === key && prev.rec.nsIp === rec.nsIp) return;
     let resolver: PolicyResolver | undefined;
     if (policy !== 'none') {
       let ref = this.resolvers.get(key);

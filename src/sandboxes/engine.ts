@@ -69,7 +69,7 @@ export class Engine extends EventEmitter implements SandboxService {
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
-      receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress }),
+      receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),

@@ -1,4 +1,4 @@
-import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
@@ -7,7 +7,8 @@ import { copyPrivatePages, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
 import { sealShared } from '../vmm/jail.js';
 import {
-  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, snapshotUpperDisk, destroyPending,
+  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, prepareUpperDisk, snapshotUpperDisk,
+  destroyPending,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import { toInfo, type SandboxRow } from './repo.js';
@@ -37,6 +38,8 @@ interface Unowned {
   /** The VMM the fork point's RAM is filled through. */
   recv?: PendingVm;
   children: PendingVm[];
+  /** The parent's next top layer, made before it stopped, until it is put on. */
+  disk?: string;
 }
 
 export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]> {
@@ -85,11 +88,13 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       const spare = await ctx.seeds.take(rec.memPath, fp.mem, memBytes);
       phases.since(spare ? 'memory_seed_spare' : 'memory_seed', t0);
     }
+    unowned.disk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+    await phases.time('disk_prepare', () => prepareUpperDisk(ctx.cfg, r.live, unowned.disk!));
     await ctx.fault('fork:before-stop');
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
-    await freezeParentDisk(ctx, r, fp, phases);
+    await freezeParentDisk(ctx, r, fp, phases, unowned);
     // A share=on parent's file is copied while it is stopped (below); the children map it already.
     if (rec.memShared) closeSync(openSync(fp.mem, 'w', 0o644));
     // The children's VMMs start now (their disks lie on the frozen layer); they wait for the device state.
@@ -148,11 +153,13 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
   let parentStopped = false;
   let stoppedAt = 0;
   try {
+    unowned.disk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+    await phases.time('disk_prepare', () => prepareUpperDisk(ctx.cfg, r.live, unowned.disk!));
     await ctx.fault('fork:before-stop');
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
-    await freezeParentDisk(ctx, r, fp, phases);
+    await freezeParentDisk(ctx, r, fp, phases, unowned);
     return await finishForkPoint(ctx, parentRow, shape, fp, r.live.record.artifactKey, opts, unowned, phases, async (recv) => {
       await ctx.fault('fork:recv-spawned');
       await phases.time('memory_capture', () => vmm.migrateTo(recv.vmm, 300_000));
@@ -215,11 +222,12 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
 
 /**
  * Freezes a stopped parent's top disk layer in place as the fork point's disk: the parent goes on
- * on a new overlay above it (recorded before anything else moves).
+ * on the new overlay made for it (`unowned.disk`), recorded before anything else moves.
  */
-async function freezeParentDisk(ctx: EngineContext, r: Running, fp: ForkPoint, phases: Phases): Promise<void> {
-  const newDisk = newDiskPath(dirs(ctx.cfg).disks, r.id);
+async function freezeParentDisk(ctx: EngineContext, r: Running, fp: ForkPoint, phases: Phases, unowned: Unowned): Promise<void> {
+  const newDisk = unowned.disk!;
   await phases.time('disk_freeze', () => snapshotUpperDisk(ctx.cfg, r.live, newDisk, `upper-${fp.id}`));
+  unowned.disk = undefined;
   r.live.record.diskPath = newDisk;
   ctx.repo.update(r.id, { vmm: r.live.record });
   await ctx.fault('fork:after-disk');
@@ -355,7 +363,7 @@ async function spawnChildren(
       ctx.registry.add(row.id, lives[i]);
       ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });
     });
-    void ctx.receivers.forked(artifactKey, opts.count);
+    void ctx.receivers.forked(artifactKey, opts.count, parentRow.egress);
     return rows.map((row) => toInfo(row, []));
   } catch (e) {
     for (const l of lives) l.agent.close();
@@ -364,6 +372,7 @@ async function spawnChildren(
 }
 
 async function destroyUnowned(unowned: Unowned): Promise<void> {
+  if (unowned.disk) rmSync(unowned.disk, { force: true });
   if (unowned.recv) await destroyPending(unowned.recv).catch(() => {});
   for (const c of unowned.children) await destroyPending(c).catch(() => {});
 }

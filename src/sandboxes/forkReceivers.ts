@@ -1,11 +1,22 @@
 import { existsSync, linkSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { EngineConfig } from '../config.js';
+import type { NetManager } from '../net/netns.js';
+import type { EgressPolicy } from '../net/policy.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
 import { backingChain, exposeLayers, jailerFor, sealShared, untrustedLayer } from '../vmm/jail.js';
+import { rebaseEmptyOverlay, qcow2Size } from '../vmm/qcow2.js';
 import { WarmPool } from './warmPool.js';
-import { createOverlay, destroyPending, newDiskPath, newSandboxId, spawnIncoming, type PendingVm } from './runtime.js';
+import { destroyPending, newDiskPath, newSandboxId, spawnIncoming, type PendingVm } from './runtime.js';
+
+interface Slot {
+  pool: WarmPool<PendingVm>;
+  /** When a sandbox on this artifact last forked. */
+  lastFork: number;
+  /** The egress policy of that fork's parent: receivers are made ready with it. */
+  egress?: EgressPolicy;
+}
 
 /**
  * VMMs spawned ahead of the forks that will need them ("receivers"), per artifact. Spawning a QEMU
@@ -14,7 +25,8 @@ import { createOverlay, destroyPending, newDiskPath, newSandboxId, spawnIncoming
  * before its fork point exists, because the RAM file and disk layer it runs on are made by the
  * fork. A receiver is started on its template's RAM file and disk like a create-pool VMM, but
  * remappable (VmSpec.remappable): a fork that takes it points its upper disk at the fork point's
- * layer (`attachDisk`: the header rewritten, the layer added and set as backing over QMP) and,
+ * layer (`attachDisk`: the header rewritten in place (qcow2.ts), the layer added and set as
+ * backing over QMP) and,
  * once the fork point's RAM is whole, has the RAM shim inside QEMU map that file over the guest
  * RAM in place (`attachMemory`). Then it restores the fork point's device state like any child.
  * The guest has never run in it, so nothing it holds comes from the template.
@@ -26,7 +38,7 @@ import { createOverlay, destroyPending, newDiskPath, newSandboxId, spawnIncoming
  * confinement (the RAM shim does the remap); without it every child is spawned at fork time.
  */
 export class ForkReceivers {
-  private readonly pools = new Map<string, { pool: WarmPool<PendingVm>; lastFork: number }>();
+  private readonly pools = new Map<string, Slot>();
   private sweeper?: NodeJS.Timeout;
   private closed = false;
 
@@ -38,6 +50,8 @@ export class ForkReceivers {
     private readonly artifactFor: (key: string) => Artifact,
     private readonly opts: {
       onError?: (msg: string) => void;
+      /** Receivers get the egress policy of the last fork's parent ahead of time (a claim then has nothing to apply). */
+      net?: NetManager | null;
       /** Tests: how a receiver is made and destroyed, and whether receivers can be used at all. */
       spawn?: (a: Artifact) => Promise<PendingVm>;
       destroy?: (p: PendingVm) => Promise<void>;
@@ -70,7 +84,7 @@ export class ForkReceivers {
    * After a fork of `count` children of a sandbox on `artifactKey`: the pool keeps as many as the
    * largest fork (capped), refilled in the background once the children have settled.
    */
-  async forked(artifactKey: string, count: number): Promise<void> {
+  async forked(artifactKey: string, count: number, egress?: EgressPolicy): Promise<void> {
     if (this.closed || !(await this.available())) return;
     let artifact: Artifact;
     try {
@@ -81,19 +95,21 @@ export class ForkReceivers {
     if (!this.opts.spawn && !existsSync(artifact.memPath)) return;
     let slot = this.pools.get(artifactKey);
     if (!slot) {
-      const pool = new WarmPool<PendingVm>(
-        `fork receivers ${artifactKey.slice(0, 12)}`, 0, () => this.spawn(artifact), this.destroy,
+      const fresh = { lastFork: 0 } as Slot;
+      fresh.pool = new WarmPool<PendingVm>(
+        `fork receivers ${artifactKey.slice(0, 12)}`, 0, () => this.spawnReady(artifact, fresh), this.destroy,
         (e) => this.opts.onError?.(`fork receiver for ${artifactKey.slice(0, 12)}: spawn failed: ${(e as Error).message}`),
         // One at a time: the children just forked are taking their first steps on the same cores.
         1,
       );
-      slot = { pool, lastFork: 0 };
+      slot = fresh;
       this.pools.set(artifactKey, slot);
     }
     slot.lastFork = Date.now();
+    slot.egress = egress;
     const target = Math.min(this.cfg.forkPoolMax, Math.max(slot.pool.targetSize, count));
-    const s = slot;
-    setTimeout(() => { if (!this.closed && this.pools.get(artifactKey) === s) s.pool.setTarget(target); }, 500).unref();
+    const ready = slot;
+    setTimeout(() => { if (!this.closed && this.pools.get(artifactKey) === ready) ready.pool.setTarget(target); }, 500).unref();
     this.sweeper ??= setInterval(() => void this.sweepIdle(), 30_000);
     this.sweeper.unref();
   }
@@ -120,6 +136,19 @@ export class ForkReceivers {
     await Promise.all(slots.map((s) => s.pool.close()));
   }
 
+  /** A receiver with the slot's egress policy in place. */
+  private async spawnReady(a: Artifact, slot: Slot): Promise<PendingVm> {
+    const p = await this.spawn(a);
+    const net = this.opts.net;
+    try {
+      if (net && p.record?.net && slot.egress !== undefined) await net.apply(p.record.net, slot.egress);
+    } catch (e) {
+      await this.destroy(p).catch(() => {});
+      throw e;
+    }
+    return p;
+  }
+
   private async spawnFor(a: Artifact): Promise<PendingVm> {
     const id = newSandboxId();
     const paths = homePaths(this.cfg.home);
@@ -138,7 +167,7 @@ export class ForkReceivers {
  * shown in the VMM's view, and QEMU opens the layer and makes it the top layer's backing.
  */
 export async function attachDisk(cfg: EngineConfig, p: PendingVm, fp: { id: string; disk: string }, trusted: string[]): Promise<void> {
-  await createOverlay(p.record.diskPath, fp.disk, 'qcow2');
+  rebaseEmptyOverlay(p.record.diskPath, fp.disk, 'qcow2', qcow2Size(fp.disk));
   const chain = backingChain(p.record.diskPath);
   const bad = untrustedLayer(chain, trusted);
   if (bad) throw new Error(`the disk chain of ${p.record.diskPath} names ${bad}, which is not one of its layers`);

