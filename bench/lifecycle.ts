@@ -1,6 +1,8 @@
 // Lifecycle benchmark (issue: live fork, suspend/resume). In one run:
 //   fork latency (request → all N children running) for N = 1, 4, 16 from a 512 MiB sandbox with
-//   ~100 MB of dirtied memory; the memory each child adds before it writes; the replay tax (reaching
+//   ~100 MB of dirtied memory, with the template's fork receivers ready (forkReceivers.ts); fork(1)
+//   by migration and with children spawned at fork time as baselines, and of a 2 GiB guest with the
+//   same dirty set; the memory each child adds before it writes; the replay tax (reaching
 //   a 20-step episode's state by replaying it in a fresh sandbox vs forking it); suspend and resume.
 // Usage: node --import tsx bench/lifecycle.ts [--runs 5]
 import { readFileSync, rmSync } from 'node:fs';
@@ -49,28 +51,95 @@ function guestRamPssMiB(p: number, memPath: string): number {
   return total / 1024;
 }
 
+/** A sandbox with ~100 MB of its memory dirtied and a process running. */
+async function dirtyParent(eng: Engine): Promise<string> {
+  const p = await eng.create({ template: 'base' }, tenant);
+  const run = async (command: string) => {
+    const r = await eng.exec(p.id, { command, timeout: 600 });
+    if (r.exit_code !== 0) throw new Error(`${command}: ${r.stderr}`);
+  };
+  await run('dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=100 2>/dev/null; sync');
+  await run('(i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 1; done) >/dev/null 2>&1 &');
+  return p.id;
+}
+
+/**
+ * Waits until `eng` holds `n` VMMs spawned ahead of forks of `id`'s template (forkReceivers.ts; the
+ * pool follows the largest recent fork, refilled one at a time after each): the fork measured next
+ * is one of a template whose sandboxes fork steadily.
+ */
+async function receiversReady(eng: Engine, id: string, n: number): Promise<void> {
+  const key = eng.repo.get(id)!.vmm!.artifactKey;
+  const want = Math.min(n, eng.forkReceiverSizes()[key]?.target ?? 0);
+  const deadline = Date.now() + 120_000;
+  while ((eng.forkReceiverSizes()[key]?.ready ?? 0) < want && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+}
+
+/** Runs `fn` with the engine's fork receivers off: every child is spawned at fork time. */
+async function withoutReceivers<T>(eng: Engine, fn: () => Promise<T>): Promise<T> {
+  const max = eng.cfg.forkPoolMax;
+  eng.cfg.forkPoolMax = 0;
+  try {
+    return await fn();
+  } finally {
+    eng.cfg.forkPoolMax = max;
+  }
+}
+
 log('parent: 512 MiB guest, dirtying ~100 MB');
-const parent = await engine.create({ template: 'base' }, tenant);
-await sh(parent.id, 'dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=100 2>/dev/null; sync');
-await sh(parent.id, '(i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 1; done) >/dev/null 2>&1 &');
+const parent = await dirtyParent(engine).then((id) => ({ id }));
 const parentRss = rssMiB(pid(parent.id), read);
+// The same dirty set in a 2 GiB guest (its own engine: the catalog's guest size is per engine).
+log('parent: 2 GiB guest, dirtying ~100 MB');
+const big = await Engine.open({
+  home: `${home}-2g`, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 1, catalog: ['base'], catalogMemoryMib: 2048, progress: log,
+});
+const bigParent = await dirtyParent(big);
+big.on('phases', (r: PhaseReport) => {
+  if (r.op !== 'fork') return;
+  const list = phaseReports.get('fork(1), 2 GiB guest') ?? [];
+  list.push(r);
+  phaseReports.set('fork(1), 2 GiB guest', list);
+});
+// One fork of each template first: its receivers are asked for by a fork.
+for (const [eng, id] of [[engine, parent.id], [big, bigParent]] as const) {
+  for (const k of await eng.fork(id, { count: 1 })) await eng.delete(k.id);
+}
 
 const forkMs: Record<number, number[]> = { 1: [], 4: [], 16: [] };
 let childPss: number[] = [];
 let childRamPss: number[] = [];
-// fork(1) by migration (the earlier path, COLLIMATE_FORK_CAPTURE=migrate), interleaved with the page-copy runs: the baseline.
+// fork(1) by migration (the earlier path, COLLIMATE_FORK_CAPTURE=migrate, children spawned at fork
+// time), fork(1) by page copy with children spawned at fork time, and fork(1) of the 2 GiB guest,
+// interleaved with the fork(1) runs: the baselines and the size comparison, in the same run.
 const forkMigrateMs: number[] = [];
+const forkSpawnedMs: number[] = [];
+const forkBigMs: number[] = [];
 for (const n of [1, 4, 16]) {
+  // Unmeasured: the template's sandboxes have forked this wide before (the pool follows the largest recent fork).
+  if (n > 1) for (const k of await engine.fork(parent.id, { count: n })) await engine.delete(k.id);
   for (let r = 0; r < (n === 16 ? Math.max(3, Math.ceil(RUNS / 2)) : RUNS); r++) {
     if (n === 1) {
       engine.cfg.forkCapture = 'migrate';
       measuring = 'fork(1) by migration';
-      const [mms, mkids] = await timed(() => engine.fork(parent.id, { count: 1 }));
+      const [mms, mkids] = await withoutReceivers(engine, () => timed(() => engine.fork(parent.id, { count: 1 })));
       engine.cfg.forkCapture = 'pages';
       forkMigrateMs.push(mms);
       log(`fork(1) by migration run ${r + 1}: ${fmt(mms)} ms`);
       for (const k of mkids) await engine.delete(k.id);
+      measuring = 'fork(1), children spawned at fork time';
+      const [sms, skids] = await withoutReceivers(engine, () => timed(() => engine.fork(parent.id, { count: 1 })));
+      forkSpawnedMs.push(sms);
+      log(`fork(1) spawned at fork time run ${r + 1}: ${fmt(sms)} ms`);
+      for (const k of skids) await engine.delete(k.id);
+      measuring = '';
+      await receiversReady(big, bigParent, 1);
+      const [bms, bkids] = await timed(() => big.fork(bigParent, { count: 1 }));
+      forkBigMs.push(bms);
+      log(`fork(1) of the 2 GiB guest run ${r + 1}: ${fmt(bms)} ms`);
+      for (const k of bkids) await big.delete(k.id);
     }
+    await receiversReady(engine, parent.id, n);
     measuring = `fork(${n})`;
     const [ms, kids] = await timed(() => engine.fork(parent.id, { count: n }));
     measuring = '';
@@ -119,12 +188,17 @@ for (let r = 0; r < RUNS; r++) {
   measuring = '';
 }
 
+await big.deleteAll();
+await big.close();
+rmSync(`${home}-2g`, { recursive: true, force: true });
 await engine.deleteAll();
 await engine.close();
 rmSync(home, { recursive: true, force: true });
 
 const f1 = summary(forkMs[1]);
 const fm = summary(forkMigrateMs);
+const fs = summary(forkSpawnedMs);
+const fb = summary(forkBigMs);
 const f4 = summary(forkMs[4]);
 const f16 = summary(forkMs[16]);
 const rp = summary(replayMs);
@@ -141,6 +215,9 @@ console.log([
   `| fork(1): request → child running | ${f1.n} | ${fmt(f1.p50)} ms | ${fmt(f1.p99)} ms |`,
   `| fork(1) by migration (COLLIMATE_FORK_CAPTURE=migrate), same run | ${fm.n} | ${fmt(fm.p50)} ms | ${fmt(fm.p99)} ms |`,
   `| **fork(1) by migration / by page copy (p50)** | | **${(fm.p50 / f1.p50).toFixed(1)}×** | |`,
+  `| fork(1), children spawned at fork time (no receivers), same run | ${fs.n} | ${fmt(fs.p50)} ms | ${fmt(fs.p99)} ms |`,
+  `| fork(1) of a 2 GiB guest, same dirty set, same run | ${fb.n} | ${fmt(fb.p50)} ms | ${fmt(fb.p99)} ms |`,
+  `| **2 GiB / 512 MiB fork(1) (p50)** | | **${(fb.p50 / f1.p50).toFixed(2)}×** | |`,
   `| fork(4) | ${f4.n} | ${fmt(f4.p50)} ms | ${fmt(f4.p99)} ms |`,
   `| fork(16) | ${f16.n} | ${fmt(f16.p50)} ms | ${fmt(f16.p99)} ms |`,
   `| **fork(16) / fork(1) (p50)** | | **${(f16.p50 / f1.p50).toFixed(2)}×** | |`,

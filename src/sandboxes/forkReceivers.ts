@@ -70,6 +70,7 @@ export class ForkReceivers {
 
   /** Up to `n` ready receivers for a fork of a sandbox on `artifactKey` (fewer, or none, when the pool has fewer). */
   take(artifactKey: string, n: number): PendingVm[] {
+    if (this.cfg.forkPoolMax <= 0) return [];
     const slot = this.pools.get(artifactKey);
     const out: PendingVm[] = [];
     while (slot && out.length < n) {
