@@ -168,7 +168,7 @@ export class ForkReceivers {
  * shown in the VMM's view, and QEMU opens the layer and makes it the top layer's backing.
  */
 export async function attachDisk(cfg: EngineConfig, p: PendingVm, fp: { id: string; disk: string }, trusted: string[]): Promise<void> {
-  rebaseEmptyOverlay(p.record.diskPath, fp.disk, 'qcow2', qcow2Size(fp.disk));
+  await rebaseEmptyOverlay(p.record.diskPath, fp.disk, 'qcow2', qcow2Size(fp.disk));
   const chain = backingChain(p.record.diskPath);
   const bad = untrustedLayer(chain, trusted);
   if (bad) throw new Error(`the disk chain of ${p.record.diskPath} names ${bad}, which is not one of its layers`);

@@ -6,7 +6,8 @@
  * QEMU's docs/interop/qcow2.txt); every other header extension is kept. Refused (with the reason)
  * for anything but an unused v3 overlay whose size matches the new backing file.
  */
-import { closeSync, fdatasyncSync, openSync, readSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 
 const MAGIC = 0x514649fb;
 const EXT_END = 0;
@@ -50,8 +51,9 @@ export function qcow2Size(path: string): bigint {
  * size) as its backing file. Precondition: no process writes `path` meanwhile (a VMM may hold it
  * open unused, as an incoming-migration VMM does: it re-reads the header when its disk activates).
  */
-export function rebaseEmptyOverlay(path: string, backing: string, backingFormat: 'qcow2' | 'raw', backingSize: bigint): void {
-  const fd = openSync(path, 'r+');
+export async function rebaseEmptyOverlay(path: string, backing: string, backingFormat: 'qcow2' | 'raw', backingSize: bigint): Promise<void> {
+  const file = await open(path, 'r+');
+  const fd = file.fd;
   try {
     const h = readHeader(fd, path);
     if (h.version !== 3) throw new Error(`${path}: qcow2 version ${h.version}, not 3`);
@@ -88,9 +90,10 @@ export function rebaseEmptyOverlay(path: string, backing: string, backingFormat:
     tail.copy(first, h.headerLength);
     first.writeBigUInt64BE(BigInt(h.headerLength + tail.length - name.length), 8);
     first.writeUInt32BE(name.length, 16);
-    writeSync(fd, first, 0, cluster, 0);
-    fdatasyncSync(fd);
+    await file.write(first, 0, cluster, 0);
+    // Off the event loop: a fork copies the parent's memory on it meanwhile.
+    await file.datasync();
   } finally {
-    closeSync(fd);
+    await file.close();
   }
 }

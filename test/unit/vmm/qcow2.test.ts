@@ -9,7 +9,7 @@ import { qcow2Size, rebaseEmptyOverlay } from '../../../src/vmm/qcow2.ts';
 const qemuImg = (...args: string[]) => execFileSync('qemu-img', args, { encoding: 'utf8' });
 const qemuIo = (...args: string[]) => execFileSync('qemu-io', args, { encoding: 'utf8' });
 
-test('an empty overlay made over a raw disk is re-pointed at a qcow2 layer: qemu-img agrees, reads fall through to the new layer', () => {
+test('an empty overlay made over a raw disk is re-pointed at a qcow2 layer: qemu-img agrees, reads fall through to the new layer', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'qcow2-'));
   try {
     const base = join(dir, 'base.raw');
@@ -21,7 +21,7 @@ test('an empty overlay made over a raw disk is re-pointed at a qcow2 layer: qemu
     qemuIo('-c', 'write -P 0xab 1M 1M', layer);
     const top = join(dir, 'top.qcow2');
     qemuImg('create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', base, top);
-    rebaseEmptyOverlay(top, layer, 'qcow2', qcow2Size(layer));
+    await rebaseEmptyOverlay(top, layer, 'qcow2', qcow2Size(layer));
     const info = JSON.parse(qemuImg('info', '--output=json', top));
     assert.equal(info['backing-filename'], layer);
     assert.equal(info['backing-filename-format'], 'qcow2');
@@ -33,7 +33,7 @@ test('an empty overlay made over a raw disk is re-pointed at a qcow2 layer: qemu
     mkdirSync(deep, { recursive: true });
     const far = join(deep, 'far.qcow2');
     qemuImg('create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', layer, far);
-    rebaseEmptyOverlay(top, far, 'qcow2', qcow2Size(far));
+    await rebaseEmptyOverlay(top, far, 'qcow2', qcow2Size(far));
     assert.equal(JSON.parse(qemuImg('info', '--output=json', top))['backing-filename'], far);
     qemuImg('check', '-q', top);
     assert.match(qemuIo('-c', 'read -P 0xab 1M 1M', top), /read 1048576\/1048576/);
@@ -42,7 +42,7 @@ test('an empty overlay made over a raw disk is re-pointed at a qcow2 layer: qemu
   }
 });
 
-test('an overlay that holds data, or whose size differs, is refused untouched', () => {
+test('an overlay that holds data, or whose size differs, is refused untouched', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'qcow2-'));
   try {
     const layer = join(dir, 'layer.qcow2');
@@ -50,11 +50,11 @@ test('an overlay that holds data, or whose size differs, is refused untouched', 
     const used = join(dir, 'used.qcow2');
     qemuImg('create', '-q', '-f', 'qcow2', used, '64M');
     qemuIo('-c', 'write -P 0x22 0 64k', used);
-    assert.throws(() => rebaseEmptyOverlay(used, layer, 'qcow2', qcow2Size(layer)), /has data/);
+    await assert.rejects(rebaseEmptyOverlay(used, layer, 'qcow2', qcow2Size(layer)), /has data/);
     assert.equal(JSON.parse(qemuImg('info', '--output=json', used))['backing-filename'], undefined);
     const small = join(dir, 'small.qcow2');
     qemuImg('create', '-q', '-f', 'qcow2', small, '32M');
-    assert.throws(() => rebaseEmptyOverlay(small, layer, 'qcow2', qcow2Size(layer)), /size/);
+    await assert.rejects(rebaseEmptyOverlay(small, layer, 'qcow2', qcow2Size(layer)), /size/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
