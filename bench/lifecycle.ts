@@ -75,6 +75,12 @@ async function receiversReady(eng: Engine, id: string, n: number): Promise<void>
   while ((eng.forkReceiverSizes()[key]?.ready ?? 0) < want && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
 }
 
+/** Both engines' receiver pools full: no receiver is being spawned while a fork is measured. */
+async function settle(n: number): Promise<void> {
+  await receiversReady(engine, parent.id, n);
+  await receiversReady(big, bigParent, 1);
+}
+
 /** Runs `fn` with the engine's fork receivers off: every child is spawned at fork time. */
 async function withoutReceivers<T>(eng: Engine, fn: () => Promise<T>): Promise<T> {
   const max = eng.cfg.forkPoolMax;
@@ -120,6 +126,7 @@ for (const n of [1, 4, 16]) {
   if (n > 1) for (const k of await engine.fork(parent.id, { count: n })) await engine.delete(k.id);
   for (let r = 0; r < (n === 16 ? Math.max(3, Math.ceil(RUNS / 2)) : RUNS); r++) {
     if (n === 1) {
+      await settle(1);
       engine.cfg.forkCapture = 'migrate';
       measuring = 'fork(1) by migration';
       const [mms, mkids] = await withoutReceivers(engine, () => timed(() => engine.fork(parent.id, { count: 1 })));
@@ -127,19 +134,20 @@ for (const n of [1, 4, 16]) {
       forkMigrateMs.push(mms);
       log(`fork(1) by migration run ${r + 1}: ${fmt(mms)} ms`);
       for (const k of mkids) await engine.delete(k.id);
+      await settle(1);
       measuring = 'fork(1), children spawned at fork time';
       const [sms, skids] = await withoutReceivers(engine, () => timed(() => engine.fork(parent.id, { count: 1 })));
       forkSpawnedMs.push(sms);
       log(`fork(1) spawned at fork time run ${r + 1}: ${fmt(sms)} ms`);
       for (const k of skids) await engine.delete(k.id);
       measuring = '';
-      await receiversReady(big, bigParent, 1);
+      await settle(1);
       const [bms, bkids] = await timed(() => big.fork(bigParent, { count: 1 }));
       forkBigMs.push(bms);
       log(`fork(1) of the 2 GiB guest run ${r + 1}: ${fmt(bms)} ms`);
       for (const k of bkids) await big.delete(k.id);
     }
-    await receiversReady(engine, parent.id, n);
+    await settle(n);
     measuring = `fork(${n})`;
     const [ms, kids] = await timed(() => engine.fork(parent.id, { count: n }));
     measuring = '';
