@@ -114,6 +114,18 @@ export class Engine extends EventEmitter implements SandboxService {
     return this.templatePools.poolSizes();
   }
 
+  /**
+   * Resolves once the background work forks leave behind is done: spare copies made and fork
+   * receivers spawned up to their pools' sizes (benches measure a fork with nothing else running).
+   */
+  async settled(timeoutMs = 120_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    await this.ctx.seeds.idle();
+    while (Object.values(this.ctx.receivers.sizes()).some((s) => s.ready < s.target) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
   /** VMMs spawned ahead of forks, ready and wanted, by artifact (forkReceivers.ts). */
   forkReceiverSizes(): Record<string, { ready: number; target: number }> {
     return this.ctx.receivers.sizes();

@@ -189,7 +189,9 @@ async function undoLiveFork(ctx: EngineContext, r: Running, unowned: Unowned, pa
 }
 
 /**
- * Fork of a suspended sandbox: its snapshot is restored into a fork point, children come from that.
+ * Fork of a suspended sandbox: its snapshot becomes a fork point (its RAM image copied to tmpfs;
+ * a snapshot from before RAM images is restored into one through a receiving VMM), children come
+ * from that.
  * The row is read in turn, inside the sandbox's queue: a resume or another fork queued ahead changes
  * it (a fork moves the sandbox onto a new top layer). Null when it is no longer suspended by then.
  */
@@ -211,7 +213,32 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
     });
     const unowned: Unowned = { children: [] };
     try {
-      return await finishForkPoint(ctx, row, shape, fp, rec.artifactKey, opts, unowned, phases, (recv) => restoreStream(recv, snap.statePath, phases));
+      if (!snap.ramPath) {
+        return await finishForkPoint(ctx, row, shape, fp, rec.artifactKey, opts, unowned, phases, (recv) => restoreStream(recv, snap.statePath, phases));
+      }
+      // A RAM image and a device state are what a fork point is made of: the image is copied to
+      // tmpfs (holes kept) while the children's VMMs start, and the device state is taken as is.
+      const state = readFileSync(snap.statePath);
+      let ready!: () => void;
+      let failed!: (e: unknown) => void;
+      const devState = new Promise<Buffer>((resolve, reject) => { ready = () => resolve(state); failed = reject; });
+      devState.catch(() => {});
+      const children = spawnChildren(ctx, row, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases);
+      children.catch(() => {});
+      try {
+        await phases.time('memory_seed', () => seedFromBacking(snap.ramPath!, fp.mem, shape.memoryMib * 1024 * 1024));
+        sealShared(fp.mem);
+        writeFileSync(join(fp.dir, 'device.state'), state);
+        ctx.repo.markForkPointReady(fp.id);
+        ready();
+      } catch (e) {
+        failed(e);
+        await children.catch(() => {});
+        throw e;
+      }
+      const out = await children;
+      ctx.emit('phases', phases.report(row.id));
+      return out;
     } catch (e) {
       await destroyUnowned(unowned);
       gcForkPoints(ctx);

@@ -46,6 +46,11 @@ export class ForkSeeds {
     this.spares.set(backing, made);
   }
 
+  /** Resolves once every spare being made is made (benches: nothing copies in the background). */
+  async idle(): Promise<void> {
+    await Promise.all([...this.spares.values()]);
+  }
+
   /** Forgets (and removes) the spare of a backing file that is going away. */
   async drop(backing: string): Promise<void> {
     const spare = this.spares.get(backing);

@@ -1,10 +1,11 @@
-import { existsSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { stopOrphanedBakes } from '../images/bake.js';
 import { adoptVm, killFromDir, killRecorded, sweepConfinement } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
 import { dirs, type EngineContext } from './context.js';
+import { snapshotRecord } from './suspendResume.js';
 
 /**
  * Brings the database and the host back into agreement after a start: re-adopts VMMs of running
@@ -76,10 +77,7 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
   if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
     // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
-    if (row.state !== 'suspended') {
-      const statePath = join(snapDir, 'state.mig');
-      ctx.repo.update(row.id, { state: 'suspended', snapshot: { statePath, bytes: statSync(statePath).size, suspendedAt: Date.now() }, pending_op: null });
-    }
+    if (row.state !== 'suspended') ctx.repo.update(row.id, { state: 'suspended', snapshot: snapshotRecord(snapDir), pending_op: null });
     if (!row.snapshot && row.state === 'suspended') throw new Error('suspended without a snapshot');
     return;
   }

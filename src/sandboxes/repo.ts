@@ -28,7 +28,14 @@ export interface VmmRecord {
 }
 
 export interface SnapshotRecord {
+  /**
+   * With `ramPath`: the device state (no RAM; a checkpoint's opening spliced before it, see
+   * vmm/deviceState.ts). Without (snapshots made before RAM images): one migration stream, RAM
+   * and devices.
+   */
   statePath: string;
+  /** The guest's RAM as a sparse image file (zero pages are holes). */
+  ramPath?: string;
   bytes: number;
   suspendedAt: number;
 }

@@ -1,19 +1,49 @@
-import { mkdirSync, rmSync, statSync, openSync, fsyncSync, closeSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
-import { vmmFiles } from '../vmm/machine.js';
-import { spawnIncoming, restoreStream, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
+import { allocatedBytes, copyPrivatePages, seedFromBacking } from '../vmm/memory.js';
+import { spliceDeviceState } from '../vmm/deviceState.js';
+import { run } from '../host/run.js';
+import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
+import type { SnapshotRecord } from './repo.js';
 import type { Running } from './registry.js';
 import { Phases } from './phases.js';
 import { dirs, getInfo, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
 
 /**
- * Suspend writes a running sandbox's full state (RAM included) to `<sandbox dir>/suspend/state.mig`
- * and stops its VMM; resume streams it into a new VMM. A suspended sandbox holds no VMM, RAM file
- * or network namespace.
+ * Suspend writes a running sandbox's state to `<sandbox dir>/suspend/`: its RAM as a sparse image
+ * (`ram.img`: the file its RAM maps, copied with its holes, and the pages it wrote since, copied
+ * over — vm/memory.ts, as a fork point is made) and its devices without RAM (`device.state`), and
+ * stops its VMM. Resume copies the image into a RAM file of the sandbox's own on tmpfs while a new
+ * VMM starts on it, and restores the devices. No migration stream: the cost follows the memory the
+ * guest holds, and no byte of it passes through QEMU's single migration thread or through Node. A
+ * suspended sandbox holds no VMM, RAM file or network namespace. (Snapshots made before RAM images,
+ * one migration stream `state.mig`, still resume and fork.)
  */
+
+/** Where a suspend writes, and what it wrote once `complete` exists. */
+export function snapshotFiles(snapDir: string): { statePath: string; ramPath: string; complete: string; legacyStream: string } {
+  return { statePath: join(snapDir, 'device.state'), ramPath: join(snapDir, 'ram.img'), complete: join(snapDir, 'complete'), legacyStream: join(snapDir, 'state.mig') };
+}
+
+/** The record of a complete snapshot in `snapDir` (either format); its bytes are what it occupies on disk. */
+export function snapshotRecord(snapDir: string, suspendedAt = Date.now()): SnapshotRecord {
+  const f = snapshotFiles(snapDir);
+  if (existsSync(f.ramPath)) return { statePath: f.statePath, ramPath: f.ramPath, bytes: allocatedBytes(f.ramPath) + statSync(f.statePath).size, suspendedAt };
+  return { statePath: f.legacyStream, bytes: statSync(f.legacyStream).size, suspendedAt };
+}
+
+async function fsyncFile(path: string): Promise<void> {
+  const h = await open(path, 'r');
+  try {
+    await h.sync();
+  } finally {
+    await h.close();
+  }
+}
 
 export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<SandboxInfo> {
   ctx.assertOpen();
@@ -28,35 +58,43 @@ export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Sco
 async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxInfo> {
   const snapDir = join(dirs(ctx.cfg).sandboxes, r.id, 'suspend');
   mkdirSync(snapDir, { recursive: true });
-  const statePath = join(snapDir, 'state.mig');
+  const files = snapshotFiles(snapDir);
   ctx.repo.update(r.id, { pending_op: { op: 'suspend', startedAt: Date.now() } });
   const vmm = r.live.vmm;
+  const rec = r.live.record;
+  const memBytes = shapeOf(ctx, ctx.repo.get(r.id)!).memoryMib * 1024 * 1024;
   const phases = new Phases('suspend');
+  let stopped = false;
   try {
     await ctx.fault('suspend:before-save');
-    await phases.time('save', () => vmm.saveFullState(statePath, vmmFiles(r.live.record.dir).migrationSocket));
+    await phases.time('stop', () => vmm.qmp.execute('stop'));
+    stopped = true;
+    const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
+    writeFileSync(files.statePath, spliceDeviceState(readFileSync(ctx.templates.artifactFor(rec.artifactKey).devStatePath), devices));
+    // The RAM: the file it maps (its own, or the checkpoint / fork point it is copy-on-write over)
+    // and, over the latter, the pages it wrote.
     const t0 = performance.now();
-    const fd = openSync(statePath, 'r');
-    fsyncSync(fd);
-    closeSync(fd);
-    phases.since('fsync', t0);
-    writeFileSync(join(snapDir, 'complete'), '');
+    await seedFromBacking(rec.memPath, files.ramPath, memBytes);
+    if (!rec.memShared) await copyPrivatePages(vmm.pid, rec.memPath, files.ramPath);
+    phases.since('memory_save', t0);
+    await phases.time('fsync', () => Promise.all([fsyncFile(files.ramPath), fsyncFile(files.statePath)]));
+    writeFileSync(files.complete, '');
     await ctx.fault('suspend:after-save');
   } catch (e) {
-    await vmm.cont().catch(() => {});
+    if (stopped) await vmm.cont().catch(() => {});
     rmSync(snapDir, { recursive: true, force: true });
     ctx.repo.update(r.id, { pending_op: null });
     throw vmmFailure('suspend', e);
   }
-  const bytes = statSync(statePath).size;
+  const snapshot = snapshotRecord(snapDir);
   // Persisted before the VMM goes: a crash from here on finds a complete snapshot and a dead or
   // stopped VMM, and finishes the suspend.
-  ctx.repo.update(r.id, { state: 'suspended', snapshot: { statePath, bytes, suspendedAt: Date.now() }, pending_op: null });
+  ctx.repo.update(r.id, { state: 'suspended', snapshot, pending_op: null });
   ctx.registry.remove(r.id);
   r.live.agent.close();
   await phases.time('teardown', () => vmm.kill());
-  if (r.live.record.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(r.live.record.memPath, r.id)) rmSync(r.live.record.memPath, { force: true });
-  ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: bytes });
+  if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });
+  ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: snapshot.bytes });
   ctx.emit('phases', phases.report(r.id));
   return getInfo(ctx, r.id);
 }
@@ -71,21 +109,36 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     const snap = cur.snapshot!;
     const rec = cur.vmm!;
     const shape = shapeOf(ctx, cur);
-    // A resumed sandbox owns its RAM outright (the stream carries every page). Mapped share=on:
-    // share=off over an empty tmpfs file would cost each page twice (a zero page in the file,
-    // then the private copy), and the VMM's memory limit counts both.
+    // A resumed sandbox owns its RAM outright: a file of its own, mapped share=on (share=off over
+    // it would cost each page it writes twice, and the VMM's memory limit counts both).
     const memPath = join(ctx.cfg.ramDir, `${id}.mem`);
+    const memBytes = shape.memoryMib * 1024 * 1024;
     const phases = new Phases('resume');
     const restoreOnce = async (): Promise<LiveVm> => {
       let pending: PendingVm | undefined;
       try {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
-        pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
+        const spawn = () => spawnIncoming(ctx.cfg, shape, {
           id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
           trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
-        }));
+        });
+        if (snap.ramPath) {
+          // The VMM starts while its RAM file fills: QEMU maps the file at start but reads no page
+          // of it before the devices are restored. The file has its size before either begins.
+          rmSync(memPath, { force: true });
+          closeSync(openSync(memPath, 'w', 0o600));
+          truncateSync(memPath, memBytes);
+          const [p] = await Promise.all([
+            phases.time('spawn', spawn),
+            phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath)),
+          ]);
+          pending = p;
+        } else {
+          pending = await phases.time('spawn', spawn);
+        }
         const net = pending.record.net;
         if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+        if (snap.ramPath) return await restoreCheckpoint(pending, readFileSync(snap.statePath), id, phases);
         await restoreStream(pending, snap.statePath, phases);
         return await finishRestore(pending, id, phases);
       } catch (e) {
@@ -118,4 +171,12 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
 /** Whether `memPath` is the sandbox's own RAM file (a resumed one's), not a checkpoint or fork point it maps. */
 function ownsMemFile(memPath: string, id: string): boolean {
   return memPath.endsWith(`/${id}.mem`);
+}
+
+/**
+ * Copies a RAM image into an existing RAM file of the same size without truncating it (a VMM may
+ * map it already): blocks of zeros are skipped, so the file's holes stay holes.
+ */
+async function fillFromImage(image: string, memPath: string): Promise<void> {
+  await run('dd', [`if=${image}`, `of=${memPath}`, 'bs=64K', 'conv=notrunc,sparse', 'status=none']);
 }

@@ -1,11 +1,12 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
+import type { LiveVm } from '../../src/sandboxes/runtime.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
 import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
 import { allocatedBytes, mappingOf, privatePageBytes } from '../../src/vmm/memory.ts';
@@ -80,6 +81,18 @@ test('live fork: every child runs the parent\'s process with its memory; files a
   await engine.delete(parent.id);
   assert.ok((await counter(children[1].id)) > atFork);
   for (const c of children) await engine.delete(c.id);
+});
+
+test('a template\'s RAM file keeps its zero pages as holes (the guest zeroes most of its memory while it boots)', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  try {
+    const memPath = engine.templatePools.artifactFor(engine.repo.get(p.id)!.vmm!.artifactKey).memPath;
+    const size = statSync(memPath).size;
+    assert.ok(allocatedBytes(memPath) < size / 2, `${(allocatedBytes(memPath) / 2 ** 20).toFixed(0)} MiB of ${size / 2 ** 20} MiB allocated`);
+    assert.equal(await sh(p.id, 'echo ok'), 'ok');
+  } finally {
+    await engine.delete(p.id);
+  }
 });
 
 test('a fork point costs what the parent\'s memory holds, not its size: tmpfs bytes ≤ 1.1× its backing data plus the pages the parent wrote', async () => {
@@ -214,6 +227,34 @@ test('suspend frees the VMM; resume continues processes and files; fork of a sus
   await engine.delete(sb.id);
   await assert.rejects(engine.resume(sb.id), { code: 'sandbox_not_found' });
   await assert.rejects(engine.fork(sb.id, { count: 1 }), { code: 'sandbox_not_found' });
+});
+
+test('a snapshot from before RAM images (one migration stream) still forks and resumes', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  const pid = await sh(p.id, COUNTER);
+  await sh(p.id, 'echo legacy > /root/legacy; sync');
+  await sleep(600);
+  const atSuspend = await counter(p.id);
+  // Suspended the way earlier servers did: RAM and devices in one stream, state.mig.
+  const registry = (engine as unknown as { registry: { get(id: string): { live: LiveVm } | undefined; remove(id: string): void } }).registry;
+  const { live } = registry.get(p.id)!;
+  const snapDir = join(home, 'sandboxes', p.id, 'suspend');
+  mkdirSync(snapDir, { recursive: true });
+  const statePath = join(snapDir, 'state.mig');
+  await live.vmm.saveFullState(statePath, join(live.record.dir, 'migrate.sock'));
+  writeFileSync(join(snapDir, 'complete'), '');
+  engine.repo.update(p.id, { state: 'suspended', snapshot: { statePath, bytes: statSync(statePath).size, suspendedAt: Date.now() }, pending_op: null });
+  registry.remove(p.id);
+  live.agent.close();
+  await live.vmm.kill();
+  const [kid] = await engine.fork(p.id, { count: 1 });
+  assert.equal(await sh(kid.id, `kill -0 ${pid} && cat /root/legacy`), 'legacy', 'a child of the stream snapshot runs its process and has its files');
+  assert.equal(engine.get(p.id).state, 'suspended');
+  await engine.resume(p.id);
+  assert.equal(await sh(p.id, `kill -0 ${pid} && cat /root/legacy`), 'legacy');
+  await sleep(500);
+  assert.ok((await counter(p.id)) > atSuspend, 'the counter goes on from where it was');
+  for (const id of [kid.id, p.id]) await engine.delete(id);
 });
 
 test('delete from the suspended state removes the snapshot', async () => {
