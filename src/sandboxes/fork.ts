@@ -102,7 +102,8 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     let noDeviceState!: (e: unknown) => void;
     const devState = new Promise<Buffer>((resolve, reject) => { deviceState = resolve; noDeviceState = reject; });
     devState.catch(() => {});
-    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases);
+    // A share=on parent's RAM file is copied whole below: a child's VMM may only open it once it has its size.
+    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases, { fileReady: !rec.memShared });
     children.catch(() => {});
     try {
       const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
@@ -223,7 +224,7 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
       let failed!: (e: unknown) => void;
       const devState = new Promise<Buffer>((resolve, reject) => { ready = () => resolve(state); failed = reject; });
       devState.catch(() => {});
-      const children = spawnChildren(ctx, row, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases);
+      const children = spawnChildren(ctx, row, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases, { fileReady: false });
       children.catch(() => {});
       try {
         await phases.time('memory_seed', () => seedFromBacking(snap.ramPath!, fp.mem, shape.memoryMib * 1024 * 1024));
@@ -309,12 +310,19 @@ async function finishForkPoint(
 async function spawnChildren(
   ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devStateReady: Buffer | Promise<Buffer>,
   opts: ForkOptions, children: PendingVm[], phases: Phases,
+  /**
+   * Whether the fork point's RAM file has its full size already (its content may still be coming):
+   * QEMU refuses a memory file shorter than the guest's RAM, so otherwise the children's VMMs are
+   * spawned once the fork point is whole. Receivers open it only then anyway.
+   */
+  file: { fileReady: boolean } = { fileReady: true },
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
   try {
     // allSettled, not all: when one child fails the others are still landing, and every one
     // that lands must be in `children` for the caller to stop it.
     const spawnChild = async () => {
+      if (!file.fileReady) await devStateReady;
       const t0 = performance.now();
       const id = newSandboxId();
       const p = await spawnIncoming(ctx.cfg, shape, {

@@ -254,7 +254,13 @@ test('a snapshot from before RAM images (one migration stream) still forks and r
   assert.equal(await sh(p.id, `kill -0 ${pid} && cat /root/legacy`), 'legacy');
   await sleep(500);
   assert.ok((await counter(p.id)) > atSuspend, 'the counter goes on from where it was');
-  for (const id of [kid.id, p.id]) await engine.delete(id);
+  // A resumed sandbox runs on a RAM file of its own (share=on): a fork copies it whole, and
+  // children spawned at fork time (no receivers) open it only once it has its full size.
+  const max = engine.cfg.forkPoolMax;
+  engine.cfg.forkPoolMax = 0;
+  const spawned = await engine.fork(p.id, { count: 2 }).finally(() => { engine.cfg.forkPoolMax = max; });
+  for (const c of spawned) assert.equal(await sh(c.id, `kill -0 ${pid} && cat /root/legacy`), 'legacy');
+  for (const id of [kid.id, ...spawned.map((c) => c.id), p.id]) await engine.delete(id);
 });
 
 test('delete from the suspended state removes the snapshot', async () => {
