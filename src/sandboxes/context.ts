@@ -27,6 +27,8 @@ export interface EngineContext {
   readonly seeds: ForkSeeds;
   /** VMMs spawned ahead of forks (forkReceivers.ts). */
   readonly receivers: ForkReceivers;
+  /** Fork points of forks under way in this process: their RAM files stay (delete.ts gcForkPoints). */
+  readonly forking: Set<string>;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
   readonly net: NetManager | null;
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */

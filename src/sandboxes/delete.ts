@@ -1,4 +1,4 @@
-import { readdirSync, rmSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { killRecorded } from './runtime.js';
 import type { SandboxRow } from './repo.js';
@@ -47,11 +47,17 @@ export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
   rmSync(join(ctx.cfg.ramDir, `${row.id}.mem`), { force: true });
 }
 
-/** Removes fork points nothing depends on, repeatedly (removing one can free its ancestors). */
+/**
+ * Removes fork points nothing depends on, repeatedly (removing one can free its ancestors), and the
+ * RAM files of fork points no running sandbox maps. A fork point lives as long as its disk layer
+ * is under someone's disk — its parent's, for as long as the parent lives — but its RAM is read only
+ * by VMMs that map it: its running children (a suspended one's snapshot holds its own RAM image, a
+ * fork of one seeds from its parent's mapped file). Kept, else, across a fork that is making it.
+ */
 export function gcForkPoints(ctx: EngineContext): void {
   for (;;) {
     const dead = ctx.repo.unreferencedForkPoints();
-    if (dead.length === 0) return;
+    if (dead.length === 0) break;
     for (const fp of dead) {
       rmSync(fp.dir, { recursive: true, force: true });
       void ctx.seeds.drop(fp.mem_path);
@@ -59,5 +65,11 @@ export function gcForkPoints(ctx: EngineContext): void {
       rmSync(fp.disk_path, { force: true });
       ctx.repo.removeForkPoint(fp.id);
     }
+  }
+  const mapped = new Set(ctx.repo.live().filter((r) => r.state === 'running' && r.vmm).map((r) => r.vmm!.memPath));
+  for (const fp of ctx.repo.allForkPoints()) {
+    if (mapped.has(fp.mem_path) || ctx.forking.has(fp.id) || !existsSync(fp.mem_path)) continue;
+    void ctx.seeds.drop(fp.mem_path);
+    rmSync(fp.mem_path, { force: true });
   }
 }

@@ -70,6 +70,7 @@ export class Engine extends EventEmitter implements SandboxService {
     this.ctx = {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
+      forking: new Set(),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),

@@ -132,6 +132,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     await undoLiveFork(ctx, r, unowned, parentStopped, children);
     throw vmmFailure('fork', e);
   } finally {
+    ctx.forking.delete(fp.id);
     if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
   }
 }
@@ -173,6 +174,8 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
   } catch (e) {
     await undoLiveFork(ctx, r, unowned, parentStopped);
     throw vmmFailure('fork', e);
+  } finally {
+    ctx.forking.delete(fp.id);
   }
 }
 
@@ -244,6 +247,8 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
       await destroyUnowned(unowned);
       gcForkPoints(ctx);
       throw vmmFailure('fork', e);
+    } finally {
+      ctx.forking.delete(fp.id);
     }
   });
 }
@@ -270,6 +275,8 @@ function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInT
   const id = newForkPointId();
   const fp: ForkPoint = { id, dir: join(dirs(ctx.cfg).forkpoints, id), mem: join(ctx.cfg.ramDir, `${id}.mem`), disk };
   mkdirSync(fp.dir, { recursive: true });
+  // Until the fork ends, its RAM file is kept though no running sandbox maps it yet (gcForkPoints).
+  ctx.forking.add(id);
   ctx.repo.tx(() => {
     ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
     ctx.repo.addRef(fp.id, owner);

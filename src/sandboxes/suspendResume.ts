@@ -9,6 +9,7 @@ import { run } from '../host/run.js';
 import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
 import type { SnapshotRecord } from './repo.js';
 import type { Running } from './registry.js';
+import { gcForkPoints } from './delete.js';
 import { Phases } from './phases.js';
 import { dirs, getInfo, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
@@ -94,6 +95,8 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   r.live.agent.close();
   await phases.time('teardown', () => vmm.kill());
   if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });
+  // The fork point whose RAM it mapped may be mapped by nobody now.
+  gcForkPoints(ctx);
   ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: snapshot.bytes });
   ctx.emit('phases', phases.report(r.id));
   return getInfo(ctx, r.id);

@@ -250,35 +250,36 @@ export function untrustedLayer(chain: string[], trusted: string[]): string | und
 
 // ---- the RAM shim --------------------------------------------------------------------------------
 
-const SHIM_SOURCE = join(dirname(fileURLToPath(import.meta.url)), 'ramro.c');
+const HERE = dirname(fileURLToPath(import.meta.url));
 export const SHIM_NAME = 'libcollimate-ramro.so';
+export const LAUNCHER_NAME = 'collimate-vmm-launch';
 
-/** Builds libcollimate-ramro.so once per source and compiler, cached under `assetsDir`. */
-export async function ensureRamShim(assetsDir: string, tmpRoot: string): Promise<string> {
+/**
+ * Compiles one C source of this directory once per source and compiler (COLLIMATE_SHIM_CC, gcc),
+ * into a root-owned 0755 directory under `assetsDir`; the path of what it made.
+ */
+async function buildC(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
   const cc = process.env.COLLIMATE_SHIM_CC ?? 'gcc';
-  const key = sha256Hex('ramro-v1', readFileSync(SHIM_SOURCE), cc).slice(0, 16);
-  const dir = await buildOnce(join(assetsDir, `ramro-${key}`), tmpRoot, async (tmp) => {
-    await run(cc, ['-shared', '-fPIC', '-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-s', '-o', join(tmp, SHIM_NAME), SHIM_SOURCE, '-ldl']);
+  const source = join(HERE, what.source);
+  const key = sha256Hex(`${what.tag}-v1`, readFileSync(source), cc).slice(0, 16);
+  const dir = await buildOnce(join(assetsDir, `${what.tag}-${key}`), tmpRoot, async (tmp) => {
+    await run(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-s', ...what.flags, '-o', join(tmp, what.out), source, ...(what.libs ?? [])]);
   });
-  const lib = join(dir, SHIM_NAME);
+  chownSync(dir, 0, 0);
   chmodSync(dir, 0o755);
+  return join(dir, what.out);
+}
+
+/** Builds libcollimate-ramro.so (ramro.c), cached under `assetsDir`: root's, 0644. */
+export async function ensureRamShim(assetsDir: string, tmpRoot: string): Promise<string> {
+  const lib = await buildC(assetsDir, tmpRoot, { tag: 'ramro', source: 'ramro.c', out: SHIM_NAME, flags: ['-shared', '-fPIC'], libs: ['-ldl'] });
   sealShared(lib);
   return lib;
 }
 
-const LAUNCHER_SOURCE = join(dirname(fileURLToPath(import.meta.url)), 'vmmlaunch.c');
-export const LAUNCHER_NAME = 'collimate-vmm-launch';
-
-/** Builds collimate-vmm-launch once per source and compiler, cached under `assetsDir`: root's, 0755. */
+/** Builds collimate-vmm-launch (vmmlaunch.c), cached under `assetsDir`: root's, 0755. */
 export async function ensureLauncher(assetsDir: string, tmpRoot: string): Promise<string> {
-  const cc = process.env.COLLIMATE_SHIM_CC ?? 'gcc';
-  const key = sha256Hex('vmmlaunch-v1', readFileSync(LAUNCHER_SOURCE), cc).slice(0, 16);
-  const dir = await buildOnce(join(assetsDir, `vmmlaunch-${key}`), tmpRoot, async (tmp) => {
-    await run(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-s', '-o', join(tmp, LAUNCHER_NAME), LAUNCHER_SOURCE]);
-  });
-  const bin = join(dir, LAUNCHER_NAME);
-  chownSync(dir, 0, 0);
-  chmodSync(dir, 0o755);
+  const bin = await buildC(assetsDir, tmpRoot, { tag: 'vmmlaunch', source: 'vmmlaunch.c', out: LAUNCHER_NAME, flags: [] });
   chownSync(bin, 0, 0);
   chmodSync(bin, 0o755);
   return bin;

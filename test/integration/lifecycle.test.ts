@@ -116,6 +116,30 @@ test('a fork point costs what the parent\'s memory holds, not its size: tmpfs by
   }
 });
 
+test('a fork point\'s RAM file lives while a running sandbox maps it: repeated forks of one parent leave none behind', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  await sh(p.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=8 2>/dev/null; echo ok');
+  const ramOf = (kid: string) => engine.repo.allForkPoints().find((f) => engine.repo.get(kid)!.vmm!.memPath === f.mem_path)!.mem_path;
+  const files: string[] = [];
+  for (let i = 0; i < 3; i++) {
+    const [kid] = await engine.fork(p.id, { count: 1 });
+    const ram = ramOf(kid.id);
+    files.push(ram);
+    assert.ok(existsSync(ram), 'the running child\'s fork point RAM file is there');
+    await engine.delete(kid.id);
+    assert.ok(!existsSync(ram), 'gone with the last sandbox that mapped it, though the parent still sits on its disk layer');
+  }
+  assert.ok(engine.repo.allForkPoints().length >= 3, 'the fork points themselves stay: the parent\'s disk is on their layers');
+  // A suspended child holds its own RAM image: its fork point's file goes, and it resumes.
+  const [kid] = await engine.fork(p.id, { count: 1 });
+  const ram = ramOf(kid.id);
+  await engine.suspend(kid.id);
+  assert.ok(!existsSync(ram));
+  await engine.resume(kid.id);
+  assert.equal(await sh(kid.id, 'md5sum < /dev/shm/blob'), await sh(p.id, 'md5sum < /dev/shm/blob'));
+  for (const id of [kid.id, p.id]) await engine.delete(id);
+});
+
 test('fork children from VMMs spawned ahead (fork receivers) keep every guarantee: same process and memory, private files, fresh identity; they fork, suspend and resume on their own chain', async () => {
   const parent = await engine.create({ template: 'base' }, tenant);
   const pid = await sh(parent.id, COUNTER);
