@@ -1,4 +1,4 @@
-import { homedir } from 'node:os';
+import { homedir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
 import { detectAccel, type AccelChoice } from './vmm/accel.js';
@@ -19,8 +19,20 @@ export interface EngineConfig {
   artifactRamDir: string;
   accel: AccelChoice;
   qemuBinary: string;
-  /** Warm VMMs waiting in `-incoming defer`, per catalog template. */
+  /**
+   * Warm VMMs per catalog template before it has seen any demand (COLLIMATE_POOL_SIZE); from then on
+   * the pool sizes itself (poolSizer.ts) within [poolMin, poolMax].
+   */
   poolSize: number;
+  /** Bounds of every template's self-sized pool: COLLIMATE_POOL_MIN (0), COLLIMATE_POOL_MAX (32). */
+  poolMin: number;
+  poolMax: number;
+  /** A pool with no create for this long shrinks to poolMin (COLLIMATE_POOL_IDLE_SECS, 300). */
+  poolIdleSecs: number;
+  /** Creates within this long of each other are one burst (COLLIMATE_POOL_BURST_SECS, 10). */
+  poolBurstSecs: number;
+  /** Memory all warm pools together may hold, in MiB (COLLIMATE_POOL_MEMORY_MIB; default a tenth of the host's RAM). */
+  poolMemoryMib: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
   /**
@@ -128,6 +140,11 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     accel: detectAccel(env),
     qemuBinary: env.COLLIMATE_QEMU || 'qemu-system-x86_64',
     poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),
+    poolMin: intEnv(env, 'COLLIMATE_POOL_MIN', 0),
+    poolMax: intEnv(env, 'COLLIMATE_POOL_MAX', 32),
+    poolIdleSecs: intEnv(env, 'COLLIMATE_POOL_IDLE_SECS', 300),
+    poolBurstSecs: intEnv(env, 'COLLIMATE_POOL_BURST_SECS', 10),
+    poolMemoryMib: intEnv(env, 'COLLIMATE_POOL_MEMORY_MIB', Math.floor(totalmem() / 1024 / 1024 / 10)),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
     prewarmPool: env.COLLIMATE_PREWARM !== '0',
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),

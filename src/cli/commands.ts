@@ -269,6 +269,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
       confinement,
       network: engine.networkStatus(),
+      ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
     }),
   });
   tenants.log = (err, msg) => api.app.log.error({ err }, msg);

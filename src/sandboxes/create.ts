@@ -29,10 +29,9 @@ function egressOf(ctx: EngineContext, t: ReadyTemplate, asked: EgressPolicy | un
 }
 
 async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOptions, egress: EgressPolicy, scope: Scope): Promise<SandboxInfo> {
-  const pool = ctx.templates.poolOf(t)!;
   const phases = new Phases('create');
   // A pool that is empty spawns on demand: its failure is the VMM's (502), never an internal error.
-  const pending = await phases.time('pool_take', () => pool.take()).catch((e) => { throw vmmFailure('create', e); });
+  const pending = await phases.time('pool_take', () => ctx.templates.take(t)).catch((e) => { throw vmmFailure('create', e); });
   let live: LiveVm | undefined;
   try {
     // The pool's VMM runs under the template's policy; another is applied before the guest wakes.

@@ -127,6 +127,28 @@ export class Engine extends EventEmitter implements SandboxService {
     }
   }
 
+  /** Warm pools by template: ready, the size held and why, creates served from the pool or not. */
+  poolStatus(): Record<string, { ready: number; target: number; reason: string; hits: number; misses: number }> {
+    return this.templatePools.poolStatus();
+  }
+
+  /**
+   * Warm pools as the unauthenticated /healthz shows them: catalog templates by id, tenants'
+   * environments (whose keys name tenants) summed under `environments`.
+   */
+  poolHealth(): Record<string, { ready: number; target: number; reason: string }> {
+    const out: Record<string, { ready: number; target: number; reason: string }> = {};
+    let envs: { ready: number; target: number; reason: string } | undefined;
+    for (const [key, s] of Object.entries(this.poolStatus())) {
+      if (!key.includes('/')) { out[key] = { ready: s.ready, target: s.target, reason: s.reason }; continue; }
+      envs ??= { ready: 0, target: 0, reason: 'sum over tenants\' environments' };
+      envs.ready += s.ready;
+      envs.target += s.target;
+    }
+    if (envs) out.environments = envs;
+    return out;
+  }
+
   /** VMMs spawned ahead of forks, ready and wanted, by artifact (forkReceivers.ts). */
   forkReceiverSizes(): Record<string, { ready: number; target: number }> {
     return this.ctx.receivers.sizes();

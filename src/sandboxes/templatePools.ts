@@ -7,6 +7,7 @@ import type { Artifact } from '../images/bake.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
+import { PoolSizer, fitBudget, type PoolSize } from './poolSizer.js';
 import { newSandboxId, newDiskPath, spawnIncoming, prewarm, destroyPending, type PendingVm } from './runtime.js';
 import type { Scope } from './types.js';
 
@@ -19,6 +20,12 @@ export class TemplatePools {
   /** Catalog templates by id, environments by `<tenant>/<id>`. */
   private readonly byKey = new Map<string, ReadyTemplate>();
   private readonly pools = new Map<string, WarmPool<PendingVm>>();
+  /** Each pool's sizer (poolSizer.ts) and the size it holds now, with why. */
+  private readonly sizers = new Map<string, PoolSizer>();
+  private readonly sized = new Map<string, PoolSize>();
+  /** Creates served from a pool (hit) and on the slow path (miss), per template. */
+  private readonly takes = new Map<string, { hit: number; miss: number }>();
+  private resizer?: NodeJS.Timeout;
   /** Artifacts by key, for restoring sandboxes whose template was made by an earlier build. */
   private readonly artifacts = new Map<string, Artifact>();
 
@@ -30,15 +37,7 @@ export class TemplatePools {
     for (const t of templates) {
       this.byKey.set(t.id, t);
       this.artifacts.set(t.artifact.key, t.artifact);
-      const pool = new WarmPool<PendingVm>(
-        t.id,
-        this.cfg.poolSize,
-        () => this.spawnFor(t),
-        destroyPending,
-        (e) => progress(`warm pool ${t.id}: spawn failed: ${(e as Error).message}`),
-      );
-      this.pools.set(t.id, pool);
-      pool.refill();
+      this.newPool(t.id, t, this.cfg.poolSize, (e) => progress(`warm pool ${t.id}: spawn failed: ${(e as Error).message}`));
     }
     for (const [, pool] of this.pools) await pool.waitFull(60_000);
   }
@@ -54,9 +53,8 @@ export class TemplatePools {
     await this.removeKey(key);
     this.byKey.set(key, t);
     this.artifacts.set(t.artifact.key, t.artifact);
-    const pool = new WarmPool<PendingVm>(key, opts.poolSize ?? this.cfg.environmentPoolSize, () => this.spawnFor(t), destroyPending);
-    this.pools.set(key, pool);
-    pool.refill();
+    // Prewarmed right after its bake: its first creates find VMMs waiting.
+    this.newPool(key, t, opts.poolSize ?? this.cfg.environmentPoolSize);
     return this.infoOf(t);
   }
 
@@ -67,8 +65,68 @@ export class TemplatePools {
   private async removeKey(key: string): Promise<void> {
     const pool = this.pools.get(key);
     this.pools.delete(key);
+    this.sizers.delete(key);
+    this.sized.delete(key);
     this.byKey.delete(key);
     await pool?.close();
+  }
+
+  /** A self-sizing pool for `t` under `key`, starting at `initial` (within the bounds). */
+  private newPool(key: string, t: ReadyTemplate, initial: number, onError?: (e: unknown) => void): void {
+    const sizer = new PoolSizer({
+      initial, min: this.cfg.poolMin, max: this.cfg.poolMax, idleMs: this.cfg.poolIdleSecs * 1000, burstWindowMs: this.cfg.poolBurstSecs * 1000,
+    });
+    this.sizers.set(key, sizer);
+    this.pools.set(key, new WarmPool<PendingVm>(key, 0, () => this.spawnFor(t), destroyPending, onError));
+    this.resize();
+    this.resizer ??= setInterval(() => this.resize(), 5000);
+    this.resizer.unref();
+  }
+
+  /**
+   * A VMM for a new sandbox of `t`: from its pool when one is waiting, else made now (the slow
+   * path). The demand is what the pool sizes itself by.
+   */
+  take(t: ReadyTemplate): Promise<PendingVm> {
+    const key = this.keyOf(t);
+    const pool = this.pools.get(key)!;
+    const count = this.takes.get(key) ?? { hit: 0, miss: 0 };
+    if (pool.size > 0) count.hit++; else count.miss++;
+    this.takes.set(key, count);
+    this.sizers.get(key)?.onTake(Date.now());
+    const p = pool.take();
+    this.resize();
+    return p;
+  }
+
+  /**
+   * Sets every pool to what its sizer wants now, fitted into the host's budget for warm VMMs
+   * (COLLIMATE_POOL_MEMORY_MIB, at ~64 MiB a VMM: its QEMU, prewarmed and paused).
+   */
+  resize(now = Date.now()): void {
+    const keys = [...this.sizers.keys()];
+    const wanted = keys.map((k) => this.sizers.get(k)!.size(now));
+    const budget = Math.floor(this.cfg.poolMemoryMib / POOL_VMM_MIB);
+    const fitted = fitBudget(wanted.map((w) => w.target), budget);
+    keys.forEach((k, i) => {
+      const reason = fitted[i] < wanted[i].target ? `${wanted[i].reason}; ${fitted[i]} within the host budget (COLLIMATE_POOL_MEMORY_MIB=${this.cfg.poolMemoryMib})` : wanted[i].reason;
+      this.sized.set(k, { target: fitted[i], reason });
+      const pool = this.pools.get(k);
+      if (pool && pool.targetSize !== fitted[i]) pool.setTarget(fitted[i]);
+    });
+  }
+
+  /** Every pool: VMMs ready, the size it holds and why, creates served from it and not (metrics, /healthz). */
+  poolStatus(): Record<string, { ready: number; target: number; reason: string; hits: number; misses: number }> {
+    return Object.fromEntries([...this.pools].map(([k, p]) => {
+      const s = this.sized.get(k) ?? { target: p.targetSize, reason: '' };
+      const c = this.takes.get(k) ?? { hit: 0, miss: 0 };
+      return [k, { ready: p.size, target: s.target, reason: s.reason, hits: c.hit, misses: c.miss }];
+    }));
+  }
+
+  private keyOf(t: ReadyTemplate): string {
+    return t.kind === 'catalog' ? t.id : envKey(t.tenant!, t.id);
   }
 
   /** The catalog plus, with a scope, that tenant's environments. */
@@ -102,7 +160,7 @@ export class TemplatePools {
 
   /** The warm pool of a template `resolve` returned. */
   poolOf(t: ReadyTemplate): WarmPool<PendingVm> | undefined {
-    return this.pool(t.kind === 'catalog' ? t.id : envKey(t.tenant!, t.id));
+    return this.pool(this.keyOf(t));
   }
 
   /** A template by key: a catalog id, or `<tenant>/<id>` of an environment (tests, benches). */
@@ -139,6 +197,7 @@ export class TemplatePools {
 
   /** Stops the pools; their VMMs are destroyed. */
   async close(): Promise<void> {
+    clearInterval(this.resizer);
     await Promise.all([...this.pools.values()].map((p) => p.close()));
   }
 
@@ -161,6 +220,9 @@ export class TemplatePools {
     }
   }
 }
+
+/** What one warm VMM is counted as against COLLIMATE_POOL_MEMORY_MIB (a prewarmed, paused QEMU's PSS is ~50–60 MiB here). */
+const POOL_VMM_MIB = 64;
 
 function envKey(tenant: string, id: string): string {
   return `${tenant}/${id}`;

@@ -26,8 +26,11 @@ export class WarmPool<T> {
     return this.target;
   }
 
+  /** A new size: grows in the background, or destroys ready items beyond it (the oldest first). */
   setTarget(n: number): void {
     this.target = n;
+    const extra = this.ready.splice(0, Math.max(0, this.ready.length - n));
+    for (const item of extra) void this.destroy(item).catch(() => {});
     this.refill();
   }
 

@@ -161,6 +161,22 @@ export class TenantService {
       ),
     );
 
+    const status = this.engine as { poolStatus?: () => Record<string, { ready: number; target: number; hits: number; misses: number }> };
+    this.metrics.register(
+      new Gauge('collimate_pool_target', 'The size each warm pool holds now (it follows demand: the largest burst of creates since it was last idle, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB; /healthz says why).', () =>
+        typeof status.poolStatus === 'function' ? Object.entries(status.poolStatus()).map(([template, s]) => ({ labels: { template }, value: s.target })) : [],
+      ),
+    );
+    this.metrics.register(
+      new Gauge('collimate_pool_takes_total', 'Creates by template: served by a warm VMM (hit) or made on the create path (miss).', () =>
+        typeof status.poolStatus === 'function'
+          ? Object.entries(status.poolStatus()).flatMap(([template, s]) => [
+            { labels: { template, outcome: 'hit' }, value: s.hits },
+            { labels: { template, outcome: 'miss' }, value: s.misses },
+          ])
+          : [],
+      ),
+    );
     const receivers = this.engine as { forkReceiverSizes?: () => Record<string, { ready: number; target: number }> };
     this.metrics.register(
       new Gauge('collimate_fork_receivers', 'VMMs spawned ahead of forks by artifact: ready now, and the number the pool keeps (the largest recent fork, capped by COLLIMATE_FORK_POOL_MAX).', () =>

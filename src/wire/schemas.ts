@@ -533,6 +533,10 @@ export const Health = named(
       z.strictObject({ enabled: z.boolean(), reason: z.string().optional() }),
       'Whether sandboxes get a network namespace and NIC (docs/networking.md); off when the server is not root or COLLIMATE_NET=off.',
     ).optional(),
+    pools: described(
+      z.record(z.string(), z.strictObject({ ready: z.number().int(), target: z.number().int(), reason: z.string() })),
+      'Warm pools: VMMs ready, the size each pool holds now and why (it follows demand, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB). Catalog templates by id; tenants\' environments summed under `environments`.',
+    ).optional(),
   }),
 );
 

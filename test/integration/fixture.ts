@@ -22,6 +22,9 @@ export async function openEngine(home: string, opts: EngineOptions = {}): Promis
     home,
     cacheDir: TEST_CACHE,
     poolSize: 2,
+    // Pools follow demand (poolSizer.ts); kept small here so that a test's bursts do not make every
+    // later test share two cores with dozens of refills (pools.test.ts sets its own bounds).
+    poolMax: 4,
     catalog: ['base'],
     progress: process.env.COLLIMATE_TEST_VERBOSE ? (m) => console.error(`[engine] ${m}`) : undefined,
     ...opts,

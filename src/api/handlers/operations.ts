@@ -17,6 +17,8 @@ export interface HealthInfo {
   confinement?: { enabled: boolean; cgroups?: string; reason?: string };
   /** Per-sandbox networking (docs/networking.md): off when not root or COLLIMATE_NET=off. */
   network?: { enabled: boolean; reason?: string };
+  /** Warm pools (catalog templates by id, environments summed): ready, size held and why. */
+  pools?: Record<string, { ready: number; target: number; reason: string }>;
 }
 
 /** ISO 8601 or epoch seconds. */
@@ -57,6 +59,7 @@ export function operationHandlers(deps: {
         ...(h.isolation ? { isolation: h.isolation } : {}),
         ...(h.confinement ? { confinement: h.confinement } : {}),
         ...(h.network ? { network: h.network } : {}),
+        ...(h.pools ? { pools: h.pools } : {}),
       };
       return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
     },
