@@ -112,3 +112,20 @@ test('WarmPool: setTarget grows the pool', async () => {
   assert.equal(pool.size, 3);
   await pool.close();
 });
+
+test('WarmPool: a smaller target destroys the ready items beyond it, oldest first; a larger one refills', async () => {
+  const s = spawner();
+  const pool = new WarmPool('t', 5, s.spawn, s.destroy, s.onError);
+  pool.refill();
+  assert.ok(await pool.waitFull(2000));
+  pool.setTarget(2);
+  assert.equal(pool.size, 2);
+  await sleep(5);
+  assert.deepEqual(s.destroyed.sort(), [1, 2, 3]);
+  pool.setTarget(0);
+  assert.equal(pool.size, 0);
+  pool.setTarget(3);
+  assert.ok(await pool.waitFull(2000));
+  assert.equal(pool.size, 3);
+  await pool.close();
+});
