@@ -62,7 +62,8 @@ export interface BakeContext {
   net?: { manager: NetManager; egress: EgressPolicy } | null;
 }
 
-const ARTIFACT_RECIPE = 'artifact-v1';
+/** Bumped when the machine a checkpoint is made on changes (v2: no PIT), so old checkpoints are not loaded into it. */
+const ARTIFACT_RECIPE = 'artifact-v2';
 
 /**
  * What a bake writes into its build directory (`vmm.json`) the moment its VMM exists, like a

@@ -82,7 +82,10 @@ export function kernelCmdline(opts: { debug?: boolean; extra?: string[] } = {}):
 
 export function qemuArgv(spec: VmSpec): string[] {
   const argv: string[] = [spec.qemuBinary];
-  argv.push('-M', 'microvm,acpi=on,isa-serial=on,rtc=on,memory-backend=mem');
+  // No i8254 PIT: the guest keeps time with the TSC and the local APIC timer (tickless when idle),
+  // while the PIT it never stops toggles its output every 27 ms in QEMU's main loop — two thirds
+  // of an idle sandbox's host CPU under TCG (1.1 % of a core with it, 0.43 % without).
+  argv.push('-M', 'microvm,acpi=on,isa-serial=on,rtc=on,pit=off,memory-backend=mem');
   if (spec.accel === 'kvm') {
     argv.push('-accel', 'kvm', '-cpu', 'host,-arch-capabilities');
   } else {

@@ -39,7 +39,7 @@ test('QEMU argv of a restored TCG child is pinned', () => {
     qemuArgv(spec).join(' '),
     [
       'qemu-system-x86_64',
-      '-M microvm,acpi=on,isa-serial=on,rtc=on,memory-backend=mem',
+      '-M microvm,acpi=on,isa-serial=on,rtc=on,pit=off,memory-backend=mem',
       '-accel tcg,tb-size=64 -cpu max',
       '-smp 1 -m 256M',
       '-object memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/c/artifact.mem,share=off',
