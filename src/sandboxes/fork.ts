@@ -1,4 +1,4 @@
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
@@ -95,15 +95,10 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     await phases.time('stop', () => vmm.qmp.execute('stop'));
     parentStopped = true;
     await freezeParentDisk(ctx, r, fp, phases, unowned);
-    // A share=on parent's file is copied while it is stopped (below); the children map it already.
-    if (rec.memShared) closeSync(openSync(fp.mem, 'w', 0o644));
     // The children's VMMs start now (their disks lie on the frozen layer); they wait for the device state.
-    let deviceState!: (b: Buffer) => void;
-    let noDeviceState!: (e: unknown) => void;
-    const devState = new Promise<Buffer>((resolve, reject) => { deviceState = resolve; noDeviceState = reject; });
-    devState.catch(() => {});
+    const devState = deferred<Buffer>();
     // A share=on parent's RAM file is copied whole below: a child's VMM may only open it once it has its size.
-    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases, { fileReady: !rec.memShared });
+    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState.promise, opts, unowned.children, phases, { fileReady: !rec.memShared });
     children.catch(() => {});
     try {
       const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
@@ -120,9 +115,9 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       writeFileSync(join(fp.dir, 'device.state'), state);
       sealShared(fp.mem);
       ctx.repo.markForkPointReady(fp.id);
-      deviceState(state);
+      devState.resolve(state);
     } catch (e) {
-      noDeviceState(e);
+      devState.reject(e);
       throw e;
     }
     const out = await children;
@@ -223,20 +218,17 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
       // A RAM image and a device state are what a fork point is made of: the image is copied to
       // tmpfs (holes kept) while the children's VMMs start, and the device state is taken as is.
       const state = readFileSync(snap.statePath);
-      let ready!: () => void;
-      let failed!: (e: unknown) => void;
-      const devState = new Promise<Buffer>((resolve, reject) => { ready = () => resolve(state); failed = reject; });
-      devState.catch(() => {});
-      const children = spawnChildren(ctx, row, shape, fp, rec.artifactKey, devState, opts, unowned.children, phases, { fileReady: false });
+      const devState = deferred<Buffer>();
+      const children = spawnChildren(ctx, row, shape, fp, rec.artifactKey, devState.promise, opts, unowned.children, phases, { fileReady: false });
       children.catch(() => {});
       try {
         await phases.time('memory_seed', () => seedFromBacking(snap.ramPath!, fp.mem, shape.memoryMib * 1024 * 1024));
         sealShared(fp.mem);
         writeFileSync(join(fp.dir, 'device.state'), state);
         ctx.repo.markForkPointReady(fp.id);
-        ready();
+        devState.resolve(state);
       } catch (e) {
-        failed(e);
+        devState.reject(e);
         await children.catch(() => {});
         throw e;
       }
@@ -411,6 +403,15 @@ async function spawnChildren(
     for (const l of lives) l.agent.close();
     throw e;
   }
+}
+
+/** A promise settled from outside (a rejection nobody awaits yet is not reported as unhandled). */
+function deferred<T>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => { resolve = res; reject = rej; });
+  promise.catch(() => {});
+  return { promise, resolve, reject };
 }
 
 async function destroyUnowned(unowned: Unowned): Promise<void> {

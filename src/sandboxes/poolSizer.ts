@@ -57,10 +57,10 @@ export class PoolSizer {
     }
     const want = this.peak;
     const capped = want > max ? ` (capped at ${max})` : want < min ? ` (raised to ${min})` : '';
-    const burst = Math.max(...this.takes.map((t) => this.takes.filter((u) => u <= t && t - u < burstWindowMs).length), 0);
+    const recent = this.takes.filter((t) => now - t < burstWindowMs).length;
     return {
       target: clamp(want),
-      reason: `largest burst since the pool was last idle: ${want} (now: ${burst} create${burst === 1 ? '' : 's'} within ${Math.round(burstWindowMs / 1000)} s)${capped}`,
+      reason: `largest burst since the pool was last idle: ${want} (now: ${recent} create${recent === 1 ? '' : 's'} within ${Math.round(burstWindowMs / 1000)} s)${capped}`,
     };
   }
 }

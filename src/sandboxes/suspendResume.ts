@@ -121,35 +121,28 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
       let pending: PendingVm | undefined;
       try {
         rmSync(join(rec.dir, 'qmp.sock'), { force: true });
-        const spawn = () => spawnIncoming(ctx.cfg, shape, {
-          id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
-          trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
-        });
+        // The VMM, with its egress policy in place (kept in `pending` for the cleanup below).
+        const start = async (): Promise<PendingVm> => {
+          pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
+            id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
+            trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
+          }));
+          const net = pending.record.net;
+          if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+          return pending;
+        };
         if (snap.ramPath) {
           // The VMM starts while its RAM file fills: QEMU maps the file at start but reads no page
           // of it before the devices are restored. The file has its size before either begins.
           rmSync(memPath, { force: true });
           closeSync(openSync(memPath, 'w', 0o600));
           truncateSync(memPath, memBytes);
-          // Its egress policy goes in place while the file may still be filling.
-          const [p] = await Promise.all([
-            phases.time('spawn', spawn).then(async (q) => {
-              pending = q;
-              const net = q.record.net;
-              if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
-              return q;
-            }),
-            phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath)),
-          ]);
-          pending = p;
-        } else {
-          pending = await phases.time('spawn', spawn);
-          const net = pending.record.net;
-          if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+          const [vm] = await Promise.all([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath))]);
+          return await restoreCheckpoint(vm, readFileSync(snap.statePath), id, phases);
         }
-        if (snap.ramPath) return await restoreCheckpoint(pending, readFileSync(snap.statePath), id, phases);
-        await restoreStream(pending, snap.statePath, phases);
-        return await finishRestore(pending, id, phases);
+        const vm = await start();
+        await restoreStream(vm, snap.statePath, phases);
+        return await finishRestore(vm, id, phases);
       } catch (e) {
         if (pending) await pending.vmm.kill().catch(() => {});
         rmSync(memPath, { force: true });
