@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync, rmdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
@@ -11,7 +11,7 @@ import { processMatches, type ClaimOwner } from '../host/claims.js';
 import { connectAgent } from '../guest/connect.js';
 import { homePaths } from '../host/paths.js';
 import { run } from '../host/run.js';
-import { allocatedBytes } from '../vmm/memory.js';
+import { digHoles } from '../vmm/memory.js';
 import { sha256Hex } from '../host/hash.js';
 
 /**
@@ -106,8 +106,9 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
     if (!existsSync(manifest)) continue;
     const a = JSON.parse(readFileSync(manifest, 'utf8')) as Artifact;
     if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) {
-      // Baked before its zero pages were made holes: done now, while sandboxes may map it.
-      if (allocatedBytes(a.memPath) > statSync(a.memPath).size / 2) await digHoles(a.memPath);
+      // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
+      // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.
+      await digHoles(a.memPath, ctx.home);
       return a;
     }
   }
@@ -174,7 +175,7 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     for (const f of readdirSync(tmpDir)) {
       if (f.endsWith('.sock') || f === 'vmm.json') rmSync(join(tmpDir, f), { force: true });
     }
-    await digHoles(memPath);
+    await digHoles(memPath, ctx.home);
     // From now on every sandbox of this template maps the RAM and reads the disk: read-only, root's.
     sealShared(memPath);
     sealShared(diskTmp);
@@ -194,17 +195,6 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     rmSync(memPath, { force: true });
     throw e;
   }
-}
-
-/**
- * Makes the all-zero pages of a RAM file holes (`fallocate --dig-holes`). The guest's kernel writes
- * zeros over much of its memory while it boots, so a template's RAM file comes out nearly fully
- * allocated (512 of 512 MiB for the 512 MiB catalog guest; 88 MiB after this). Every copy of it a
- * fork or suspend makes, and the tmpfs it holds, shrink by as much. Safe while VMMs map the file
- * copy-on-write: a page that was zero reads as zero from a hole.
- */
-export async function digHoles(memPath: string): Promise<void> {
-  await run('fallocate', ['--dig-holes', memPath]);
 }
 
 /**

@@ -20,6 +20,8 @@ import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
 import { ForkReceivers } from './forkReceivers.js';
+import { RamSparsifier } from './ramSparse.js';
+import { digHoles } from '../vmm/memory.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget,
@@ -50,6 +52,9 @@ export interface EngineOptions extends Partial<EngineConfig> {
  * Events: 'transition' (SandboxTransition) once a change of state is persisted; 'reaped'
  * ({ id, action }) when the reaper ended a session.
  */
+/** How often the RAM files sandboxes map are checked for zero pages to dig out again. */
+const RAM_SWEEP_MS = 30_000;
+
 export class Engine extends EventEmitter implements SandboxService {
   readonly repo: SandboxRepo;
   private readonly registry: SandboxRegistry;
@@ -59,6 +64,8 @@ export class Engine extends EventEmitter implements SandboxService {
   private readonly reaper: Reaper;
   private reapTimer?: NodeJS.Timeout;
   private flusher?: NodeJS.Timeout;
+  private readonly sparsifier: RamSparsifier;
+  private sparseTimer?: NodeJS.Timeout;
   private ready = false;
   private closing = false;
 
@@ -78,6 +85,11 @@ export class Engine extends EventEmitter implements SandboxService {
       progress: opts.progress,
     };
     this.reaper = new Reaper(this.ctx);
+    // Templates' and fork points' RAM files, but not one a fork under way is still writing.
+    this.sparsifier = new RamSparsifier(() => [
+      ...this.templatePools.ramFiles(),
+      ...this.repo.allForkPoints().filter((fp) => !this.ctx.forking.has(fp.id)).map((fp) => fp.mem_path),
+    ], (f) => digHoles(f, cfg.cacheDir));
   }
 
   get accel(): 'kvm' | 'tcg' {
@@ -101,6 +113,10 @@ export class Engine extends EventEmitter implements SandboxService {
       engine.reapTimer.unref();
       engine.flusher = setInterval(() => engine.registry.flushActivity(), 1000);
       engine.flusher.unref();
+      engine.sparseTimer = setInterval(() => {
+        engine.sparsifyRam().catch((e) => opts.progress?.(`RAM files: ${(e as Error).message}`));
+      }, RAM_SWEEP_MS);
+      engine.sparseTimer.unref();
     }
     engine.ready = true;
     return engine;
@@ -108,6 +124,14 @@ export class Engine extends EventEmitter implements SandboxService {
 
   isReady(): boolean {
     return this.ready && !this.closing;
+  }
+
+  /**
+   * Makes the zero pages that running sandboxes faulted into the templates' and fork points' RAM
+   * files holes again (ramSparse.ts): those that grew enough since, or `all`. Runs every 30 s.
+   */
+  sparsifyRam(opts: { all?: boolean } = {}): Promise<number> {
+    return this.sparsifier.sweep(opts);
   }
 
   /** Pool sizes by template, for metrics. */
@@ -283,6 +307,8 @@ export class Engine extends EventEmitter implements SandboxService {
     this.closing = true;
     clearInterval(this.reapTimer);
     clearInterval(this.flusher);
+    clearInterval(this.sparseTimer);
+    await this.sparsifier.idle();
     await this.templatePools.close();
     await this.ctx.receivers.close();
     await this.ctx.seeds.close();

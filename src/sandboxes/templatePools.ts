@@ -178,6 +178,11 @@ export class TemplatePools {
     return Object.fromEntries([...this.pools].map(([k, p]) => [k, p.size]));
   }
 
+  /** The RAM files of the artifacts loaded (templates now, and earlier builds sandboxes sit on). */
+  ramFiles(): string[] {
+    return [...this.artifacts.values()].map((a) => a.memPath);
+  }
+
   /** The artifact of that key: of a template now, or of an earlier build whose manifest is still on disk. */
   artifactFor(key: string): Artifact {
     const a = this.artifacts.get(key);

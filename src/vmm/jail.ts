@@ -26,17 +26,15 @@
 import { chmodSync, chownSync, closeSync, existsSync, linkSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, rmSync, statSync } from 'node:fs';
 import { dirname, isAbsolute, join, resolve, relative } from 'node:path';
 import { release as osRelease } from 'node:os';
-import { fileURLToPath } from 'node:url';
 import { REMAP_FD, type Accel } from './argv.js';
+import { buildC } from './native.js';
 import type { MachineShape } from './machine.js';
 import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import {
   createVmmCgroup, ensureParents, hostCgroups, removeVmmCgroup, sweepVmmCgroups, listVmmCgroups, vmmLimits,
   type CgroupLayout, type CgroupMode,
 } from './cgroup.js';
-import { buildOnce } from '../host/buildOnce.js';
 import { run } from '../host/run.js';
-import { sha256Hex } from '../host/hash.js';
 
 export interface JailSettings {
   /** auto: confine when the server runs as root (it needs to, to switch uids); on: require it; off. */
@@ -250,25 +248,8 @@ export function untrustedLayer(chain: string[], trusted: string[]): string | und
 
 // ---- the RAM shim --------------------------------------------------------------------------------
 
-const HERE = dirname(fileURLToPath(import.meta.url));
 export const SHIM_NAME = 'libcollimate-ramro.so';
 export const LAUNCHER_NAME = 'collimate-vmm-launch';
-
-/**
- * Compiles one C source of this directory once per source and compiler (COLLIMATE_SHIM_CC, gcc),
- * into a root-owned 0755 directory under `assetsDir`; the path of what it made.
- */
-async function buildC(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
-  const cc = process.env.COLLIMATE_SHIM_CC ?? 'gcc';
-  const source = join(HERE, what.source);
-  const key = sha256Hex(`${what.tag}-v1`, readFileSync(source), cc).slice(0, 16);
-  const dir = await buildOnce(join(assetsDir, `${what.tag}-${key}`), tmpRoot, async (tmp) => {
-    await run(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-s', ...what.flags, '-o', join(tmp, what.out), source, ...(what.libs ?? [])]);
-  });
-  chownSync(dir, 0, 0);
-  chmodSync(dir, 0o755);
-  return join(dir, what.out);
-}
 
 /** Builds libcollimate-ramro.so (ramro.c), cached under `assetsDir`: root's, 0644. */
 export async function ensureRamShim(assetsDir: string, tmpRoot: string): Promise<string> {

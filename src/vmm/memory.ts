@@ -10,6 +10,8 @@
  */
 import { closeSync, openSync, readFileSync, readSync, statSync, writeSync } from 'node:fs';
 import { run } from '../host/run.js';
+import { homePaths } from '../host/paths.js';
+import { ensureDigHoles } from './native.js';
 
 const PAGE = 4096;
 /** Pagemap entries read at once (64 MiB of guest memory). */
@@ -150,4 +152,19 @@ export function privatePageBytes(pid: number, memFile: string): number {
 /** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */
 export function allocatedBytes(path: string): number {
   return statSync(path).blocks * 512;
+}
+
+/**
+ * Makes the all-zero pages of a RAM file holes (collimate-dig-holes, digholes.c, built into
+ * `cacheDir`'s assets). The guest's kernel writes zeros over much of its memory while it boots, so
+ * a template's RAM file comes out nearly fully allocated (512 of 512 MiB for the 512 MiB catalog
+ * guest; 88 MiB after this). Every copy of it a fork or suspend makes, and the tmpfs it holds,
+ * shrink by as much. Safe while VMMs map the file copy-on-write (a page that was zero reads as zero
+ * from a hole), not while anyone writes to it. The holes fill again as those VMMs run: tmpfs gives
+ * a hole a page of the file on every fault of a private mapping, read or write
+ * (src/sandboxes/ramSparse.ts digs them again).
+ */
+export async function digHoles(memPath: string, cacheDir: string): Promise<void> {
+  const p = homePaths(cacheDir);
+  await run(await ensureDigHoles(p.assets, p.tmp), [memPath]);
 }

@@ -1,0 +1,32 @@
+import { chmodSync, chownSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { buildOnce } from '../host/buildOnce.js';
+import { sha256Hex } from '../host/hash.js';
+import { run } from '../host/run.js';
+
+/** The host-side helpers written in C, built from this directory's sources on first use. */
+const HERE = dirname(fileURLToPath(import.meta.url));
+
+/**
+ * Compiles one C source of this directory once per source and compiler (COLLIMATE_SHIM_CC, gcc),
+ * into a root-owned 0755 directory under `assetsDir`; the path of what it made.
+ */
+export async function buildC(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
+  const cc = process.env.COLLIMATE_SHIM_CC ?? 'gcc';
+  const source = join(HERE, what.source);
+  const key = sha256Hex(`${what.tag}-v1`, readFileSync(source), cc).slice(0, 16);
+  const dir = await buildOnce(join(assetsDir, `${what.tag}-${key}`), tmpRoot, async (tmp) => {
+    await run(cc, ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-s', ...what.flags, '-o', join(tmp, what.out), source, ...(what.libs ?? [])]);
+  });
+  chownSync(dir, 0, 0);
+  chmodSync(dir, 0o755);
+  return join(dir, what.out);
+}
+
+export const DIG_HOLES_NAME = 'collimate-dig-holes';
+
+/** Builds collimate-dig-holes (digholes.c), cached under `assetsDir`. */
+export function ensureDigHoles(assetsDir: string, tmpRoot: string): Promise<string> {
+  return buildC(assetsDir, tmpRoot, { tag: 'digholes', source: 'digholes.c', out: DIG_HOLES_NAME, flags: [] });
+}
