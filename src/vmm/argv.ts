@@ -101,7 +101,10 @@ export function qemuArgv(spec: VmSpec): string[] {
   if (spec.seccomp) {
     argv.push('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny');
   }
-  argv.push('-kernel', spec.kernel, '-initrd', spec.initrd, '-append', spec.cmdline);
+  // A VMM that restores a checkpoint has the kernel in its RAM already; given -kernel and -initrd,
+  // QEMU would read both files at start and keep copies of them for a reboot that never comes
+  // (-no-reboot): 13.5 MiB of each idle sandbox's 53 MiB PSS.
+  if (!spec.incoming) argv.push('-kernel', spec.kernel, '-initrd', spec.initrd, '-append', spec.cmdline);
   const sock = (id: 'qmp' | 'agent', path: string) =>
     `socket,id=${id},${spec.socketFds ? `fd=${spec.socketFds[id]}` : `path=${path}`},server=on,wait=off`;
   argv.push('-chardev', sock('qmp', spec.qmpSocket), '-mon', 'chardev=qmp,mode=control');

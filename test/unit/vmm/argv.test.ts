@@ -45,8 +45,6 @@ test('QEMU argv of a restored TCG child is pinned', () => {
       '-object memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/c/artifact.mem,share=off',
       '-nodefaults -no-user-config -display none -no-reboot',
       '-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
-      '-kernel /k/vmlinuz -initrd /k/initramfs.cpio',
-      `-append ${kernelCmdline()}`,
       '-chardev socket,id=qmp,path=/s/sbx_1/qmp.sock,server=on,wait=off -mon chardev=qmp,mode=control',
       '-chardev file,id=console,path=/s/sbx_1/console.log -serial chardev:console',
       '-device virtio-serial-device,max_ports=2',
@@ -72,6 +70,9 @@ test('KVM argv uses the host CPU without arch-capabilities; a template is share=
   assert.ok(argv.includes('memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/c/artifact.mem,share=on'));
   assert.ok(!argv.includes('-incoming'));
   assert.ok(!argv.includes('-sandbox'));
+  // A VMM that boots gets the kernel; one that restores a checkpoint does not (its RAM has it).
+  assert.equal(argv[argv.indexOf('-kernel') + 1], '/k/vmlinuz');
+  assert.ok(!qemuArgv(spec).includes('-kernel'));
 });
 
 test('accelerator detection: PVM means TCG, real KVM modules mean KVM, env overrides', () => {
