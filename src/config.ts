@@ -33,6 +33,13 @@ export interface EngineConfig {
   poolBurstSecs: number;
   /** Memory all warm pools together may hold, in MiB (COLLIMATE_POOL_MEMORY_MIB; default a tenth of the host's RAM). */
   poolMemoryMib: number;
+  /**
+   * Admission by what the host has (src/sandboxes/hostCapacity.ts): guest memory running sandboxes
+   * may have together (COLLIMATE_HOST_MEMORY_MIB, 0 = no cap), memory kept available for the rest of
+   * the host (COLLIMATE_HOST_MEMORY_RESERVE_MIB, default 5% of RAM, at least 512), CPU pressure at which
+   * new sandboxes wait (COLLIMATE_HOST_CPU_PRESSURE_MAX, % of time some task waited, default 90, 0 = never).
+   */
+  host: { memoryMib: number; reserveMib: number; cpuPressureMax: number };
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
   /**
@@ -146,6 +153,11 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     poolBurstSecs: intEnv(env, 'COLLIMATE_POOL_BURST_SECS', 10),
     poolMemoryMib: intEnv(env, 'COLLIMATE_POOL_MEMORY_MIB', Math.floor(totalmem() / 1024 / 1024 / 10)),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
+    host: {
+      memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
+      reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),
+      cpuPressureMax: intEnv(env, 'COLLIMATE_HOST_CPU_PRESSURE_MAX', 90),
+    },
     prewarmPool: env.COLLIMATE_PREWARM !== '0',
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),
     forkPoolMax: intEnv(env, 'COLLIMATE_FORK_POOL_MAX', 16),

@@ -35,6 +35,7 @@ export const ERROR_CODES = {
   port_unreachable: 502,
   template_not_ready: 503,
   shutting_down: 503,
+  host_at_capacity: 503,
   image_pull_failed: 502,
   bake_failed: 500,
 } as const;

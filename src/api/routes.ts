@@ -58,7 +58,7 @@ export const ROUTE_TABLE = [
     path: '/v1/sandboxes',
     summary: 'Create a sandbox',
     description:
-      'Forks a warm template and returns a running sandbox. Counts against the tier concurrency cap. ' +
+      'Forks a warm template and returns a running sandbox. Counts against the tier concurrency cap; refused with 503 host_at_capacity (Retry-After) when the host lacks the memory or CPU for it. ' +
       'Honours Idempotency-Key: a retry with the same key and body returns the original response.',
     tag: 'sandboxes',
     auth: true,
@@ -66,7 +66,7 @@ export const ROUTE_TABLE = [
     body: S.CreateSandboxRequest,
     idempotent: true,
     responses: { 201: { description: 'Created, running.', schema: S.Sandbox } },
-    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'egress_forbidden', 'concurrency_limit', 'template_not_ready', 'idempotency_key_reused'],
+    errors: ['template_not_found', 'template_forbidden', 'tier_forbidden', 'egress_forbidden', 'concurrency_limit', 'template_not_ready', 'host_at_capacity', 'idempotency_key_reused'],
   },
   {
     operationId: 'listSandboxes',
@@ -126,7 +126,7 @@ export const ROUTE_TABLE = [
     bodyOptional: true,
     idempotent: true,
     responses: { 201: { description: 'The children, running.', schema: S.ForkResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'idempotency_key_reused'],
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity', 'idempotency_key_reused'],
   },
   {
     operationId: 'suspendSandbox',
@@ -156,7 +156,7 @@ export const ROUTE_TABLE = [
     body: S.EmptyQuery,
     bodyOptional: true,
     responses: { 200: { description: 'Running again.', schema: S.Sandbox } },
-    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit'],
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity'],
   },
   {
     operationId: 'deleteSandbox',

@@ -270,6 +270,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       confinement,
       network: engine.networkStatus(),
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
+      ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
     }),
   });
   tenants.log = (err, msg) => api.app.log.error({ err }, msg);

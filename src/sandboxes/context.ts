@@ -11,6 +11,7 @@ import type { TemplatePools } from './templatePools.js';
 import type { PhaseReport } from './phases.js';
 import type { ForkSeeds } from './forkSeeds.js';
 import type { ForkReceivers } from './forkReceivers.js';
+import type { HostCapacity } from './hostCapacity.js';
 import type { SandboxInfo, SandboxTransition, Scope } from './types.js';
 
 /**
@@ -29,6 +30,8 @@ export interface EngineContext {
   readonly receivers: ForkReceivers;
   /** Fork points of forks under way in this process: their RAM files stay (delete.ts gcForkPoints). */
   readonly forking: Set<string>;
+  /** Admission by what the host has: every create, fork and resume asks it first (hostCapacity.ts). */
+  readonly capacity: HostCapacity;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
   readonly net: NetManager | null;
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */

@@ -15,11 +15,12 @@ export async function createSandbox(ctx: EngineContext, opts: CreateOptions, sco
   ctx.assertOpen();
   const t = ctx.templates.resolve(opts.template, scope.tenant);
   const egress = egressOf(ctx, t, opts.egress);
-  // A guest that never acknowledges its restore (see announceRestore) gets one fresh VMM.
-  return createOnce(ctx, t, opts, egress, scope).catch((e) => {
-    if (!isUnacknowledgedRestore(e)) throw e;
-    return createOnce(ctx, t, opts, egress, scope);
-  });
+  return ctx.capacity.within('create', 1, t.artifact.shape.memoryMib, () =>
+    // A guest that never acknowledges its restore (see announceRestore) gets one fresh VMM.
+    createOnce(ctx, t, opts, egress, scope).catch((e) => {
+      if (!isUnacknowledgedRestore(e)) throw e;
+      return createOnce(ctx, t, opts, egress, scope);
+    }));
 }
 
 /** The caller's policy (the tenant service checked it against the template's), else the template's; none without a network. */

@@ -21,6 +21,7 @@ import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
 import { ForkReceivers } from './forkReceivers.js';
 import { RamSparsifier } from './ramSparse.js';
+import { HostCapacity, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
@@ -78,6 +79,7 @@ export class Engine extends EventEmitter implements SandboxService {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       forking: new Set(),
+      capacity: new HostCapacity(cfg.host, () => this.repo.runningMemoryMib()),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),
@@ -132,6 +134,11 @@ export class Engine extends EventEmitter implements SandboxService {
    */
   sparsifyRam(opts: { all?: boolean } = {}): Promise<number> {
     return this.sparsifier.sweep(opts);
+  }
+
+  /** The host's budgets for admission and what is used of them (/healthz, /metrics). */
+  capacity(): CapacityStatus {
+    return this.ctx.capacity.status();
   }
 
   /** Pool sizes by template, for metrics. */

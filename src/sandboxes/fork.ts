@@ -46,16 +46,20 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
   ctx.assertOpen();
   const count = opts.count;
   if (!Number.isInteger(count) || count < 1 || count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
-  if (rowFor(ctx, id, scope).state === 'suspended') {
-    const children = await forkSuspended(ctx, id, opts, scope);
-    if (children) return children;
-    // Resumed while this fork waited its turn: it is running now, so it forks live.
-  }
-  const r = runningFor(ctx, id, scope, 'fork');
-  return r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
-    ctx.registry.flushActivity();
-    return ctx.cfg.forkCapture === 'pages' ? forkRunningByPages(ctx, r, opts) : forkRunning(ctx, r, opts);
+  const row = rowFor(ctx, id, scope);
+  if (row.state !== 'suspended') runningFor(ctx, id, scope, 'fork');
+  return ctx.capacity.within('fork', count, row.memory_mib, async () => {
+    if (rowFor(ctx, id, scope).state === 'suspended') {
+      const children = await forkSuspended(ctx, id, opts, scope);
+      if (children) return children;
+      // Resumed while this fork waited its turn: it is running now, so it forks live.
+    }
+    const r = runningFor(ctx, id, scope, 'fork');
+    return r.queue.run(async () => {
+      if (r.deleting) throw sandboxNotFound(id);
+      ctx.registry.flushActivity();
+      return ctx.cfg.forkCapture === 'pages' ? forkRunningByPages(ctx, r, opts) : forkRunning(ctx, r, opts);
+    });
   });
 }
 

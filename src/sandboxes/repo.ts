@@ -161,6 +161,11 @@ export class SandboxRepo {
     return this.db.prepare("SELECT id FROM sandboxes WHERE parent = ? AND state != 'deleted' ORDER BY id").all(id).map((r: any) => r.id);
   }
 
+  /** Guest memory of every running sandbox, in MiB (host admission). */
+  runningMemoryMib(): number {
+    return (this.db.prepare("SELECT COALESCE(SUM(memory_mib), 0) AS n FROM sandboxes WHERE state = 'running'").get() as any).n;
+  }
+
   countRunning(tenant: string): number {
     return (this.db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state = 'running'").get(tenant) as any).n;
   }

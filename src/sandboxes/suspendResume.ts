@@ -106,7 +106,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
   ctx.assertOpen();
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') throw invalidState(id, row.state === 'running' ? 'running' : row.state, 'resume', ['suspended']);
-  return ctx.registry.serialized(id, async () => {
+  return ctx.capacity.within('resume', 1, row.memory_mib, () => ctx.registry.serialized(id, async () => {
     const cur = ctx.repo.get(id)!;
     if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
     const snap = cur.snapshot!;
@@ -167,7 +167,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
-  });
+  }));
 }
 
 /** Whether `memPath` is the sandbox's own RAM file (a resumed one's), not a checkpoint or fork point it maps. */

@@ -138,6 +138,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   port_unreachable: PortUnreachableError,
   template_not_ready: ServerError,
   shutting_down: ServerError,
+  host_at_capacity: ServerError,
   image_pull_failed: ServerError,
   bake_failed: ServerError,
 };

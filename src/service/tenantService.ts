@@ -20,6 +20,7 @@ import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type { SourceSpec } from '../images/sources.js';
 import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import type { PhaseReport } from '../sandboxes/phases.js';
+import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, SandboxInfo, SandboxService, TemplateInfo,
 } from '../sandboxes/types.js';
@@ -177,6 +178,35 @@ export class TenantService {
           : [],
       ),
     );
+    const host = this.engine as { capacity?: () => CapacityStatus };
+    if (typeof host.capacity === 'function') {
+      const cap = () => host.capacity!();
+      this.metrics.register(
+        new Gauge('collimate_host_memory_bytes', 'Host memory for admission: available (MemAvailable), reserve (COLLIMATE_HOST_MEMORY_RESERVE_MIB), committed (guest memory of running sandboxes), limit (COLLIMATE_HOST_MEMORY_MIB, when set).', () => {
+          const m = cap().memory;
+          const mib = (n: number) => n * 1024 * 1024;
+          return [
+            { labels: { kind: 'available' }, value: mib(m.availableMib) },
+            { labels: { kind: 'reserve' }, value: mib(m.reserveMib) },
+            { labels: { kind: 'committed' }, value: mib(m.committedMib) },
+            ...(m.limitMib !== null ? [{ labels: { kind: 'limit' }, value: mib(m.limitMib) }] : []),
+          ];
+        }),
+      );
+      this.metrics.register(
+        new Gauge('collimate_host_cpu_pressure', 'Percent of the last 10 s some task waited for a CPU (PSI), and the level at which new sandboxes are refused (COLLIMATE_HOST_CPU_PRESSURE_MAX).', () => {
+          const c = cap().cpu;
+          return [
+            ...(c.pressure !== null ? [{ labels: { kind: 'now' }, value: c.pressure }] : []),
+            ...(c.max !== null ? [{ labels: { kind: 'max' }, value: c.max }] : []),
+          ];
+        }),
+      );
+      this.metrics.register(
+        new Gauge('collimate_admission_refusals_total', 'Creates, forks and resumes refused with host_at_capacity, by the resource that was short.', () =>
+          Object.entries(cap().refusals).map(([resource, value]) => ({ labels: { resource }, value }))),
+      );
+    }
     const receivers = this.engine as { forkReceiverSizes?: () => Record<string, { ready: number; target: number }> };
     this.metrics.register(
       new Gauge('collimate_fork_receivers', 'VMMs spawned ahead of forks by artifact: ready now, and the number the pool keeps (the largest recent fork, capped by COLLIMATE_FORK_POOL_MAX).', () =>

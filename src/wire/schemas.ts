@@ -537,6 +537,17 @@ export const Health = named(
       z.record(z.string(), z.strictObject({ ready: z.number().int(), target: z.number().int(), reason: z.string() })),
       'Warm pools: VMMs ready, the size each pool holds now and why (it follows demand, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB). Catalog templates by id; tenants\' environments summed under `environments`.',
     ).optional(),
+    capacity: described(
+      z.strictObject({
+        memory: z.strictObject({
+          available_mib: z.number().int(), reserve_mib: z.number().int(), committed_mib: z.number().int(),
+          limit_mib: z.number().int().nullable(), starting_mib: z.number().int(),
+        }),
+        cpu: z.strictObject({ pressure: z.number().nullable(), max: z.number().nullable() }),
+        refusals: z.strictObject({ memory: z.number().int(), cpu: z.number().int() }),
+      }),
+      'Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes\' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max gets 503 host_at_capacity with Retry-After. refusals counts them since start.',
+    ).optional(),
   }),
 );
 

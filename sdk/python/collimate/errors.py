@@ -173,6 +173,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "port_unreachable": PortUnreachableError,
     "template_not_ready": ServerError,
     "shutting_down": ServerError,
+    "host_at_capacity": ServerError,
     "image_pull_failed": ServerError,
     "bake_failed": ServerError,
 }

@@ -4,6 +4,7 @@ import type { TenantService } from '../../service/tenantService.js';
 import type { MetricsRegistry } from '../../service/metrics.js';
 import type { Handlers } from '../binder.js';
 import { renderOpenApi } from '../openapi.js';
+import type { CapacityStatus } from '../../sandboxes/hostCapacity.js';
 
 type Ops = 'getUsage' | 'getOpenApi' | 'health' | 'metrics';
 
@@ -19,6 +20,8 @@ export interface HealthInfo {
   network?: { enabled: boolean; reason?: string };
   /** Warm pools (catalog templates by id, environments summed): ready, size held and why. */
   pools?: Record<string, { ready: number; target: number; reason: string }>;
+  /** The host's budgets for admission and what is used of them (hostCapacity.ts). */
+  capacity?: CapacityStatus;
 }
 
 /** ISO 8601 or epoch seconds. */
@@ -60,6 +63,7 @@ export function operationHandlers(deps: {
         ...(h.confinement ? { confinement: h.confinement } : {}),
         ...(h.network ? { network: h.network } : {}),
         ...(h.pools ? { pools: h.pools } : {}),
+        ...(h.capacity ? { capacity: capacityBody(h.capacity) } : {}),
       };
       return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
     },
@@ -68,5 +72,14 @@ export function operationHandlers(deps: {
       reply.code(200).type('text/plain; version=0.0.4; charset=utf-8').send(deps.metrics.render());
       return null;
     },
+  };
+}
+
+function capacityBody(c: CapacityStatus) {
+  const m = c.memory;
+  return {
+    memory: { available_mib: m.availableMib, reserve_mib: m.reserveMib, committed_mib: m.committedMib, limit_mib: m.limitMib, starting_mib: m.startingMib },
+    cpu: c.cpu,
+    refusals: c.refusals,
   };
 }
