@@ -26,6 +26,7 @@ import {
   encodeFrame,
   encodePing,
   encodeRestored,
+  encodeSetTime,
   type ExecRequest,
   type ExecResult,
   type FileData,
@@ -183,6 +184,12 @@ export class AgentClient extends EventEmitter {
   async restored(req: RestoredRequest): Promise<void> {
     const payload = encodeOrThrow(() => encodeRestored(req));
     await this.serialized(() => this.request<void>(MessageType.Restored, payload, undefined, expectOk));
+  }
+
+  /** Sets the guest's CLOCK_REALTIME (after the host paused it: the clock stood still meanwhile). */
+  async setTime(timeNs: bigint): Promise<void> {
+    const payload = encodeSetTime(timeNs);
+    await this.serialized(() => this.request<void>(MessageType.SetTime, payload, undefined, expectOk));
   }
 
   async readFile(path: string, options: ReadFileOptions = {}): Promise<Buffer> {

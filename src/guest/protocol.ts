@@ -23,6 +23,7 @@ export const MessageType = {
   Restored: 0x03,
   FileRead: 0x04,
   FileWrite: 0x05,
+  SetTime: 0x06,
   Pong: 0x81,
   Stdout: 0x82,
   Stderr: 0x83,
@@ -491,6 +492,11 @@ export function encodeRestored(req: RestoredRequest): Buffer {
     .str(Tag.SandboxId, req.sandboxId)
     .str(Tag.Token, req.token)
     .finish();
+}
+
+/** SET_TIME: CLOCK_REALTIME to `timeNs` (after the host paused the guest); nothing else changes. */
+export function encodeSetTime(timeNs: bigint): Buffer {
+  return new TlvWriter().u64(Tag.TimeNs, timeNs).finish();
 }
 
 export interface FileReadRequest {

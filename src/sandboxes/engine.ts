@@ -21,6 +21,7 @@ import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
 import { ForkReceivers } from './forkReceivers.js';
 import { RamSparsifier } from './ramSparse.js';
+import { Quiescer } from './quiesce.js';
 import { HostCapacity, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
@@ -63,6 +64,7 @@ export class Engine extends EventEmitter implements SandboxService {
   readonly templatePools: TemplatePools;
   private readonly ctx: EngineContext;
   private readonly reaper: Reaper;
+  private readonly quiescer: Quiescer;
   private reapTimer?: NodeJS.Timeout;
   private flusher?: NodeJS.Timeout;
   private readonly sparsifier: RamSparsifier;
@@ -73,7 +75,7 @@ export class Engine extends EventEmitter implements SandboxService {
   private constructor(readonly cfg: EngineConfig, readonly db: Db, opts: EngineOptions, private readonly net: NetManager | null) {
     super();
     this.repo = new SandboxRepo(db);
-    this.registry = new SandboxRegistry(this.repo);
+    this.registry = new SandboxRegistry(this.repo, (r) => this.quiescer.wake(r));
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
@@ -87,6 +89,7 @@ export class Engine extends EventEmitter implements SandboxService {
       progress: opts.progress,
     };
     this.reaper = new Reaper(this.ctx);
+    this.quiescer = new Quiescer(this.ctx);
     // Templates' and fork points' RAM files, but not one a fork under way is still writing.
     this.sparsifier = new RamSparsifier(() => [
       ...this.templatePools.ramFiles(),
@@ -111,7 +114,7 @@ export class Engine extends EventEmitter implements SandboxService {
       await reconcile(engine.ctx);
       net?.refill();
       await engine.templatePools.warmCatalog(opts.progress ?? (() => {}), opts.catalog);
-      engine.reapTimer = setInterval(() => void engine.reap(), cfg.reapIntervalMs);
+      engine.reapTimer = setInterval(() => { void engine.reap(); void engine.quiesce(); }, cfg.reapIntervalMs);
       engine.reapTimer.unref();
       engine.flusher = setInterval(() => engine.registry.flushActivity(), 1000);
       engine.flusher.unref();
@@ -280,6 +283,21 @@ export class Engine extends EventEmitter implements SandboxService {
   /** Suspends or deletes (COLLIMATE_REAP_ACTION) the running sandboxes whose session timed out. */
   reap(now = Date.now()): Promise<string[]> {
     return this.reaper.reap(now);
+  }
+
+  /** One pass of the idle pause (quiesce.ts, COLLIMATE_IDLE_PAUSE_SECS): how many sandboxes it paused. */
+  quiesce(now = Date.now()): Promise<number> {
+    return this.quiescer.pass(now);
+  }
+
+  /** Idle pauses: sandboxes paused now, and pauses and wake-ups since start (/metrics). */
+  idlePauses(): { pausedNow: number; paused: number; woken: number } {
+    return { pausedNow: this.quiescer.pausedNow(), ...this.quiescer.counts };
+  }
+
+  /** Whether the host has `id` paused for being quiescent (tests, benches). */
+  isIdlePaused(id: string): boolean {
+    return !!this.registry.get(id)?.paused;
   }
 
   // ---- network and ports -----------------------------------------------------------------------

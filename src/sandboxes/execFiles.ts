@@ -76,7 +76,8 @@ export async function openPorts(ctx: EngineContext, id: string, scope?: Scope): 
   const row = rowFor(ctx, id, scope);
   const r = ctx.registry.get(id);
   if (row.state !== 'running' || !r || r.deleting || !row.vmm?.net) return ctx.registry.portsOf(id);
-  if (r.queue.depth > 0) return ctx.registry.portsOf(id);
+  // Busy, or paused for being quiescent (nothing of its own runs: it listens on nothing new).
+  if (r.queue.depth > 0 || r.paused) return ctx.registry.portsOf(id);
   try {
     const ports = await r.queue.run(async () => {
       const tables = await Promise.all(['/proc/net/tcp', '/proc/net/tcp6'].map((p) => r.live.agent.readFile(p).then((b) => b.toString(), () => '')));
@@ -95,6 +96,8 @@ export function portTarget(ctx: EngineContext, id: string, port: number, scope?:
   const r = runningFor(ctx, id, scope, 'reaching a port');
   const net = r.live.record.net;
   if (!net) throw new CollimateError('network_unavailable', `Sandbox ${id} has no network (${ctx.net ? 'its template was baked without one' : networkReason(ctx.cfg)}), so its ports cannot be reached.`);
+  // A connection to a sandbox paused for being quiescent wakes it (its gate runs in the next turn).
+  if (r.paused) r.queue.run(async () => {}).catch(() => {});
   return { host: net.nsIp, port };
 }
 

@@ -6,9 +6,13 @@ export class ExecQueue {
   private tail: Promise<void> = Promise.resolve();
   private pending = 0;
 
+  /** `gate` runs before each operation in its turn (a paused sandbox is woken: quiesce.ts). */
+  constructor(private readonly gate?: () => Promise<void>) {}
+
   run<T>(fn: () => Promise<T>): Promise<T> {
     this.pending++;
-    const p = this.tail.then(fn);
+    const gate = this.gate;
+    const p = this.tail.then(gate ? async () => { await gate(); return fn(); } : fn);
     this.tail = p.then(
       () => { this.pending--; },
       () => { this.pending--; },

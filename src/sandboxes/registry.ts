@@ -10,6 +10,8 @@ export interface Running {
   queue: ExecQueue;
   /** Set by delete so queued operations fail fast instead of talking to a dying VMM. */
   deleting: boolean;
+  /** Set while the host has it paused for being quiescent (quiesce.ts); its next operation wakes it. */
+  paused?: { at: number };
 }
 
 /** Activity not yet written to the database. */
@@ -33,7 +35,8 @@ export class SandboxRegistry {
   private readonly activity = new Map<string, Activity>();
   private readonly ports = new Map<string, OpenPort[]>();
 
-  constructor(private readonly repo: Pick<SandboxRepo, 'addActivity'>) {}
+  /** `wake` runs before each operation on a running sandbox, in its turn (quiesce.ts). */
+  constructor(private readonly repo: Pick<SandboxRepo, 'addActivity'>, private readonly wake?: (r: Running) => Promise<void>) {}
 
   // ---- running sandboxes -------------------------------------------------------------------------
 
@@ -47,7 +50,8 @@ export class SandboxRegistry {
 
   /** Registers a sandbox whose VMM now runs in this process, with an empty operation queue. */
   add(id: string, live: LiveVm): Running {
-    const r: Running = { id, live, queue: new ExecQueue(), deleting: false };
+    const wake = this.wake;
+    const r: Running = { id, live, queue: new ExecQueue(wake && (() => wake(r))), deleting: false };
     this.running.set(id, r);
     return r;
   }

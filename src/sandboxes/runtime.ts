@@ -356,6 +356,11 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     if (reported && isOwnDiskPath(homePaths(cfg.home).disks, reported)) rec.diskPath = reported;
     // PING with retries: the guest may not yet have noticed that the previous server went away.
     const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
+    // Its clock stood still while it was stopped (paused for being quiescent, or mid-fork when the
+    // last server died). An agent from before SET_TIME refuses it: its clock stays behind, as before.
+    if (status === 'paused' || status === 'postmigrate' || status === 'finish-migrate') {
+      await agent.setTime(BigInt(Date.now()) * 1_000_000n).catch(() => {});
+    }
     return { vmm, agent, record: rec };
   } catch {
     await vmm.kill().catch(() => {});

@@ -207,6 +207,15 @@ export class TenantService {
           Object.entries(cap().refusals).map(([resource, value]) => ({ labels: { resource }, value }))),
       );
     }
+    const idle = this.engine as { idlePauses?: () => { pausedNow: number; paused: number; woken: number } };
+    if (typeof idle.idlePauses === 'function') {
+      this.metrics.register(
+        new Gauge('collimate_idle_paused', 'Sandboxes paused by the host for being quiescent (COLLIMATE_IDLE_PAUSE_SECS): paused now, and pauses and wake-ups since start.', () => {
+          const c = idle.idlePauses!();
+          return [{ labels: { kind: 'now' }, value: c.pausedNow }, { labels: { kind: 'pauses_total' }, value: c.paused }, { labels: { kind: 'wakes_total' }, value: c.woken }];
+        }),
+      );
+    }
     const receivers = this.engine as { forkReceiverSizes?: () => Record<string, { ready: number; target: number }> };
     this.metrics.register(
       new Gauge('collimate_fork_receivers', 'VMMs spawned ahead of forks by artifact: ready now, and the number the pool keeps (the largest recent fork, capped by COLLIMATE_FORK_POOL_MAX).', () =>

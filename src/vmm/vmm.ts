@@ -300,6 +300,11 @@ export class Vmm {
     });
   }
 
+  /** Stops the vCPUs (QMP `stop`); `cont` runs them again. */
+  async stop(): Promise<void> {
+    await this.qmp.execute('stop');
+  }
+
   async cont(): Promise<void> {
     await this.qmp.execute('cont');
   }

@@ -438,6 +438,32 @@ static void handle_restored(uint32_t id, const uint8_t *payload, size_t len)
     reply_ok(id);
 }
 
+/* SET_TIME: the host paused this guest (a quiescent sandbox, or a fork's parent) and resumed it;
+   CLOCK_REALTIME stood still meanwhile, so it is set again. Nothing else changes: same boot, same
+   identity, same CRNG. */
+static void handle_set_time(uint32_t id, const uint8_t *payload, size_t len)
+{
+    uint64_t time_ns = 0;
+    bool have_time = false;
+    struct tlv_cursor c;
+    struct tlv_field f;
+    int rc;
+
+    tlv_cursor_init(&c, payload, len);
+    while ((rc = tlv_next(&c, &f)) == 1) {
+        if (f.tag != TAG_TIME_NS) continue;
+        if (!tlv_as_u64(&f, &time_ns)) reject_request(id, "bad_request", "TIME_NS must be a u64");
+        have_time = true;
+    }
+    if (rc < 0) reject_request(id, "bad_request", "SET_TIME payload is truncated");
+    if (!have_time) reject_request(id, "bad_request", "TIME_NS is required");
+    if (!agent_test_mode) {
+        char why[256] = "";
+        if (restore_set_clock(time_ns, why, sizeof why) != 0) reject_request(id, "restore_failed", "%s", why);
+    }
+    reply_ok(id);
+}
+
 static void handle_file_read(uint32_t id, const uint8_t *payload, size_t len)
 {
     char path[PATH_MAX];
@@ -595,6 +621,7 @@ static void dispatch_frame(uint16_t type, uint32_t id, const uint8_t *payload, s
     case MSG_RESTORED: handle_restored(id, payload, len); break;
     case MSG_FILE_READ: handle_file_read(id, payload, len); break;
     case MSG_FILE_WRITE: handle_file_write(id, payload, len); break;
+    case MSG_SET_TIME: handle_set_time(id, payload, len); break;
     default: reply_error(id, "bad_request", "unknown message type %u", type);
     }
 }

@@ -40,6 +40,7 @@ enum message_type {
     MSG_RESTORED = 3,
     MSG_FILE_READ = 4,
     MSG_FILE_WRITE = 5,
+    MSG_SET_TIME = 6,
     MSG_PONG = 0x81,
     MSG_STDOUT = 0x82,
     MSG_STDERR = 0x83,

@@ -544,6 +544,23 @@ describe('restore and identity', () => {
   });
 });
 
+describe('set time', () => {
+  it('answers SET_TIME with OK and keeps the identity RESTORED gave; a SET_TIME without TIME_NS is bad_request', async () => {
+    await withClient(async (client) => {
+      await client.restored({ entropy: randomBytes(64), timeNs: BigInt(Date.now()) * 1_000_000n, sandboxId: 'sb-set-time', token: 'tok' });
+      await client.setTime(BigInt(Date.now()) * 1_000_000n);
+      assert.equal((await client.ping()).sandboxId, 'sb-set-time');
+    });
+    const peer = await RawPeer.connect();
+    try {
+      peer.send(MessageType.SetTime, 52, new TlvWriter().str(Tag.SandboxId, 'x').finish());
+      assert.equal(errorCode(await peer.next()), 'bad_request');
+    } finally {
+      peer.close();
+    }
+  });
+});
+
 describe('files', () => {
   it('round-trips 3 MiB of binary data through FILE_WRITE and FILE_READ', async () => {
     const path = join(workDir, 'roundtrip', 'deep', 'blob.bin');
