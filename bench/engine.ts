@@ -1,7 +1,8 @@
 // Engine benchmark (issue: engine foundation). In one run, side by side:
 //   warm create (restore from the warm pool) vs a cold boot of the same template, with their ratio;
-//   create → first exec result; exec round trip of `true`; PSS per idle sandbox; density.
-// Usage: node --import tsx bench/engine.ts [--creates 120] [--boots 10] [--density 300]
+//   create → first exec result; exec round trip of `true`; PSS per idle sandbox; host CPU per idle
+//   sandbox without and with the idle pause, and what waking one costs; density with the idle pause.
+// Usage: node --import tsx bench/engine.ts [--creates 120] [--boots 10] [--density 500] [--idle-pause 5]
 import { readFileSync, rmSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../src/sandboxes/engine.ts';
@@ -17,13 +18,17 @@ const arg = (name: string, dflt: number) => {
 };
 const CREATES = arg('creates', 120);
 const BOOTS = arg('boots', 10);
-const DENSITY = arg('density', 300);
+const DENSITY = arg('density', 500);
+const IDLE_PAUSE = arg('idle-pause', 5);
 const home = `/tmp/collimate-bench-engine-${process.pid}`;
 const tenant = { tenant: 'bench' };
 const read = (p: string) => readFileSync(p, 'utf8');
 const log = (m: string) => console.error(`[bench] ${m}`);
 
-const engine = await Engine.open({ home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 4, catalog: ['base'], progress: log });
+// The idle pause is off until its part of the run (engine.cfg.idlePauseSecs is read on every pass).
+// CPU admission is off: the bench means to fill the host; memory admission ends the density run.
+const engine = await Engine.open({ home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 4, catalog: ['base'], progress: log, idlePauseSecs: 0 });
+engine.cfg.host.cpuPressureMax = 0;
 const pool = engine.templatePools.pool('base')!;
 const artifact = engine.templatePools.get('base')!.artifact;
 
@@ -92,7 +97,43 @@ await new Promise((r) => setTimeout(r, 5000));
 const pss = idle.map((id) => pssMiB(engine.repo.get(id)!.vmm!.pid, read));
 for (const id of idle) await engine.delete(id);
 
-log(`density: idle sandboxes up to ${DENSITY} while create p99 stays within 2x of its value with one sandbox`);
+log('host CPU per idle sandbox (20 sandboxes, 60 s), without and with the idle pause; exec on a paused sandbox');
+const cpuTicks = (pid: number) => {
+  let t = 0;
+  for (const line of read(`/proc/${pid}/stat`).split(') ').slice(1)) { const f = line.split(' '); t += Number(f[11]) + Number(f[12]); }
+  return t / 100;
+};
+const idleCpu = async (): Promise<number> => {
+  const pids = idle.map((id) => engine.repo.get(id)!.vmm!.pid);
+  const c0 = pids.map(cpuTicks);
+  const t0 = Date.now();
+  await new Promise((r) => setTimeout(r, 60_000));
+  const secs = (Date.now() - t0) / 1000;
+  const per = pids.map((pid, i) => (cpuTicks(pid) - c0[i]) / secs * 60);
+  return per.reduce((a, b) => a + b, 0) / per.length;
+};
+idle.length = 0;
+for (let i = 0; i < 20; i++) idle.push((await engine.create({ template: 'base' }, tenant)).id);
+for (const id of idle) await engine.exec(id, { command: 'true' });
+await new Promise((r) => setTimeout(r, 5000));
+const cpuAwake = await idleCpu();
+engine.cfg.idlePauseSecs = IDLE_PAUSE;
+const allPaused = async (ids: string[]) => {
+  const deadline = Date.now() + 60_000 + ids.length * 200;
+  while (ids.some((id) => !engine.isIdlePaused(id)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+  return ids.filter((id) => engine.isIdlePaused(id)).length;
+};
+const pausedCount = await allPaused(idle);
+const cpuPaused = await idleCpu();
+const wakeMs: number[] = [];
+const awakeMs: number[] = [];
+for (const id of idle) {
+  wakeMs.push((await timed(() => engine.exec(id, { command: 'true' })))[0]);
+  awakeMs.push((await timed(() => engine.exec(id, { command: 'true' })))[0]);
+}
+for (const id of idle) await engine.delete(id);
+
+log(`density: idle sandboxes (paused after ${IDLE_PAUSE} s idle) up to ${DENSITY} while create p99 stays within 2x of its value with one sandbox`);
 const density: Array<{ held: number; p50: number; p99: number; memAvailMiB: number }> = [];
 const held: string[] = [];
 const PROBE = 40;
@@ -111,19 +152,28 @@ const base = await probe();
 const baseP99 = percentile(base, 99);
 density.push({ held: 1, p50: percentile(base, 50), p99: baseP99, memAvailMiB: memAvail() });
 let reached = 1;
+let stop = '';
 for (const step of [25, 50, 100, 150, 200, 250, 300, 400, 500].filter((s) => s <= DENSITY)) {
-  while (held.length < step) {
+  let refused = '';
+  while (held.length < step && !refused) {
     await pool.waitFull(30_000);
-    held.push((await engine.create({ template: 'base' }, tenant)).id);
+    try {
+      held.push((await engine.create({ template: 'base' }, tenant)).id);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'host_at_capacity') throw e;
+      refused = (e as Error).message;
+    }
   }
+  if (refused) { log(`  admission refused at ${held.length}: ${refused}`); stop = `admission refused the create after ${held.length} (${refused})`; break; }
+  await allPaused(held);
   await new Promise((r) => setTimeout(r, 2000));
   const ms = await probe();
   const row = { held: held.length, p50: percentile(ms, 50), p99: percentile(ms, 99), memAvailMiB: memAvail() };
   density.push(row);
   log(`  ${row.held} held: create p50 ${fmt(row.p50)} ms p99 ${fmt(row.p99)} ms, MemAvailable ${row.memAvailMiB.toFixed(0)} MiB`);
   if (row.p99 <= 2 * baseP99) reached = row.held;
-  else break;
-  if (row.memAvailMiB < 2048) break;
+  else { stop = `create p99 past 2× at ${row.held}`; break; }
+  if (row.memAvailMiB < 2048) { stop = `MemAvailable under 2 GiB at ${row.held}`; break; }
 }
 for (const id of held) await engine.delete(id);
 await engine.close();
@@ -145,6 +195,11 @@ const lines = [
   `| create → first exec result | ${f.n} | ${fmt(f.p50)} ms | ${fmt(f.p99)} ms |`,
   `| exec round trip of \`true\` | ${e.n} | ${fmt(e.p50)} ms | ${fmt(e.p99)} ms |`,
   `| PSS per idle sandbox | ${p.n} | ${p.p50.toFixed(1)} MiB | ${p.p99.toFixed(1)} MiB |`,
+  `| exec \`true\` on a sandbox paused for idling (wakes it) | ${wakeMs.length} | ${fmt(percentile(wakeMs, 50))} ms | ${fmt(percentile(wakeMs, 99))} ms |`,
+  `| the next exec \`true\` (awake) | ${awakeMs.length} | ${fmt(percentile(awakeMs, 50))} ms | ${fmt(percentile(awakeMs, 99))} ms |`,
+  '',
+  `Host CPU per idle sandbox (20 sandboxes, 60 s each way, same run): **${cpuAwake.toFixed(3)} CPU-s per minute** awake ` +
+    `(${(cpuAwake / 60 * 100).toFixed(2)} % of a core); paused after ${IDLE_PAUSE} s idle (${pausedCount} of 20 paused): **${cpuPaused.toFixed(3)} CPU-s per minute**.`,
   '',
   `Density (idle sandboxes held while ${PROBE} warm creates are timed; target: p99 within 2× of ${fmt(baseP99)} ms):`,
   '',
@@ -152,6 +207,6 @@ const lines = [
   '|---|---|---|---|',
   ...density.map((d) => `| ${d.held} | ${fmt(d.p50)} ms | ${fmt(d.p99)} ms | ${d.memAvailMiB.toFixed(0)} MiB |`),
   '',
-  `Highest count with create p99 within 2× of the one-sandbox value: **${reached}**.`,
+  `Highest count with create p99 within 2× of the one-sandbox value: **${reached}**${stop ? ` (stopped: ${stop})` : ` (the last step, ${DENSITY})`}.`,
 ];
 console.log(lines.join('\n'));

@@ -43,7 +43,7 @@ export interface EngineConfig {
   /**
    * A running sandbox with nothing of its own running in it (no exec, no process an exec left) is
    * paused by the host after this long idle and woken by its next request (src/sandboxes/quiesce.ts;
-   * COLLIMATE_IDLE_PAUSE_SECS; 0 = never).
+   * COLLIMATE_IDLE_PAUSE_SECS, default 60; 0 = never).
    */
   idlePauseSecs: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
@@ -159,7 +159,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     poolBurstSecs: intEnv(env, 'COLLIMATE_POOL_BURST_SECS', 10),
     poolMemoryMib: intEnv(env, 'COLLIMATE_POOL_MEMORY_MIB', Math.floor(totalmem() / 1024 / 1024 / 10)),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
-    idlePauseSecs: intEnv(env, 'COLLIMATE_IDLE_PAUSE_SECS', 0),
+    idlePauseSecs: intEnv(env, 'COLLIMATE_IDLE_PAUSE_SECS', 60),
     host: {
       memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
       reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),

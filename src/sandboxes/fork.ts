@@ -112,7 +112,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       phases.since('memory_capture', t0);
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
-      await vmm.cont();
+      await resumeParent(r);
       parentStopped = false;
       phases.since('parent_paused', stoppedAt);
       const state = spliceDeviceState(readFileSync(artifact.devStatePath), devices);
@@ -166,7 +166,7 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
       await phases.time('memory_capture', () => vmm.migrateTo(recv.vmm, 300_000));
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
-      await vmm.cont();
+      await resumeParent(r);
       parentStopped = false;
       phases.since('parent_paused', stoppedAt);
     });
@@ -179,12 +179,23 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
 }
 
 /**
+ * The parent runs again. Its wall clock stood still while it was stopped, so the agent sets it (in
+ * the background: the parent's next request waits behind it on the agent link); without this each
+ * fork would leave the parent as far behind as it was paused — a tree search forking one parent a
+ * hundred times, seconds. An agent from before SET_TIME refuses it and stays behind, as before.
+ */
+async function resumeParent(r: Running): Promise<void> {
+  await r.live.vmm.cont();
+  r.live.agent.setTime(BigInt(Date.now()) * 1_000_000n).catch(() => {});
+}
+
+/**
  * A live fork that failed: the parent runs again if it was stopped, what the fork made and nobody
  * owns goes (once `settling`, the children still being spawned, has settled), and so does the
  * fork point unless something refers to it.
  */
 async function undoLiveFork(ctx: EngineContext, r: Running, unowned: Unowned, parentStopped: boolean, settling?: Promise<unknown>): Promise<void> {
-  if (parentStopped) await r.live.vmm.cont().catch(() => {});
+  if (parentStopped) await resumeParent(r).catch(() => {});
   await settling?.catch(() => {});
   await destroyUnowned(unowned);
   ctx.repo.update(r.id, { pending_op: null });

@@ -2,6 +2,7 @@
  * Idle pause (src/sandboxes/quiesce.ts) on real VMs: a sandbox with nothing of its own running is
  * paused by the host once idle, and its next request wakes it with its wall clock set; a process
  * left running keeps it awake; fork, suspend/resume and a server restart all work on a paused one.
+ * And the parent of a live fork, which is stopped while its memory is copied, keeps its clock too.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -37,6 +38,20 @@ async function vmStatus(dir: string): Promise<string> {
   try { return (await qmp.execute<{ status: string }>('query-status')).status; } finally { qmp.close(); }
 }
 
+/**
+ * The guest's CLOCK_REALTIME against the host's, to the millisecond: an exec's start time as the
+ * guest's agent stamps it (EXEC_RESULT STARTED_NS) must fall between the host's clock before the
+ * request and after the answer.
+ */
+async function clockSkewMs(id: string): Promise<number> {
+  const agent = (engine as any).registry.get(id).live.agent;
+  const before = Date.now();
+  const out = await agent.exec({ commands: [['true']] });
+  const after = Date.now();
+  const guest = Number(out.result.startedNs / 1_000_000n);
+  return guest < before ? guest - before : guest > after ? guest - after : 0;
+}
+
 async function until(what: string, ok: () => boolean, timeoutMs = 20_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!ok()) {
@@ -55,6 +70,7 @@ test('an idle sandbox with nothing of its own running is paused; its next exec w
   const guest = Number(await sh(p.id, 'date +%s'));
   assert.ok(Math.abs(guest - hostBefore) < 2.5, `guest clock ${guest} vs host ${hostBefore.toFixed(1)} after ${6 + IDLE_SECS} s paused`);
   assert.equal(engine.isIdlePaused(p.id), false);
+  assert.ok(Math.abs(await clockSkewMs(p.id)) <= 5, 'and to the millisecond');
   assert.equal(await sh(p.id, 'cat /root/f'), 'hello', 'files and memory as they were');
   assert.equal(engine.get(p.id, tenant).state, 'running', 'clients see running throughout');
   assert.ok(engine.idlePauses().woken >= 1);
@@ -104,4 +120,22 @@ test('a server that stops while a sandbox is paused: the next one adopts it runn
   assert.ok(Math.abs(guest - Date.now() / 1000) < 2.5, `guest clock ${guest} after being adopted`);
   assert.equal(await sh(p.id, 'cat /root/k'), 'kept');
   await engine.delete(p.id);
+});
+
+test('the parent of a live fork keeps its wall clock: it is set again once the parent runs on', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  let paused = 0;
+  const onPhases = (r: { op: string; id: string; phases: Record<string, number> }) => { if (r.op === 'fork' && r.id === p.id) paused += r.phases.parent_paused ?? 0; };
+  engine.on('phases', onPhases);
+  try {
+    const children = [];
+    for (let i = 0; i < 3; i++) children.push(...await engine.fork(p.id, { count: 1 }, tenant));
+    assert.ok(paused >= 30, `the parent was stopped ${paused.toFixed(0)} ms in all (a clock left alone is that far behind)`);
+    const skew = await clockSkewMs(p.id);
+    assert.ok(Math.abs(skew) <= 5, `the parent's clock is ${skew} ms off after being stopped ${paused.toFixed(0)} ms by three forks`);
+    for (const c of children) await engine.delete(c.id);
+  } finally {
+    engine.off('phases', onPhases);
+    await engine.delete(p.id);
+  }
 });
