@@ -79,6 +79,8 @@ export interface EngineConfig {
   /** Short digest of the home: names this home's RAM directory and VMM cgroups. */
   homeTag: string;
   debugGuest: boolean;
+  /** Extra guest kernel arguments for every template (COLLIMATE_GUEST_KERNEL_ARGS, space-separated; part of each artifact's key). */
+  guestKernelArgs: string[];
   /** Per-sandbox networking (src/net): namespaces, taps, egress policy, ports proxy. */
   net: NetSettings;
   /** Egress policy of catalog templates' sandboxes (COLLIMATE_CATALOG_EGRESS: none | allow | JSON allowlist). */
@@ -178,6 +180,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     jail: jailSettings(env),
     homeTag,
     debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
+    guestKernelArgs: (env.COLLIMATE_GUEST_KERNEL_ARGS ?? '').split(/\s+/).filter(Boolean),
     net: netSettings(env),
     catalogEgress: catalogEgress(env),
     catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,

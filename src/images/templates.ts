@@ -79,7 +79,7 @@ export async function guestBase(cfg: EngineConfig, progress: (m: string) => void
 
 /** The guest kernel's command line: clock set-up under TCG, the NIC's address when networking is on. */
 function guestCmdline(cfg: EngineConfig): string {
-  const extra = [...guestClockArgs(cfg.accel.accel), ...(networkingOn(cfg.net) ? [guestNetArg()] : [])];
+  const extra = [...guestClockArgs(cfg.accel.accel), ...(networkingOn(cfg.net) ? [guestNetArg()] : []), ...cfg.guestKernelArgs];
   return kernelCmdline({ debug: cfg.debugGuest, extra });
 }
 

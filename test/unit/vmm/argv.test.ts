@@ -92,12 +92,12 @@ test('accelerator detection: PVM means TCG, real KVM modules mean KVM, env overr
   assert.equal(detectAccel({}, host(['kvm'], true)).accel, 'tcg');
 });
 
-test('under TCG the guest is told the host TSC rate so it never calibrates against the PIT', async () => {
+test('under TCG the guest is told the host TSC rate so it never calibrates against the PIT, and that the TSC is reliable', async () => {
   const { guestClockArgs } = await import('../../../src/vmm/accel.ts');
   const dir = mkdtempSync(join(tmpdir(), 'cpuinfo-'));
   const info = join(dir, 'cpuinfo');
   writeFileSync(info, 'processor\t: 0\ncpu MHz\t\t: 2596.098\nflags\t\t: fpu tsc constant_tsc nonstop_tsc\n');
-  assert.deepEqual(guestClockArgs('tcg', info), ['tsc_early_khz=2596000']);
+  assert.deepEqual(guestClockArgs('tcg', info), ['tsc_early_khz=2596000', 'tsc=reliable']);
   assert.deepEqual(guestClockArgs('kvm', info), []);
   writeFileSync(info, 'processor\t: 0\ncpu MHz\t\t: 2596.098\nflags\t\t: fpu tsc\n');
   assert.deepEqual(guestClockArgs('tcg', info), [], 'a TSC that is not constant has no single rate to give');
