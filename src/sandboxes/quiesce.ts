@@ -35,7 +35,7 @@ export class Quiescer {
     let paused = 0;
     try {
       for (const r of ctx.registry.all()) {
-        if (r.paused || r.deleting || r.queue.depth > 0 || now - lastActive(ctx, r.id) < after) continue;
+        if (r.paused || r.deleting || r.queue.depth > 0 || now < (r.quiesceCheckAt ?? 0) || now - lastActive(ctx, r.id) < after) continue;
         if (await pauseIfQuiescent(ctx, r, after)) { paused++; this.counts.paused++; }
       }
     } finally {
@@ -77,7 +77,11 @@ async function pauseIfQuiescent(ctx: EngineContext, r: Running, after: number): 
   try {
     return await r.queue.run(async () => {
       if (r.paused || r.deleting || Date.now() - lastActive(ctx, r.id) < after) return false;
-      if (!(await guestQuiescent(r))) return false;
+      if (!(await guestQuiescent(r))) {
+        // Something of its own runs (a server, a background job): asked again only after as long.
+        r.quiesceCheckAt = Date.now() + after;
+        return false;
+      }
       await r.live.vmm.stop();
       r.paused = { at: Date.now() };
       return true;

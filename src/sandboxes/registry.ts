@@ -12,6 +12,8 @@ export interface Running {
   deleting: boolean;
   /** Set while the host has it paused for being quiescent (quiesce.ts); its next operation wakes it. */
   paused?: { at: number };
+  /** When the idle pause may next ask the guest whether it runs anything (quiesce.ts). */
+  quiesceCheckAt?: number;
 }
 
 /** Activity not yet written to the database. */

@@ -108,6 +108,17 @@ test('a paused sandbox forks, suspends and resumes, and is deleted', async () =>
   await engine.delete(p.id);
 });
 
+test('listing a paused sandbox\'s ports does not wake it; a connection to one of them does', async () => {
+  const p = await engine.create({ template: 'base' }, tenant);
+  await sh(p.id, 'true');
+  await until('paused', () => engine.isIdlePaused(p.id));
+  assert.deepEqual(await engine.openPorts(p.id, tenant), [], 'it runs nothing of its own, so it listens on nothing');
+  assert.equal(engine.isIdlePaused(p.id), true, 'still paused');
+  engine.portTarget(p.id, 8080, tenant);
+  await until('woken by the connection', () => !engine.isIdlePaused(p.id), 5000);
+  await engine.delete(p.id);
+});
+
 test('a server that stops while a sandbox is paused: the next one adopts it running, with its clock set', async () => {
   const p = await engine.create({ template: 'base' }, tenant);
   await sh(p.id, 'echo kept > /root/k');
