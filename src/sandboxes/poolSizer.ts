@@ -6,6 +6,10 @@
  * for the next burst, and a VMM destroyed now would cost a restore to make again — and shrinks to
  * `min` once nothing was taken for `idleMs`, freeing the VMMs' memory. It starts at `initial`.
  * Always within [min, max]. Pure: the clock is passed in.
+ *
+ * A burst is what arrives before the pool can make a VMM again: the window is `burstWindowMs` or,
+ * when making one takes longer (a loaded host, a large guest), the time it takes (`onRefill`, a
+ * moving average) — creates that arrive within one refill all need a VMM already waiting.
  */
 export interface PoolBounds {
   /** Size before the template has seen any demand (catalog: COLLIMATE_POOL_SIZE; environment: COLLIMATE_ENV_POOL_SIZE). */
@@ -30,9 +34,21 @@ export class PoolSizer {
   private peak: number;
   private lastTake = -Infinity;
   private used = false;
+  /** Moving average of the time to make one VMM (spawn, restore, warm), once one was made. */
+  private refillMs: number | undefined;
 
   constructor(private readonly bounds: PoolBounds) {
     this.peak = bounds.initial;
+  }
+
+  /** The pool made a VMM in `ms`. */
+  onRefill(ms: number): void {
+    this.refillMs = this.refillMs === undefined ? ms : 0.7 * this.refillMs + 0.3 * ms;
+  }
+
+  /** How close together creates count as one burst: the configured window, or one refill when that is longer. */
+  private window(): number {
+    return Math.max(this.bounds.burstWindowMs, this.refillMs ?? 0);
   }
 
   /** A VMM was asked of the pool at `now` (a create); the size to hold from now on. */
@@ -40,14 +56,16 @@ export class PoolSizer {
     this.used = true;
     this.lastTake = now;
     this.takes.push(now);
-    this.takes = this.takes.filter((t) => now - t < this.bounds.burstWindowMs);
+    const window = this.window();
+    this.takes = this.takes.filter((t) => now - t < window);
     this.peak = Math.max(this.peak, this.takes.length);
     return this.size(now);
   }
 
   /** The size to hold at `now`. */
   size(now: number): PoolSize {
-    const { initial, min, max, idleMs, burstWindowMs } = this.bounds;
+    const { initial, min, max, idleMs } = this.bounds;
+    const window = this.window();
     const clamp = (n: number) => Math.max(min, Math.min(max, n));
     if (!this.used) return { target: clamp(initial), reason: `initial size (no create yet), within [${min}, ${max}]` };
     if (now - this.lastTake >= idleMs) {
@@ -57,10 +75,11 @@ export class PoolSizer {
     }
     const want = this.peak;
     const capped = want > max ? ` (capped at ${max})` : want < min ? ` (raised to ${min})` : '';
-    const recent = this.takes.filter((t) => now - t < burstWindowMs).length;
+    const recent = this.takes.filter((t) => now - t < window).length;
+    const refill = this.refillMs === undefined ? '' : `; a VMM takes ${(this.refillMs / 1000).toFixed(1)} s to make`;
     return {
       target: clamp(want),
-      reason: `largest burst since the pool was last idle: ${want} (now: ${recent} create${recent === 1 ? '' : 's'} within ${Math.round(burstWindowMs / 1000)} s)${capped}`,
+      reason: `largest burst since the pool was last idle: ${want} (now: ${recent} create${recent === 1 ? '' : 's'} within ${Math.round(window / 1000)} s${refill})${capped}`,
     };
   }
 }

@@ -77,7 +77,13 @@ export class TemplatePools {
       initial, min: this.cfg.poolMin, max: this.cfg.poolMax, idleMs: this.cfg.poolIdleSecs * 1000, burstWindowMs: this.cfg.poolBurstSecs * 1000,
     });
     this.sizers.set(key, sizer);
-    this.pools.set(key, new WarmPool<PendingVm>(key, 0, () => this.spawnFor(t), destroyPending, onError));
+    const spawn = async (): Promise<PendingVm> => {
+      const t0 = Date.now();
+      const vm = await this.spawnFor(t);
+      sizer.onRefill(Date.now() - t0);
+      return vm;
+    };
+    this.pools.set(key, new WarmPool<PendingVm>(key, 0, spawn, destroyPending, onError));
     this.resize();
     this.resizer ??= setInterval(() => this.resize(), 5000);
     this.resizer.unref();

@@ -29,6 +29,18 @@ test('no create for the idle period: back to the minimum (zero frees the memory)
   assert.equal(s.onTake(400_000).target, 1, 'an earlier burst is forgotten after the quiet period');
 });
 
+test('time to refill: when making a VMM takes longer than the burst window, creates within one refill count as one burst', () => {
+  const s = new PoolSizer({ ...bounds, burstWindowMs: 1000 });
+  for (let i = 0; i < 6; i++) s.onTake(i * 600); // one create every 0.6 s
+  assert.equal(s.size(3000).target, 4, 'with a 1 s window no two creates are one burst; the initial size holds');
+  const slow = new PoolSizer({ ...bounds, burstWindowMs: 1000 });
+  slow.onRefill(5000);
+  let last = slow.onTake(0);
+  for (let i = 1; i < 6; i++) last = slow.onTake(i * 600);
+  assert.equal(last.target, 6, 'a VMM takes 5 s to make, so all six arrived within one refill');
+  assert.match(last.reason, /within 5 s; a VMM takes 5\.0 s to make/);
+});
+
 test('bounds: max caps a burst, min holds a floor', () => {
   const s = new PoolSizer({ ...bounds, initial: 1, max: 6, min: 2 });
   assert.equal(s.size(0).target, 2, 'the initial size is raised to the minimum');
