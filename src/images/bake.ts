@@ -108,7 +108,8 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
     if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) {
       // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
       // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.
-      await digHoles(a.memPath, ctx.home);
+      // Only memory is at stake: a file that cannot be dug (another server's, read-only here) still serves.
+      await digHoles(a.memPath, ctx.home).catch((e) => ctx.progress?.(`artifact ${key.slice(0, 12)}: its RAM file was not dug: ${(e as Error).message}`));
       return a;
     }
   }
