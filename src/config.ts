@@ -46,6 +46,11 @@ export interface EngineConfig {
    * COLLIMATE_IDLE_PAUSE_SECS, default 60; 0 = never).
    */
   idlePauseSecs: number;
+  /**
+   * A template RAM file no process has claimed or mapped for this long is removed from tmpfs
+   * (src/images/artifactGc.ts; COLLIMATE_ARTIFACT_GRACE_SECS, default 3600; checked every 10 min).
+   */
+  artifactGraceSecs: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
   /**
@@ -162,6 +167,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     poolMemoryMib: intEnv(env, 'COLLIMATE_POOL_MEMORY_MIB', Math.floor(totalmem() / 1024 / 1024 / 10)),
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
     idlePauseSecs: intEnv(env, 'COLLIMATE_IDLE_PAUSE_SECS', 60),
+    artifactGraceSecs: intEnv(env, 'COLLIMATE_ARTIFACT_GRACE_SECS', 3600),
     host: {
       memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
       reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),

@@ -12,6 +12,7 @@ import { connectAgent } from '../guest/connect.js';
 import { homePaths } from '../host/paths.js';
 import { run } from '../host/run.js';
 import { digHoles } from '../vmm/memory.js';
+import { claimArtifact } from './artifactGc.js';
 import { sha256Hex } from '../host/hash.js';
 
 /**
@@ -99,6 +100,8 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
   const key = artifactKey(shape, diskMib, [...inputs, ...readyInputs]);
   const root = join(homePaths(ctx.home).artifacts, key.slice(0, 24));
   mkdirSync(root, { recursive: true });
+  // Claimed before its RAM file is looked for: a collector (artifactGc.ts) leaves it alone from now on.
+  claimArtifact(root);
   // Newest complete build whose RAM file is still there.
   const builds = readdirSync(root).filter((d) => !d.startsWith('tmp-')).sort().reverse();
   for (const b of builds) {

@@ -22,6 +22,7 @@ import { ForkSeeds } from './forkSeeds.js';
 import { ForkReceivers } from './forkReceivers.js';
 import { RamSparsifier } from './ramSparse.js';
 import { Quiescer } from './quiesce.js';
+import { collectArtifactRam } from '../images/artifactGc.js';
 import { HostCapacity, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
@@ -56,6 +57,8 @@ export interface EngineOptions extends Partial<EngineConfig> {
  */
 /** How often the RAM files sandboxes map are checked for zero pages to dig out again. */
 const RAM_SWEEP_MS = 30_000;
+/** How often template RAM files nobody uses are looked for (artifactGc.ts). */
+const ARTIFACT_GC_MS = 600_000;
 
 export class Engine extends EventEmitter implements SandboxService {
   readonly repo: SandboxRepo;
@@ -69,6 +72,7 @@ export class Engine extends EventEmitter implements SandboxService {
   private flusher?: NodeJS.Timeout;
   private readonly sparsifier: RamSparsifier;
   private sparseTimer?: NodeJS.Timeout;
+  private gcTimer?: NodeJS.Timeout;
   private ready = false;
   private closing = false;
 
@@ -122,6 +126,14 @@ export class Engine extends EventEmitter implements SandboxService {
         engine.sparsifyRam().catch((e) => opts.progress?.(`RAM files: ${(e as Error).message}`));
       }, RAM_SWEEP_MS);
       engine.sparseTimer.unref();
+      engine.gcTimer = setInterval(() => {
+        try {
+          for (const f of engine.collectArtifacts()) opts.progress?.(`removed unused template RAM file ${f}`);
+        } catch (e) {
+          opts.progress?.(`template RAM files: ${(e as Error).message}`);
+        }
+      }, ARTIFACT_GC_MS);
+      engine.gcTimer.unref();
     }
     engine.ready = true;
     return engine;
@@ -142,6 +154,14 @@ export class Engine extends EventEmitter implements SandboxService {
   /** The host's budgets for admission and what is used of them (/healthz, /metrics). */
   capacity(): CapacityStatus {
     return this.ctx.capacity.status();
+  }
+
+  /**
+   * Removes template RAM files no process claims or maps and nobody claimed for
+   * COLLIMATE_ARTIFACT_GRACE_SECS (artifactGc.ts); the paths removed. Runs every 10 minutes.
+   */
+  collectArtifacts(graceSecs = this.cfg.artifactGraceSecs): string[] {
+    return collectArtifactRam(this.cfg.cacheDir, this.cfg.artifactRamDir, new Set(this.templatePools.ramFiles()), graceSecs * 1000);
   }
 
   /** Pool sizes by template, for metrics. */
@@ -333,6 +353,7 @@ export class Engine extends EventEmitter implements SandboxService {
     clearInterval(this.reapTimer);
     clearInterval(this.flusher);
     clearInterval(this.sparseTimer);
+    clearInterval(this.gcTimer);
     await this.sparsifier.idle();
     await this.templatePools.close();
     await this.ctx.receivers.close();

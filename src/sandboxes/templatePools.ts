@@ -4,6 +4,7 @@ import { CollimateError } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
+import { claimArtifact } from '../images/artifactGc.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
@@ -195,6 +196,7 @@ export class TemplatePools {
     if (a) return a;
     // An artifact from an earlier build: its manifest is still on disk (its RAM file may not be).
     const root = join(homePaths(this.cfg.cacheDir).artifacts, key.slice(0, 24));
+    if (existsSync(root)) claimArtifact(root);
     for (const b of existsSync(root) ? readdirSync(root).sort().reverse() : []) {
       const m = join(root, b, 'artifact.json');
       if (existsSync(m)) {

@@ -1,7 +1,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -105,6 +105,27 @@ test('a template\'s RAM file keeps its zero pages as holes, also after sandboxes
   } finally {
     await engine.delete(p.id);
   }
+});
+
+test('a template RAM file nobody has claimed or mapped for an hour is removed from tmpfs; the templates in use keep theirs', async () => {
+  // What an environment deleted long ago, or a template of an earlier agent, leaves behind.
+  const key = 'f0'.repeat(12);
+  const root = join(TEST_CACHE, 'artifacts', key);
+  mkdirSync(join(root, 'b1'), { recursive: true });
+  writeFileSync(join(root, 'b1', 'artifact.json'), '{}');
+  writeFileSync(join(root, 'claimed-at'), '');
+  const longAgo = new Date(Date.now() - 2 * 3600_000);
+  utimesSync(join(root, 'claimed-at'), longAgo, longAgo);
+  const stale = join(engine.cfg.artifactRamDir, `artifact-${key}-b1.mem`);
+  writeFileSync(stale, Buffer.alloc(65536, 7));
+  const own = engine.templatePools.get('base')!.artifact.memPath;
+  const removed = engine.collectArtifacts();
+  assert.ok(removed.includes(stale) && !existsSync(stale), `removed: ${removed.join(', ')}`);
+  assert.ok(existsSync(own), 'the template in use keeps its RAM file');
+  const p = await engine.create({ template: 'base' }, tenant);
+  assert.equal(await sh(p.id, 'echo ok'), 'ok');
+  await engine.delete(p.id);
+  rmSync(root, { recursive: true, force: true });
 });
 
 /** Bytes of the 4 KiB pages of a file that are not all zero. */
