@@ -67,6 +67,7 @@ export function mappedFiles(): Set<string> {
 }
 
 const RAM_FILE = /^artifact-([0-9a-f]{24})-(.+)\.mem$/;
+const ASIDE = /^artifact-[0-9a-f]{24}-.+\.mem\.gc-(\d+)$/;
 
 /**
  * Removes the RAM files in `ramDir` of artifacts (in `cacheDir`) that nobody uses, as described
@@ -75,6 +76,11 @@ const RAM_FILE = /^artifact-([0-9a-f]{24})-(.+)\.mem$/;
 export function collectArtifactRam(cacheDir: string, ramDir: string, keep: Set<string>, graceMs: number, now = Date.now()): string[] {
   if (!existsSync(ramDir)) return [];
   const artifacts = homePaths(cacheDir).artifacts;
+  // A collector that died between its rename and its unlink left its file aside.
+  for (const f of readdirSync(ramDir)) {
+    const m = ASIDE.exec(f);
+    if (m && !existsSync(`/proc/${m[1]}`)) rmSync(join(ramDir, f), { force: true });
+  }
   const candidates = readdirSync(ramDir).flatMap((f) => {
     const m = RAM_FILE.exec(f);
     if (!m) return [];
@@ -85,18 +91,21 @@ export function collectArtifactRam(cacheDir: string, ramDir: string, keep: Set<s
   });
   if (candidates.length === 0) return [];
   const unused = (c: { root: string }) => liveClaims(c.root) === 0 && now - lastClaimed(c.root) >= graceMs;
-  let mapped = mappedFiles();
+  // Aside first, all at once; then one more look at the claims and mappings decides each.
+  const before = mappedFiles();
+  const aside = candidates.filter((c) => unused(c) && !before.has(c.path)).flatMap((c) => {
+    const to = `${c.path}.gc-${process.pid}`;
+    try { renameSync(c.path, to); return [{ ...c, aside: to }]; } catch { return []; }
+  });
+  if (aside.length === 0) return [];
+  const after = mappedFiles();
   const removed: string[] = [];
-  for (const c of candidates) {
-    if (!unused(c) || mapped.has(c.path)) continue;
-    const aside = `${c.path}.gc-${process.pid}`;
-    try { renameSync(c.path, aside); } catch { continue; }
-    mapped = mappedFiles();
-    if (!unused(c) || mapped.has(c.path) || mapped.has(aside)) {
-      renameSync(aside, c.path);
+  for (const c of aside) {
+    if (!unused(c) || after.has(c.path) || after.has(c.aside)) {
+      renameSync(c.aside, c.path);
       continue;
     }
-    unlinkSync(aside);
+    unlinkSync(c.aside);
     removed.push(c.path);
   }
   return removed;

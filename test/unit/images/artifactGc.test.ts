@@ -48,7 +48,11 @@ test('template RAM files nobody claims or maps go; claimed, mapped, kept, recent
     const old = new Date(Date.now() - 7200_000);
     for (const k of [key('a'), key('c')]) { writeFileSync(join(files[k].root, 'claimed-at'), ''); utimesSync(join(files[k].root, 'claimed-at'), old, old); }
 
+    // A collector that died mid-way left a file aside: it goes.
+    const gone = spawnSync('true').pid!;
+    writeFileSync(join(ram, `artifact-${key('9')}-b1.mem.gc-${gone}`), 'x');
     const removed = collectArtifactRam(cache, ram, new Set([files[key('e')].mem]), 3600_000);
+    assert.ok(!existsSync(join(ram, `artifact-${key('9')}-b1.mem.gc-${gone}`)));
     assert.deepEqual(removed, [files[key('a')].mem]);
     for (const k of [key('b'), key('c'), key('d'), key('e'), key('f')]) assert.ok(existsSync(files[k].mem), `${k[0]} stays`);
     assert.equal(liveClaims(files[key('a')].root), 0, 'the dead claim is cleared');
