@@ -42,6 +42,11 @@ export interface EngineOptions extends Partial<EngineConfig> {
   faultPoint?: (name: string) => void | Promise<void>;
 }
 
+/** How often the RAM files sandboxes map are checked for zero pages to dig out again. */
+const RAM_SWEEP_MS = 30_000;
+/** How often template RAM files nobody uses are looked for (artifactGc.ts). */
+const ARTIFACT_GC_MS = 600_000;
+
 /**
  * The engine: owns microVMs. Creates sandboxes by restoring a warm template checkpoint, live-forks
  * them, suspends and resumes them, runs their execs, and persists every transition before it is
@@ -55,11 +60,6 @@ export interface EngineOptions extends Partial<EngineConfig> {
  * Events: 'transition' (SandboxTransition) once a change of state is persisted; 'reaped'
  * ({ id, action }) when the reaper ended a session.
  */
-/** How often the RAM files sandboxes map are checked for zero pages to dig out again. */
-const RAM_SWEEP_MS = 30_000;
-/** How often template RAM files nobody uses are looked for (artifactGc.ts). */
-const ARTIFACT_GC_MS = 600_000;
-
 export class Engine extends EventEmitter implements SandboxService {
   readonly repo: SandboxRepo;
   private readonly registry: SandboxRegistry;

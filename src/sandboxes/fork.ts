@@ -8,7 +8,7 @@ import { spliceDeviceState } from '../vmm/deviceState.js';
 import { sealShared } from '../vmm/jail.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, prepareUpperDisk, snapshotUpperDisk,
-  destroyPending,
+  destroyPending, runAgain,
   type LiveVm, type PendingVm,
 } from './runtime.js';
 import { toInfo, type SandboxRow } from './repo.js';
@@ -111,8 +111,10 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       else await copyPrivatePages(vmm.pid, rec.memPath, fp.mem);
       phases.since('memory_capture', t0);
       await ctx.fault('fork:after-migrate');
-      // The parent runs on as soon as its memory is copied.
-      await resumeParent(r);
+      // The parent runs on as soon as its memory is copied, its clock set again: left alone, each
+      // fork would leave it as far behind as it was stopped (a tree search forking one parent a
+      // hundred times: seconds).
+      await runAgain(r.live);
       parentStopped = false;
       phases.since('parent_paused', stoppedAt);
       const state = spliceDeviceState(readFileSync(artifact.devStatePath), devices);
@@ -166,7 +168,7 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
       await phases.time('memory_capture', () => vmm.migrateTo(recv.vmm, 300_000));
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied.
-      await resumeParent(r);
+      await runAgain(r.live);
       parentStopped = false;
       phases.since('parent_paused', stoppedAt);
     });
@@ -179,23 +181,12 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
 }
 
 /**
- * The parent runs again. Its wall clock stood still while it was stopped, so the agent sets it (in
- * the background: the parent's next request waits behind it on the agent link); without this each
- * fork would leave the parent as far behind as it was paused — a tree search forking one parent a
- * hundred times, seconds. An agent from before SET_TIME refuses it and stays behind, as before.
- */
-async function resumeParent(r: Running): Promise<void> {
-  await r.live.vmm.cont();
-  r.live.agent.setTime(BigInt(Date.now()) * 1_000_000n).catch(() => {});
-}
-
-/**
  * A live fork that failed: the parent runs again if it was stopped, what the fork made and nobody
  * owns goes (once `settling`, the children still being spawned, has settled), and so does the
  * fork point unless something refers to it.
  */
 async function undoLiveFork(ctx: EngineContext, r: Running, unowned: Unowned, parentStopped: boolean, settling?: Promise<unknown>): Promise<void> {
-  if (parentStopped) await resumeParent(r).catch(() => {});
+  if (parentStopped) await runAgain(r.live).catch(() => {});
   await settling?.catch(() => {});
   await destroyUnowned(unowned);
   ctx.repo.update(r.id, { pending_op: null });

@@ -1,7 +1,11 @@
 import { readFileSync } from 'node:fs';
 import { CollimateError } from '../errors.js';
 
-/** What one running sandbox is expected to cost the host beyond its template's shared pages: its VMM (~40 MiB PSS idle) and the first pages it writes. */
+/**
+ * What one VMM is counted as against the host's memory, beyond its template's shared pages: its
+ * QEMU (~35 MiB PSS idle, more once prewarmed with an exec) and the first pages its guest writes.
+ * Admission (below) and the warm pools' budget (templatePools.ts) both count VMMs at this.
+ */
 export const SANDBOX_FOOTPRINT_MIB = 64;
 
 export interface HostBudget {

@@ -1,10 +1,11 @@
 import { CollimateError } from '../errors.js';
 import type { EngineContext } from './context.js';
 import type { Running } from './registry.js';
+import { runAgain } from './runtime.js';
 
 /**
  * Quiescent sandboxes are paused by the host and woken by their next request
- * (COLLIMATE_IDLE_PAUSE_SECS; docs in the README, "Idle sandboxes").
+ * (COLLIMATE_IDLE_PAUSE_SECS; the README's "Idle pause" says what a user sees).
  *
  * An idle guest still costs host CPU under TCG (its timer interrupts, QEMU's main loop: ~0.3–0.4 %
  * of a core each), which is what limits how many idle sandboxes a host holds. A sandbox is
@@ -51,9 +52,9 @@ export class Quiescer {
   async wake(r: Running): Promise<void> {
     if (!r.paused || r.deleting) return;
     try {
-      await r.live.vmm.cont();
+      const { clock } = await runAgain(r.live);
       r.paused = undefined;
-      await r.live.agent.setTime(BigInt(Date.now()) * 1_000_000n);
+      await clock;
     } catch (e) {
       if (r.deleting) return;
       throw new CollimateError('vmm_failed', `Sandbox ${r.id} could not be woken from its idle pause; delete it and create another.`, { cause: e });

@@ -166,7 +166,7 @@ export async function announceRestore(agent: AgentClient, sandboxId: string, opt
   const timeout = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new RestoreUnacknowledgedError(timeoutMs)), timeoutMs);
   });
-  const acked = agent.restored({ entropy: randomBytes(64), timeNs: BigInt(Date.now()) * 1_000_000n, sandboxId, token: randomBytes(16).toString('hex') });
+  const acked = agent.restored({ entropy: randomBytes(64), timeNs: hostNowNs(), sandboxId, token: randomBytes(16).toString('hex') });
   try {
     await Promise.race([acked, timeout]);
     restoreCounts.acknowledged++;
@@ -339,14 +339,33 @@ export async function sweepConfinement(cfg: EngineConfig): Promise<void> {
   await (await jailerFor(cfg))?.sweep();
 }
 
+/** The host's wall clock in ns, as the guest agent takes it (RESTORED, SET_TIME). */
+export function hostNowNs(): bigint {
+  return BigInt(Date.now()) * 1_000_000n;
+}
+
+/**
+ * Runs a stopped VM again (a fork's parent, a sandbox paused for idling) and sets its wall clock,
+ * which stood still meanwhile, with SET_TIME. Resolves once the VM runs; `clock` settles with the
+ * SET_TIME (the guest's next request waits behind it on the agent link either way). An agent from
+ * before SET_TIME refuses it: its clock stays behind, as before.
+ */
+export async function runAgain(live: LiveVm): Promise<{ clock: Promise<void> }> {
+  await live.vmm.cont();
+  const clock = live.agent.setTime(hostNowNs());
+  clock.catch(() => {});
+  return { clock };
+}
+
 /** Re-attaches to a running sandbox's VMM after a server restart. */
 export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord): Promise<LiveVm | null> {
   const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, { incoming: false, tap: !!rec.net }), confinementOf(cfg, rec));
   if (!vmm) return null;
   try {
     const status = await vmm.status();
-    // A crash mid-fork or mid-suspend can leave the VM stopped; it resumes where it was.
-    if (status === 'paused' || status === 'postmigrate' || status === 'finish-migrate') await vmm.cont();
+    // A crash mid-fork or mid-suspend (or an idle pause) can leave the VM stopped; it resumes where it was.
+    const stopped = status === 'paused' || status === 'postmigrate' || status === 'finish-migrate';
+    if (stopped) await vmm.cont();
     const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
     const upper = blocks.find((b) => b.device === 'disk-upper');
     // QEMU's word is input from a process that may be compromised: the server later deletes and
@@ -356,11 +375,8 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     if (reported && isOwnDiskPath(homePaths(cfg.home).disks, reported)) rec.diskPath = reported;
     // PING with retries: the guest may not yet have noticed that the previous server went away.
     const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
-    // Its clock stood still while it was stopped (paused for being quiescent, or mid-fork when the
-    // last server died). An agent from before SET_TIME refuses it: its clock stays behind, as before.
-    if (status === 'paused' || status === 'postmigrate' || status === 'finish-migrate') {
-      await agent.setTime(BigInt(Date.now()) * 1_000_000n).catch(() => {});
-    }
+    // Its clock stood still while it was stopped (see runAgain); its agent is only reachable now.
+    if (stopped) await agent.setTime(hostNowNs()).catch(() => {});
     return { vmm, agent, record: rec };
   } catch {
     await vmm.kill().catch(() => {});

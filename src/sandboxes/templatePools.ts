@@ -9,6 +9,7 @@ import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type Te
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
 import { PoolSizer, fitBudget, type PoolSize } from './poolSizer.js';
+import { SANDBOX_FOOTPRINT_MIB } from './hostCapacity.js';
 import { newSandboxId, newDiskPath, spawnIncoming, prewarm, destroyPending, type PendingVm } from './runtime.js';
 import type { Scope } from './types.js';
 
@@ -113,7 +114,7 @@ export class TemplatePools {
   resize(now = Date.now()): void {
     const keys = [...this.sizers.keys()];
     const wanted = keys.map((k) => this.sizers.get(k)!.size(now));
-    const budget = Math.floor(this.cfg.poolMemoryMib / POOL_VMM_MIB);
+    const budget = Math.floor(this.cfg.poolMemoryMib / SANDBOX_FOOTPRINT_MIB);
     const fitted = fitBudget(wanted.map((w) => w.target), budget);
     keys.forEach((k, i) => {
       const reason = fitted[i] < wanted[i].target ? `${wanted[i].reason}; ${fitted[i]} within the host budget (COLLIMATE_POOL_MEMORY_MIB=${this.cfg.poolMemoryMib})` : wanted[i].reason;
@@ -233,9 +234,6 @@ export class TemplatePools {
     }
   }
 }
-
-/** What one warm VMM is counted as against COLLIMATE_POOL_MEMORY_MIB (a prewarmed, paused QEMU's PSS is ~50–60 MiB here). */
-const POOL_VMM_MIB = 64;
 
 function envKey(tenant: string, id: string): string {
   return `${tenant}/${id}`;
