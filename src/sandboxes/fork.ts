@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
 import type { MachineShape } from '../vmm/machine.js';
-import { copyPrivatePages, seedFromBacking } from '../vmm/memory.js';
+import { copyPrivatePages, preallocPrivatePages, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
 import { sealShared } from '../vmm/jail.js';
 import {
@@ -93,7 +93,12 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       phases.since(spare ? 'memory_seed_spare' : 'memory_seed', t0);
     }
     unowned.disk = newDiskPath(dirs(ctx.cfg).disks, r.id);
-    await phases.time('disk_prepare', () => prepareUpperDisk(ctx.cfg, r.live, unowned.disk!));
+    await Promise.all([
+      phases.time('disk_prepare', () => prepareUpperDisk(ctx.cfg, r.live, unowned.disk!)),
+      // While the parent still runs, the fork point gets its blocks under the pages the parent
+      // wrote: the copy it is stopped for then writes into pages that exist (half its cost).
+      rec.memShared ? null : phases.time('memory_prealloc', () => preallocPrivatePages(vmm.pid, rec.memPath, fp.mem, ctx.cfg.cacheDir)),
+    ]);
     await ctx.fault('fork:before-stop');
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
@@ -108,7 +113,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
       const t0 = performance.now();
       if (rec.memShared) await seedFromBacking(rec.memPath, fp.mem, memBytes);
-      else await copyPrivatePages(vmm.pid, rec.memPath, fp.mem);
+      else await copyPrivatePages(vmm.pid, rec.memPath, fp.mem, ctx.cfg.cacheDir);
       phases.since('memory_capture', t0);
       await ctx.fault('fork:after-migrate');
       // The parent runs on as soon as its memory is copied, its clock set again: left alone, each

@@ -76,7 +76,7 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
     // and, over the latter, the pages it wrote.
     const t0 = performance.now();
     await seedFromBacking(rec.memPath, files.ramPath, memBytes);
-    if (!rec.memShared) await copyPrivatePages(vmm.pid, rec.memPath, files.ramPath);
+    if (!rec.memShared) await copyPrivatePages(vmm.pid, rec.memPath, files.ramPath, ctx.cfg.cacheDir);
     phases.since('memory_save', t0);
     await phases.time('fsync', () => Promise.all([fsyncFile(files.ramPath), fsyncFile(files.statePath)]));
     writeFileSync(files.complete, '');

@@ -4,24 +4,16 @@
  * since it mapped B, which the kernel keeps as anonymous copies in the QEMU process. So its memory
  * is B plus those pages: `seedFromBacking` copies B's data into the new file (holes stay holes), and
  * `copyPrivatePages` finds the written pages through /proc/PID/pagemap (present and not file-backed,
- * or swapped) and copies them from /proc/PID/mem. Only pages that exist are written: the file costs
- * what the guest's memory holds, not its size. No byte of guest RAM passes through JavaScript
- * objects beyond one reused buffer.
+ * or swapped) and copies them out of the process (collimate-copy-pages, copypages.c). Only pages
+ * that exist are written: the file costs what the guest's memory holds, not its size. No byte of
+ * guest RAM passes through JavaScript.
  */
-import { closeSync, openSync, readFileSync, readSync, statSync, writeSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { run } from '../host/run.js';
 import { homePaths } from '../host/paths.js';
-import { ensureDigHoles } from './native.js';
+import { ensureCopyPages, ensureDigHoles } from './native.js';
 
 const PAGE = 4096;
-/** Pagemap entries read at once (64 MiB of guest memory). */
-const SCAN_PAGES = 16384;
-/** Largest single copy from /proc/PID/mem. */
-const MAX_RUN_BYTES = 4 * 1024 * 1024;
-/** Unwritten pages between two written ones that are still copied as one run. */
-const MAX_GAP_PAGES = 32;
-/** Bytes copied between two turns of the event loop. */
-const YIELD_BYTES = 16 * 1024 * 1024;
 
 /** Where process `pid` maps `file`: the mapping's start address, length and file offset (matched by device and inode). */
 export function mappingOf(pid: number, file: string): { start: number; length: number; offset: number } {
@@ -45,108 +37,40 @@ export async function seedFromBacking(backing: string, dest: string, size: numbe
   await run('truncate', ['-s', String(size), dest]);
 }
 
-export interface PrivateCopy {
-  /** Guest pages the process had written (and so copied). */
-  pages: number;
-  bytes: number;
+/** Where a process's RAM mapping is and what it names: the arguments of collimate-copy-pages. */
+async function copyPages(mode: 'count' | 'prealloc' | 'copy', pid: number, memFile: string, cacheDir: string, dest?: string): Promise<number> {
+  const map = mappingOf(pid, memFile);
+  const p = homePaths(cacheDir);
+  const tool = await ensureCopyPages(p.assets, p.tmp);
+  const { stdout } = await run(tool, [mode, String(pid), String(map.start), String(map.length), String(map.offset), ...(dest ? [dest] : [])]);
+  return Number(stdout.trim()) * PAGE;
 }
 
 /**
  * Copies every page process `pid` holds privately in its mapping of `memFile` into `dest` at the
- * same offset. Precondition: the guest is stopped (its vCPUs write no more), `dest` holds the
- * mapped file's content. Runs of written pages separated by a few unwritten ones are copied as one
- * (the unwritten ones read as the file's own content, which `dest` already holds): fewer, larger
- * copies. The copy is synchronous (several times faster than through libuv's threads here) and
- * yields to the event loop between chunks, so the children being spawned meanwhile progress.
+ * same offset (collimate-copy-pages, copypages.c: process_vm_readv into one buffer, then pwrite;
+ * only pages that were written). Precondition: the guest is stopped (its vCPUs write no more),
+ * `dest` holds the mapped file's content. The bytes copied.
  */
-export async function copyPrivatePages(pid: number, memFile: string, dest: string): Promise<PrivateCopy> {
-  const map = mappingOf(pid, memFile);
-  const mem = openSync(`/proc/${pid}/mem`, 'r');
-  const out = openSync(dest, 'r+');
-  const data = Buffer.alloc(MAX_RUN_BYTES);
-  let pages = 0;
-  let sinceYield = 0;
-  try {
-    for (const run of privateRuns(pid, map, MAX_GAP_PAGES)) {
-      for (let done = 0; done < run.count;) {
-        const n = Math.min(run.count - done, MAX_RUN_BYTES / PAGE);
-        const bytes = n * PAGE;
-        const addr = map.start + (run.first + done) * PAGE;
-        const got = readSync(mem, data, 0, bytes, addr);
-        if (got !== bytes) throw new Error(`short read of guest memory at 0x${addr.toString(16)} (${got} of ${bytes} bytes)`);
-        writeSync(out, data, 0, bytes, map.offset + (run.first + done) * PAGE);
-        done += n;
-        sinceYield += bytes;
-        if (sinceYield >= YIELD_BYTES) {
-          sinceYield = 0;
-          await new Promise((r) => setImmediate(r));
-        }
-      }
-      pages += run.written;
-    }
-  } finally {
-    closeSync(mem);
-    closeSync(out);
-  }
-  return { pages, bytes: pages * PAGE };
-}
-
-/** A run of pages of a mapping (indexes from its start) holding `written` private pages. */
-interface PageRun {
-  first: number;
-  count: number;
-  written: number;
+export function copyPrivatePages(pid: number, memFile: string, dest: string, cacheDir: string): Promise<number> {
+  return copyPages('copy', pid, memFile, cacheDir, dest);
 }
 
 /**
- * The runs of pages process `pid` holds privately in `map`, read from /proc/PID/pagemap a chunk at
- * a time: two private pages at most `maxGap` pages apart are in one run.
+ * Allocates `dest`'s blocks under the pages process `pid` holds privately in its mapping of
+ * `memFile` now, so a copy of them into `dest` later writes into pages that exist: filling a
+ * tmpfs hole costs the page's allocation and zeroing, ~half of such a copy (measured). Made while
+ * the guest still runs, ahead of the copy it stops for; a page it writes in between is still
+ * copied, into a hole. A block allocated for a page that is not copied after all reads as zero, as
+ * the hole it was (only a file's holes are allocated: a page the file holds is not rewritten).
  */
-function* privateRuns(pid: number, map: { start: number; length: number }, maxGap: number): Generator<PageRun> {
-  const pagemap = openSync(`/proc/${pid}/pagemap`, 'r');
-  try {
-    const entries = Buffer.alloc(SCAN_PAGES * 8);
-    const total = Math.floor(map.length / PAGE);
-    let run: PageRun | null = null;
-    let last = -1;
-    for (let base = 0; base < total; base += SCAN_PAGES) {
-      const n = Math.min(SCAN_PAGES, total - base);
-      const want = n * 8;
-      const got = readSync(pagemap, entries, 0, want, (map.start / PAGE + base) * 8);
-      if (got !== want) throw new Error(`short read of /proc/${pid}/pagemap (${got} of ${want} bytes)`);
-      for (let i = 0; i < n; i++) {
-        if (!isPrivate(entries.readUInt32LE(i * 8 + 4))) continue;
-        const page = base + i;
-        if (run && page - last > maxGap) {
-          yield run;
-          run = null;
-        }
-        run ??= { first: page, count: 0, written: 0 };
-        run.count = page - run.first + 1;
-        run.written++;
-        last = page;
-      }
-    }
-    if (run) yield run;
-  } finally {
-    closeSync(pagemap);
-  }
-}
-
-/**
- * From the high half of a pagemap entry: bit 63 present, bit 62 swapped, bit 61 file page or
- * shared anonymous. A present page that is not the file's is the process's own copy; a swapped
- * one is too.
- */
-function isPrivate(hi: number): boolean {
-  return ((hi & 0x80000000) !== 0 && (hi & 0x20000000) === 0) || (hi & 0x40000000) !== 0;
+export function preallocPrivatePages(pid: number, memFile: string, dest: string, cacheDir: string): Promise<number> {
+  return copyPages('prealloc', pid, memFile, cacheDir, dest);
 }
 
 /** Bytes of the pages process `pid` holds privately in its mapping of `memFile` (what copyPrivatePages would copy). */
-export function privatePageBytes(pid: number, memFile: string): number {
-  let pages = 0;
-  for (const run of privateRuns(pid, mappingOf(pid, memFile), 0)) pages += run.written;
-  return pages * PAGE;
+export function privatePageBytes(pid: number, memFile: string, cacheDir: string): Promise<number> {
+  return copyPages('count', pid, memFile, cacheDir);
 }
 
 /** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */

@@ -30,3 +30,10 @@ export const DIG_HOLES_NAME = 'collimate-dig-holes';
 export function ensureDigHoles(assetsDir: string, tmpRoot: string): Promise<string> {
   return buildC(assetsDir, tmpRoot, { tag: 'digholes', source: 'digholes.c', out: DIG_HOLES_NAME, flags: [] });
 }
+
+export const COPY_PAGES_NAME = 'collimate-copy-pages';
+
+/** Builds collimate-copy-pages (copypages.c), cached under `assetsDir`. */
+export function ensureCopyPages(assetsDir: string, tmpRoot: string): Promise<string> {
+  return buildC(assetsDir, tmpRoot, { tag: 'copypages', source: 'copypages.c', out: COPY_PAGES_NAME, flags: [] });
+}

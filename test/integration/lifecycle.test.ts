@@ -143,7 +143,7 @@ test('a fork point costs what the parent\'s memory holds, not its size: tmpfs by
     await sh(p.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=24 2>/dev/null; sync; echo ok');
     const rec = engine.repo.get(p.id)!.vmm!;
     // The parent is idle now: what it holds is its backing file's data and the pages it wrote.
-    const held = allocatedBytes(rec.memPath) + privatePageBytes(rec.pid, rec.memPath);
+    const held = allocatedBytes(rec.memPath) + await privatePageBytes(rec.pid, rec.memPath, engine.cfg.cacheDir);
     const guestBytes = engine.template('base').memory_mib * 1024 * 1024;
     const [kid] = await engine.fork(p.id, { count: 1 });
     const fp = engine.repo.allForkPoints().find((f) => engine.repo.refsOf(kid.id).includes(f.id))!;
