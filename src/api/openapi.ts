@@ -11,11 +11,15 @@ import { TIERS } from '../service/tiers.js';
 
 type Json = Record<string, any>;
 
+/** The project's licence as package.json states it (no licence has been granted yet: UNLICENSED). */
+export const LICENSE = { name: 'UNLICENSED' };
+
 const REF = (id: string) => `#/components/schemas/${id}`;
 
 /** Codes any endpoint can return, by whether it is authenticated. */
 const GENERIC_AUTH: ErrorCode[] = ['validation_error', 'invalid_json', 'unsupported_media_type', 'payload_too_large', 'unauthorized', 'shutting_down'];
-const GENERIC_PUBLIC: ErrorCode[] = ['shutting_down'];
+// Every route's query is strict (an unknown parameter is 400), public ones included.
+const GENERIC_PUBLIC: ErrorCode[] = ['validation_error', 'shutting_down'];
 /** The ports proxy reads no body itself: only its own checks (a bad port number is validation_error). */
 const GENERIC_PROXY: ErrorCode[] = ['validation_error', 'shutting_down'];
 
@@ -141,8 +145,12 @@ function operation(route: RouteSpec, method: string = route.method): Json {
     if (spec.schema) {
       r.content = { 'application/json': { schema: schemaOf(spec.schema) } };
       if (route.sse && status === '200') {
+        // The body is a stream of events; the schema is that of each event's `data` (JSON).
         r.content['text/event-stream'] = {
-          schema: { type: 'string', description: 'SSE: events stdout, stderr (ExecChunkEvent), then result (ExecResult) or error (Error).' },
+          schema: {
+            description: 'SSE: events stdout, stderr (ExecChunkEvent), then result (ExecResult) or error (Error); this is the JSON of each event\'s data.',
+            oneOf: ['ExecChunkEvent', 'ExecResult', 'Error'].map((id) => ({ $ref: REF(id) })),
+          },
         };
       }
     } else if (spec.contentType) {
@@ -172,6 +180,7 @@ export function buildOpenApi(): Json {
     info: {
       title: 'Collimate API',
       version: '1.0.0',
+      license: LICENSE,
       description:
         'Self-hosted sandbox cloud: microVM sandboxes forked copy-on-write from warm templates, live fork, suspend/resume. ' +
         'Every error is `{"error": {"code", "message"}}` with a stable code. Tiers — ' + tiers + '.',
