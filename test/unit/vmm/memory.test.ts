@@ -2,9 +2,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, truncateSync, writeSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
-import { allocatedBytes, copyPrivatePages, preallocPrivatePages, privatePageBytes, seedFromBacking } from '../../../src/vmm/memory.ts';
+import { allocatedBytes, copyPrivatePages, fillFromImage, preallocPrivatePages, privatePageBytes, seedFromBacking } from '../../../src/vmm/memory.ts';
 
 const PAGE = 4096;
 const PAGES = 2048; // an 8 MiB "guest"
@@ -76,5 +76,34 @@ test('copying from a process that does not map the file says so', async () => {
     await assert.rejects(privatePageBytes(process.pid, f, join(dir, 'cache')), /does not map/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a RAM image fills a RAM file in place: its data at the same offsets, nothing written where it has holes, the size kept', async () => {
+  const dir = mkdtempSync('/var/tmp/copypages-'); // images live on disk, RAM files on tmpfs
+  const ram = mkdtempSync('/dev/shm/copypages-');
+  try {
+    const image = join(dir, 'ram.img');
+    const mem = join(ram, 'x.mem');
+    closeSync(openSync(image, 'w'));
+    truncateSync(image, PAGES * PAGE);
+    const fd = openSync(image, 'r+');
+    writeSync(fd, Buffer.alloc(300 * PAGE, 0x44), 0, 300 * PAGE, 10 * PAGE);
+    writeSync(fd, Buffer.alloc(PAGE, 0x55), 0, PAGE, (PAGES - 1) * PAGE);
+    closeSync(fd);
+    // The RAM file already has its size (a VMM maps it) and, for the test, a mark where the image has holes.
+    writeFileSync(mem, Buffer.alloc(PAGES * PAGE, 0x33));
+    assert.equal(await fillFromImage(image, mem, join(dir, 'cache')), 301 * PAGE);
+    const got = readFileSync(mem);
+    assert.equal(got.length, PAGES * PAGE);
+    assert.equal(got[0], 0x33, 'a hole of the image is not written');
+    assert.equal(got[10 * PAGE], 0x44);
+    assert.equal(got[310 * PAGE - 1], 0x44);
+    assert.equal(got[310 * PAGE], 0x33);
+    assert.equal(got[PAGES * PAGE - 1], 0x55);
+    await assert.rejects(fillFromImage(join(dir, 'missing.img'), mem, join(dir, 'cache')), /missing\.img/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+    rmSync(ram, { recursive: true, force: true });
   }
 });
