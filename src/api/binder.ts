@@ -11,6 +11,7 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
+import { bindToRequest } from './logging.js';
 import { ROUTES, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
@@ -86,6 +87,7 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
       handler: async (req, reply) => {
         try {
           const scope = spec.auth ? tenants.authenticate(bearerKey(req.headers.authorization)) : undefined;
+          if (scope) bindToRequest(req, reply, { tenant: scope.tenant });
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));

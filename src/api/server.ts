@@ -16,6 +16,7 @@ import { registerMcp } from '../mcp/index.js';
 import { toClientError } from '../wire/errors.js';
 import { bearerKey, bindRoutes, sendError } from './binder.js';
 import { imageHandlers } from './handlers/images.js';
+import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js';
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
 import { registerHttpMetrics } from './httpMetrics.js';
@@ -31,7 +32,10 @@ export const DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024;
 export interface BuildServerOptions {
   /** The tenant service every front door calls. The caller closes it (after shutdown). */
   tenants: TenantService;
+  /** Fastify's logger options (logging.ts serverLoggerOptions for the server's JSON lines); none by default. */
   logger?: FastifyServerOptions['logger'];
+  /** Serve HTTPS with this certificate chain and private key (PEM). */
+  tls?: { cert: string | Buffer; key: string | Buffer };
   /** Readiness for /healthz; defaults to the engine's isReady()/accel when it has them. */
   health?: () => HealthInfo;
   maxJsonBodyBytes?: number;
@@ -71,6 +75,10 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
 
   const app = Fastify({
     logger: opts.logger ?? false,
+    ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
+    genReqId: requestIdOf,
+    // One line per request instead (logging.ts), with the sandbox and tenant it concerns.
+    disableRequestLogging: true,
     bodyLimit: maxJson,
     routerOptions: { maxParamLength: 1000 },
     return503OnClosing: false,
@@ -107,6 +115,11 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     reply.raw.once('close', done);
   });
   registerHttpMetrics(app, tenants.metrics, () => health().ready);
+  registerRequestLogging(app);
+  // The service's own failures (metering, port readings) and the engine's lifecycle go to the same log.
+  if (opts.logger) tenants.log = (err, msg) => app.log.error({ err }, msg);
+  const stopLifecycleLog = logLifecycle(tenants.engine, app.log);
+  app.addHook('onClose', async () => stopLifecycleLog());
 
   app.setErrorHandler((err, req, reply) => {
     sendError(reply, toClientError(err, req.log, req.id));

@@ -1,0 +1,113 @@
+/**
+ * The server's log: Fastify's own logger (pino), one JSON object per line. What it adds:
+ *
+ * - a request id on every line a request logs (`reqId`): the client's `X-Request-Id` when it sends
+ *   a plausible one (a proxy in front keeps its id), a fresh one otherwise; the response carries it
+ *   back in `X-Request-Id`, and an internal error's message names it;
+ * - `sandbox_id` on every line of a request to /v1/sandboxes/{id}/…, `tenant` once the key is known;
+ * - one line per request when its response ends (`request`: method, url, status, ms), with signed
+ *   port-URL tokens cut out of the URL (they are credentials);
+ * - one line per lifecycle transition the engine persists (`sandbox transition`), one with the
+ *   timings of each create, fork, suspend and resume (`lifecycle phases`), one per reaped session.
+ * Internal causes are logged where the error is rendered (wire/errors.ts toClientError), with the
+ * request's bindings: the client gets only the message.
+ */
+import { randomBytes } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest, FastifyServerOptions } from 'fastify';
+
+/** Ids a client (or a proxy in front) may choose for its request: short, no spaces or quotes. */
+const CLIENT_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+export const REQUEST_ID_HEADER = 'x-request-id';
+
+export function requestIdOf(req: IncomingMessage): string {
+  const sent = req.headers[REQUEST_ID_HEADER];
+  // Random rather than Fastify's counter: ids stay unique across restarts in one log.
+  return typeof sent === 'string' && CLIENT_REQUEST_ID.test(sent) ? sent : `req-${randomBytes(8).toString('hex')}`;
+}
+
+/** A URL as logged: the token of a signed port URL (/v1/p/{token}/…) is a credential and is cut out. */
+export function loggedUrl(url: string): string {
+  return url.replace(/^\/v1\/p\/[^/?]+/, '/v1/p/<token>');
+}
+
+/** Logger options for `collimate serve`: JSON lines, level names, ISO timestamps. */
+export function serverLoggerOptions(level: string, stream?: { write(line: string): void }): NonNullable<FastifyServerOptions['logger']> {
+  return {
+    level,
+    timestamp: () => `,"time":"${new Date().toISOString()}"`,
+    formatters: { level: (label: string) => ({ level: label }) },
+    ...(stream ? { stream } : {}),
+  };
+}
+
+/** Routes whose `:id` is a sandbox id (the images' and templates' `:id` are not). */
+const SANDBOX_ROUTE = /^\/v1\/sandboxes\/:id(?:\/|$)/;
+
+/** Quiet paths: pollers hit them every few seconds; their lines are at debug. */
+const POLLED = new Set(['/healthz', '/metrics']);
+
+/** Binds `fields` to every line this request logs from now on (handlers, errors, the request line). */
+export function bindToRequest(req: FastifyRequest, reply: FastifyReply, fields: Record<string, string>): void {
+  req.log = req.log.child(fields);
+  reply.log = req.log;
+}
+
+/** The request hooks: response header, sandbox id binding, the line per request. */
+export function registerRequestLogging(app: FastifyInstance): void {
+  app.addHook('onRequest', async (req, reply) => {
+    reply.header(REQUEST_ID_HEADER, req.id);
+    const route = req.routeOptions.url;
+    const id = (req.params as Record<string, string> | undefined)?.id;
+    if (route && id && SANDBOX_ROUTE.test(route)) bindToRequest(req, reply, { sandbox_id: id.slice(0, 100) });
+    const started = process.hrtime.bigint();
+    // On the raw response, so that hijacked replies (the ports proxy, SSE) are logged too.
+    reply.raw.once('close', () => {
+      const path = req.url.split('?', 1)[0];
+      const line = {
+        method: req.method,
+        url: loggedUrl(req.url).slice(0, 500),
+        status: reply.raw.statusCode,
+        ms: Math.round(Number(process.hrtime.bigint() - started) / 1e4) / 100,
+        ...(reply.raw.writableFinished ? {} : { aborted: true }),
+      };
+      if (POLLED.has(path)) reply.log.debug(line, 'request');
+      else reply.log.info(line, 'request');
+    });
+  });
+}
+
+interface Emitter {
+  on(event: string, fn: (payload: any) => void): unknown;
+  off(event: string, fn: (payload: any) => void): unknown;
+}
+
+/**
+ * Logs the engine's lifecycle events (emitted once a transition is persisted). Returns the
+ * unsubscribe. An engine without events (a fake) logs nothing.
+ */
+export function logLifecycle(engine: unknown, log: FastifyBaseLogger): () => void {
+  const e = engine as Partial<Emitter>;
+  if (typeof e.on !== 'function' || typeof e.off !== 'function') return () => {};
+  const onTransition = (t: { id: string; tenant: string; state: string; op: string; snapshotBytes?: number }) =>
+    log.info(
+      { event: 'transition', sandbox_id: t.id, tenant: t.tenant, op: t.op, state: t.state, ...(t.snapshotBytes !== undefined ? { snapshot_bytes: t.snapshotBytes } : {}) },
+      'sandbox transition',
+    );
+  const onPhases = (r: { op: string; id: string; phases: Record<string, number>; totalMs: number }) =>
+    log.info(
+      { event: 'phases', sandbox_id: r.id, op: r.op, total_ms: Math.round(r.totalMs * 10) / 10, phases_ms: Object.fromEntries(Object.entries(r.phases).map(([k, v]) => [k, Math.round(v * 10) / 10])) },
+      'lifecycle phases',
+    );
+  const onReaped = (r: { id: string; action: string }) =>
+    log.info({ event: 'reaped', sandbox_id: r.id, action: r.action }, 'session limit reached');
+  e.on('transition', onTransition);
+  e.on('phases', onPhases);
+  e.on('reaped', onReaped);
+  return () => {
+    e.off!('transition', onTransition);
+    e.off!('phases', onPhases);
+    e.off!('reaped', onReaped);
+  };
+}
