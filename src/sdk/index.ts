@@ -1,29 +1,6 @@
 /**
- * The Collimate TypeScript SDK.
- *
- *   const client = new Collimate();                     // COLLIMATE_API_KEY, COLLIMATE_BASE_URL
- *   await using sb = await client.sandboxes.create({ template: 'base' });
- *   const r = await sb.exec({ command: 'echo hi' });
+ * The TypeScript SDK for code inside this repository. The SDK itself is the package in
+ * sdk/typescript (`@collimate/sdk`, published without the server); this re-exports its sources so
+ * the server's tests, benches and tools import the very code users install.
  */
-export { Collimate, Sandboxes, SandboxPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
-export { Sandbox, SandboxFiles } from './sandbox.js';
-export {
-  CollimateError,
-  AuthenticationError,
-  NotFoundError,
-  InvalidStateError,
-  ConcurrencyLimitError,
-  ValidationError,
-  PayloadTooLargeError,
-  TierForbiddenError,
-  EgressForbiddenError,
-  UrlExpiredError,
-  NetworkUnavailableError,
-  PortUnreachableError,
-  TimeoutError,
-  ServerError,
-  ConnectionError,
-  ERROR_CLASSES,
-  errorFromBody,
-} from './errors.js';
-export type * from './types.js';
+export * from '../../sdk/typescript/src/index.js';

@@ -1,27 +1,9 @@
 /**
- * collimate-rl: fleets of sandboxes for training loops.
+ * collimate-rl for code inside this repository: the package's RL SDK (`@collimate/sdk/rl`, whose
+ * fleet is connect(), over REST) plus the in-process fleet that only a process holding the tenant
+ * service can use, so it stays here beside the server:
  *
- *   const fleet = connect();                               // over HTTP (COLLIMATE_BASE_URL/_API_KEY)
- *   const fleet = createLocalFleet(engine, { tenant });    // in-process, no HTTP hop
- *   const root = await fleet.create('base');
- *   const { winner } = await bestOfN(root, 4, (sb, i) => sb.exec({ command: `./try ${i}` }), (r) => Number(r.stdout));
- *   await fleet.sweep();                                   // everything this run created
+ *   const fleet = createLocalFleet(tenants, trustedScope(tenant));   // no HTTP hop
  */
-export { RUN_LABEL, newRunId, type Fleet, type Sandbox, type CreateOptions, type SweepOptions } from './fleet.js';
-export { connect, RemoteFleet, RemoteSandbox, type ConnectOptions } from './remote.js';
+export * from '../../../sdk/typescript/src/rl/index.js';
 export { createLocalFleet, LocalFleet, LocalSandbox, type LocalFleetOptions } from './local.js';
-export {
-  bestOfN,
-  treeSearch,
-  map,
-  mapSandboxes,
-  sweep,
-  type BestOfNOptions,
-  type BestOfNResult,
-  type Scored,
-  type TreeSearchOptions,
-  type TreeSearchResult,
-  type TreeNodeContext,
-  type MapOptions,
-  type MapSandboxesOptions,
-} from './helpers.js';

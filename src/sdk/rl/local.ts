@@ -3,16 +3,16 @@
  * call, over the engine in this process) directly — no HTTP, no JSON, no keys — with the same
  * interface as connect(). Service errors are mapped to the SDK's error classes, so code written
  * against one fleet handles the other's errors the same way. The scope is explicit: trustedScope()
- * for a process that owns the engine (no tier caps), or a tenant's own scope and tier.
+ * for a process that owns the engine (no tier caps), or a tenant's own scope and tier. It needs the
+ * server's own modules, so it lives here and not in the SDK package (sdk/typescript), whose Fleet
+ * interface and helpers it implements.
  */
 import { CollimateError as ServiceError } from '../../errors.js';
 import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxInfo } from '../../sandboxes/types.js';
 import type { Scope, TenantService } from '../../service/tenantService.js';
 import { sandboxView } from '../../wire/views.js';
-import { errorFromBody, NotFoundError } from '../errors.js';
-import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
-import { newRunId, RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
-import { sweep } from './helpers.js';
+import { errorFromBody, NotFoundError, type ExecHandlers, type ExecRequest, type ExecResult, type SandboxInfo, type SandboxState } from '../../../sdk/typescript/src/index.js';
+import { newRunId, RUN_LABEL, sweep, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from '../../../sdk/typescript/src/rl/index.js';
 
 export interface LocalFleetOptions {
   runId?: string;

@@ -1,33 +1,26 @@
 /**
- * Wire types of the SDK, derived from the REST API's zod schemas (src/wire/schemas.ts) so the SDK can
- * never drift from the contract. Type-only: the SDK has no runtime dependency on zod.
+ * Wire types of the SDK. They are the REST API's own schemas (src/wire/schemas.ts of the server),
+ * rendered into wire.generated.ts when the package is built; a unit test fails when the two differ,
+ * so the SDK cannot drift from the contract. Type-only: the SDK has no runtime dependency.
  */
-import type { z } from 'zod';
-import type * as S from '../wire/schemas.js';
+import type * as Wire from './wire.generated.js';
 
-export type SandboxInfo = z.infer<typeof S.Sandbox>;
-export type SandboxState = SandboxInfo['state'];
-export type Template = z.infer<typeof S.Template>;
-export type ExecFile = z.input<typeof S.ExecFile>;
+export type SandboxInfo = Wire.Sandbox;
+export type SandboxState = Wire.SandboxState;
+export type Template = Wire.Template;
+export type ExecFile = Wire.ExecFile;
 /** `"none"`, `"allow"` or `{ domains?, cidrs?, ports? }`; the server answers with the normalised form. */
-export type EgressPolicy = z.input<typeof S.EgressPolicy>;
+export type EgressPolicy = Wire.EgressPolicy;
 /** A TCP port a server listens on inside the sandbox; `url` is where the ports proxy serves it (needs the key). */
-export type OpenPort = z.infer<typeof S.OpenPort>;
-export type PortUrl = z.infer<typeof S.PortUrl>;
-
+export type OpenPort = Wire.OpenPort;
+export type PortUrl = Wire.PortUrl;
 /**
  * Exactly one of `command` (a /bin/sh -c string), `code` (run by the template's interpreter) or
- * `commands` (argv lists run in order, stopping at the first failure).
+ * `commands` (argv lists run in order, stopping at the first failure). `seed` replays an exec's
+ * randomness (see ExecResult.seed).
  */
-export type ExecRequest = z.input<typeof S.ExecRequest> & {
-  /** The exec's CRNG seed (decimal u64), passed through as-is for deterministic replay. */
-  seed?: string;
-};
-
-export type ExecResult = z.infer<typeof S.ExecResult> & {
-  /** The seed the exec ran with, when the server reports one. */
-  seed?: string;
-};
+export type ExecRequest = Wire.ExecRequest;
+export type ExecResult = Wire.ExecResult;
 
 /** One event of a streamed exec: output chunks (raw bytes, possibly splitting UTF-8), then the result. */
 export type ExecEvent =

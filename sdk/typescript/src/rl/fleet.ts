@@ -2,8 +2,10 @@
  * The RL SDK's common interface. A Fleet creates sandboxes for one training run and tags every
  * sandbox it creates or forks with the run label `{collimate_run: <runId>}`, so a crashed trainer's
  * sandboxes can always be found and swept. Two implementations share it: connect() (over HTTP,
- * through the TypeScript SDK) and createLocalFleet() (in-process, calling a SandboxService directly
- * with no HTTP hop). The helpers (bestOfN, treeSearch, map, sweep) are written once against it.
+ * through the TypeScript SDK) and, inside a process that runs the Collimate server, its
+ * createLocalFleet() (calling the tenant service directly, with no HTTP hop; it stays in the server's
+ * repository, src/sdk/rl/local.ts). The helpers (bestOfN, treeSearch, map, sweep) are written once
+ * against it.
  */
 import { randomBytes } from 'node:crypto';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';

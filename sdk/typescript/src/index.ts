@@ -1,0 +1,29 @@
+/**
+ * The Collimate TypeScript SDK.
+ *
+ *   const client = new Collimate();                     // COLLIMATE_API_KEY, COLLIMATE_BASE_URL
+ *   await using sb = await client.sandboxes.create({ template: 'base' });
+ *   const r = await sb.exec({ command: 'echo hi' });
+ */
+export { Collimate, Sandboxes, SandboxPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
+export { Sandbox, SandboxFiles } from './sandbox.js';
+export {
+  CollimateError,
+  AuthenticationError,
+  NotFoundError,
+  InvalidStateError,
+  ConcurrencyLimitError,
+  ValidationError,
+  PayloadTooLargeError,
+  TierForbiddenError,
+  EgressForbiddenError,
+  UrlExpiredError,
+  NetworkUnavailableError,
+  PortUnreachableError,
+  TimeoutError,
+  ServerError,
+  ConnectionError,
+  ERROR_CLASSES,
+  errorFromBody,
+} from './errors.js';
+export type * from './types.js';

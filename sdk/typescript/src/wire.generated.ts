@@ -1,0 +1,398 @@
+/**
+ * The REST API's wire types, generated from its zod schemas (src/wire/schemas.ts of the server) by
+ * sdk/typescript/scripts/wire-types.ts. Do not edit: the package's build writes this file again, and
+ * a unit test fails when it differs from what the schemas give.
+ */
+
+export type SandboxState = "running" | "suspended" | "deleted";
+
+/** Free-form key/value labels (at most 32; keys ^[A-Za-z0-9][A-Za-z0-9._\/-]{0,62}$, values up to 256 chars). Filter on them with ?label=k=v. */
+export type Labels = Record<string, string>;
+
+/** Every error response. 4xx are client mistakes; 5xx never echo internal causes. */
+export type Error = {
+  error: {
+    /** Stable machine-readable code, e.g. sandbox_not_found; see src/errors.ts. */
+    code: string;
+    /** Human-readable; says how to fix the problem. */
+    message: string;
+    issues?: Array<{
+      path: string;
+      message: string;
+    }>;
+    state?: string;
+    limit?: number;
+    running?: number;
+    [key: string]: unknown;
+  };
+};
+
+/** What a sandbox may reach. Always blocked unless a listed CIDR names them: link-local and metadata addresses, private, loopback, multicast and reserved ranges; never reachable: the host, the API server and other sandboxes. Addresses a listed domain resolves to are subject to the blocked ranges too. */
+export type EgressPolicy = "none" | "allow" | {
+  /** Exact names ("api.example.com") or "*.suffix" (any name below suffix, not suffix itself). */
+  domains?: string[];
+  /** IPv4 "a.b.c.d/n" or bare addresses. */
+  cidrs?: string[];
+  /** TCP/UDP destination ports for every listed destination (empty or absent: any port). With no domains and no cidrs they apply to every public address. */
+  ports?: number[];
+};
+
+/** A TCP port a server listens on inside the sandbox. */
+export type OpenPort = {
+  port: number;
+  protocol: "tcp";
+  /** Where the ports proxy serves it, relative to the API base: /v1/sandboxes/{id}/ports/{port}/ (needs your key; see POST …/port-urls for a link that does not). */
+  url: string;
+};
+
+export type CreatePortUrlRequest = {
+  /** The port inside the sandbox. */
+  port: number;
+  /** Lifetime of the URL in seconds, 1..604800 (7 days); default 3600. */
+  expires_in_secs?: number;
+};
+
+/** A signed, expiring URL of a sandbox port. */
+export type PortUrl = {
+  /** Relative to the API base: /v1/p/<token>/. Anyone holding it reaches the port without a key until it expires or the sandbox is deleted. */
+  url: string;
+  port: number;
+  /** ISO 8601. */
+  expires_at: string;
+};
+
+/** One microVM. */
+export type Sandbox = {
+  /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
+  id: string;
+  template: string;
+  state: SandboxState;
+  labels: Record<string, string>;
+  /** ISO 8601. */
+  created_at: string;
+  age_secs: number;
+  /** Seconds since the last exec finished (or since create). */
+  idle_secs: number;
+  exec_count: number;
+  /** The sandbox this one was live-forked from; null for a template create. */
+  parent: string | null;
+  forked_at: string | null;
+  children: string[];
+  /** Maximum session duration; the sandbox is reaped once age_secs passes it. */
+  timeout_secs: number;
+  /** ISO 8601. */
+  expires_at: string;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  egress: EgressPolicy;
+  /** TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading. */
+  ports: OpenPort[];
+};
+
+export type CreateSandboxRequest = {
+  /** Template (or catalog image) id; see GET /v1/templates. */
+  template: string;
+  labels?: Labels;
+  /** Maximum session duration in seconds. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden). */
+  timeout_secs?: number;
+  /** Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's. */
+  egress?: EgressPolicy;
+};
+
+export type SandboxList = {
+  sandboxes: Sandbox[];
+  /** Cursor for the next page (pass as ?after=), or null on the last page. */
+  next: string | null;
+};
+
+export type ForkRequest = {
+  /** Number of children, 1..64 (default 1). */
+  count?: number;
+  /** Labels for the children (default: the parent's labels). */
+  labels?: Labels;
+};
+
+export type ForkResponse = {
+  sandboxes: Sandbox[];
+};
+
+/** A file written into the guest before the command runs. */
+export type ExecFile = {
+  path: string;
+  content: string;
+  encoding?: "utf8" | "base64";
+  /** Permission bits as a number (0o755 = 493); default 0o644. */
+  mode?: number;
+};
+
+/** Exactly one of command, code, commands. With `Accept: text/event-stream` the response is an SSE stream: `stdout` / `stderr` events carry `{"data": "<base64 of the raw bytes>"}`, then one `result` event carries the ExecResult, or one `error` event carries an Error body. */
+export type ExecRequest = {
+  /** A shell string, run by /bin/sh -c. */
+  command?: string;
+  /** Source run by the template's interpreter (python3 for python, node for node, sh for base). */
+  code?: string;
+  /** argv lists run in order; the first failure stops the rest. */
+  commands?: string[][];
+  files?: ExecFile[];
+  env?: Record<string, string>;
+  cwd?: string;
+  stdin?: string;
+  /** Seconds; default 60, max 3600. */
+  timeout?: number;
+  /** CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG stay truly random. See docs/determinism.md. Absent: the server draws one at random; the result reports it either way. */
+  seed?: string;
+};
+
+export type ExecResult = {
+  stdout: string;
+  stderr: string;
+  /** `utf8` when the bytes were valid UTF-8, else `base64`. */
+  stdout_encoding: "utf8" | "base64";
+  stderr_encoding: "utf8" | "base64";
+  exit_code: number;
+  timed_out: boolean;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  /** With `commands`: index of the last command that ran. */
+  failed_index?: number;
+  signal?: number;
+  /** The exec was SIGKILLed by the guest kernel's OOM killer (it used more memory than the sandbox has). Absent otherwise. */
+  oom_killed?: true;
+  /** The exec's processes hit its process limit inside the guest (a fork bomb, or runaway forking): the guest agent killed all of them, background ones included, and `error` says so. Absent otherwise. */
+  pids_limited?: true;
+  error?: string;
+  /** The CRNG seed this exec ran with (the one given, or the one the server drew); pass it back as `seed` to replay it. */
+  seed: string;
+  timing: {
+    queued_at: string;
+    started_at: string;
+    finished_at: string;
+    queued_ms: number;
+    run_ms: number;
+  };
+};
+
+export type ExecChunkEvent = {
+  /** Base64 of the raw bytes (chunks may split UTF-8 sequences). */
+  data: string;
+};
+
+export type PutFileResponse = {
+  path: string;
+  size: number;
+};
+
+export type Template = {
+  id: string;
+  /** `catalog`: kept warm by the platform; `environment`: your own (Pro). */
+  kind: "catalog" | "environment";
+  description: string;
+  interpreter: string[];
+  ready: boolean;
+  vcpus: number;
+  memory_mib: number;
+};
+
+export type TemplateList = {
+  templates: Template[];
+};
+
+/** Where the image comes from. */
+export type ImageSource = {
+  kind: "oci-layout";
+  /** An OCI image layout directory on the server, inside its import directory (COLLIMATE_IMPORT_DIR). */
+  path: string;
+  /** Picks the index entry annotated org.opencontainers.image.ref.name=tag. */
+  tag?: string;
+} | {
+  kind: "archive";
+  /** A `docker save` or OCI archive tarball (optionally gzip or zstd) inside the import directory. */
+  path: string;
+  /** Which image of a multi-image docker save archive (a RepoTag). */
+  tag?: string;
+} | {
+  kind: "registry";
+  /** host[:port]/name[:tag][@sha256:…]; docker.io and library/ are the defaults. */
+  ref: string;
+  username?: string;
+  /** Password or token; used for the pull only, never stored. */
+  password?: string;
+};
+
+export type CreateImageRequest = {
+  source: ImageSource;
+};
+
+export type ImageLayer = {
+  /** Digest of the (compressed) blob. */
+  digest: string;
+  /** Digest of the uncompressed tar; the layer store key. */
+  diff_id: string;
+  /** Blob bytes. */
+  size: number;
+  media_type: string;
+  /** Bytes of the stored erofs layer (null until pulled). */
+  stored_bytes: number | null;
+};
+
+/** One of your images. Its layers live once each in the server's content-addressed layer store. */
+export type Image = {
+  /** sha256 digest of the image manifest. */
+  id: string;
+  ref: string;
+  source: "oci-layout" | "archive" | "registry";
+  /** pulling → ready | failed. */
+  state: "pulling" | "ready" | "failed";
+  error: string | null;
+  progress: string | null;
+  layers: ImageLayer[];
+  config: {
+    env: string[];
+    working_dir: string | null;
+    user: string | null;
+    /** Recorded, not run: sandboxes start from the baked ready state. */
+    entrypoint: string[] | null;
+    cmd: string[] | null;
+  };
+  /** E.g. no /bin/sh, or a User that cannot be applied. */
+  warnings: string[];
+  /** Layer bytes the last pull moved (0 when every layer was already held). */
+  transferred_bytes: number;
+  /** ISO 8601. */
+  created_at: string;
+  /** ISO 8601. */
+  updated_at: string;
+};
+
+export type ImageList = {
+  /** Catalog images, ready to run on every tier. */
+  images: Template[];
+  /** Your own images (Pro and Enterprise); always sent by REST. */
+  own?: Image[];
+};
+
+export type CreateEnvironmentRequest = {
+  /** The template id sandboxes are created with. */
+  name: string;
+  /** An image id (sha256:…) or the ref it was registered by. */
+  image: string;
+  description?: string;
+  /** argv prefix that runs `code` (default ["/bin/sh", "-c"]). */
+  interpreter?: string[];
+  /** Shell command run once at bake (as root, with the image Env and WorkingDir); its result is in every sandbox. */
+  ready_command?: string;
+  /** Shell command that must exit 0 before the checkpoint. */
+  ready_probe?: string;
+  ready_timeout_secs?: number;
+  /** Injected as environment variables into every exec. Write-only: never returned, logged, or stored in plaintext. */
+  secrets?: Record<string, string>;
+  /** Default 1; at most the tier maximum. */
+  vcpus?: number;
+  /** Default 256; at most the tier maximum. */
+  memory_mib?: number;
+  /** The egress policy of its sandboxes (a create may narrow it, never widen it). Default "allow". */
+  egress?: EgressPolicy;
+};
+
+/** Your named configuration of an image; once ready, its name is a template id for POST /v1/sandboxes. */
+export type Environment = {
+  name: string;
+  image: string;
+  /** pending → baking → ready | failed. */
+  state: "pending" | "baking" | "ready" | "failed";
+  error: string | null;
+  progress: string | null;
+  /** The last lines of the bake log (GET …/log for all of it). */
+  log_tail: string;
+  description: string;
+  interpreter: string[];
+  ready_command: string | null;
+  ready_probe: string | null;
+  /** Names only; values are write-only. */
+  secret_names: string[];
+  vcpus: number;
+  memory_mib: number;
+  egress: EgressPolicy;
+  /** ISO 8601. */
+  created_at: string;
+  /** ISO 8601. */
+  updated_at: string;
+};
+
+export type EnvironmentList = {
+  environments: Environment[];
+};
+
+export type UsageTotals = {
+  running_secs: number;
+  vcpu_secs: number;
+  memory_mib_secs: number;
+  disk_mib_secs: number;
+  suspended_secs: number;
+  /** Suspended seconds × snapshot size in MiB. */
+  snapshot_mib_secs: number;
+};
+
+export type SandboxUsage = {
+  id: string;
+  template: string;
+  running_secs: number;
+  vcpu_secs: number;
+  memory_mib_secs: number;
+  disk_mib_secs: number;
+  suspended_secs: number;
+  snapshot_mib_secs: number;
+};
+
+/** Metered time in [from, to): running seconds × vCPUs / RAM MiB / disk MiB, and suspended seconds × snapshot MiB. */
+export type Usage = {
+  from: string;
+  to: string;
+  totals: UsageTotals;
+  sandboxes: SandboxUsage[];
+};
+
+export type Health = {
+  status: "ok" | "starting" | "shutting_down";
+  accel: string;
+  templates_ready: boolean;
+  /** `development` without KVM (TCG): QEMU does not treat TCG guest escapes as security bugs, so guests are not a security boundary. */
+  mode?: "development" | "production";
+  isolation?: string;
+  /** Whether VMM processes run confined (own uid, no capabilities, private mount view) and which cgroup layout limits them. */
+  confinement?: {
+    enabled: boolean;
+    cgroups?: string;
+    reason?: string;
+  };
+  /** Whether sandboxes get a network namespace and NIC (docs/networking.md); off when the server is not root or COLLIMATE_NET=off. */
+  network?: {
+    enabled: boolean;
+    reason?: string;
+  };
+  /** Warm pools: VMMs ready, the size each pool holds now and why (it follows demand, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB). Catalog templates by id; tenants' environments summed under `environments`. */
+  pools?: Record<string, {
+    ready: number;
+    target: number;
+    reason: string;
+  }>;
+  /** Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max gets 503 host_at_capacity with Retry-After. refusals counts them since start. */
+  capacity?: {
+    memory: {
+      available_mib: number;
+      reserve_mib: number;
+      committed_mib: number;
+      limit_mib: number | null;
+      starting_mib: number;
+    };
+    cpu: {
+      pressure: number | null;
+      max: number | null;
+    };
+    refusals: {
+      memory: number;
+      cpu: number;
+    };
+  };
+};
