@@ -3,11 +3,12 @@
  * operates directly on the SQLite database in the data directory; everything else is an HTTP client
  * of a running server (--url / COLLIMATE_BASE_URL, --key / COLLIMATE_API_KEY).
  */
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { isAbsolute, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { createSecureContext } from 'node:tls';
 import { CollimateError } from '../errors.js';
 import { homePaths } from '../host/paths.js';
 import { ApiClient, CliHttpError } from './client.js';
@@ -35,9 +36,10 @@ class UsageError extends Error {}
 const USAGE = `collimate — self-hosted sandbox cloud
 
 Server
-  collimate serve [--host 127.0.0.1] [--port 7070] [--home DIR] [--allow-tcg]
+  collimate serve [--host 127.0.0.1] [--port 7070] [--home DIR] [--allow-tcg] [--tls-cert FILE --tls-key FILE] [--log-level info]
       Without KVM (TCG) the server runs in development mode; serving more than one tenant or
-      listening beyond loopback then needs --allow-tcg (see docs/security.md).
+      listening beyond loopback then needs --allow-tcg (see docs/security.md). Logs are JSON lines
+      on stdout; --tls-cert/--tls-key (PEM) serve HTTPS (docs/operations.md).
 
 API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate)
   collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N]   prints the key on its last line
@@ -226,11 +228,43 @@ async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cach
   return { enabled: true, cgroups: st.cgroups };
 }
 
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
+/**
+ * The certificate chain and key of --tls-cert/--tls-key, read and checked (PEM, key matching the
+ * certificate) before anything starts, so a bad pair is a usage error rather than a failed start.
+ */
+export function tlsFiles(certPath: string | undefined, keyPath: string | undefined): { cert: Buffer; key: Buffer } | undefined {
+  if (certPath === undefined && keyPath === undefined) return undefined;
+  if (certPath === undefined || keyPath === undefined) throw new UsageError('--tls-cert and --tls-key go together: pass the certificate chain (PEM) and its private key (PEM)');
+  const read = (path: string, flag: string) => {
+    try {
+      return readFileSync(path);
+    } catch (e) {
+      throw new UsageError(`${flag} ${path}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}); the server must be able to read the file`);
+    }
+  };
+  const cert = read(certPath, '--tls-cert');
+  const key = read(keyPath, '--tls-key');
+  try {
+    createSecureContext({ cert, key });
+  } catch (e) {
+    throw new UsageError(`--tls-cert ${certPath} / --tls-key ${keyPath}: not a usable pair (${(e as Error).message}); pass a PEM certificate chain and the PEM private key it was issued for`);
+  }
+  return { cert, key };
+}
+
 async function serve(args: string[], io: Io): Promise<number> {
-  const { values } = parse(args, { ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' }, 'allow-tcg': { type: 'boolean' } });
+  const { values } = parse(args, {
+    ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' }, 'allow-tcg': { type: 'boolean' },
+    'tls-cert': { type: 'string' }, 'tls-key': { type: 'string' },
+  });
   const dir = homeDir(values.home, io);
   const host = values.host ?? '127.0.0.1';
   const port = num(values.port, 'port') ?? 7070;
+  const logLevel = values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info';
+  if (!LOG_LEVELS.includes(logLevel)) throw new UsageError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, not ${JSON.stringify(logLevel)}`);
+  const tls = tlsFiles(values['tls-cert'], values['tls-key']);
   await import('../service/migrations.js'); // register the API's tables before the engine opens the db
   // The accelerator policy is decided before anything is spawned.
   const { detectAccel } = await import('../vmm/accel.js');
@@ -259,9 +293,11 @@ async function serve(args: string[], io: Io): Promise<number> {
   }
   const { TenantService } = await import('../service/tenantService.js');
   const tenants = new TenantService({ engine, images, db: engine.db });
+  const { serverLoggerOptions } = await import('../api/logging.js');
   const api = await buildServer({
     tenants,
-    logger: { level: values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info' },
+    logger: serverLoggerOptions(logLevel),
+    tls,
     health: () => ({
       ready: engine.isReady(),
       accel: engine.accel,
@@ -273,9 +309,9 @@ async function serve(args: string[], io: Io): Promise<number> {
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
     }),
   });
-  tenants.log = (err, msg) => api.app.log.error({ err }, msg);
   const address = await api.app.listen({ host, port });
   io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel})\n`);
+  api.app.log.info({ event: 'serving', address, home: dir, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: tls !== undefined, confinement: confinement.enabled }, 'serving');
   await new Promise<void>((done) => {
     let stopping = false;
     const stop = async (signal: string) => {
@@ -285,11 +321,16 @@ async function serve(args: string[], io: Io): Promise<number> {
       }
       stopping = true;
       io.err(`${signal}: draining requests, then closing (VMs are left running for re-adoption)\n`);
+      api.app.log.info({ event: 'stopping', signal }, 'draining requests, then closing; VMs are left running for re-adoption');
       try {
         await api.shutdown();
         tenants.close();
         await images?.close();
         await engine.close();
+        api.app.log.info({ event: 'stopped', signal }, 'stopped');
+      } catch (err) {
+        api.app.log.error({ err, event: 'stopped', signal }, 'stopping failed');
+        throw err;
       } finally {
         done();
       }
