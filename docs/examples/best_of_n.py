@@ -1,6 +1,9 @@
 """RL SDK (Python): best-of-N over live forks, then a sweep of the run.
+With the `collimate` wheel installed (it carries collimate_rl; see quickstart.py):
 
-    PYTHONPATH=sdk/python COLLIMATE_API_KEY=clm_... python3 docs/examples/best_of_n.py
+    COLLIMATE_API_KEY=clm_... python3 best_of_n.py
+
+In this repository without installing: PYTHONPATH=sdk/python python3 docs/examples/best_of_n.py
 """
 import collimate_rl as rl
 

@@ -1,7 +1,9 @@
 // RL SDK: best-of-N over live forks. Prepare a state once, fork it into 4 children, run a different
-// candidate in each, keep the best by its output, and delete the rest.
-//   COLLIMATE_API_KEY=clm_… node --import tsx docs/examples/best_of_n.ts
-import { bestOfN, connect } from '../../src/sdk/rl/index.ts';
+// candidate in each, keep the best by its output, and delete the rest. With `npm install @collimate/sdk`:
+//   COLLIMATE_API_KEY=clm_… node --import tsx best_of_n.ts
+// In this repository (docs/examples/tsconfig.json resolves @collimate/sdk to sdk/typescript):
+//   COLLIMATE_API_KEY=clm_… TSX_TSCONFIG_PATH=docs/examples/tsconfig.json node --import tsx docs/examples/best_of_n.ts
+import { bestOfN, connect } from '@collimate/sdk/rl';
 
 const fleet = connect(); // every sandbox it creates or forks carries {collimate_run: fleet.runId}
 try {

@@ -1,6 +1,10 @@
-"""Python SDK quickstart (standard library only). Run against a server with a key:
+"""Python SDK quickstart (standard library only). Install the `collimate` wheel (sdk/python:
+`pip wheel --no-build-isolation --no-deps sdk/python`, then `pip install collimate-0.1.0-py3-none-any.whl`)
+and run it against a server with a key:
 
-    PYTHONPATH=sdk/python COLLIMATE_API_KEY=clm_... python3 docs/examples/quickstart.py
+    COLLIMATE_API_KEY=clm_... python3 quickstart.py
+
+In this repository without installing: PYTHONPATH=sdk/python python3 docs/examples/quickstart.py
 """
 import sys
 

@@ -1,6 +1,9 @@
-// TypeScript SDK quickstart. Run against a server (`npm start`) with a key (`collimate keys create`):
-//   COLLIMATE_API_KEY=clm_… node --import tsx docs/examples/quickstart.ts
-import { Collimate, InvalidStateError } from '../../src/sdk/index.ts';
+// TypeScript SDK quickstart, in a project with `npm install @collimate/sdk` (sdk/typescript). Run it
+// against a server (`npm start`) with a key (`collimate keys create`):
+//   COLLIMATE_API_KEY=clm_… node --import tsx quickstart.ts
+// In this repository, docs/examples/tsconfig.json resolves @collimate/sdk to the package's sources:
+//   COLLIMATE_API_KEY=clm_… TSX_TSCONFIG_PATH=docs/examples/tsconfig.json node --import tsx docs/examples/quickstart.ts
+import { Collimate, InvalidStateError } from '@collimate/sdk';
 
 const client = new Collimate(); // COLLIMATE_API_KEY, COLLIMATE_BASE_URL (default http://127.0.0.1:7070)
 console.log('images:', (await client.images()).map((i) => i.id).join(', '));

@@ -568,7 +568,9 @@ test('docs/examples run green against the server', async () => {
     ['mcp_client.ts', [process.execPath, '--import', 'tsx'], [/protocol: 2025-11-25/, /exec: 42/, /child sbx_[0-9a-f]{12} reads 42[\s\S]*child sbx_[0-9a-f]{12} reads 42/, /after delete: sandbox_not_found/]],
   ];
   for (const [file, cmd, patterns] of expectations) {
-    const r = await run(cmd[0], [...cmd.slice(1), join(ROOT, 'docs/examples', file)], { cwd: ROOT, env: env(), timeout: 180_000 }).catch((e) => e);
+    // The TypeScript examples import @collimate/sdk as a user's would; their tsconfig maps it to sdk/typescript's sources.
+    const exampleEnv = env({ TSX_TSCONFIG_PATH: join(ROOT, 'docs/examples/tsconfig.json') });
+    const r = await run(cmd[0], [...cmd.slice(1), join(ROOT, 'docs/examples', file)], { cwd: ROOT, env: exampleEnv, timeout: 180_000 }).catch((e) => e);
     const output = `${r.stdout}\n${r.stderr}`;
     assert.equal(r.code ?? 0, 0, `${file} failed:\n${output}`);
     for (const p of patterns) assert.match(r.stdout, p, `${file}:\n${output}`);

@@ -6,9 +6,11 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { z } from 'zod';
 import type * as S from '../../../src/wire/schemas.ts';
 import type * as Wire from '../../../sdk/typescript/src/wire.generated.ts';
@@ -122,4 +124,14 @@ test('the package sources import only each other and Node built-ins (no server, 
   assert.equal(pkg.name, '@collimate/sdk');
   assert.deepEqual(pkg.dependencies ?? {}, {}, 'zero runtime dependencies');
   assert.deepEqual(Object.keys(pkg.exports), ['.', './rl', './package.json']);
+});
+
+test('docs/examples type-check with @collimate/sdk resolved to the package (docs/examples/tsconfig.json)', async () => {
+  const root = fileURLToPath(new URL('../../..', import.meta.url));
+  const tsc = join(root, 'node_modules/.bin/tsc');
+  const r = await promisify(execFile)(tsc, ['-p', join(root, 'docs/examples/tsconfig.json'), '--noEmit'], { cwd: root, timeout: 120_000 }).catch((e) => e);
+  assert.equal(r.code ?? 0, 0, `${r.stdout}\n${r.stderr}`);
+  for (const example of ['quickstart.ts', 'best_of_n.ts']) {
+    assert.match(readFileSync(join(root, 'docs/examples', example), 'utf8'), /from '@collimate\/sdk(\/rl)?';/, `${example} imports the package`);
+  }
 });
