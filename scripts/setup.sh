@@ -18,6 +18,7 @@ DEBIAN_PACKAGES=(
   debootstrap                       # the Debian base layer of the python and node templates
   iproute2 procps util-linux        # ip (network namespaces, veth, tap), ps, nsenter
   nftables                          # the egress policy in each sandbox's namespace (src/net/nft.ts)
+  python3-venv python3-pip python3-setuptools python3-wheel  # the SDK tests build the Python SDK's wheel offline and install it into a fresh venv
   ca-certificates
 )
 
