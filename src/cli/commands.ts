@@ -58,6 +58,10 @@ Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7
   collimate images list
   collimate usage [--from T] [--to T]
 
+Host and service
+  collimate doctor [--home DIR]       checks this host for serve (accelerator, cgroups, uid range, nftables,
+                                      tmpfs, free disk): one line each with what to fix; exit 1 if one fails
+
 Other
   collimate openapi [--out FILE]      print (or write) the OpenAPI document
 
@@ -526,6 +530,17 @@ async function usage(args: string[], io: Io): Promise<number> {
   return 0;
 }
 
+async function doctor(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { ...common, ...home });
+  const { doctorChecks, formatChecks } = await import('./doctor.js');
+  const checks = doctorChecks(homeDir(values.home, io), io.env);
+  if (values.json) json(io, checks);
+  else io.out(formatChecks(checks));
+  const failed = checks.filter((c) => c.verdict === 'fail');
+  if (failed.length && !values.json) io.err(`collimate doctor: ${failed.length} prerequisite${failed.length > 1 ? 's' : ''} broken: ${failed.map((c) => c.name).join(', ')}\n`);
+  return failed.length ? 1 : 0;
+}
+
 async function openapi(args: string[], io: Io): Promise<number> {
   const { values } = parse(args, { ...common, out: { type: 'string' } });
   const { renderOpenApi } = await import('../api/openapi.js');
@@ -566,6 +581,8 @@ export async function run(argv: string[], io: Io = processIo): Promise<number> {
         return await usage(argv.slice(1), io);
       case 'openapi':
         return await openapi(argv.slice(1), io);
+      case 'doctor':
+        return await doctor(argv.slice(1), io);
       default:
         throw new UsageError(`unknown command ${cmd}`);
     }
