@@ -1,5 +1,8 @@
 import { mkdtempSync, mkdirSync, readdirSync, existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
 import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
@@ -10,6 +13,8 @@ import type { ImageService } from '../../src/images/service.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
 export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 
 export function testHome(name: string): string {
   mkdirSync('/tmp/collimate-it', { recursive: true });
@@ -95,3 +100,24 @@ export async function serveEngine(
   const api = await buildServer({ tenants, ...server });
   return { ...api, close: async (graceMs = 1000) => { await api.shutdown(graceMs); tenants.close(); } };
 }
+
+/** `collimate keys create` against a server's home, as an operator would; the key is the last line. */
+export async function createKey(home: string, tenant: string, tier: string): Promise<string> {
+  const cli = ['--import', 'tsx', join(ROOT, 'src/cli/main.ts'), 'keys', 'create', '--tenant', tenant, '--tier', tier, '--home', home];
+  const { stdout } = await promisify(execFile)(process.execPath, cli, { cwd: ROOT });
+  const key = stdout.trim().split('\n').pop()!;
+  assert.match(key, /^clm_[0-9A-Za-z]{40}$/);
+  return key;
+}
+
+/**
+ * What each of docs/examples prints when it works (on stdout), wherever it runs: in this repository
+ * (sdk.test.ts) or installed from the SDK packages (packages.test.ts).
+ */
+export const EXAMPLE_OUTPUT: Record<string, RegExp[]> = {
+  'quickstart.ts': [/hello from Linux \(exit 0\)/, /tick 3/, /child reads: remember me/, /while suspended: invalid_state/, /after resume: remember me/],
+  'quickstart.py': [/hello from Linux \(exit 0\)/, /tick 3/, /stdout out/, /stderr err/, /child reads: remember me/, /while suspended: invalid_state/],
+  'best_of_n.ts': [/winner: candidate 2 printed 97/, /swept: 0/],
+  'best_of_n.py': [/winner: candidate 2 printed 97/, /swept: 0/],
+  'mcp_client.ts': [/protocol: 2025-11-25/, /exec: 42/, /child sbx_[0-9a-f]{12} reads 42[\s\S]*child sbx_[0-9a-f]{12} reads 42/, /after delete: sandbox_not_found/],
+};
