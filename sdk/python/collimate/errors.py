@@ -2,7 +2,7 @@
 
 Every error the SDK raises is a :class:`CollimateError` carrying the server's stable ``code`` and
 HTTP ``status`` (0 when no HTTP response was involved: connection failures, client-side timeouts).
-The classes and the mapping mirror the TypeScript SDK (src/sdk/errors.ts).
+The classes and the mapping mirror the TypeScript SDK (sdk/typescript/src/errors.ts).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Search and fan-out helpers (mirroring src/sdk/rl/helpers.ts). Each deletes what it forked or
+"""Search and fan-out helpers (mirroring sdk/typescript/src/rl/helpers.ts). Each deletes what it forked or
 created, also when a step raises; only a winner you ask to keep survives."""
 from __future__ import annotations
 
