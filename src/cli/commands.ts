@@ -3,9 +3,10 @@
  * operates directly on the SQLite database in the data directory; everything else is an HTTP client
  * of a running server (--url / COLLIMATE_BASE_URL, --key / COLLIMATE_API_KEY).
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
-import { isAbsolute, join, resolve } from 'node:path';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { createSecureContext } from 'node:tls';
@@ -61,6 +62,10 @@ Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7
 Host and service
   collimate doctor [--home DIR]       checks this host for serve (accelerator, cgroups, uid range, nftables,
                                       tmpfs, free disk): one line each with what to fix; exit 1 if one fails
+  collimate service install [--home DIR] [--host H] [--port P] [--allow-tcg] [--tls-cert F --tls-key F] [--now] [--no-enable] [--root DIR]
+                                      writes the systemd unit (home default /var/lib/collimate), runs
+                                      daemon-reload and enables it (--now: and starts it)
+  collimate service unit [same flags] prints that unit
 
 Other
   collimate openapi [--out FILE]      print (or write) the OpenAPI document
@@ -541,6 +546,60 @@ async function doctor(args: string[], io: Io): Promise<number> {
   return failed.length ? 1 : 0;
 }
 
+async function service(sub: string | undefined, args: string[], io: Io): Promise<number> {
+  if (sub !== 'install' && sub !== 'unit') throw new UsageError(`unknown service command ${sub ?? ''}: use service install or service unit`);
+  const { values } = parse(args, {
+    ...common, ...home, root: { type: 'string' }, host: { type: 'string' }, port: { type: 'string' }, 'allow-tcg': { type: 'boolean' },
+    'tls-cert': { type: 'string' }, 'tls-key': { type: 'string' }, now: { type: 'boolean' }, 'no-enable': { type: 'boolean' },
+  });
+  const { APP_DIR, installPlan } = await import('./service.js');
+  const port = num(values.port, 'port') ?? 7070;
+  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new UsageError('--port must be a TCP port, 1..65535');
+  if ((values['tls-cert'] === undefined) !== (values['tls-key'] === undefined)) throw new UsageError('--tls-cert and --tls-key go together');
+  const serveArgs = [
+    ...(values['allow-tcg'] ? ['--allow-tcg'] : []),
+    ...(values['tls-cert'] ? ['--tls-cert', resolve(values['tls-cert']), '--tls-key', resolve(values['tls-key']!)] : []),
+  ];
+  const plan = installPlan({
+    node: process.execPath,
+    appDir: APP_DIR,
+    // A service's data lives in /var/lib unless the operator names another home.
+    home: resolve(values.home ?? (io.env.COLLIMATE_HOME || '/var/lib/collimate')),
+    host: values.host ?? '127.0.0.1',
+    port,
+    serveArgs,
+    root: values.root,
+    enable: values['no-enable'] !== true,
+    now: values.now === true,
+  });
+  if (sub === 'unit') {
+    io.out(plan.unit);
+    return 0;
+  }
+  try {
+    mkdirSync(dirname(plan.unitPath), { recursive: true });
+    writeFileSync(plan.unitPath, plan.unit, { mode: 0o644 });
+  } catch (e) {
+    io.err(`error: cannot write ${plan.unitPath} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}): run as root, or pass --root DIR to write into another tree\n`);
+    return 1;
+  }
+  io.out(`wrote ${plan.unitPath}\n`);
+  for (const args of plan.commands) {
+    const r = spawnSync('systemctl', args, { encoding: 'utf8', env: io.env as NodeJS.ProcessEnv });
+    if (r.error || r.status !== 0) {
+      const why = r.error ? (r.error as NodeJS.ErrnoException).code ?? r.error.message : `exit ${r.status}: ${r.stderr.trim()}`;
+      io.err(`error: systemctl ${args.join(' ')} failed (${why}); the unit is written at ${plan.unitPath}, run the command again once systemd is reachable\n`);
+      return 1;
+    }
+    io.out(`systemctl ${args.join(' ')}\n`);
+  }
+  if (values.root) io.out(`installed into ${resolve(values.root)}${values['no-enable'] ? '' : ', enabled there'}\n`);
+  else if (values['no-enable']) io.out('not enabled (--no-enable): systemctl enable --now collimate\n');
+  else if (!values.now) io.out('enabled: starts at boot; start it now with `systemctl start collimate`; logs: journalctl -u collimate -f\n');
+  else io.out('enabled and started; logs: journalctl -u collimate -f\n');
+  return 0;
+}
+
 async function openapi(args: string[], io: Io): Promise<number> {
   const { values } = parse(args, { ...common, out: { type: 'string' } });
   const { renderOpenApi } = await import('../api/openapi.js');
@@ -583,6 +642,8 @@ export async function run(argv: string[], io: Io = processIo): Promise<number> {
         return await openapi(argv.slice(1), io);
       case 'doctor':
         return await doctor(argv.slice(1), io);
+      case 'service':
+        return await service(sub, rest, io);
       default:
         throw new UsageError(`unknown command ${cmd}`);
     }
