@@ -37,9 +37,11 @@ export interface EngineConfig {
    * Admission by what the host has (src/sandboxes/hostCapacity.ts): guest memory running sandboxes
    * may have together (COLLIMATE_HOST_MEMORY_MIB, 0 = no cap), memory kept available for the rest of
    * the host (COLLIMATE_HOST_MEMORY_RESERVE_MIB, default 5% of RAM, at least 512), CPU pressure at which
-   * new sandboxes wait (COLLIMATE_HOST_CPU_PRESSURE_MAX, % of time some task waited, default 90, 0 = never).
+   * new sandboxes wait (COLLIMATE_HOST_CPU_PRESSURE_MAX, % of time some task waited, default 90, 0 = never),
+   * free space kept on the RAM files' tmpfs (COLLIMATE_TMPFS_RESERVE_MIB, default 256) and on the
+   * home's filesystem (COLLIMATE_DISK_RESERVE_MIB, default 1024).
    */
-  host: { memoryMib: number; reserveMib: number; cpuPressureMax: number };
+  host: { memoryMib: number; reserveMib: number; cpuPressureMax: number; tmpfsReserveMib: number; diskReserveMib: number };
   /**
    * A running sandbox with nothing of its own running in it (no exec, no process an exec left) is
    * paused by the host after this long idle and woken by its next request (src/sandboxes/quiesce.ts;
@@ -172,6 +174,8 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
       memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
       reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),
       cpuPressureMax: intEnv(env, 'COLLIMATE_HOST_CPU_PRESSURE_MAX', 90),
+      tmpfsReserveMib: intEnv(env, 'COLLIMATE_TMPFS_RESERVE_MIB', 256),
+      diskReserveMib: intEnv(env, 'COLLIMATE_DISK_RESERVE_MIB', 1024),
     },
     prewarmPool: env.COLLIMATE_PREWARM !== '0',
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),

@@ -58,7 +58,7 @@ export const ROUTE_TABLE = [
     path: '/v1/sandboxes',
     summary: 'Create a sandbox',
     description:
-      'Forks a warm template and returns a running sandbox. Counts against the tier concurrency cap; refused with 503 host_at_capacity (Retry-After) when the host lacks the memory or CPU for it. ' +
+      'Forks a warm template and returns a running sandbox. Counts against the tier concurrency cap; refused with 503 host_at_capacity (Retry-After) when the host lacks the memory, CPU, tmpfs or disk space, or a free VMM uid or network index for it (the error\'s details name the resource). ' +
       'Honours Idempotency-Key: a retry with the same key and body returns the original response.',
     tag: 'sandboxes',
     auth: true,
@@ -133,7 +133,7 @@ export const ROUTE_TABLE = [
     method: 'POST',
     path: '/v1/sandboxes/:id/suspend',
     summary: 'Suspend a running sandbox to disk',
-    description: 'Frees its concurrency slot and stops the running meter.',
+    description: 'Frees its concurrency slot and stops the running meter. Refused with 503 host_at_capacity (Retry-After) when its RAM image could take the disk below COLLIMATE_DISK_RESERVE_MIB.',
     tag: 'sandboxes',
     auth: true,
     params: sandbox,
@@ -141,7 +141,7 @@ export const ROUTE_TABLE = [
     body: S.EmptyQuery,
     bodyOptional: true,
     responses: { 200: { description: 'Suspended.', schema: S.Sandbox } },
-    errors: ['sandbox_not_found', 'invalid_state'],
+    errors: ['sandbox_not_found', 'invalid_state', 'host_at_capacity'],
   },
   {
     operationId: 'resumeSandbox',

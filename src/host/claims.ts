@@ -67,6 +67,11 @@ export class ClaimPool {
     return this.path(uid);
   }
 
+  /** How many of the range are not claimed now (a stale claim counts until it is swept or reclaimed). */
+  free(): number {
+    return this.count - this.claimed().filter((n) => n >= this.base && n < this.base + this.count).length;
+  }
+
   /** Uids claimed right now (for tests and diagnostics). */
   claimed(): number[] {
     try {

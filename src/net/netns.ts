@@ -121,6 +121,11 @@ export class NetManager {
   private hostAddrs: string[] = [];
   private closed = false;
 
+  /** Network indexes a new sandbox could have: unclaimed ones and this manager's pooled namespaces. */
+  indexBudget(): { free: number; total: number } {
+    return { free: this.claims.free() + this.pool.length, total: this.claims.count };
+  }
+
   private constructor(readonly settings: NetSettings, readonly tag: string, private readonly upstream: string, readonly poolTarget: number) {
     const count = indexCount(settings.transitCidr);
     // Index 0 is the resolver's block.

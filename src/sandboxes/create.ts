@@ -15,7 +15,7 @@ export async function createSandbox(ctx: EngineContext, opts: CreateOptions, sco
   ctx.assertOpen();
   const t = ctx.templates.resolve(opts.template, scope.tenant);
   const egress = egressOf(ctx, t, opts.egress);
-  return ctx.capacity.within('create', 1, t.artifact.shape.memoryMib, () =>
+  return ctx.capacity.within('create', { vmms: 1, memoryMib: t.artifact.shape.memoryMib }, () =>
     // A guest that never acknowledges its restore (see announceRestore) gets one fresh VMM.
     createOnce(ctx, t, opts, egress, scope).catch((e) => {
       if (!isUnacknowledgedRestore(e)) throw e;

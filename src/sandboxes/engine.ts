@@ -23,7 +23,7 @@ import { ForkReceivers } from './forkReceivers.js';
 import { RamSparsifier } from './ramSparse.js';
 import { Quiescer } from './quiesce.js';
 import { collectArtifactRam } from '../images/artifactGc.js';
-import { HostCapacity, type CapacityStatus } from './hostCapacity.js';
+import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
@@ -85,7 +85,7 @@ export class Engine extends EventEmitter implements SandboxService {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       forking: new Set(),
-      capacity: new HostCapacity(cfg.host, () => this.repo.runningMemoryMib()),
+      capacity: new HostCapacity(cfg.host, () => this.repo.runningMemoryMib(), { tmpfs: cfg.ramDir, disk: cfg.home }, () => claimBudgets(cfg, net)),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
       assertOpen: () => this.assertOpen(),

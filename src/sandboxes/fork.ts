@@ -48,7 +48,8 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
   if (!Number.isInteger(count) || count < 1 || count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') runningFor(ctx, id, scope, 'fork');
-  return ctx.capacity.within('fork', count, row.memory_mib, async () => {
+  // The fork point's RAM file is at most the guest's memory.
+  return ctx.capacity.within('fork', { vmms: count, memoryMib: row.memory_mib, tmpfsMib: row.memory_mib }, async () => {
     if (rowFor(ctx, id, scope).state === 'suspended') {
       const children = await forkSuspended(ctx, id, opts, scope);
       if (children) return children;

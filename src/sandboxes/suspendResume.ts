@@ -48,11 +48,13 @@ async function fsyncFile(path: string): Promise<void> {
 export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<SandboxInfo> {
   ctx.assertOpen();
   const r = runningFor(ctx, id, scope, 'suspend');
-  return r.queue.run(async () => {
+  // Its RAM image goes to disk: at most the guest's memory.
+  const memoryMib = ctx.repo.get(id)!.memory_mib;
+  return ctx.capacity.within('suspend', { vmms: 0, memoryMib: 0, diskMib: memoryMib }, () => r.queue.run(async () => {
     if (r.deleting) throw sandboxNotFound(id);
     ctx.registry.flushActivity();
     return ctx.registry.serialized(id, () => suspendRunning(ctx, r));
-  });
+  }));
 }
 
 async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxInfo> {
@@ -105,7 +107,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
   ctx.assertOpen();
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') throw invalidState(id, row.state === 'running' ? 'running' : row.state, 'resume', ['suspended']);
-  return ctx.capacity.within('resume', 1, row.memory_mib, () => ctx.registry.serialized(id, async () => {
+  return ctx.capacity.within('resume', { vmms: 1, memoryMib: row.memory_mib, tmpfsMib: row.memory_mib }, () => ctx.registry.serialized(id, async () => {
     const cur = ctx.repo.get(id)!;
     if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
     const snap = cur.snapshot!;

@@ -203,7 +203,24 @@ export class TenantService {
         }),
       );
       this.metrics.register(
-        new Gauge('collimate_admission_refusals_total', 'Creates, forks and resumes refused with host_at_capacity, by the resource that was short.', () =>
+        new Gauge('collimate_host_storage_bytes', 'Free space where sandboxes write, and the reserve admission keeps: tmpfs (RAM files; COLLIMATE_TMPFS_RESERVE_MIB) and disk (the home: layers, snapshots; COLLIMATE_DISK_RESERVE_MIB).', () => {
+          const c = cap();
+          const mib = (n: number) => n * 1024 * 1024;
+          return (['tmpfs', 'disk'] as const).flatMap((resource) => [
+            { labels: { resource, kind: 'free' }, value: mib(c[resource].freeMib) },
+            { labels: { resource, kind: 'reserve' }, value: mib(c[resource].reserveMib) },
+          ]);
+        }),
+      );
+      this.metrics.register(
+        new Gauge('collimate_host_claims', 'Host-wide claims each VMM takes one of: VMM uids (COLLIMATE_VMM_UID_BASE/COUNT) and network indexes (COLLIMATE_NET_TRANSIT), free and in all.', () =>
+          Object.entries(cap().claims).flatMap(([resource, c]) => [
+            { labels: { resource, kind: 'free' }, value: c.free },
+            { labels: { resource, kind: 'total' }, value: c.total },
+          ])),
+      );
+      this.metrics.register(
+        new Gauge('collimate_admission_refusals_total', 'Creates, forks, resumes and suspends refused with host_at_capacity, by the resource that was short.', () =>
           Object.entries(cap().refusals).map(([resource, value]) => ({ labels: { resource }, value }))),
       );
     }

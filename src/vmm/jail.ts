@@ -313,7 +313,7 @@ export class Jailer {
     readonly tag: string,
     private readonly shimDirs: { assets: string; tmp: string },
   ) {
-    this.uids = new UidPool(join(settings.runDir, 'uids'), settings.uidBase, settings.uidCount);
+    this.uids = uidClaims(settings);
   }
 
   /** Null when confinement is off (by setting, or `auto` on a server not running as root). */
@@ -509,6 +509,11 @@ function sweepTunNodes(uids: UidPool): void {
 }
 
 const jailers = new Map<string, Promise<Jailer | null>>();
+
+/** The host-wide claims of VMM uids in `settings`' range (one directory for every server on the host). */
+export function uidClaims(settings: Pick<JailSettings, 'runDir' | 'uidBase' | 'uidCount'>): UidPool {
+  return new UidPool(join(settings.runDir, 'uids'), settings.uidBase, settings.uidCount);
+}
 
 /** The jailer of an engine configuration (one per home and settings; built once per process). */
 export function jailerFor(cfg: { jail: JailSettings; homeTag: string; cacheDir: string }): Promise<Jailer | null> {

@@ -517,6 +517,13 @@ export const UsageResponse = named(
 // ---------------------------------------------------------------------------------------------
 // Operations
 
+
+const StorageBudget = z.strictObject({
+  path: z.string(), free_mib: z.number().int(), reserve_mib: z.number().int(), starting_mib: z.number().int(),
+});
+
+const ClaimBudget = z.strictObject({ free: z.number().int(), total: z.number().int() });
+
 export const Health = named(
   'Health',
   z.strictObject({
@@ -544,9 +551,18 @@ export const Health = named(
           limit_mib: z.number().int().nullable(), starting_mib: z.number().int(),
         }),
         cpu: z.strictObject({ pressure: z.number().nullable(), max: z.number().nullable() }),
-        refusals: z.strictObject({ memory: z.number().int(), cpu: z.number().int() }),
+        tmpfs: StorageBudget,
+        disk: StorageBudget,
+        claims: z.strictObject({
+          vmm_uids: ClaimBudget.optional(),
+          net_indexes: ClaimBudget.optional(),
+        }),
+        refusals: z.strictObject({
+          memory: z.number().int(), cpu: z.number().int(), tmpfs: z.number().int(), disk: z.number().int(),
+          vmm_uids: z.number().int(), net_indexes: z.number().int(),
+        }),
       }),
-      'Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes\' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max gets 503 host_at_capacity with Retry-After. refusals counts them since start.',
+      'Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes\' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max; an operation that would leave less than the reserve free on the RAM files\' tmpfs (a fork point, a resumed sandbox\'s RAM: up to its guest memory; COLLIMATE_TMPFS_RESERVE_MIB) or on the home\'s disk (a suspend\'s image; COLLIMATE_DISK_RESERVE_MIB); or one that starts more VMMs than VMM uids (COLLIMATE_VMM_UID_COUNT) or network indexes (COLLIMATE_NET_TRANSIT) are free: each gets 503 host_at_capacity with Retry-After, its details naming the resource. refusals counts them since start, by resource.',
     ).optional(),
   }),
 );

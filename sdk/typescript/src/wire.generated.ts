@@ -377,7 +377,7 @@ export type Health = {
     target: number;
     reason: string;
   }>;
-  /** Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max gets 503 host_at_capacity with Retry-After. refusals counts them since start. */
+  /** Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max; an operation that would leave less than the reserve free on the RAM files' tmpfs (a fork point, a resumed sandbox's RAM: up to its guest memory; COLLIMATE_TMPFS_RESERVE_MIB) or on the home's disk (a suspend's image; COLLIMATE_DISK_RESERVE_MIB); or one that starts more VMMs than VMM uids (COLLIMATE_VMM_UID_COUNT) or network indexes (COLLIMATE_NET_TRANSIT) are free: each gets 503 host_at_capacity with Retry-After, its details naming the resource. refusals counts them since start, by resource. */
   capacity?: {
     memory: {
       available_mib: number;
@@ -390,9 +390,35 @@ export type Health = {
       pressure: number | null;
       max: number | null;
     };
+    tmpfs: {
+      path: string;
+      free_mib: number;
+      reserve_mib: number;
+      starting_mib: number;
+    };
+    disk: {
+      path: string;
+      free_mib: number;
+      reserve_mib: number;
+      starting_mib: number;
+    };
+    claims: {
+      vmm_uids?: {
+        free: number;
+        total: number;
+      };
+      net_indexes?: {
+        free: number;
+        total: number;
+      };
+    };
     refusals: {
       memory: number;
       cpu: number;
+      tmpfs: number;
+      disk: number;
+      vmm_uids: number;
+      net_indexes: number;
     };
   };
 };

@@ -4,7 +4,7 @@ import type { TenantService } from '../../service/tenantService.js';
 import type { MetricsRegistry } from '../../service/metrics.js';
 import type { Handlers } from '../binder.js';
 import { renderOpenApi } from '../openapi.js';
-import type { CapacityStatus } from '../../sandboxes/hostCapacity.js';
+import type { CapacityStatus, StorageStatus } from '../../sandboxes/hostCapacity.js';
 
 type Ops = 'getUsage' | 'getOpenApi' | 'health' | 'metrics';
 
@@ -80,6 +80,13 @@ function capacityBody(c: CapacityStatus) {
   return {
     memory: { available_mib: m.availableMib, reserve_mib: m.reserveMib, committed_mib: m.committedMib, limit_mib: m.limitMib, starting_mib: m.startingMib },
     cpu: c.cpu,
+    tmpfs: storageBody(c.tmpfs),
+    disk: storageBody(c.disk),
+    claims: c.claims,
     refusals: c.refusals,
   };
+}
+
+function storageBody(s: StorageStatus) {
+  return { path: s.path, free_mib: s.freeMib, reserve_mib: s.reserveMib, starting_mib: s.startingMib };
 }

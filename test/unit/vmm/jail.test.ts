@@ -118,10 +118,18 @@ test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed,
   const self = { pid: process.pid, startTicks: readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ')[19] };
   // Two uids only, in a range no process runs as.
   const pool = new UidPool(dir, 3_000_000_000 % 2 ** 31, 2);
+  assert.equal(pool.free(), 2);
   const a = pool.claim(self);
   const b = pool.claim(self);
   assert.notEqual(a, b);
+  assert.equal(pool.free(), 0);
   assert.throws(() => pool.claim(self), /no free VMM uid/);
+  // Claims of another range in the same directory (another server's) are not this pool's.
+  const other = new UidPool(dir, 3_000_000_000 % 2 ** 31 + 2, 5);
+  other.claim(self);
+  assert.equal(pool.free(), 0);
+  assert.equal(other.free(), 4);
+  releaseClaim(other.claimPath(other.claimed().find((u) => u !== a && u !== b)!), self);
   // A claim whose owner is gone is taken over.
   const dead = { pid: 2 ** 22 + 12345, startTicks: '1' };
   pool.bind(a, dead);
