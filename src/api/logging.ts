@@ -62,7 +62,9 @@ export function registerRequestLogging(app: FastifyInstance): void {
     const id = (req.params as Record<string, string> | undefined)?.id;
     if (route && id && SANDBOX_ROUTE.test(route)) bindToRequest(req, reply, { sandbox_id: id.slice(0, 100) });
     const started = process.hrtime.bigint();
+    let finished = false;
     // On the raw response, so that hijacked replies (the ports proxy, SSE) are logged too.
+    reply.raw.once('finish', () => (finished = true));
     reply.raw.once('close', () => {
       const path = req.url.split('?', 1)[0];
       const line = {
@@ -70,7 +72,8 @@ export function registerRequestLogging(app: FastifyInstance): void {
         url: loggedUrl(req.url).slice(0, 500),
         status: reply.raw.statusCode,
         ms: Math.round(Number(process.hrtime.bigint() - started) / 1e4) / 100,
-        ...(reply.raw.writableFinished ? {} : { aborted: true }),
+        // The connection closed before the whole response was sent.
+        ...(finished ? {} : { aborted: true }),
       };
       if (POLLED.has(path)) reply.log.debug(line, 'request');
       else reply.log.info(line, 'request');

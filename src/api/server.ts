@@ -4,7 +4,7 @@
  * translates: every rule a tenant meets lives in src/service/tenantService.ts.
  */
 import type { IncomingHttpHeaders } from 'node:http';
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify';
+import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { Admission } from '../service/admission.js';
 import type { IdempotencyStore } from '../service/idempotency.js';
@@ -78,7 +78,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
     genReqId: requestIdOf,
     // One line per request instead (logging.ts), with the sandbox and tenant it concerns.
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: maxJson,
     routerOptions: { maxParamLength: 1000 },
     return503OnClosing: false,

@@ -45,6 +45,7 @@ test('one line per request with its id, sandbox and tenant; the id comes back in
       { method: 'POST', url: `/v1/sandboxes/${id}/exec`, status: 200, sandbox_id: id, tenant: 'acme' },
     );
     assert.equal(typeof line[0].ms, 'number');
+    assert.equal(line[0].aborted, undefined, 'a response sent whole is not marked aborted');
     // An id the client may not choose is replaced by a fresh one.
     const bad = await f.req('listSandboxes', { url: '/v1/sandboxes', key, headers: { 'x-request-id': 'has space "and quotes"' } });
     assert.match(String(bad.headers['x-request-id']), /^req-[0-9a-f]{16}$/);
