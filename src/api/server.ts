@@ -77,6 +77,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     logger: opts.logger ?? false,
     ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
     genReqId: requestIdOf,
+    // A reverse proxy on this host terminating TLS (docs/operations.md): X-Forwarded-Proto from it
+    // makes the absolute URLs the server hands out (MCP's expose_port) https. Others are not believed.
+    trustProxy: 'loopback',
     // One line per request instead (logging.ts), with the sandbox and tenant it concerns.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: maxJson,
