@@ -1,6 +1,7 @@
 import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmdirSync, statSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomInt } from 'node:crypto';
+import { CollimateError } from '../errors.js';
 
 /**
  * Host-wide allocation of VMM uids from a range (default 200000…265535). Every VMM gets a uid of its
@@ -24,7 +25,12 @@ export interface ClaimOwner {
  * is gone is still in use by something else (a uid with processes).
  */
 export class ClaimPool {
-  constructor(readonly dir: string, readonly base: number, readonly count: number, private readonly inUse: (n: number) => boolean = () => false) {
+  constructor(
+    readonly dir: string, readonly base: number, readonly count: number,
+    /** What one claim is, in messages, and the resource errors name. */
+    private readonly kind: { what: string; resource: string } = { what: 'claim', resource: 'claims' },
+    private readonly inUse: (n: number) => boolean = () => false,
+  ) {
     if (!Number.isInteger(base) || base < 0 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
       throw new Error(`bad claim range ${base}+${count}`);
     }
@@ -39,11 +45,11 @@ export class ClaimPool {
       if (this.tryClaim(uid, owner)) return uid;
       if (this.reclaim(uid, owner)) return uid;
     }
-    throw new Error(`no free ${this.what} in ${this.base}…${this.base + this.count - 1} (${this.count} in use)`);
-  }
-
-  protected get what(): string {
-    return 'claim';
+    // Admission (hostCapacity.ts) refuses before this in the common case; this is the race it cannot see.
+    throw new CollimateError('host_at_capacity',
+      `There is no free ${this.kind.what} in ${this.base}…${this.base + this.count - 1} (${this.count} in use, by this and other servers on the host). ` +
+        'Delete or suspend sandboxes to free some, or widen the range.',
+      { retryAfterSecs: 5, details: { resource: this.kind.resource } });
   }
 
   /** Hands the claim over to the VMM process once it runs. */
@@ -148,11 +154,7 @@ export class UidPool extends ClaimPool {
     if (!Number.isInteger(base) || base < 1000 || !Number.isInteger(count) || count < 1 || base + count > 2 ** 31) {
       throw new Error(`bad VMM uid range ${base}+${count}`);
     }
-    super(dir, base, count, uidInUse);
-  }
-
-  protected override get what(): string {
-    return 'VMM uid';
+    super(dir, base, count, { what: 'VMM uid', resource: 'vmm_uids' }, uidInUse);
   }
 }
 

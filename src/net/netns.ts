@@ -129,7 +129,7 @@ export class NetManager {
   private constructor(readonly settings: NetSettings, readonly tag: string, private readonly upstream: string, readonly poolTarget: number) {
     const count = indexCount(settings.transitCidr);
     // Index 0 is the resolver's block.
-    this.claims = new ClaimPool(join(settings.runDir, 'netidx'), 1, count - 1);
+    this.claims = new ClaimPool(join(settings.runDir, 'netidx'), 1, count - 1, { what: 'network index', resource: 'net_indexes' });
     this.self = { pid: process.pid, startTicks: ownStartTicks() };
   }
 

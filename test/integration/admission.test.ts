@@ -7,6 +7,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { mkdirSync, rmSync, statfsSync } from 'node:fs';
+import { join } from 'node:path';
 import '../../src/service/migrations.ts';
 import { loadConfig } from '../../src/config.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
@@ -125,5 +129,98 @@ test('a create that arrives while the host\'s CPUs are saturated (PSI, two busy-
   } finally {
     await assertNoLeaks(strict, home2);
     for (const id of busy) await engine.delete(id);
+  }
+});
+
+const sh = promisify(execFile);
+
+/** A tmpfs of `mib` MiB mounted for a test at a new directory: a filesystem the test can fill. */
+async function smallFs(name: string, mib: number): Promise<{ dir: string; unmount(): Promise<void> }> {
+  const dir = testHome(name);
+  await sh('mount', ['-t', 'tmpfs', '-o', `size=${mib}m,mode=0755`, 'tmpfs', dir]);
+  return { dir, unmount: async () => { await sh('umount', [dir]); rmSync(dir, { recursive: true, force: true }); } };
+}
+
+/** Fills the filesystem holding `dir` until about `leaveMib` MiB are free; the filler's path. */
+async function fillUntil(dir: string, leaveMib: number): Promise<string> {
+  const st = statfsSync(dir);
+  const freeMib = Math.floor((st.bavail * st.bsize) / 2 ** 20);
+  const filler = join(dir, 'filler');
+  await sh('fallocate', ['-l', `${freeMib - leaveMib}M`, filler]);
+  return filler;
+}
+
+const refusedFor = (resource: string, mentions: RegExp) => (e: any) => {
+  assert.equal(e.code, 'host_at_capacity', e.message);
+  assert.equal(e.status, 503);
+  assert.ok(e.retryAfterSecs > 0);
+  assert.equal(e.details.resource, resource);
+  assert.match(e.message, mentions);
+  return true;
+};
+
+test('tmpfs and disk are budgeted: a fork that could fill the RAM files\' tmpfs and a suspend that could fill the home\'s disk are refused naming them; once there is room again both work', async () => {
+  const ram = await smallFs('budget-ram', 768);
+  const disk = await smallFs('budget-home', 1024);
+  const home3 = join(disk.dir, 'home');
+  mkdirSync(home3);
+  const eng = await openEngine(home3, {
+    ramDir: join(ram.dir, 'ram'), poolSize: 0, forkPoolMax: 0,
+    host: { ...loadConfig({ home: home3 }).host, cpuPressureMax: 0, tmpfsReserveMib: 64, diskReserveMib: 64 },
+  });
+  try {
+    const s = await eng.create({ template: 'base' }, { tenant: 'acme' });
+    await eng.exec(s.id, { command: 'echo kept > /root/f' });
+    const mem = eng.repo.get(s.id)!.memory_mib;
+
+    // The RAM files' tmpfs with less free than a fork point may need plus the reserve.
+    let filler = await fillUntil(ram.dir, mem);
+    await assert.rejects(eng.fork(s.id, { count: 1 }), refusedFor('tmpfs', new RegExp(`tmpfs holding sandboxes' RAM files \\(${ram.dir}/ram\\) has \\d+ MiB free .*COLLIMATE_TMPFS_RESERVE_MIB`)));
+    assert.deepEqual(eng.repo.live().map((r) => r.id), [s.id], 'nothing half-made');
+    rmSync(filler);
+    const [kid] = await eng.fork(s.id, { count: 1 });
+    assert.equal((await eng.exec(kid.id, { command: 'cat /root/f' })).stdout, 'kept\n');
+    await eng.delete(kid.id);
+
+    // The home's disk with less free than the sandbox's RAM image plus the reserve.
+    filler = await fillUntil(disk.dir, mem);
+    await assert.rejects(eng.suspend(s.id), refusedFor('disk', new RegExp(`disk holding sandboxes' layers and snapshots \\(${home3}\\) has \\d+ MiB free .*COLLIMATE_DISK_RESERVE_MIB.*delete suspended sandboxes`)));
+    assert.equal(eng.repo.get(s.id)!.state, 'running', 'the refused suspend left it running');
+    assert.equal((await eng.exec(s.id, { command: 'cat /root/f' })).stdout, 'kept\n');
+    rmSync(filler);
+    await eng.suspend(s.id);
+    await eng.resume(s.id);
+    assert.equal((await eng.exec(s.id, { command: 'cat /root/f' })).stdout, 'kept\n');
+    const c = eng.capacity();
+    assert.equal(c.refusals.tmpfs, 1);
+    assert.equal(c.refusals.disk, 1);
+    assert.equal(c.tmpfs.path, join(ram.dir, 'ram'));
+    assert.ok(c.disk.freeMib > mem);
+  } finally {
+    await assertNoLeaks(eng, home3);
+    await ram.unmount();
+    await disk.unmount();
+  }
+});
+
+test('VMM uids are budgeted: with every uid of the range taken a create is refused naming them; a delete makes room', async () => {
+  const home4 = testHome('budget-uids');
+  // A range of three uids of its own (no other server or test file uses it).
+  const jail = { ...loadConfig({ home: home4 }).jail, uidBase: 410_000, uidCount: 3 };
+  const eng = await openEngine(home4, { jail, poolSize: 0, poolMax: 0, prewarmPool: false, forkPoolMax: 0, host: { ...loadConfig({ home: home4 }).host, cpuPressureMax: 0 } });
+  try {
+    if (eng.capacity().claims.vmm_uids === undefined) return assert.fail('VMMs are not confined here (the server must run as root)');
+    const held: string[] = [];
+    for (let i = 0; i < 3; i++) held.push((await eng.create({ template: 'base' }, { tenant: 'acme' })).id);
+    assert.deepEqual(eng.capacity().claims.vmm_uids, { free: 0, total: 3 });
+    await assert.rejects(eng.create({ template: 'base' }, { tenant: 'acme' }), refusedFor('vmm_uids', /0 of its 3 VMM uids free \(COLLIMATE_VMM_UID_BASE, COLLIMATE_VMM_UID_COUNT\)/));
+    await assert.rejects(eng.fork(held[0], { count: 1 }), refusedFor('vmm_uids', /fork of a \d+ MiB sandbox needs 1/));
+    assert.equal(eng.repo.live().length, 3, 'nothing half-made');
+    await eng.delete(held[0]);
+    const again = await eng.create({ template: 'base' }, { tenant: 'acme' });
+    assert.equal((await eng.exec(again.id, { command: 'echo ok' })).stdout, 'ok\n');
+    assert.equal(eng.capacity().refusals.vmm_uids, 2);
+  } finally {
+    await assertNoLeaks(eng, home4);
   }
 });

@@ -123,7 +123,7 @@ test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed,
   const b = pool.claim(self);
   assert.notEqual(a, b);
   assert.equal(pool.free(), 0);
-  assert.throws(() => pool.claim(self), /no free VMM uid/);
+  assert.throws(() => pool.claim(self), (e: any) => e.code === 'host_at_capacity' && e.details.resource === 'vmm_uids' && /no free VMM uid/.test(e.message));
   // Claims of another range in the same directory (another server's) are not this pool's.
   const other = new UidPool(dir, 3_000_000_000 % 2 ** 31 + 2, 5);
   other.claim(self);
