@@ -13,9 +13,8 @@ import { loadConfig, type EngineConfig } from '../config.js';
 import { CATALOG_DEFAULTS } from '../images/catalog.js';
 import { detectAccel } from '../vmm/accel.js';
 import { hostCgroups } from '../vmm/cgroup.js';
-import { jailAvailability, uidRangeConflicts } from '../vmm/jail.js';
+import { jailAvailability, uidClaims, uidRangeConflicts } from '../vmm/jail.js';
 import { netAvailability } from '../net/netns.js';
-import { UidPool } from '../host/claims.js';
 
 export type Verdict = 'ok' | 'warn' | 'fail';
 
@@ -35,8 +34,9 @@ const TMPFS_MAGIC = 0x01021994;
 /** The oldest Node.js the server supports (package.json engines). */
 export const MIN_NODE = [20, 19] as const;
 
-/** Free space the home needs: layers, templates' disks, suspended sandboxes' snapshots. */
+/** Free space below which the home is short whatever the reserve: layers and templates' disks. */
 export const HOME_FREE_FAIL = 2 * GIB;
+/** Below this, suspended sandboxes' snapshots soon fill the home. */
 export const HOME_FREE_WARN = 10 * GIB;
 
 const size = (bytes: number) => (bytes >= GIB ? `${(bytes / GIB).toFixed(1)} GiB` : `${Math.round(bytes / MIB)} MiB`);
@@ -127,8 +127,9 @@ function confinement(cfg: EngineConfig): Check[] {
   // The VMM uid range: valid, and no user or delegated range inside it.
   const range = `${j.uidBase}…${j.uidBase + j.uidCount - 1}`;
   const moveIt = 'move the range with COLLIMATE_VMM_UID_BASE / COLLIMATE_VMM_UID_COUNT';
+  let free: number;
   try {
-    new UidPool(join(j.runDir, 'uids'), j.uidBase, j.uidCount);
+    free = uidClaims(j).free();
   } catch (e) {
     out.push({ name: 'uid range', verdict: 'fail', detail: `${(e as Error).message} (uids must be at least 1000 and below 2^31)`, fix: moveIt });
     return out;
@@ -137,7 +138,9 @@ function confinement(cfg: EngineConfig): Check[] {
   const conflicts = uidRangeConflicts({ passwd: read('/etc/passwd'), subuid: read('/etc/subuid'), subgid: read('/etc/subgid') }, j.uidBase, j.uidCount);
   out.push(conflicts.length
     ? { name: 'uid range', verdict: 'fail', detail: `VMM uids ${range} are also used by ${conflicts.join(', ')}`, fix: moveIt }
-    : { name: 'uid range', verdict: 'ok', detail: `VMM uids ${range}: no user or subordinate range uses them` });
+    : free === 0
+      ? { name: 'uid range', verdict: 'fail', detail: `VMM uids ${range}: every one is claimed (${join(j.runDir, 'uids')}), so no VMM can start`, fix: `${moveIt} to a larger range, or stop what holds them` }
+      : { name: 'uid range', verdict: 'ok', detail: `VMM uids ${range}, ${free} free: no user or subordinate range uses them` });
   return out;
 }
 
@@ -153,8 +156,9 @@ function network(cfg: EngineConfig): Check {
 
 function ramDirs(cfg: EngineConfig): Check[] {
   const guestMib = cfg.catalogMemoryMib ?? CATALOG_DEFAULTS.memoryMib;
-  // One template's RAM file and one fork point of it, written through: less is a broken host.
-  const need = 2 * guestMib * MIB;
+  // One template's RAM file and one fork point of it, written through, above the reserve admission
+  // keeps (COLLIMATE_TMPFS_RESERVE_MIB): with less, the first fork is refused.
+  const need = (2 * guestMib + cfg.host.tmpfsReserveMib) * MIB;
   const out: Check[] = [];
   const dirs = [...new Set(['/dev/shm', cfg.ramDir, cfg.artifactRamDir])];
   for (const dir of dirs) {
@@ -166,7 +170,7 @@ function ramDirs(cfg: EngineConfig): Check[] {
     if (!fs.tmpfs) {
       out.push({ name, verdict: dir === '/dev/shm' ? 'fail' : 'warn', detail: `not tmpfs (${where}): RAM files of templates and fork points on disk make forks many times slower`, fix: dir === '/dev/shm' ? 'mount a tmpfs on /dev/shm' : 'set COLLIMATE_RAM_DIR to a directory on tmpfs (e.g. under /dev/shm)' });
     } else if (fs.free < need) {
-      out.push({ name, verdict: 'fail', detail: `${where}: less than ${size(need)} (a ${guestMib} MiB template and one fork point)`, fix: grow });
+      out.push({ name, verdict: 'fail', detail: `${where}: less than ${size(need)} (a ${guestMib} MiB template, one fork point and the ${cfg.host.tmpfsReserveMib} MiB reserve of COLLIMATE_TMPFS_RESERVE_MIB)`, fix: grow });
     } else if (fs.free < 2 * GIB) {
       out.push({ name, verdict: 'warn', detail: `${where}: templates and fork points will run out of room soon`, fix: grow });
     } else {
@@ -178,6 +182,9 @@ function ramDirs(cfg: EngineConfig): Check[] {
 
 function disk(cfg: EngineConfig): Check[] {
   const out: Check[] = [];
+  // The first suspend needs its guest's RAM above the reserve admission keeps (COLLIMATE_DISK_RESERVE_MIB).
+  const guestMib = cfg.catalogMemoryMib ?? CATALOG_DEFAULTS.memoryMib;
+  const failBelow = Math.max(HOME_FREE_FAIL, (cfg.host.diskReserveMib + guestMib) * MIB);
   const dirs: Array<[string, string]> = [['home', cfg.home], ...(cfg.cacheDir !== cfg.home ? [['cache', cfg.cacheDir] as [string, string]] : [])];
   for (const [label, dir] of dirs) {
     const w = writableDir(dir);
@@ -189,7 +196,8 @@ function disk(cfg: EngineConfig): Check[] {
     const fs = freeBytes(at);
     const detail = `${dir}${w.note}: ${size(fs.free)} free`;
     const fix = `free space there, or move the ${label === 'home' ? 'home (--home or COLLIMATE_HOME)' : 'cache (COLLIMATE_CACHE_DIR)'} to a larger filesystem`;
-    if (fs.free < HOME_FREE_FAIL) out.push({ name: `free disk (${label})`, verdict: 'fail', detail: `${detail}, less than ${size(HOME_FREE_FAIL)} (layers, template disks, suspended sandboxes)`, fix });
+    const short = label === 'home' ? failBelow : HOME_FREE_FAIL;
+    if (fs.free < short) out.push({ name: `free disk (${label})`, verdict: 'fail', detail: `${detail}, less than ${size(short)} (layers, template disks, suspended sandboxes${label === 'home' ? `; ${cfg.host.diskReserveMib} MiB stay free by COLLIMATE_DISK_RESERVE_MIB` : ''})`, fix });
     else if (fs.free < HOME_FREE_WARN) out.push({ name: `free disk (${label})`, verdict: 'warn', detail: `${detail}, less than ${size(HOME_FREE_WARN)}: suspended sandboxes will fill it`, fix });
     else out.push({ name: `free disk (${label})`, verdict: 'ok', detail });
   }

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -76,6 +76,28 @@ test('a VMM uid range that a user already has fails, naming the user', async () 
   const bad = await doctor({ COLLIMATE_VMM_UID_BASE: '10' }, '--home', join(dir, 'h3'));
   assert.equal(bad.code, 1);
   assert.match(bad.line('uid range') ?? '', /^FAIL\s+uid range\s+bad VMM uid range 10\+65536/);
+});
+
+test('a VMM uid range with every uid claimed fails; the free count is shown otherwise', async () => {
+  if (process.getuid?.() !== 0) return;
+  const runDir = join(dir, 'run');
+  mkdirSync(join(runDir, 'uids'), { recursive: true });
+  for (const uid of [300000, 300001, 300002]) writeFileSync(join(runDir, 'uids', String(uid)), '{}');
+  const env = { COLLIMATE_RUN_DIR: runDir, COLLIMATE_VMM_UID_BASE: '300000', COLLIMATE_VMM_UID_COUNT: '3' };
+  const full = await doctor(env, '--home', join(dir, 'h6'));
+  assert.equal(full.code, 1);
+  assert.match(full.line('uid range') ?? '', /^FAIL\s+uid range\s+VMM uids 300000…300002: every one is claimed \(.*\/run\/uids\), so no VMM can start — fix:/);
+  rmSync(join(runDir, 'uids', '300001'));
+  assert.match((await doctor(env, '--home', join(dir, 'h6'))).line('uid range') ?? '', /^ok\s+uid range\s+VMM uids 300000…300002, 1 free/);
+});
+
+test('free space below what admission keeps in reserve fails, naming the setting', async () => {
+  const r = await doctor({ COLLIMATE_DISK_RESERVE_MIB: String(64 * 1024 * 1024) }, '--home', join(dir, 'h7'));
+  assert.equal(r.code, 1);
+  assert.match(r.line('free disk (home)') ?? '', /^FAIL\s+free disk \(home\)\s+.*less than [\d.]+ GiB \(.*67108864 MiB stay free by COLLIMATE_DISK_RESERVE_MIB\)/);
+  const t = await doctor({ COLLIMATE_TMPFS_RESERVE_MIB: String(64 * 1024 * 1024) }, '--home', join(dir, 'h7'));
+  assert.equal(t.code, 1);
+  assert.match(t.line('tmpfs /dev/shm') ?? '', /^FAIL\s+tmpfs \/dev\/shm\s+.*the 67108864 MiB reserve of COLLIMATE_TMPFS_RESERVE_MIB\) — fix: grow it/);
 });
 
 test('a setting serve would refuse fails first, naming it', async () => {
