@@ -19,6 +19,11 @@ export class CollimateError extends Error {
   readonly status: number;
   /** Extra machine-readable detail from the error body (e.g. `state`, `limit`, `issues`). */
   readonly details: Record<string, unknown>;
+  /**
+   * Seconds to wait before retrying (from Retry-After), when the server said: a 429 concurrency_limit,
+   * or a 503 such as host_at_capacity or shutting_down.
+   */
+  readonly retryAfter: number | undefined;
 
   constructor(message: string, init: ErrorInit) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
@@ -26,6 +31,7 @@ export class CollimateError extends Error {
     this.code = init.code;
     this.status = init.status;
     this.details = init.details ?? {};
+    this.retryAfter = init.retryAfter;
   }
 }
 
@@ -51,12 +57,6 @@ export class InvalidStateError extends CollimateError {
 /** 429: the tier's cap on running sandboxes is reached. Suspend or delete one, then retry. */
 export class ConcurrencyLimitError extends CollimateError {
   static override readonly defaultStatus = 429;
-  /** Seconds to wait before retrying (from Retry-After). */
-  readonly retryAfter: number | undefined;
-  constructor(message: string, init: ErrorInit) {
-    super(message, init);
-    this.retryAfter = init.retryAfter;
-  }
 }
 
 /** 400 (and 422 for a reused Idempotency-Key): the request is malformed; `details.issues` says where. */

@@ -49,6 +49,11 @@ test('the classes the issue names, by status', () => {
   assert.ok(limit instanceof ConcurrencyLimitError);
   assert.equal(limit.retryAfter, 5);
   assert.equal(limit.details.limit, 2);
+  // A 503 says when to come back too (host_at_capacity, shutting_down), as the Python SDK's retry_after does.
+  const full = errorFromBody(503, { error: { code: 'host_at_capacity', message: 'tmpfs', resource: 'tmpfs' } }, '10');
+  assert.ok(full instanceof ServerError);
+  assert.equal(full.retryAfter, 10);
+  assert.equal(full.details.resource, 'tmpfs');
   // Unknown codes fall back to their status; bodies that are not the error shape too.
   assert.ok(errorFromBody(404, { error: { code: 'brand_new_code', message: '' } }) instanceof NotFoundError);
   assert.ok(errorFromBody(503, '<html>bad gateway</html>') instanceof ServerError);
