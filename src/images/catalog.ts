@@ -9,6 +9,8 @@ export interface CatalogEntry {
   description: string;
   /** argv prefix that runs `code`: the code string is appended as the last argument. */
   interpreter: string[];
+  /** Language runtimes the image carries and their upstream versions, e.g. `{ node: '24.22.3' }`. */
+  runtimes: Record<string, string>;
   vcpus: number;
   memoryMib: number;
   diskMib: number;

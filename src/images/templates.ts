@@ -19,6 +19,8 @@ export interface TemplateInfo {
   kind: 'catalog' | 'environment';
   description: string;
   interpreter: string[];
+  /** Language runtimes and their versions, as the catalog states them (none for environments). */
+  runtimes?: Record<string, string>;
   ready: boolean;
   vcpus: number;
   memory_mib: number;
@@ -36,6 +38,8 @@ export interface ReadyTemplate {
   tenant?: string;
   description: string;
   interpreter: string[];
+  /** Language runtimes and their versions, as the catalog entry states them. */
+  runtimes?: Record<string, string>;
   artifact: Artifact;
   deviceState: Buffer;
   /** Applied to every exec of the template's sandboxes (request fields win over env and cwd). */
@@ -119,6 +123,7 @@ export const CATALOG: CatalogEntry[] = [
     id: 'base',
     description: 'Minimal Linux userland (busybox): /bin/sh and the usual tools. `code` runs as a shell script.',
     interpreter: ['/bin/sh', '-c'],
+    runtimes: {},
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureBaseRootfs(home, progress)],
   },
@@ -145,7 +150,7 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
       { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
       shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
     );
-    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress });
+    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, runtimes: entry.runtimes, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress });
   }
   return out;
 }

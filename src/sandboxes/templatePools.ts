@@ -155,7 +155,7 @@ export class TemplatePools {
 
   infoOf(t: ReadyTemplate): TemplateInfo {
     return {
-      id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, ready: true,
+      id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, runtimes: t.runtimes ?? {}, ready: true,
       vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib,
       egress: t.egress, network: this.hasNetwork(t),
     };

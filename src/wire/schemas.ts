@@ -336,6 +336,10 @@ export const Template = named(
     kind: described(z.enum(['catalog', 'environment']), '`catalog`: kept warm by the platform; `environment`: your own (Pro).'),
     description: z.string(),
     interpreter: z.array(z.string()),
+    runtimes: described(
+      z.record(z.string(), z.string()),
+      'Language runtimes the image carries, by name, with their upstream versions, e.g. `{"node": "24.22.3", "npm": "11.21.2"}`. Empty when none is stated (`base`, environments).',
+    ),
     ready: z.boolean(),
     vcpus: z.number(),
     memory_mib: z.number(),

@@ -37,7 +37,7 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
 }
 
 export function templateView(t: TemplateInfo): z.infer<typeof S.Template> {
-  return { id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, ready: t.ready, vcpus: t.vcpus, memory_mib: t.memory_mib };
+  return { id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, runtimes: t.runtimes ?? {}, ready: t.ready, vcpus: t.vcpus, memory_mib: t.memory_mib };
 }
 
 export function imageView(r: ImageRow): z.infer<typeof S.Image> {

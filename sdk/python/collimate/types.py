@@ -65,6 +65,8 @@ class Template:
     ready: bool
     vcpus: float
     memory_mib: float
+    #: Language runtimes the image carries, by name, with their versions, e.g. ``{"node": "24.22.3"}``.
+    runtimes: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Template":

@@ -189,6 +189,8 @@ export type Template = {
   kind: "catalog" | "environment";
   description: string;
   interpreter: string[];
+  /** Language runtimes the image carries, by name, with their upstream versions, e.g. `{"node": "24.22.3", "npm": "11.21.2"}`. Empty when none is stated (`base`, environments). */
+  runtimes: Record<string, string>;
   ready: boolean;
   vcpus: number;
   memory_mib: number;

