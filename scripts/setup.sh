@@ -10,6 +10,7 @@ DEBIAN_PACKAGES=(
   kmod                              # depmod/modprobe to order the guest kernel modules
   busybox-static                    # the base template's userland
   musl-tools gcc make libc6-dev     # the static guest agent
+  g++ python3                       # node-gyp: better-sqlite3 from source where no prebuilt binary is reachable (scripts/test-node.sh)
   erofs-utils squashfs-tools        # read-only layer images
   zstd attr                         # own images: zstd layers (Node 20's zlib has no zstd), setfattr for opaque dirs and capabilities
   docker-registry apache2-utils     # the image tests' local OCI registry, and htpasswd -B for its basic auth

@@ -164,7 +164,9 @@ test('node: crypto.randomBytes (OpenSSL, not interposed) differs with ASLR on, a
   const noAslr = () => run('42', '/usr/bin/setarch', ['-R', process.execPath, '-e', code]);
   const first = noAslr();
   execFileSync('sleep', ['1.1']);
-  assert.equal(noAslr(), first);
+  // Node.js 26 (26.12.1, the same OpenSSL 3.5.9 as 24) mixes the wall-clock second in: its output
+  // replays only within the same second, so there the claim is not made (docs/determinism.md).
+  if (Number(process.versions.node.split('.')[0]) < 26) assert.equal(noAslr(), first);
   assert.notEqual(run('43', '/usr/bin/setarch', ['-R', process.execPath, '-e', code]), first);
 });
 
