@@ -49,16 +49,21 @@ export function sendError(reply: FastifyReply, err: CollimateError): void {
   reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
 }
 
+/** JSON text is UTF-8 (RFC 8259 §8.1): replacing bad bytes with U+FFFD would silently change a command or a file's content. */
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
 function decodeJsonBody(req: FastifyRequest): unknown {
   const raw = req.body;
   if (raw === undefined || raw === null) return undefined;
   const buf = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
-  const text = buf.toString('utf8');
-  if (text.trim() === '') return undefined;
+  let text: string | null = null;
+  try { text = utf8.decode(buf); } catch { /* refused below, after the media type */ }
+  if (text !== null && text.trim() === '') return undefined;
   const ct = req.headers['content-type'];
   if (ct !== undefined && !JSON_CT.test(ct)) {
     throw new CollimateError('unsupported_media_type', `Content-Type ${JSON.stringify(ct.slice(0, 100))} is not supported here; send application/json.`);
   }
+  if (text === null) throw new CollimateError('invalid_json', 'Request body is not valid UTF-8; JSON must be sent as UTF-8.');
   try {
     return JSON.parse(text, (k, v) => {
       // Prototype poisoning guard: such keys are never valid in this API.

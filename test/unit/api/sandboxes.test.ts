@@ -64,6 +64,22 @@ describe('sandbox endpoints', () => {
     assertErrorBody(r, 'validation_error');
   });
 
+  test('a JSON body that is not UTF-8 is 400 invalid_json, not run with replacement characters', async () => {
+    for (const bad of [[0xff], [0xc0, 0xaf], [0xed, 0xa0, 0x80], [0xe2, 0x82]]) {
+      const rawBody = Buffer.concat([Buffer.from('{"template":"py'), Buffer.from(bad), Buffer.from('"}')]);
+      const r = await f.req('createSandbox', { url: '/v1/sandboxes', key, rawBody, headers: { 'content-type': 'application/json' } });
+      assertErrorBody(r, 'invalid_json');
+      assert.match(r.json().error.message, /UTF-8/);
+    }
+    const s = await create();
+    const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, rawBody: Buffer.from([...Buffer.from('{"command":"echo '), 0xff, ...Buffer.from('"}')]), headers: { 'content-type': 'application/json' } });
+    assertErrorBody(r, 'invalid_json');
+    // Valid UTF-8 beyond ASCII is still taken as it is.
+    const ok = await f.req('createSandbox', { url: '/v1/sandboxes', key, rawBody: Buffer.from('{"template":"python","labels":{"k":"é😀"}}'), headers: { 'content-type': 'application/json' } });
+    assert.equal(ok.statusCode, 201);
+    assert.equal(ok.json().labels.k, 'é😀');
+  });
+
   test('get, and bad ids are 404 sandbox_not_found', async () => {
     const s = await create();
     const r = await f.req('getSandbox', { url: `/v1/sandboxes/${s.id}`, key });
