@@ -85,7 +85,7 @@ export function buildAgentExec(
     if (typeof v !== 'string' || v.includes('\0')) throw bad(`env value of ${k} must be a string without NUL bytes.`);
     env[k] = v;
   }
-  if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/'))) throw bad('cwd must be an absolute path.');
+  if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/') || req.cwd.includes('\0'))) throw bad('cwd must be an absolute path without NUL bytes.');
   const seed = execSeed(req.seed);
   const files = (req.files ?? []).map((f) => {
     if (typeof f?.path !== 'string' || !f.path.startsWith('/') || f.path.includes('\0')) throw bad('each file needs an absolute path.');

@@ -1,5 +1,5 @@
 import { CollimateError, sandboxNotFound } from '../errors.js';
-import { AgentError } from '../guest/agentClient.js';
+import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import { listeningPorts } from '../net/ports.js';
 import type { ReadyTemplate } from '../images/templates.js';
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
@@ -122,6 +122,8 @@ function agentFailure(r: Running, e: unknown, path?: string): Error {
     if (e.code === 'file_write_failed' || e.code === 'file_read_failed') return new CollimateError('validation_error', `${e.message}`);
     if (e.code === 'file_too_large') return new CollimateError('payload_too_large', e.message);
     if (e.code === 'bad_request') return new CollimateError('validation_error', `The guest rejected the request: ${e.message}`);
+    // The host could not even encode it (a field the protocol cannot carry): the request's fault, not the agent's.
+    if (e.code === ClientErrorCode.InvalidRequest) return new CollimateError('validation_error', `The request cannot be sent to the guest: ${e.message}`);
   }
   return new CollimateError('agent_unavailable', `The guest agent of sandbox ${r.id} did not answer (${(e as Error).message}). The sandbox can still be deleted.`, { cause: e });
 }

@@ -14,7 +14,7 @@ test('exactly one form, valid argv, env names, absolute paths and bounded timeou
   for (const bad of [{}, { command: 'a', code: 'b' }, { commands: [] }, { commands: [[]] }, { commands: [['a', 1]] }, { command: '' },
     { command: 'x', env: { 'BAD-NAME': 'v' } }, { command: 'x', cwd: 'rel' }, { command: 'x', timeout: 0 }, { command: 'x', timeout: 3601 },
     { command: 'x', files: [{ path: 'rel', content: '' }] }, { command: 'x', files: [{ path: '/a', content: '', encoding: 'hex' }] },
-    { command: 'a\0b' }]) {
+    { command: 'a\0b' }, { command: 'pwd', cwd: '/tmp\0/x' }]) {
     assert.throws(() => buildAgentExec(bad as any, opts), { code: 'validation_error' }, JSON.stringify(bad));
   }
 });
