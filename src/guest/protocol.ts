@@ -589,9 +589,11 @@ export interface FileData {
 
 export function decodeFileData(payload: Buffer): FileData {
   const r = new TlvReader(payload, 'FILE_DATA');
+  // A size beyond 2^53 (the guest's /proc/kcore states one) is over any read limit: clamped, the read is refused as too large.
+  const size = r.u64(Tag.Size);
   return {
     data: r.bytes(Tag.Data) as Buffer,
-    size: r.u64Number(Tag.Size),
+    size: size > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(size),
     mode: r.u32(Tag.Mode, 0o644),
   };
 }

@@ -253,6 +253,8 @@ describe('TLV', () => {
     assert.throws(() => decodeExecResult(new TlvWriter().u8(Tag.TimedOut, 1).finish()), ProtocolError);
     assert.throws(() => decodeExecResult(new TlvWriter().u32(Tag.ExitCode, 0).u32(Tag.TimedOut, 1).finish()), ProtocolError);
     assert.throws(() => decodeFileData(new TlvWriter().bytes(Tag.Data, Buffer.from('x')).finish()), ProtocolError);
+    // A size past 2^53 (the guest's /proc/kcore) is clamped, so the read is refused as too large instead of failing to decode.
+    assert.equal(decodeFileData(new TlvWriter().bytes(Tag.Data, Buffer.from('x')).u64(Tag.Size, 2n ** 63n).finish()).size, Number.MAX_SAFE_INTEGER);
     assert.deepEqual(
       decodePong(new TlvWriter().str(Tag.AgentVersion, 'v').u64(Tag.UptimeMs, 5n).str(Tag.SandboxId, 'sb').finish()),
       { agentVersion: 'v', uptimeMs: 5, sandboxId: 'sb' },
