@@ -28,6 +28,12 @@ export type { HealthInfo } from './handlers/operations.js';
 
 export const DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024;
+/**
+ * How long a client may take to send one whole request, headers and body (a 64 MiB upload at
+ * 250 KB/s). Fastify turns Node's own limit off: a client that stalled mid-body held its connection,
+ * and a descriptor, for ever. Once the request is in, a long exec or an event stream is not limited.
+ */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 300_000;
 
 export interface BuildServerOptions {
   /** The tenant service every front door calls. The caller closes it (after shutdown). */
@@ -40,6 +46,8 @@ export interface BuildServerOptions {
   health?: () => HealthInfo;
   maxJsonBodyBytes?: number;
   maxFileBytes?: number;
+  /** How long a client may take to send a whole request before its connection is answered and closed. Default 300 s. */
+  requestTimeoutMs?: number;
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
@@ -69,13 +77,21 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   const maxJson = opts.maxJsonBodyBytes ?? DEFAULT_MAX_JSON_BYTES;
   const maxFile = opts.maxFileBytes ?? DEFAULT_MAX_FILE_BYTES;
   const defaultGrace = opts.shutdownGraceMs ?? 5000;
+  const requestTimeout = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+  // Node checks the limit on this period (30 s by default): a short limit is checked as often as it
+  // needs. Node enforces it only while the headers' limit (60 s) is no longer than it.
+  const checking = {
+    connectionsCheckingInterval: Math.max(50, Math.min(30_000, Math.floor(requestTimeout / 4))),
+    headersTimeout: Math.min(60_000, requestTimeout),
+  };
   const engine = tenants.engine as { isReady?: () => boolean; accel?: string };
   const health: () => HealthInfo =
     opts.health ?? (() => ({ ready: typeof engine.isReady === 'function' ? engine.isReady() : true, accel: engine.accel ?? 'unknown' }));
 
   const app = Fastify({
     logger: opts.logger ?? false,
-    ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key } } : {}),
+    ...(opts.tls ? { https: { cert: opts.tls.cert, key: opts.tls.key, ...checking } } : { http: checking }),
+    requestTimeout,
     genReqId: requestIdOf,
     // A reverse proxy on this host terminating TLS (docs/operations.md): X-Forwarded-Proto from it
     // makes the absolute URLs the server hands out (MCP's expose_port) https. Others are not believed.
@@ -86,9 +102,12 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     routerOptions: { maxParamLength: 1000 },
     return503OnClosing: false,
     forceCloseConnections: 'idle',
-    clientErrorHandler: (_err, socket) => {
+    clientErrorHandler: (err, socket) => {
       if (!socket.writable) return socket.destroy();
-      const body = JSON.stringify(new CollimateError('validation_error', 'Malformed HTTP request.').toJSON());
+      const message = (err as NodeJS.ErrnoException).code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? `The request did not arrive whole within ${requestTimeout / 1000} s; send the body without pausing.`
+        : 'Malformed HTTP request.';
+      const body = JSON.stringify(new CollimateError('validation_error', message).toJSON());
       socket.end(`HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
     },
     frameworkErrors: (err, req, reply) => {

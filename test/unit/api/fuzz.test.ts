@@ -204,3 +204,29 @@ test('malformed HTTP on a real socket gets a 400 with the error shape', async ()
     await f.close();
   }
 });
+
+test('a client that stalls mid-body is answered and disconnected once the request timeout passes', async () => {
+  const f = await fixture({ server: { requestTimeoutMs: 400 } });
+  const address = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+  const port = Number(new URL(address).port);
+  try {
+    const key = f.key('slow', 'pro');
+    const started = Date.now();
+    const { reply, closedAfterMs } = await new Promise<{ reply: string; closedAfterMs: number }>((resolve, reject) => {
+      const s = connect(port, '127.0.0.1', () => s.write(`POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"templ`));
+      let buf = '';
+      s.on('data', (d) => (buf += d));
+      s.on('close', () => resolve({ reply: buf, closedAfterMs: Date.now() - started }));
+      s.on('error', reject);
+      // Before the limit existed the connection stayed open for good: give up well after it.
+      setTimeout(() => s.destroy(), 10_000);
+    });
+    assert.ok(closedAfterMs < 5000, `the stalled connection stayed open ${closedAfterMs} ms`);
+    assert.match(reply, /^HTTP\/1\.1 400/);
+    const body = JSON.parse(reply.slice(reply.indexOf('\r\n\r\n') + 4));
+    assert.equal(body.error.code, 'validation_error');
+    assert.match(body.error.message, /did not arrive whole/);
+  } finally {
+    await f.close();
+  }
+});
