@@ -68,6 +68,11 @@ export function sandboxNotFound(id: string): CollimateError {
   return new CollimateError('sandbox_not_found', `No sandbox with id ${id}. List yours with GET /v1/sandboxes.`);
 }
 
+/** A sandbox that ended other than by its tenant's delete (its VM died): not found, saying why. */
+export function sandboxEnded(id: string, reason: string): CollimateError {
+  return new CollimateError('sandbox_not_found', `Sandbox ${id} no longer exists: ${reason}. Its resources were reclaimed; create or fork a new one.`);
+}
+
 export function invalidState(id: string, state: string, operation: string, allowed: readonly string[]): CollimateError {
   return new CollimateError(
     'invalid_state',

@@ -93,9 +93,12 @@ interface Emitter {
 export function logLifecycle(engine: unknown, log: FastifyBaseLogger): () => void {
   const e = engine as Partial<Emitter>;
   if (typeof e.on !== 'function' || typeof e.off !== 'function') return () => {};
-  const onTransition = (t: { id: string; tenant: string; state: string; op: string; snapshotBytes?: number }) =>
-    log.info(
-      { event: 'transition', sandbox_id: t.id, tenant: t.tenant, op: t.op, state: t.state, ...(t.snapshotBytes !== undefined ? { snapshot_bytes: t.snapshotBytes } : {}) },
+  const onTransition = (t: { id: string; tenant: string; state: string; op: string; snapshotBytes?: number; reason?: string }) =>
+    (t.op === 'lost' ? log.warn.bind(log) : log.info.bind(log))(
+      {
+        event: 'transition', sandbox_id: t.id, tenant: t.tenant, op: t.op, state: t.state,
+        ...(t.snapshotBytes !== undefined ? { snapshot_bytes: t.snapshotBytes } : {}), ...(t.reason ? { reason: t.reason } : {}),
+      },
       'sandbox transition',
     );
   const onPhases = (r: { op: string; id: string; phases: Record<string, number>; totalMs: number }) =>

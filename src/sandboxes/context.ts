@@ -1,5 +1,5 @@
 import { join } from 'node:path';
-import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
+import { CollimateError, invalidState, sandboxEnded, sandboxNotFound } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { MachineShape } from '../vmm/machine.js';
@@ -56,7 +56,8 @@ export function dirs(cfg: EngineConfig): { sandboxes: string; disks: string; for
 /** The row for `id` as `scope` may see it; other tenants' and deleted ids read as not found. */
 export function rowFor(ctx: EngineContext, id: string, scope?: Scope): SandboxRow {
   const row = typeof id === 'string' ? ctx.repo.get(id) : undefined;
-  if (!row || row.state === 'deleted' || (scope && row.tenant !== scope.tenant)) throw sandboxNotFound(String(id));
+  if (!row || (scope && row.tenant !== scope.tenant)) throw sandboxNotFound(String(id));
+  if (row.state === 'deleted') throw row.end_reason ? sandboxEnded(row.id, row.end_reason) : sandboxNotFound(row.id);
   return row;
 }
 

@@ -5,8 +5,11 @@ import type { SandboxRow } from './repo.js';
 import { dirs, rowFor, type EngineContext } from './context.js';
 import type { Scope } from './types.js';
 
-/** Deletes from any state, at once: queued operations on the sandbox fail with not found. */
-export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<void> {
+/**
+ * Deletes from any state, at once: queued operations on the sandbox fail with not found. `reason`:
+ * why, when it is not the tenant's delete (its VM died); later requests on it say so.
+ */
+export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scope, reason?: string): Promise<void> {
   const row = rowFor(ctx, id, scope);
   const r = ctx.registry.get(id);
   if (r) r.deleting = true;
@@ -19,15 +22,15 @@ export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scop
     await killRecorded(ctx.cfg, row.vmm);
   }
   removeSandboxFiles(ctx, row);
-  ctx.repo.markDeleted(id, Date.now());
+  ctx.repo.markDeleted(id, Date.now(), reason);
   ctx.registry.forget(id);
   gcForkPoints(ctx);
-  ctx.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: 'delete' });
+  ctx.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: reason ? 'lost' : 'delete', ...(reason ? { reason } : {}) });
 }
 
 /** Marks a sandbox whose VMM is gone (or was stopped) deleted and removes its files (reconcile). */
-export function markLost(ctx: EngineContext, row: SandboxRow): void {
-  ctx.repo.markDeleted(row.id);
+export function markLost(ctx: EngineContext, row: SandboxRow, reason: string): void {
+  ctx.repo.markDeleted(row.id, Date.now(), reason);
   removeSandboxFiles(ctx, row);
 }
 

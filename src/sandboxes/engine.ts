@@ -7,7 +7,7 @@ import { homePaths } from '../host/paths.js';
 import type { TemplateRecipe } from '../images/templates.js';
 import { netFor, forgetNet, type NetManager } from '../net/netns.js';
 import { SandboxRepo } from './repo.js';
-import { SandboxRegistry } from './registry.js';
+import { SandboxRegistry, type Running } from './registry.js';
 import { TemplatePools } from './templatePools.js';
 import { dirs, getInfo, infoOf, networkReason, type EngineContext } from './context.js';
 import { createSandbox } from './create.js';
@@ -15,6 +15,7 @@ import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFi
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { deleteSandbox } from './delete.js';
+import { isAlive, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
 import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
@@ -79,7 +80,7 @@ export class Engine extends EventEmitter implements SandboxService {
   private constructor(readonly cfg: EngineConfig, readonly db: Db, opts: EngineOptions, private readonly net: NetManager | null) {
     super();
     this.repo = new SandboxRepo(db);
-    this.registry = new SandboxRegistry(this.repo, (r) => this.quiescer.wake(r));
+    this.registry = new SandboxRegistry(this.repo, (r) => this.quiescer.wake(r), (r) => this.watchVmm(r));
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
@@ -368,6 +369,23 @@ export class Engine extends EventEmitter implements SandboxService {
     this.db.close();
     // The RAM directory goes too once nothing in it is left (running VMMs keep theirs).
     try { rmdirSync(this.cfg.ramDir); } catch { /* not empty, or already gone */ }
+  }
+
+  /**
+   * A running sandbox whose VM dies (its QEMU killed, the host's OOM killer) is deleted at once: its
+   * agent link closes with the process, requests under way fail with vmm_failed saying so, later
+   * ones with sandbox_not_found and the reason, and nothing of it is left on the host. A link closed
+   * on purpose (suspend, delete, the server closing) is not a death.
+   */
+  private watchVmm(r: Running): void {
+    r.live.agent.once('close', () => {
+      if (this.closing || this.registry.get(r.id) !== r || r.deleting) return;
+      const rec = r.live.record;
+      if (isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) return;
+      r.lost = `its VM exited unexpectedly at ${new Date().toISOString()} (QEMU process ${rec.pid} is gone: killed, or out of memory)`;
+      this.ctx.progress?.(`sandbox ${r.id}: ${r.lost}; deleting it`);
+      void deleteSandbox(this.ctx, r.id, undefined, r.lost).catch((e) => this.ctx.progress?.(`sandbox ${r.id}: deleting it failed: ${(e as Error).message}`));
+    });
   }
 
   private assertOpen(): void {

@@ -114,6 +114,7 @@ async function oomProbe(r: Running, startedAt: number): Promise<boolean> {
 
 /** An agent's failure as clients see it: the guest's own errors by code, anything else agent_unavailable. */
 function agentFailure(r: Running, e: unknown, path?: string): Error {
+  if (r.lost) return new CollimateError('vmm_failed', `Sandbox ${r.id}'s VM died during this request: ${r.lost}. The sandbox is deleted; create or fork a new one.`, { cause: e });
   if (r.deleting) return sandboxNotFound(r.id);
   if (e instanceof CollimateError) return e;
   if (e instanceof AgentError) {

@@ -21,7 +21,7 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
     await reconcileRow(ctx, row).catch(async (e) => {
       ctx.progress?.(`reconcile ${row.id}: ${(e as Error).message}; marking it deleted`);
       if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
-      markLost(ctx, row);
+      markLost(ctx, row, `the server found it broken at a restart (${(e as Error).message})`);
     });
   }
   // Warm-pool VMMs of the previous process and children of a fork that never committed.
@@ -70,7 +70,8 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
   if (row.state === 'deleting') {
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
     removeSandboxFiles(ctx, row);
-    markLost(ctx, row);
+    // A delete the previous server had begun: finished, as the tenant asked.
+    ctx.repo.markDeleted(row.id, Date.now());
     return;
   }
   const snapDir = join(dirs(ctx.cfg).sandboxes, row.id, 'suspend');

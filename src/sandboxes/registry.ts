@@ -14,6 +14,8 @@ export interface Running {
   paused?: { at: number };
   /** When the idle pause may next ask the guest whether it runs anything (quiesce.ts). */
   quiesceCheckAt?: number;
+  /** Why it is going other than by a delete (its VM died): requests under way fail saying so. */
+  lost?: string;
 }
 
 /** Activity not yet written to the database. */
@@ -38,7 +40,12 @@ export class SandboxRegistry {
   private readonly ports = new Map<string, OpenPort[]>();
 
   /** `wake` runs before each operation on a running sandbox, in its turn (quiesce.ts). */
-  constructor(private readonly repo: Pick<SandboxRepo, 'addActivity'>, private readonly wake?: (r: Running) => Promise<void>) {}
+  constructor(
+    private readonly repo: Pick<SandboxRepo, 'addActivity'>,
+    private readonly wake?: (r: Running) => Promise<void>,
+    /** Called for each sandbox registered (the engine watches its VMM). */
+    private readonly added?: (r: Running) => void,
+  ) {}
 
   // ---- running sandboxes -------------------------------------------------------------------------
 
@@ -55,6 +62,7 @@ export class SandboxRegistry {
     const wake = this.wake;
     const r: Running = { id, live, queue: new ExecQueue(wake && (() => wake(r))), deleting: false };
     this.running.set(id, r);
+    this.added?.(r);
     return r;
   }
 

@@ -67,6 +67,8 @@ export interface SandboxRow {
   vmm: VmmRecord | null;
   snapshot: SnapshotRecord | null;
   pending_op: PendingOp | null;
+  /** Why it ended, when not by a delete (its VM died); null otherwise. */
+  end_reason?: string | null;
 }
 
 function decode(r: any): SandboxRow {
@@ -149,10 +151,11 @@ export class SandboxRepo {
    * Marks a row deleted, in one transaction: no VMM, snapshot or pending operation is left on it,
    * and it holds no fork point any more. `deletedAt` records when a client deleted it.
    */
-  markDeleted(id: string, deletedAt?: number): void {
+  markDeleted(id: string, deletedAt?: number, reason?: string): void {
     this.tx(() => {
       this.update(id, { state: 'deleted', vmm: null, snapshot: null, pending_op: null });
       if (deletedAt !== undefined) this.db.prepare('UPDATE sandboxes SET deleted_at = ? WHERE id = ?').run(deletedAt, id);
+      if (reason !== undefined) this.db.prepare('UPDATE sandboxes SET end_reason = ? WHERE id = ?').run(reason, id);
       this.dropRefs(id);
     });
   }

@@ -153,9 +153,12 @@ export interface SandboxTransition {
   id: string;
   tenant: string;
   state: SandboxState;
-  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete';
+  /** `lost`: deleted because its VM died (`reason` says how), not by a request. */
+  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete' | 'lost';
   /** With op suspend: the size of the snapshot written. */
   snapshotBytes?: number;
+  /** With op lost: what happened. */
+  reason?: string;
 }
 
 export interface SandboxService {

@@ -71,6 +71,13 @@ const migrations: Migration[] = [
     // JSON of the sandbox's effective egress policy (src/net/policy.ts); rows from before networking read as "none".
     sql: `ALTER TABLE sandboxes ADD COLUMN egress TEXT NOT NULL DEFAULT '"none"';`,
   },
+  {
+    version: 3,
+    name: 'why a sandbox ended',
+    // Set when a sandbox ended other than by a delete (its VM died, the server found it gone at a
+    // restart): requests on it say why instead of only "not found".
+    sql: 'ALTER TABLE sandboxes ADD COLUMN end_reason TEXT;',
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

@@ -329,6 +329,28 @@ test('a snapshot from before RAM images (one migration stream) still forks and r
   for (const id of [kid.id, ...spawned.map((c) => c.id), p.id]) await engine.delete(id);
 });
 
+test('a sandbox whose QEMU is SIGKILLed: the exec under way fails at once saying its VM died, the sandbox is deleted with nothing left, later requests say why; the others run on', async () => {
+  const [a, b] = [await engine.create({ template: 'base' }, tenant), await engine.create({ template: 'base' }, tenant)];
+  const pid = engine.repo.get(a.id)!.vmm!.pid;
+  const dir = engine.repo.get(a.id)!.vmm!.dir;
+  const started = Date.now();
+  const exec = engine.exec(a.id, { command: 'sleep 60' });
+  await sleep(300);
+  process.kill(pid, 'SIGKILL');
+  await assert.rejects(exec, (e: any) => e.code === 'vmm_failed' && /VM died during this request: its VM exited unexpectedly .*QEMU process \d+ is gone/.test(e.message));
+  assert.ok(Date.now() - started < 20_000, 'no hang until the exec timeout');
+  // Deleted, and everything of it reclaimed.
+  for (let i = 0; i < 100 && engine.repo.get(a.id)!.state !== 'deleted'; i++) await sleep(50);
+  assert.equal(engine.repo.get(a.id)!.state, 'deleted');
+  assert.ok(!existsSync(dir), 'its directory is gone');
+  for (const call of [async () => engine.get(a.id, tenant), () => engine.exec(a.id, { command: 'true' }), () => engine.delete(a.id)] as Array<() => Promise<unknown>>) {
+    await assert.rejects(call(), (e: any) => e.code === 'sandbox_not_found' && /no longer exists: its VM exited unexpectedly/.test(e.message));
+  }
+  assert.ok(!engine.list({}, tenant).sandboxes.some((s) => s.id === a.id));
+  assert.equal((await engine.exec(b.id, { command: 'echo ok' })).stdout, 'ok\n', 'the other sandbox runs on');
+  await engine.delete(b.id);
+});
+
 test('delete from the suspended state removes the snapshot', async () => {
   const sb = await engine.create({ template: 'base' }, tenant);
   await engine.suspend(sb.id);

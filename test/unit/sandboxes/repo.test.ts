@@ -16,7 +16,7 @@ test('insert then get gives the row back, JSON columns decoded', () => {
     pending_op: { op: 'fork', forkPoint: 'fp_1', startedAt: 7 },
   });
   t.repo.insert(r);
-  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null });
+  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null, end_reason: null });
   assert.equal(t.repo.get('sbx_missing'), undefined);
 });
 
@@ -131,4 +131,14 @@ test('the states nothing writes are refused by a new database', () => {
   for (const state of ['creating', 'suspending', 'resuming', 'bogus']) {
     assert.throws(() => t.repo.insert(row(`sbx_${state}`, { state: state as SandboxRow['state'] })), /CHECK constraint/, state);
   }
+});
+
+test('a sandbox that ended other than by a delete keeps why', () => {
+  t.repo.insert(row('sbx_a'));
+  t.repo.insert(row('sbx_b'));
+  t.repo.markDeleted('sbx_a', 10, 'its VM exited unexpectedly');
+  t.repo.markDeleted('sbx_b', 11);
+  assert.equal(t.repo.get('sbx_a')!.end_reason, 'its VM exited unexpectedly');
+  assert.equal(t.repo.get('sbx_a')!.state, 'deleted');
+  assert.equal(t.repo.get('sbx_b')!.end_reason, null);
 });
