@@ -14,6 +14,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
+import pino from 'pino';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest, FastifyServerOptions } from 'fastify';
 
 /** Ids a client (or a proxy in front) may choose for its request: short, no spaces or quotes. */
@@ -32,13 +33,21 @@ export function loggedUrl(url: string): string {
   return url.replace(/^\/v1\/p\/[^/?]+/, '/v1/p/<token>');
 }
 
-/** Logger options for `collimate serve`: JSON lines, level names, ISO timestamps. */
+/**
+ * Logger options for `collimate serve`: JSON lines, level names, ISO timestamps, on stdout unless
+ * `stream` is given.
+ *
+ * Stdout is written synchronously: each line is out when the log call returns. Pino's default
+ * destination writes asynchronously and, at process.exit, writes what is still buffered while an
+ * earlier write may still be pending in the thread pool, so the last lines of a stopping server
+ * (`stopping`, `stopped`) came out in the wrong order, or not at all, on a busy machine.
+ */
 export function serverLoggerOptions(level: string, stream?: { write(line: string): void }): NonNullable<FastifyServerOptions['logger']> {
   return {
     level,
     timestamp: () => `,"time":"${new Date().toISOString()}"`,
     formatters: { level: (label: string) => ({ level: label }) },
-    ...(stream ? { stream } : {}),
+    stream: stream ?? pino.destination({ dest: 1, sync: true }),
   };
 }
 

@@ -48,7 +48,8 @@ test('serve --tls-cert/--tls-key serves HTTPS, logs JSON lines on stdout, and st
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d) => (stdout += d));
-  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  // 'close', not 'exit': at 'exit' the child's stdout may still hold lines not yet read here.
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
   try {
     const address = await new Promise<string>((resolve, reject) => {
       child.stderr.on('data', (d) => {
