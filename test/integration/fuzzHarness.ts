@@ -61,6 +61,8 @@ export interface FuzzRequest {
   slow?: { chunk: number; delayMs: number };
   /** Write this many bytes of the body, pause, then destroy the connection (no answer expected). */
   abortAfter?: { bytes: number; pauseMs: number };
+  /** Write this many bytes of the body and wait, never sending the rest: the server must give up, answer and close. */
+  stallAfter?: number;
   /** Bytes sent as they are on a fresh connection (malformed HTTP, raw bytes in the request line). */
   raw?: Buffer;
   /** Read the first SSE event, then close the connection (an aborted exec stream). */
@@ -99,7 +101,7 @@ export function send(base: URL, agent: Agent | false, r: FuzzRequest, timeoutMs 
     const headers = { ...r.headers };
     if (r.body && !r.slow && !('transfer-encoding' in headers)) headers['content-length'] ??= String(r.body.length);
     let early: FuzzAnswer | null = null;
-    const req = httpRequest({ host: base.hostname, port: base.port, method: r.method, path: r.path, headers, agent: r.abortAfter || r.abortStream || r.slow ? false : agent });
+    const req = httpRequest({ host: base.hostname, port: base.port, method: r.method, path: r.path, headers, agent: r.abortAfter || r.abortStream || r.slow || r.stallAfter !== undefined ? false : agent });
     const timer = setTimeout(() => { req.destroy(); reject(new Error(`no answer within ${timeoutMs} ms`)); }, timeoutMs);
     req.on('error', (e) => {
       clearTimeout(timer);
@@ -128,6 +130,10 @@ export function send(base: URL, agent: Agent | false, r: FuzzRequest, timeoutMs 
           req.destroy();
           clearTimeout(timer);
           resolve(null);
+          return;
+        }
+        if (r.stallAfter !== undefined) {
+          req.write(body.subarray(0, r.stallAfter));
           return;
         }
         if (r.slow) {
@@ -555,6 +561,10 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         const file = r.chance(0.5);
         const body = file ? Buffer.alloc(64 * 1024, 0x62) : json({ command: 'echo never', timeout: 5 });
         const path = file ? `/v1/sandboxes/${lane.main}/files?path=/tmp/aborted` : `/v1/sandboxes/${lane.main}/exec`;
+        if (r.chance(0.1)) {
+          // Stalled for good: the server's request timeout answers it and closes the connection.
+          return { kind: 'hostile:stall-body', method: file ? 'PUT' : 'POST', path, headers: { ...jsonHeaders(k), 'content-length': String(body.length) }, body, stallAfter: r.int(body.length - 1), expect: { status: 400, code: 'validation_error' }, mayReset: true };
+        }
         return { kind: 'hostile:abort-body', method: file ? 'PUT' : 'POST', path, headers: { ...jsonHeaders(k), 'content-length': String(body.length) }, body, abortAfter: { bytes: r.int(body.length - 1), pauseMs: r.int(300) } };
       }
       case 9: {
