@@ -69,6 +69,7 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
 async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> {
   if (row.state === 'deleting') {
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
+    if (row.vmm) await killFromDir(ctx.cfg, row.vmm.dir);
     removeSandboxFiles(ctx, row);
     // A delete the previous server had begun: finished, as the tenant asked.
     ctx.repo.markDeleted(row.id, Date.now());
@@ -78,6 +79,9 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
   if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
     // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
+    // A resume cut off by the crash had started a new VMM in the sandbox's directory, recorded
+    // only there (the row is written once it runs): the snapshot is still the sandbox.
+    if (row.vmm) await killFromDir(ctx.cfg, row.vmm.dir);
     if (row.state !== 'suspended') ctx.repo.update(row.id, { state: 'suspended', snapshot: snapshotRecord(snapDir), pending_op: null });
     if (!row.snapshot && row.state === 'suspended') throw new Error('suspended without a snapshot');
     return;

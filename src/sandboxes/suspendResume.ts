@@ -161,6 +161,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     } catch (e) {
       throw vmmFailure('resume', e);
     }
+    await ctx.fault('resume:vmm-started');
     const now = Date.now();
     ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, last_active: now });
     ctx.registry.add(id, live);

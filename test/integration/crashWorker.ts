@@ -1,6 +1,6 @@
 // A server stand-in for crash tests: opens an engine on a home, runs one operation, and SIGKILLs
 // itself at the named fault point inside it (COLLIMATE_CRASH_AT), like a server killed mid-request.
-// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|create-and-suspend|bake [sandboxId | bake nonce]
+// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|create-and-suspend|bake [sandboxId | bake nonce]
 import { readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../../src/sandboxes/engine.ts';
@@ -46,6 +46,9 @@ if (op === 'setup') {
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'suspend') {
   await engine.suspend(id);
+  console.log(JSON.stringify({ done: true }));
+} else if (op === 'resume') {
+  await engine.resume(id);
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'create-and-suspend') {
   const sb = await engine.create({ template: 'base' }, tenant);

@@ -393,7 +393,7 @@ function runWorker(crashHome: string, args: string[], crashAt?: string): Promise
       env: { ...process.env, ...(crashAt ? { COLLIMATE_CRASH_AT: crashAt } : {}) },
       timeout: 180_000,
     }, (_err, stdout, stderr) => {
-      if (!stdout.trim() && args[0] !== 'fork' && args[0] !== 'suspend') console.error(`crash worker ${args.join(' ')} printed nothing:\n${stderr}`);
+      if (!stdout.trim() && !['fork', 'suspend', 'resume'].includes(args[0])) console.error(`crash worker ${args.join(' ')} printed nothing:\n${stderr}`);
       resolve(stdout);
     });
   });
@@ -462,6 +462,25 @@ for (const point of ['suspend:before-save', 'suspend:after-save']) {
     }
   });
 }
+
+test('SIGKILL inside a resume once its new VMM runs: after restart the sandbox is wholly suspended, that VMM stopped, and it resumes intact', async () => {
+  const crashHome = testHome('crash-resume');
+  const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
+  await runWorker(crashHome, ['resume', id], 'resume:vmm-started');
+  assert.equal(qemuProcesses(join(crashHome, 'sandboxes', id)).length, 1, 'the crash left the resumed VMM running');
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.equal(e2.get(id).state, 'suspended', 'an unacknowledged resume is rolled back');
+    assert.deepEqual(qemuProcesses(join(crashHome, 'sandboxes', id)), [], 'and the VMM it started is stopped');
+    await e2.resume(id);
+    assert.equal(await sh(id, 'cat /root/marker', e2), 'kept');
+    const c = await counter(id, e2);
+    await sleep(500);
+    assert.ok((await counter(id, e2)) > c);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
 
 test('SIGKILL mid-bake: the bake VMM left running is stopped by the next start, its build directory and RAM file removed', async () => {
   const crashHome = testHome('crash-bake');
