@@ -31,6 +31,7 @@ import { homePaths } from '../../src/host/paths.ts';
 import { processMatches, readClaim } from '../../src/host/claims.ts';
 import { homeNamespaces } from '../../src/net/netns.ts';
 import { backingChain, jailerFor } from '../../src/vmm/jail.ts';
+import { rng } from '../support/rng.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 
@@ -84,16 +85,6 @@ interface Known {
   busy: boolean;
 }
 
-/** xorshift32: the workload is the seed's. */
-function prng(seed: number): () => number {
-  let x = (seed >>> 0) || 1;
-  return () => {
-    x ^= x << 13; x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5; x >>>= 0;
-    return x / 2 ** 32;
-  };
-}
 
 async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -112,8 +103,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 class Cut extends Error {}
 
 export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
-  const rnd = prng(o.seed);
-  const pick = <T>(xs: T[]): T => xs[Math.floor(rnd() * xs.length)];
+  const { next: rnd, pick } = rng(o.seed);
   const log = o.log ?? (() => {});
   const trace = process.env.COLLIMATE_CHAOS_TRACE ? log : () => {};
   const env: NodeJS.ProcessEnv = {

@@ -28,24 +28,7 @@ import type { z } from 'zod';
 import { ERROR_CODES, type ErrorCode } from '../../src/errors.ts';
 import { ROUTES, matchPath, type RouteSpec } from '../../src/api/routes.ts';
 import { checkResponse } from '../unit/api/helpers.ts';
-
-// ---- the generator's randomness --------------------------------------------------------------
-
-export function rng(seed: number) {
-  let s = seed >>> 0;
-  const next = () => {
-    // mulberry32
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  const int = (n: number) => Math.floor(next() * n);
-  const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)];
-  return { next, int, pick, chance: (p: number) => next() < p };
-}
-type Rng = ReturnType<typeof rng>;
+import { rng, type Rng } from '../support/rng.ts';
 
 // ---- requests and answers ---------------------------------------------------------------------
 

@@ -399,6 +399,15 @@ function runWorker(crashHome: string, args: string[], crashAt?: string): Promise
   });
 }
 
+/** A sandbox made by the worker's create-and-suspend resumes with its file and its counter process. */
+async function resumesIntact(id: string, e: Engine): Promise<void> {
+  await e.resume(id);
+  assert.equal(await sh(id, 'cat /root/marker', e), 'kept');
+  const c = await counter(id, e);
+  await sleep(500);
+  assert.ok((await counter(id, e)) > c, 'its counter process counts on');
+}
+
 test('SIGKILL while suspended, restart, resume: intact', async () => {
   const crashHome = testHome('crash-suspended');
   const out = await runWorker(crashHome, ['create-and-suspend']);
@@ -406,11 +415,7 @@ test('SIGKILL while suspended, restart, resume: intact', async () => {
   const e2 = await openEngine(crashHome, { poolSize: 1 });
   try {
     assert.equal(e2.get(id).state, 'suspended');
-    await e2.resume(id);
-    assert.equal(await sh(id, 'cat /root/marker', e2), 'kept');
-    const c = await counter(id, e2);
-    await sleep(500);
-    assert.ok((await counter(id, e2)) > c);
+    await resumesIntact(id, e2);
   } finally {
     await assertNoLeaks(e2, crashHome);
   }
@@ -472,11 +477,7 @@ test('SIGKILL inside a resume once its new VMM runs: after restart the sandbox i
   try {
     assert.equal(e2.get(id).state, 'suspended', 'an unacknowledged resume is rolled back');
     assert.deepEqual(qemuProcesses(join(crashHome, 'sandboxes', id)), [], 'and the VMM it started is stopped');
-    await e2.resume(id);
-    assert.equal(await sh(id, 'cat /root/marker', e2), 'kept');
-    const c = await counter(id, e2);
-    await sleep(500);
-    assert.ok((await counter(id, e2)) > c);
+    await resumesIntact(id, e2);
   } finally {
     await assertNoLeaks(e2, crashHome);
   }

@@ -9,26 +9,12 @@ import { connect } from 'node:net';
 import { test } from 'node:test';
 import { ROUTES } from '../../../src/api/routes.js';
 import { checkResponse, fixture } from './helpers.js';
+import { rng, type Rng } from '../../support/rng.ts';
 
 const N = Number(process.env.FUZZ_N ?? 1500);
 const SEED = Number(process.env.FUZZ_SEED ?? 0xc0111a7e);
 
-function rng(seed: number) {
-  let s = seed >>> 0;
-  const next = () => {
-    // mulberry32
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  const int = (n: number) => Math.floor(next() * n);
-  const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)];
-  return { next, int, pick, chance: (p: number) => next() < p };
-}
-
-type R = ReturnType<typeof rng>;
+type R = Rng;
 
 const WEIRD_STRINGS = ['', ' ', 'a', 'python', 'base', 'node', 'nope', '../../etc/passwd', '/etc/passwd', '\u0000', '\u202e', '😀', 'x'.repeat(300), '%', '%zz', 'a=b', '=', 'k=', '{"a":1}', 'null', '0', '-1', '1e309', 'running', 'suspended', 'deleted', 'sbx_0123456789ab', 'echo hi', 'cat'];
 
