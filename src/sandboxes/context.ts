@@ -103,8 +103,11 @@ export function networkReason(cfg: EngineConfig): string {
 }
 
 /** A failure of a VMM operation as clients see it (502): nothing was changed. */
-export function vmmFailure(op: string, e: unknown): CollimateError {
+export function vmmFailure(op: string, e: unknown, r?: Running): CollimateError {
   if (e instanceof CollimateError) return e;
+  // A delete (the tenant's, the reaper's, a VM that died) overtook it and took its files: that is
+  // what the caller must hear, not the missing file it tripped over.
+  if (r?.deleting) return r.lost ? sandboxEnded(r.id, r.lost) : sandboxNotFound(r.id);
   return new CollimateError('vmm_failed', `The ${op} failed inside the VMM: ${(e as Error).message}. Nothing was changed; retry, or delete the sandbox.`, { cause: e });
 }
 

@@ -137,7 +137,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     return out;
   } catch (e) {
     await undoLiveFork(ctx, r, unowned, parentStopped, children);
-    throw vmmFailure('fork', e);
+    throw vmmFailure('fork', e, r);
   } finally {
     ctx.forking.delete(fp.id);
     if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
@@ -180,7 +180,7 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
     });
   } catch (e) {
     await undoLiveFork(ctx, r, unowned, parentStopped);
-    throw vmmFailure('fork', e);
+    throw vmmFailure('fork', e, r);
   } finally {
     ctx.forking.delete(fp.id);
   }

@@ -86,7 +86,7 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
     if (stopped) await vmm.cont().catch(() => {});
     rmSync(snapDir, { recursive: true, force: true });
     ctx.repo.update(r.id, { pending_op: null });
-    throw vmmFailure('suspend', e);
+    throw vmmFailure('suspend', e, r);
   }
   const snapshot = snapshotRecord(snapDir);
   // Persisted before the VMM goes: a crash from here on finds a complete snapshot and a dead or

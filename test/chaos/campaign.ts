@@ -21,7 +21,7 @@
  * `npm test`, bench/chaos.ts the long one.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -120,6 +120,8 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
   const result: CampaignResult = {
     seed: o.seed, kills: 0, killedAt: {}, acknowledged: {}, cutOff: 0, checked: 0, lost: 0, orphans: 0, integrityFailures: 0, violations: [],
   };
+  /** The server's fault point counts once this file exists: after the invariants are checked. */
+  const armFile = join(o.home, 'chaos-armed');
   const keys = new Map<string, string>();
   for (const t of TENANTS) keys.set(t, await createKey(o.home, t, 'enterprise'));
   const known = new Map<string, Known>();
@@ -159,10 +161,11 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
   }
 
   async function startServer(crashAt: string | null): Promise<void> {
+    rmSync(armFile, { force: true });
     const port = await freePort();
     serverStarted = Date.now();
     const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'src/cli/main.ts'), 'serve', '--home', o.home, '--port', String(port), '--log-level', 'warn', '--allow-tcg'], {
-      cwd: ROOT, env: { ...env, ...(crashAt ? { COLLIMATE_CRASH_AT: crashAt } : {}) }, stdio: ['ignore', 'ignore', 'pipe'],
+      cwd: ROOT, env: { ...env, ...(crashAt ? { COLLIMATE_CRASH_AT: crashAt, COLLIMATE_CRASH_ARMED_BY: armFile } : {}) }, stdio: ['ignore', 'ignore', 'pipe'],
     });
     let stderr = '';
     child.stderr!.on('data', (d) => { stderr = (stderr + d).slice(-4000); });
@@ -373,7 +376,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
     for (const k of known.values()) {
       if (!k.states.has('running')) continue;
       const res = await call(k.tenant, 'POST', `/v1/sandboxes/${k.id}/exec`, { command: 'cat /root/marker 2>/dev/null; echo; cat /root/counter 2>/dev/null || echo 0' });
-      if (res.status === 404 && now >= k.reapableAt) { known.delete(k.id); continue; }
+      if (reaped(res, k)) { known.delete(k.id); continue; }
       if (res.status !== 200) { violation(`${k.id} does not answer exec after the restart: ${res.status} ${JSON.stringify(res.json)}`); result.lost++; continue; }
       const [marker, count] = res.json.stdout.split('\n');
       if (k.markers.size > 0 && !k.markers.has(marker)) violation(`${k.id}'s /root/marker is ${JSON.stringify(marker)}; written: ${[...k.markers].join(' or ')}`);
@@ -384,7 +387,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
     for (const k of [...known.values()]) {
       if (!k.states.has('suspended') || rnd() < 0.5) continue;
       const res = await call(k.tenant, 'POST', `/v1/sandboxes/${k.id}/resume`, {});
-      if (res.status === 404 && now >= k.reapableAt) { known.delete(k.id); continue; }
+      if (reaped(res, k)) { known.delete(k.id); continue; }
       if (res.status === 503) continue;
       if (res.status !== 200) { violation(`${k.id} does not resume after the restart: ${res.status} ${JSON.stringify(res.json)}`); result.lost++; continue; }
       ack('resume');
@@ -398,7 +401,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
       await sleep(700);
       for (const { k, value } of counters) {
         const res = await call(k.tenant, 'POST', `/v1/sandboxes/${k.id}/exec`, { command: 'cat /root/counter' });
-        if (res.status === 404 && Date.now() >= k.reapableAt) { known.delete(k.id); continue; }
+        if (reaped(res, k)) { known.delete(k.id); continue; }
         if (res.status !== 200 || !(Number(res.json.stdout) > value)) violation(`${k.id}'s counter process does not count on (${value} → ${res.json?.stdout ?? res.status})`);
       }
     }
@@ -500,6 +503,18 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
     }
   }
 
+  /** The checks, on a server that must not die meanwhile (its fault point is not armed yet). */
+  async function checkedOrDied(check: () => Promise<void>): Promise<void> {
+    try {
+      await check();
+    } catch (e) {
+      if (!(e instanceof Cut)) throw e;
+      violation(`the server died while the invariants were checked (${e.message}; exit ${server?.exitCode ?? server?.signalCode})`);
+      await killServer();
+      await startServer(null);
+    }
+  }
+
   // ---- the rounds ------------------------------------------------------------------------------
 
   try {
@@ -510,9 +525,9 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
       log(`round ${round}: server up in ${Date.now() - t0} ms${atPoint ? `, armed at ${atPoint}` : ''}`);
       // Let the new server's pools settle before counting what is on the host.
       await sleep(300);
-      await checkSandboxes();
-      await checkHost();
+      await checkedOrDied(async () => { await checkSandboxes(); await checkHost(); });
       log(`round ${round}: invariants checked (${known.size} sandboxes known)`);
+      writeFileSync(armFile, '');
       // The workload, until the server kills itself at its fault point or the timer does.
       const budgetMs = atPoint ? 20_000 : 300 + Math.floor(rnd() * 4000);
       const until = Date.now() + budgetMs;
@@ -533,8 +548,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
     }
     // The last restart: the invariants once more, then everything goes and nothing may remain.
     await startServer(null);
-    await checkSandboxes();
-    await checkHost();
+    await checkedOrDied(async () => { await checkSandboxes(); await checkHost(); });
     for (const k of known.values()) if (!k.states.has('gone')) await call(k.tenant, 'DELETE', `/v1/sandboxes/${k.id}`);
     // A clean stop: its warm VMMs go with it.
     const s = server as ChildProcess | null;

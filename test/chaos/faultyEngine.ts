@@ -2,8 +2,12 @@
 // (COLLIMATE_ENGINE_MODULE=test/chaos/faultyEngine.ts). COLLIMATE_CRASH_AT=point[:n] makes the
 // server SIGKILL itself the n-th time (default 1) the engine passes that point, like a server
 // killed at the worst moment; unset, it is the real engine unchanged.
+import { existsSync } from 'node:fs';
 import { Engine as RealEngine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 
+// With COLLIMATE_CRASH_ARMED_BY=FILE the point counts only once FILE exists (the campaign checks
+// its invariants, resumes included, before it arms the server).
+const armedBy = process.env.COLLIMATE_CRASH_ARMED_BY;
 // Point names have colons of their own (fork:after-disk): only a trailing number is the count.
 const [, point, nth] = /^(.*?)(?::(\d+))?$/.exec(process.env.COLLIMATE_CRASH_AT ?? '')!;
 let hits = 0;
@@ -18,7 +22,8 @@ export const Engine = {
       ...opts,
       ...(catalog ? { catalog } : {}),
       faultPoint: (name) => {
-        if (name === point && ++hits >= Number(nth || 1)) process.kill(process.pid, 'SIGKILL');
+        if (name !== point || (armedBy && !existsSync(armedBy))) return;
+        if (++hits >= Number(nth || 1)) process.kill(process.pid, 'SIGKILL');
       },
     });
   },
