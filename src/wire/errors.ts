@@ -9,6 +9,7 @@ import { CollimateError } from '../errors.js';
 
 export interface ErrorLog {
   error: (o: object, msg: string) => void;
+  warn?: (o: object, msg: string) => void;
 }
 
 /** One validation_error for a failed zod parse; `where` prefixes each path (body, query, arguments). */
@@ -31,7 +32,10 @@ export function parseWith<T extends z.ZodType>(schema: T, data: unknown, where: 
 /** Maps anything thrown to a client-safe CollimateError (logging internal causes). */
 export function toClientError(err: unknown, log?: ErrorLog, requestId?: string): CollimateError {
   if (err instanceof CollimateError) {
-    if (err.status >= 500 && log) log.error({ err }, `service error ${err.code}`);
+    // A refusal the client is told to retry (host_at_capacity, shutting_down) is the server doing
+    // its job: a warning with what was short, not an error with a stack.
+    if (err.status >= 500 && log && err.retryAfterSecs !== undefined) (log.warn ?? log.error)({ code: err.code, details: err.details, retry_after_secs: err.retryAfterSecs }, `refused: ${err.message}`);
+    else if (err.status >= 500 && log) log.error({ err }, `service error ${err.code}`);
     return err;
   }
   const e = err as { statusCode?: number; code?: string; message?: string };

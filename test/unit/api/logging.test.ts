@@ -115,3 +115,15 @@ test('signed port-URL tokens never reach the log', () => {
   assert.equal(loggedUrl('/v1/p/tok'), '/v1/p/<token>');
   assert.equal(loggedUrl('/v1/sandboxes/sbx_0123456789ab/ports/80/'), '/v1/sandboxes/sbx_0123456789ab/ports/80/');
 });
+
+test('a refusal the client is told to retry is a warning naming what was short, not an error with a stack', async () => {
+  const { toClientError } = await import('../../../src/wire/errors.js');
+  const lines: Array<{ level: string; o: any; msg: string }> = [];
+  const log = { error: (o: object, msg: string) => lines.push({ level: 'error', o, msg }), warn: (o: object, msg: string) => lines.push({ level: 'warn', o, msg }) };
+  const refused = new CollimateError('host_at_capacity', 'The tmpfs holding sandboxes\' RAM files has 12 MiB free.', { retryAfterSecs: 30, details: { resource: 'tmpfs' } });
+  assert.equal(toClientError(refused, log), refused);
+  assert.deepEqual(lines.map((l) => [l.level, l.o.code, l.o.details?.resource, 'err' in l.o]), [['warn', 'host_at_capacity', 'tmpfs', false]]);
+  lines.length = 0;
+  toClientError(new CollimateError('vmm_failed', 'The fork failed inside the VMM: boom.'), log);
+  assert.deepEqual(lines.map((l) => [l.level, 'err' in l.o]), [['error', true]], 'a fault is still an error with its cause');
+});
