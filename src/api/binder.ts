@@ -74,6 +74,8 @@ function decodeJsonBody(req: FastifyRequest): unknown {
     });
   } catch (e) {
     if (e instanceof CollimateError) throw e;
+    // The parser's own stack ran out: the message would say so, not what to change.
+    if (e instanceof RangeError) throw new CollimateError('invalid_json', 'Request body nests arrays or objects too deeply to parse; no request here needs more than a few levels.');
     throw new CollimateError('invalid_json', `Request body is not valid JSON (${(e as Error).message}).`);
   }
 }

@@ -64,6 +64,15 @@ describe('sandbox endpoints', () => {
     assertErrorBody(r, 'validation_error');
   });
 
+  test('JSON nested too deeply to parse is 400 invalid_json saying so, not the parser\'s stack overflow', async () => {
+    const depth = 200_000;
+    const rawBody = `{"template":"python","labels":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+    const r = await f.req('createSandbox', { url: '/v1/sandboxes', key, rawBody, headers: { 'content-type': 'application/json' } });
+    assertErrorBody(r, 'invalid_json');
+    assert.match(r.json().error.message, /nests arrays or objects too deeply/);
+    assert.doesNotMatch(r.json().error.message, /call stack/);
+  });
+
   test('a JSON body that is not UTF-8 is 400 invalid_json, not run with replacement characters', async () => {
     for (const bad of [[0xff], [0xc0, 0xaf], [0xed, 0xa0, 0x80], [0xe2, 0x82]]) {
       const rawBody = Buffer.concat([Buffer.from('{"template":"py'), Buffer.from(bad), Buffer.from('"}')]);
