@@ -8,11 +8,26 @@ import { run } from '../host/run.js';
 /** The host-side helpers written in C, built from this directory's sources on first use. */
 const HERE = dirname(fileURLToPath(import.meta.url));
 
+/** What buildC made in this process, by assets directory and tag: a fork asks twice, and more often than the source changes. */
+const built = new Map<string, Promise<string>>();
+
 /**
  * Compiles one C source of this directory once per source and compiler (COLLIMATE_SHIM_CC, gcc),
- * into a root-owned 0755 directory under `assetsDir`; the path of what it made.
+ * into a root-owned 0755 directory under `assetsDir`; the path of what it made. Looked up once per
+ * process (the source is read and hashed then).
  */
-export async function buildC(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
+export function buildC(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
+  const key = `${assetsDir}\0${what.tag}`;
+  let p = built.get(key);
+  if (!p) {
+    p = buildCOnce(assetsDir, tmpRoot, what);
+    built.set(key, p);
+    p.catch(() => built.delete(key));
+  }
+  return p;
+}
+
+async function buildCOnce(assetsDir: string, tmpRoot: string, what: { tag: string; source: string; out: string; flags: string[]; libs?: string[] }): Promise<string> {
   const cc = process.env.COLLIMATE_SHIM_CC ?? 'gcc';
   const source = join(HERE, what.source);
   const key = sha256Hex(`${what.tag}-v1`, readFileSync(source), cc).slice(0, 16);
