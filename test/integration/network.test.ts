@@ -44,8 +44,32 @@ servers[0].serve_forever()
 
 interface TestHost { ns: string; veth: string; proc: ChildProcess }
 
+/**
+ * Test hosts of an earlier run that was killed before its clean-up (a namespace's name carries the
+ * pid of the test process that made it): their veths hold the gateway addresses, so the route to A
+ * or B would lead to a host that is dead, or to an orphaned server of that run. Their servers are
+ * stopped and their namespaces removed, which removes their veth pairs.
+ */
+function dropStaleHosts(): void {
+  for (const line of sh('ip netns list').split('\n')) {
+    const m = /^(ctest-[ab]-(\w+))\b/.exec(line);
+    if (!m) continue;
+    const pid = /^\d+$/.test(m[2]) ? Number(m[2]) : 0;
+    if (pid === process.pid) continue;
+    if (pid) try { process.kill(pid, 0); continue; } catch { /* its test process is gone */ }
+    for (const p of sh(`ip netns pids ${m[1]}`).split(/\s+/).filter(Boolean)) try { process.kill(Number(p), 'SIGKILL'); } catch { /* gone */ }
+    // The namespace goes away asynchronously, and its veth with it: the host end is removed now.
+    const peer = (JSON.parse(sh(`ip -n ${m[1]} -j link show eth0 2>/dev/null || echo '[]'`)) as Array<{ link_index?: number }>)[0]?.link_index;
+    sh(`ip netns del ${m[1]}`);
+    const host = (JSON.parse(sh('ip -j link show')) as Array<{ ifindex: number; ifname: string }>).find((l) => l.ifindex === peer);
+    if (host) sh(`ip link del ${host.ifname} 2>/dev/null || true`);
+  }
+}
+
 async function makeHost(tag: string, name: string, ip: string, gw: string, script: string): Promise<TestHost> {
-  const ns = `ctest-${tag}-${randomBytes(3).toString('hex')}`;
+  const holder = sh(`ip -4 -o addr show to ${gw}/32`).trim();
+  if (holder) throw new Error(`${gw} is already on a host interface (${holder}); a test host of another run holds it`);
+  const ns = `ctest-${tag}-${process.pid}`;
   const veth = `ct${tag}${randomBytes(2).toString('hex')}`;
   sh(`ip netns add ${ns}; ip link add ${veth} type veth peer name eth0 netns ${ns}; ip addr add ${gw}/24 dev ${veth}; ip link set ${veth} up;
       ip -n ${ns} addr add ${ip}/24 dev eth0; ip -n ${ns} link set eth0 up; ip -n ${ns} link set lo up; ip -n ${ns} route add default via ${gw}`);
@@ -143,6 +167,7 @@ describe('networking', { timeout: 900_000 }, () => {
     home = testHome('network');
     const script = join(home, 'testhost.py');
     writeFileSync(script, HOST_PY);
+    dropStaleHosts();
     hostA = await makeHost('a', 'host A', '198.51.100.10', '198.51.100.1', script);
     hostB = await makeHost('b', 'host B', '203.0.113.10', '203.0.113.1', script);
     dns = await testDns({ 'a.test': '198.51.100.10', 'b.test': '203.0.113.10', 'meta.test': '169.254.169.254' });
