@@ -60,6 +60,24 @@ export class ClaimPool {
     renameSync(tmp, this.path(uid));
   }
 
+  /**
+   * Makes `uid` `owner`'s if nobody live holds it: a missing claim is made, a stale one (its owner
+   * gone) taken over, one `owner` holds already kept. False while a live process holds it, or another
+   * server is taking claims over right now. Whoever removes what an index names (a namespace, a
+   * veth) must hold its claim first: else another server may claim the index meanwhile and lose
+   * what it just made under it.
+   */
+  takeOver(uid: number, owner: ClaimOwner): boolean {
+    return this.locked(() => {
+      const cur = this.owner(uid);
+      if (cur && cur.pid === owner.pid && cur.startTicks === owner.startTicks) return true;
+      if (this.tryClaim(uid, owner)) return true;
+      if (!this.isStale(uid)) return false;
+      try { unlinkSync(this.path(uid)); } catch { /* gone */ }
+      return this.tryClaim(uid, owner);
+    }) ?? false;
+  }
+
   /** Releases `uid` if `owner` still holds it. */
   release(uid: number, owner: ClaimOwner): void {
     releaseClaim(this.path(uid), owner);

@@ -176,8 +176,7 @@ export class NetManager {
       if (owner && processMatches(owner)) continue;
       // A claim being written right now has no owner yet; one older than a minute is abandoned.
       if (!owner && existsSync(claim) && Date.now() - statSync(claim).mtimeMs < 60_000) continue;
-      await removeNamespace(ns, Number(m[1]));
-      if (owner) releaseClaim(claim, owner);
+      await this.removeStale(ns, Number(m[1]));
     }
     this.claims.sweepStale();
   }
@@ -323,9 +322,29 @@ export class NetManager {
     this.applied.delete(rec.ns);
     if (this.byNsIp.get(rec.nsIp)?.ns === rec.ns) this.byNsIp.delete(rec.nsIp);
     if (a) await this.dropResolver(a.key, rec.ns);
-    await removeNamespace(rec.ns, rec.index);
-    releaseClaim(rec.claim, this.self);
+    // The claim passed to the VMM, which is gone: another server may have taken the index over
+    // already (and removed this namespace as it made its own), so only what is ours again goes.
+    if (this.claims.takeOver(rec.index, this.self)) {
+      await removeIndex(rec.index);
+      releaseClaim(rec.claim, this.self);
+    } else {
+      await sh('/usr/sbin/ip', ['netns', 'del', rec.ns]).catch(() => {});
+    }
     if (owner) releaseClaim(rec.claim, owner);
+  }
+
+  /**
+   * A namespace whose index's claim is stale or missing: the claim is taken over first (else
+   * another server claiming the index meanwhile would lose the namespace it makes), then what the
+   * index names is removed and the claim let go. Left for a later sweep when that fails.
+   */
+  private async removeStale(ns: string, index: number): Promise<void> {
+    if (!this.claims.takeOver(index, this.self)) return;
+    try {
+      await removeIndex(index);
+    } finally {
+      releaseClaim(join(this.claims.dir, String(index)), this.self);
+    }
   }
 
   /** This home's namespaces that exist now (leak checks). */
@@ -352,8 +371,7 @@ export class NetManager {
       if (owner && processMatches(owner)) continue;
       // A claim being written right now has no owner yet.
       if (!owner && existsSync(claim) && Date.now() - statSync(claim).mtimeMs < 60_000) continue;
-      await removeNamespace(ns, index);
-      if (owner) releaseClaim(claim, owner);
+      await this.removeStale(ns, index);
     }
     this.claims.sweepStale();
   }
@@ -376,12 +394,10 @@ export function homeNamespaces(tag: string): string[] {
   }
 }
 
-async function removeNamespace(ns: string, index: number): Promise<void> {
-  await sh('/usr/sbin/ip', ['netns', 'del', ns]).catch((e) => { if (existsSync(join(NETNS_DIR, ns))) throw e; });
-  await removeIndex(index);
-}
-
-/** The host end of an index's veth (it goes with the namespace, unless a process still holds the namespace). */
+/**
+ * What an index names: the host end of its veth (it goes with the namespace, unless a process still
+ * holds the namespace) and every home's namespace with that index. The caller holds the index's claim.
+ */
 async function removeIndex(index: number): Promise<void> {
   const host = `${HOST_IF_PREFIX}${index}`;
   if (existsSync(`/sys/class/net/${host}`)) await sh('/usr/sbin/ip', ['link', 'del', host]).catch(() => {});

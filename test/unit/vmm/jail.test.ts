@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { launchArgs, vmmBinds, systemBinds, backingChain, untrustedLayer, uidRangeConflicts, type ViewPlan } from '../../../src/vmm/jail.ts';
 import { isOwnDiskPath } from '../../../src/sandboxes/runtime.ts';
-import { UidPool, releaseClaim } from '../../../src/host/claims.ts';
+import { ClaimPool, UidPool, releaseClaim } from '../../../src/host/claims.ts';
 
 test('vmmBinds: own dir, the links dir shown as the disks dir, shared files read-only, nothing bound twice', () => {
   const binds = vmmBinds({
@@ -146,6 +146,27 @@ test('uid pool: claims are exclusive, stale claims of dead owners are reclaimed,
   assert.equal(pool.sweepStale(), 1);
   assert.deepEqual(pool.claimed(), []);
   mkdirSync(dir, { recursive: true });
+});
+
+test('taking over a claim: a missing or stale one becomes ours, our own stays ours, a live owner keeps it', () => {
+  const dir = join(mkdtempSync(join(tmpdir(), 'claims-')), 'netidx');
+  const self = { pid: process.pid, startTicks: readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ')[19] };
+  const pool = new ClaimPool(dir, 1, 8);
+  mkdirSync(dir, { recursive: true });
+  assert.equal(pool.takeOver(3, self), true, 'a missing claim is made');
+  assert.deepEqual(pool.owner(3), self);
+  assert.equal(pool.takeOver(3, self), true, 'our own claim stays ours');
+  pool.bind(4, { pid: 2 ** 22 + 12345, startTicks: '1' });
+  assert.equal(pool.takeOver(4, self), true, 'a dead owner\'s claim is taken over');
+  assert.deepEqual(pool.owner(4), self);
+  const parent = { pid: process.ppid, startTicks: readFileSync(`/proc/${process.ppid}/stat`, 'utf8').split(') ')[1].split(' ')[19] };
+  pool.bind(5, parent);
+  assert.equal(pool.takeOver(5, self), false, 'a live owner keeps its claim');
+  assert.deepEqual(pool.owner(5), parent);
+  // While another server holds the pool's lock, nothing is taken over.
+  mkdirSync(join(dir, '.reclaim.lock'));
+  assert.equal(pool.takeOver(6, self), false);
+  assert.equal(pool.owner(6), null);
 });
 
 test('a backing chain naming a file the server did not record is refused (a VMM can write its qcow2 header)', () => {
