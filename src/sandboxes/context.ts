@@ -30,6 +30,8 @@ export interface EngineContext {
   readonly receivers: ForkReceivers;
   /** Fork points of forks under way in this process: their RAM files stay (delete.ts gcForkPoints). */
   readonly forking: Set<string>;
+  /** Removals of files no longer needed, made after the operation answered (a resumed sandbox's snapshot). */
+  readonly removals: Set<Promise<void>>;
   /** Admission by what the host has: every create, fork and resume asks it first (hostCapacity.ts). */
   readonly capacity: HostCapacity;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */

@@ -86,6 +86,7 @@ export class Engine extends EventEmitter implements SandboxService {
       cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       forking: new Set(),
+      removals: new Set(),
       capacity: new HostCapacity(cfg.host, () => this.repo.runningMemoryMib(), { tmpfs: cfg.ramDir, disk: cfg.home }, () => claimBudgets(cfg, net)),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },
@@ -177,6 +178,7 @@ export class Engine extends EventEmitter implements SandboxService {
   async settled(timeoutMs = 120_000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     await this.ctx.seeds.idle();
+    await Promise.all(this.ctx.removals);
     while (Object.values(this.ctx.receivers.sizes()).some((s) => s.ready < s.target) && Date.now() < deadline) {
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -359,6 +361,7 @@ export class Engine extends EventEmitter implements SandboxService {
     await this.templatePools.close();
     await this.ctx.receivers.close();
     await this.ctx.seeds.close();
+    await Promise.all(this.ctx.removals);
     await Promise.all(this.registry.all().map((r) => r.queue.drain().catch(() => {})));
     this.registry.flushActivity();
     for (const r of this.registry.all()) { r.live.agent.close(); r.live.vmm.qmp.close(); }

@@ -5,7 +5,7 @@ import { adoptVm, killFromDir, killRecorded, sweepConfinement } from './runtime.
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
 import { dirs, type EngineContext } from './context.js';
-import { snapshotRecord } from './suspendResume.js';
+import { SNAPSHOT_REMOVED, snapshotRecord } from './suspendResume.js';
 
 /**
  * Brings the database and the host back into agreement after a start: re-adopts VMMs of running
@@ -75,7 +75,12 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
     ctx.repo.markDeleted(row.id, Date.now());
     return;
   }
-  const snapDir = join(dirs(ctx.cfg).sandboxes, row.id, 'suspend');
+  const dir = join(dirs(ctx.cfg).sandboxes, row.id);
+  // The snapshot of a resume that answered, if the crash came before it was removed.
+  for (const f of existsSync(dir) ? readdirSync(dir) : []) {
+    if (f.startsWith(`suspend${SNAPSHOT_REMOVED}`)) rmSync(join(dir, f), { recursive: true, force: true });
+  }
+  const snapDir = join(dir, 'suspend');
   if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
     // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);

@@ -1,5 +1,5 @@
-import { mkdirSync, rmSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync } from 'node:fs';
+import { open, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
@@ -162,15 +162,39 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
       throw vmmFailure('resume', e);
     }
     await ctx.fault('resume:vmm-started');
+    const t0 = performance.now();
     const now = Date.now();
     ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, last_active: now });
     ctx.registry.add(id, live);
-    rmSync(join(rec.dir, 'suspend'), { recursive: true, force: true });
+    phases.since('commit', t0);
+    removeAfterwards(ctx, join(rec.dir, 'suspend'));
     ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
   }));
 }
+
+/**
+ * Removes a resumed sandbox's snapshot once the resume has answered: unlinking an image of hundreds
+ * of megabytes on disk took 75–175 ms, a third of a resume. Renamed aside at once (a later suspend
+ * makes a new `suspend`); one left by a crash is removed by reconcile (`SNAPSHOT_REMOVED`).
+ */
+function removeAfterwards(ctx: EngineContext, snapDir: string): void {
+  const aside = `${snapDir}${SNAPSHOT_REMOVED}${Date.now()}`;
+  try {
+    renameSync(snapDir, aside);
+  } catch {
+    rmSync(snapDir, { recursive: true, force: true });
+    return;
+  }
+  const removal: Promise<void> = rm(aside, { recursive: true, force: true })
+    .catch((e) => ctx.progress?.(`removing ${aside}: ${(e as Error).message}`))
+    .finally(() => { ctx.removals.delete(removal); });
+  ctx.removals.add(removal);
+}
+
+/** Suffix of a resumed sandbox's snapshot directory being removed (`suspend.removed-<ms>`). */
+export const SNAPSHOT_REMOVED = '.removed-';
 
 /** Whether `memPath` is the sandbox's own RAM file (a resumed one's), not a checkpoint or fork point it maps. */
 function ownsMemFile(memPath: string, id: string): boolean {

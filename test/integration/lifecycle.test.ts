@@ -1,7 +1,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -282,6 +282,9 @@ test('suspend frees the VMM; resume continues processes and files; fork of a sus
 
   const r = await engine.resume(sb.id);
   assert.equal(r.state, 'running');
+  // Its snapshot is removed once the resume has answered.
+  await engine.settled();
+  assert.deepEqual(readdirSync(join(home, 'sandboxes', sb.id)).filter((f) => f.startsWith('suspend')), [], 'the snapshot is gone after the resume');
   await assert.rejects(engine.resume(sb.id), (e: any) => e.code === 'invalid_state' && /running/.test(e.message));
   assert.equal(await sh(sb.id, `kill -0 ${pid} && cat /root/file`), 'persisted');
   const after1 = await counter(sb.id);
@@ -412,10 +415,18 @@ test('SIGKILL while suspended, restart, resume: intact', async () => {
   const crashHome = testHome('crash-suspended');
   const out = await runWorker(crashHome, ['create-and-suspend']);
   const { id } = JSON.parse(out.trim().split('\n').pop()!);
-  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  let e2 = await openEngine(crashHome, { poolSize: 1 });
   try {
     assert.equal(e2.get(id).state, 'suspended');
     await resumesIntact(id, e2);
+    // A snapshot a resume had set aside for removal when the server died goes at the next start.
+    const aside = join(crashHome, 'sandboxes', id, 'suspend.removed-1');
+    mkdirSync(aside);
+    writeFileSync(join(aside, 'ram.img'), 'x');
+    await e2.close();
+    e2 = await openEngine(crashHome, { poolSize: 1 });
+    assert.equal(existsSync(aside), false, 'the set-aside snapshot is removed by reconcile');
+    assert.equal(await sh(id, 'cat /root/marker', e2), 'kept');
   } finally {
     await assertNoLeaks(e2, crashHome);
   }
