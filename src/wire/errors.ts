@@ -34,7 +34,12 @@ export function toClientError(err: unknown, log?: ErrorLog, requestId?: string):
   if (err instanceof CollimateError) {
     // A refusal the client is told to retry (host_at_capacity, shutting_down) is the server doing
     // its job: a warning with what was short, not an error with a stack.
-    if (err.status >= 500 && log && err.retryAfterSecs !== undefined) (log.warn ?? log.error)({ code: err.code, details: err.details, retry_after_secs: err.retryAfterSecs }, `refused: ${err.message}`);
+    if (err.status >= 500 && log && err.retryAfterSecs !== undefined) {
+      const refusal = [{ code: err.code, details: err.details, retry_after_secs: err.retryAfterSecs }, `refused: ${err.message}`] as const;
+      // Called on the logger: a pino method detached from it throws.
+      if (log.warn) log.warn(...refusal);
+      else log.error(...refusal);
+    }
     else if (err.status >= 500 && log) log.error({ err }, `service error ${err.code}`);
     return err;
   }
