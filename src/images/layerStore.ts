@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync, chmodSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, chmodSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
@@ -20,6 +20,10 @@ import { LayerRejected, unpackLayer, type LayerFacts, type UnpackBudget } from '
  *
  * Layers are built in a staging directory and committed by rename, so a failed pull leaves no layer
  * file behind, and concurrent builders of one layer cannot leave a torn one.
+ *
+ * Layers nobody uses are collected (layerGc.ts): each home records the layers it needs in
+ * `<cacheDir>/layers/homes/`, and a layer written or reused is marked (its json's mtime) so that a
+ * collector leaves it alone until the image that uses it is recorded.
  */
 
 /**
@@ -58,10 +62,13 @@ function sniff(head: Buffer): Compression {
 export class LayerStore {
   readonly dir: string;
   readonly byBlobDir: string;
+  /** One record per home of the layers it needs (layerGc.ts). */
+  readonly homesDir: string;
 
   constructor(readonly cacheDir: string) {
     this.dir = join(cacheDir, 'layers', 'sha256');
     this.byBlobDir = join(cacheDir, 'layers', 'by-blob');
+    this.homesDir = join(cacheDir, 'layers', 'homes');
   }
 
   get(diffId: string): StoredLayer | undefined {
@@ -73,6 +80,26 @@ export class LayerStore {
     } catch {
       return undefined;
     }
+  }
+
+  /**
+   * Marks a held layer as just used (its json's mtime), so that a collector leaves it alone for its
+   * grace period; false if the layer is not (or no longer) held.
+   */
+  touch(diffId: string): boolean {
+    const now = new Date();
+    try {
+      utimesSync(join(this.dir, `${hex(diffId)}.json`), now, now);
+    } catch {
+      return false;
+    }
+    return existsSync(join(this.dir, `${hex(diffId)}.erofs`));
+  }
+
+  /** The diff id of a layer file of this store (as an artifact's shape names it), else undefined. */
+  diffIdOf(path: string): string | undefined {
+    const m = /^([a-f0-9]{64})\.erofs$/.exec(path.slice(this.dir.length + 1));
+    return dirname(path) === this.dir && m ? `sha256:${m[1]}` : undefined;
   }
 
   /** The diff id a blob was verified to unpack to, if this store ever unpacked it. */
@@ -210,6 +237,8 @@ export class LayerStore {
     if (!existsSync(erofs)) {
       renameSync(s.json, join(this.dir, `${hex(s.diffId)}.json`));
       renameSync(s.erofs, erofs);
+    } else {
+      this.touch(s.diffId);
     }
     this.recordBlob(s.blobDigest, s.diffId);
     return this.get(s.diffId)!;
