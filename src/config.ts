@@ -53,6 +53,12 @@ export interface EngineConfig {
    * (src/images/artifactGc.ts; COLLIMATE_ARTIFACT_GRACE_SECS, default 3600; checked every 10 min).
    */
   artifactGraceSecs: number;
+  /**
+   * An image layer no home's record holds and no process has open, written or reused longer ago
+   * than this, is removed from the shared layer store (src/images/layerGc.ts;
+   * COLLIMATE_LAYER_GRACE_SECS, default 3600; checked every 10 min).
+   */
+  layerGraceSecs: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
   /**
@@ -170,6 +176,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     environmentPoolSize: intEnv(env, 'COLLIMATE_ENV_POOL_SIZE', 1),
     idlePauseSecs: intEnv(env, 'COLLIMATE_IDLE_PAUSE_SECS', 60),
     artifactGraceSecs: intEnv(env, 'COLLIMATE_ARTIFACT_GRACE_SECS', 3600),
+    layerGraceSecs: intEnv(env, 'COLLIMATE_LAYER_GRACE_SECS', 3600),
     host: {
       memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
       reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),

@@ -287,7 +287,7 @@ export const ROUTE_TABLE = [
     method: 'DELETE',
     path: '/v1/images/:id',
     summary: 'Forget one of your images',
-    description: 'Refused (409) while an environment uses it. Layers shared with other images stay in the store.',
+    description: 'Refused (409) while an environment uses it. Layers shared with other images stay in the store; the others go once no image, sandbox or process on the host uses them (after COLLIMATE_LAYER_GRACE_SECS).',
     tag: 'images',
     auth: true,
     params: { id: 'image' },

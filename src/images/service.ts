@@ -8,6 +8,7 @@ import { BakeError } from './bake.js';
 import { CATALOG, type TemplateInfo, type TemplateRecipe } from './templates.js';
 import { CATALOG_DEFAULTS } from './catalog.js';
 import { LayerStore, type StagedLayer } from './layerStore.js';
+import { collectLayers, writeHomeLayers, type RemovedLayer } from './layerGc.js';
 import { ImageRepo, type EnvironmentRow, type ImageLayerRecord, type ImageRow, type ImageRuntime } from './imageRepo.js';
 import type { ImageConfig } from './oci.js';
 import { SecretBox } from './secrets.js';
@@ -26,9 +27,15 @@ import { LINK_MARK, lookupMerged, newBudget, type LayerFacts } from './unpack.js
 
 /** What the image service needs from the engine (Engine implements it). */
 export interface TemplateHost {
-  readonly cfg: { home: string; cacheDir: string };
+  /** `layerGraceSecs`: see EngineConfig (default 3600). */
+  readonly cfg: { home: string; cacheDir: string; layerGraceSecs?: number };
   addTemplate(recipe: TemplateRecipe, opts?: { progress?: (m: string) => void; log?: (c: string) => void; poolSize?: number }): Promise<TemplateInfo>;
   removeTemplate(tenant: string, id: string): Promise<void>;
+  /**
+   * The layer files of the artifacts this home's templates and sandboxes (running, suspended or
+   * being deleted) sit on: a suspended sandbox resumes on them after its environment and image are gone.
+   */
+  artifactLayers(): string[];
 }
 
 export interface ImageServiceOptions {
@@ -66,6 +73,8 @@ export interface EnvironmentSpec {
 export const ENVIRONMENT_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 const GIB = 1024 * 1024 * 1024;
+/** How often layers nobody uses are looked for (layerGc.ts), as often as template RAM files. */
+const LAYER_GC_MS = 600_000;
 
 function intEnv(name: string, dflt: number): number {
   const v = process.env[name];
@@ -156,6 +165,7 @@ export class ImageService {
   private readonly pulling = new Map<string, Promise<void>>();
   private readonly baking = new Set<string>();
   private closing = false;
+  private layerGcTimer?: NodeJS.Timeout;
 
   constructor(private readonly opts: ImageServiceOptions) {
     const { home } = opts.host.cfg;
@@ -201,6 +211,8 @@ export class ImageService {
     }
     const now = Date.now();
     const prev = this.repo.getImage(tenant, resolved.id);
+    // Recorded before the row, so that no collector sees its layers unclaimed once it reuses them.
+    this.recordLayers(resolved.layers.map((l) => l.diffId));
     this.repo.putImage({
       tenant, id: resolved.id, ref: resolved.ref, source_kind: spec.kind, state: 'pulling', error: null, progress: 'queued',
       manifest: resolved.manifestBytes.toString('utf8'), config: resolved.config,
@@ -230,7 +242,8 @@ export class ImageService {
         const held = this.layers.get(l.diffId);
         // A held layer is reused only if this store once verified that this very blob unpacks to it,
         // and the source proves it has the blob (a HEAD for registries, a hash for local files).
-        if (already || (held && this.layers.diffOfBlob(l.digest) === l.diffId && (await src.holds(l)))) {
+        // Touching it tells collectors it was just used (and fails if one took it meanwhile).
+        if (already || (held && this.layers.diffOfBlob(l.digest) === l.diffId && (await src.holds(l)) && this.layers.touch(l.diffId))) {
           const unpacked = already ? already.meta.unpackedBytes : held!.unpackedBytes;
           budget.bytes += unpacked;
           if (budget.bytes > budget.maxBytes) throw new CollimateError('validation_error', `the image unpacks to more than the limit of ${budget.maxBytes} bytes`);
@@ -277,6 +290,41 @@ export class ImageService {
     const users = this.repo.envsOfImage(tenant, id).map((e) => e.name);
     if (users.length) throw new CollimateError('conflict', `Image ${id} is used by environment(s) ${users.join(', ')}; delete those first.`);
     this.repo.deleteImage(tenant, id);
+    try {
+      this.recordLayers();
+    } catch (e) {
+      // The record still holds the image's layers: nothing is lost, they are only kept longer.
+      this.log(`layer record: ${(e as Error).message}`);
+    }
+  }
+
+  // ---- layers ----------------------------------------------------------------------------------
+
+  /**
+   * Writes this home's record in the layer store (layerGc.ts): the layers of its images (and of
+   * `extra`, an image about to be recorded), and those of the artifacts its templates and sandboxes
+   * sit on. An environment needs nothing more: its image cannot be deleted before it.
+   */
+  recordLayers(extra: string[] = []): void {
+    const diffIds = new Set([...extra, ...this.repo.allImages().flatMap((i) => i.layers.map((l) => l.diffId))]);
+    for (const p of this.opts.host.artifactLayers()) {
+      const d = this.layers.diffIdOf(p);
+      if (d) diffIds.add(d);
+    }
+    const db = this.opts.db.memory ? null : this.opts.db.name;
+    writeHomeLayers(this.layers, this.opts.host.cfg.home, db, diffIds);
+  }
+
+  /**
+   * Rewrites this home's record, then removes the layers of the shared store that no home records,
+   * no process has open and nobody wrote or reused for `graceSecs` (COLLIMATE_LAYER_GRACE_SECS).
+   * Runs every 10 minutes once `restore` has run.
+   */
+  collectLayers(graceSecs = this.opts.host.cfg.layerGraceSecs ?? 3600): RemovedLayer[] {
+    this.recordLayers();
+    const removed = collectLayers(this.layers, graceSecs * 1000);
+    for (const l of removed) this.log(`removed unused image layer ${l.diffId} (${l.bytes} bytes)`);
+    return removed;
   }
 
   // ---- environments ----------------------------------------------------------------------------
@@ -409,11 +457,21 @@ export class ImageService {
    * After the engine opens: pulls cut off by a restart are marked failed, ready environments are
    * registered with the engine again (their artifacts are cached, so this is quick), and environments
    * whose bake was cut off are baked again in the background. Resolves once the ready ones are back.
+   * Also writes this home's layer record and starts collecting unused layers every 10 minutes.
    */
   async restore(): Promise<void> {
     for (const img of this.repo.allImages()) {
       if (img.state === 'pulling') this.repo.updateImage(img.tenant, img.id, { state: 'failed', error: 'the pull was interrupted by a server restart; pull again', progress: null });
     }
+    this.recordLayers();
+    this.layerGcTimer ??= setInterval(() => {
+      try {
+        this.collectLayers();
+      } catch (e) {
+        this.log(`image layers: ${(e as Error).message}`);
+      }
+    }, LAYER_GC_MS);
+    this.layerGcTimer.unref();
     const again: EnvironmentRow[] = [];
     for (const env of this.repo.allEnvs()) {
       if (env.state === 'pending' || env.state === 'baking') { again.push(env); continue; }
@@ -436,6 +494,7 @@ export class ImageService {
   /** Stops taking work and waits for the running pull and bake to finish. */
   async close(): Promise<void> {
     this.closing = true;
+    clearInterval(this.layerGcTimer);
     await this.idle();
   }
 

@@ -166,6 +166,14 @@ export class Engine extends EventEmitter implements SandboxService {
     return collectArtifactRam(this.cfg.cacheDir, this.cfg.artifactRamDir, new Set(this.templatePools.ramFiles()), graceSecs * 1000);
   }
 
+  /**
+   * The layer files of the artifacts this home's templates and sandboxes (running, suspended or
+   * being deleted; a fork point always has one of these) sit on, for the image service's layer record.
+   */
+  artifactLayers(): string[] {
+    return this.templatePools.layerFiles(this.repo.artifactKeys());
+  }
+
   /** Pool sizes by template, for metrics. */
   poolSizes(): Record<string, number> {
     return this.templatePools.poolSizes();

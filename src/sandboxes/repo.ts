@@ -121,6 +121,12 @@ export class SandboxRepo {
     return this.db.prepare("SELECT * FROM sandboxes WHERE state != 'deleted'").all().map(decode);
   }
 
+  /** The artifacts of the rows not yet deleted (running, suspended, being deleted). */
+  artifactKeys(): string[] {
+    return this.db.prepare("SELECT DISTINCT json_extract(vmm, '$.artifactKey') AS k FROM sandboxes WHERE state != 'deleted' AND vmm IS NOT NULL")
+      .all().map((r: any) => r.k as string).filter((k) => typeof k === 'string');
+  }
+
   list(filter: ListFilter, tenant?: string): SandboxRow[] {
     const where: string[] = ["state != 'deleted'"];
     const args: unknown[] = [];

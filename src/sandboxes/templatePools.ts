@@ -198,15 +198,28 @@ export class TemplatePools {
     // An artifact from an earlier build: its manifest is still on disk (its RAM file may not be).
     const root = join(homePaths(this.cfg.cacheDir).artifacts, key.slice(0, 24));
     if (existsSync(root)) claimArtifact(root);
+    const art = this.manifestOf(key);
+    if (!art) throw new Error(`artifact ${key.slice(0, 12)} is gone`);
+    this.artifacts.set(key, art);
+    return art;
+  }
+
+  /** The layer files of the templates' artifacts and of those of `keys` (without claiming them). */
+  layerFiles(keys: Iterable<string>): string[] {
+    const out = new Set<string>();
+    for (const t of this.byKey.values()) t.artifact.shape.layers.forEach((l) => out.add(l));
+    for (const k of keys) (this.artifacts.get(k) ?? this.manifestOf(k))?.shape.layers.forEach((l) => out.add(l));
+    return [...out];
+  }
+
+  /** The manifest of the newest build of the artifact `key` on disk, if any. */
+  private manifestOf(key: string): Artifact | undefined {
+    const root = join(homePaths(this.cfg.cacheDir).artifacts, key.slice(0, 24));
     for (const b of existsSync(root) ? readdirSync(root).sort().reverse() : []) {
       const m = join(root, b, 'artifact.json');
-      if (existsSync(m)) {
-        const art = JSON.parse(readFileSync(m, 'utf8')) as Artifact;
-        this.artifacts.set(key, art);
-        return art;
-      }
+      if (existsSync(m)) return JSON.parse(readFileSync(m, 'utf8')) as Artifact;
     }
-    throw new Error(`artifact ${key.slice(0, 12)} is gone`);
+    return undefined;
   }
 
   /** Stops the pools; their VMMs are destroyed. */

@@ -19,6 +19,7 @@ class FakeHost implements TemplateHost {
     return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib, egress: 'allow' as const, network: true };
   }
   async removeTemplate() {}
+  artifactLayers() { return []; }
 }
 
 describe('REST /v1/images and /v1/environments', () => {

@@ -23,6 +23,9 @@ class FakeHost implements TemplateHost {
     return { id: recipe.id, kind: 'environment' as const, description: '', interpreter: recipe.interpreter, ready: true, vcpus: recipe.vcpus, memory_mib: recipe.memoryMib, egress: recipe.egress ?? 'allow', network: false };
   }
   async removeTemplate(tenant: string, id: string) { this.removed.push(`${tenant}/${id}`); }
+  /** Layer files the fake's sandboxes sit on. */
+  sandboxLayers: string[] = [];
+  artifactLayers() { return this.sandboxLayers; }
 }
 
 describe('image service (layout and archive sources, fake engine)', () => {
@@ -175,5 +178,32 @@ describe('image service (layout and archive sources, fake engine)', () => {
     } finally {
       host.fail = undefined;
     }
+  });
+
+  test("the home's layer record follows its images; a deleted image's own layers are collected, shared and sandbox-held ones stay", async () => {
+    const own = layer([{ name: 'own', data: `own ${process.pid} ${Date.now()}` }], 'gzip');
+    const held = layer([{ name: 'held', data: `held ${process.pid} ${Date.now()}` }], 'zstd');
+    const img = image([base(), own, held]);
+    const r = await pulled('t6', { kind: 'oci-layout', path: writeLayout(join(imports, 'gc1'), img) });
+    assert.equal(r.state, 'ready', r.error ?? '');
+    const record = () => JSON.parse(readFileSync(join(svc.layers.homesDir, readdirSync(svc.layers.homesDir).find((f) => f.endsWith('.json'))!), 'utf8'));
+    assert.equal(record().db, join(dir, 'collimate.db'));
+    for (const l of img.layers) assert.ok(record().layers.includes(l.diffId), `${l.diffId} recorded`);
+    assert.deepEqual(svc.collectLayers(0), [], "every image's layers stay");
+    const file = (l: { diffId: string }) => join(svc.layers.dir, `${l.diffId.slice(7)}.erofs`);
+    // A sandbox of a deleted environment, suspended, resumes on its artifact's layers.
+    host.sandboxLayers = [file(held)];
+    svc.deleteImage('t6', r.id);
+    assert.ok(!record().layers.includes(own.diffId) && record().layers.includes(held.diffId));
+    assert.deepEqual(svc.collectLayers(0).map((l) => l.diffId), [own.diffId]);
+    assert.ok(!existsSync(file(own)));
+    assert.equal(svc.layers.diffOfBlob(own.digest), undefined, 'its by-blob entry went with it');
+    assert.ok(existsSync(file(held)) && existsSync(file(img.layers[0])), 'the sandbox\'s layer and the base other images share stay');
+    host.sandboxLayers = [];
+    assert.deepEqual(svc.collectLayers(0).map((l) => l.diffId), [held.diffId], 'once the sandbox is gone');
+    // Pulled again: built again, not served from a by-blob entry of a layer that is gone.
+    const again = await pulled('t6', { kind: 'oci-layout', path: writeLayout(join(imports, 'gc2'), img) });
+    assert.equal(again.state, 'ready', again.error ?? '');
+    assert.ok(svc.layersPresent(again));
   });
 });
