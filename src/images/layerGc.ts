@@ -149,9 +149,10 @@ export function collectLayers(store: LayerStore, graceMs: number, now = Date.now
   const mtime = (f: string) => { try { return statSync(f).mtimeMs; } catch { return 0; } };
   const inode = (f: string) => { try { const s = statSync(f); return `${s.dev}:${s.ino}`; } catch { return undefined; } };
   /** Whether the layer whose files are now at `files` is still wanted. */
-  const wanted = (files: Layer, recorded: Set<string>, use: ReturnType<typeof filesInUse>) => {
+  const wanted = (files: Layer, recorded: Set<string>, inUse: () => ReturnType<typeof filesInUse>) => {
     if (recorded.has(`sha256:${files.hex}`)) return true;
     if (now - Math.max(mtime(files.json), mtime(files.erofs)) < graceMs) return true;
+    const use = inUse();
     const ino = inode(files.erofs);
     return (ino !== undefined && use.inodes.has(ino)) || use.paths.has(files.erofs) || use.paths.has(at(files.hex).erofs);
   };
@@ -170,7 +171,9 @@ export function collectLayers(store: LayerStore, graceMs: number, now = Date.now
   };
 
   let recorded = recordedLayers(store);
-  let use = filesInUse();
+  // Reading every process's descriptors and maps costs: only once a layer could go.
+  let use: ReturnType<typeof filesInUse> | undefined;
+  const inUse = () => (use ??= filesInUse());
   const removed: RemovedLayer[] = [];
   const files = readdirSync(store.dir);
   const dead = (pid: string) => !existsSync(`/proc/${pid}`);
@@ -182,7 +185,7 @@ export function collectLayers(store: LayerStore, graceMs: number, now = Date.now
     const left = asideOf(at(m[1]), m[3]);
     try {
       if (m[2] === 'json') { if (!existsSync(left.erofs)) rmSync(left.json, { force: true }); }
-      else if (wanted(left, recorded, use)) putBack(left);
+      else if (wanted(left, recorded, inUse)) putBack(left);
       else remove(left, removed);
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; // another collector got there first
@@ -201,7 +204,7 @@ export function collectLayers(store: LayerStore, graceMs: number, now = Date.now
     const m = LAYER.exec(f);
     if (!m) return [];
     const l = at(m[1]);
-    if (wanted(l, recorded, use)) return [];
+    if (wanted(l, recorded, inUse)) return [];
     const to = asideOf(l);
     try { renameSync(l.erofs, to.erofs); } catch { return []; } // another collector took it
     try { renameSync(l.json, to.json); } catch { /* a layer without its json: get() never served it */ }
@@ -209,9 +212,9 @@ export function collectLayers(store: LayerStore, graceMs: number, now = Date.now
   });
   if (aside.length > 0) {
     recorded = recordedLayers(store);
-    use = filesInUse();
+    use = undefined;
     for (const l of aside) {
-      if (wanted(l, recorded, use)) putBack(l);
+      if (wanted(l, recorded, inUse)) putBack(l);
       else remove(l, removed);
     }
   }
