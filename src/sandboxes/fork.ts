@@ -340,10 +340,10 @@ async function spawnChildren(
         id, dir: join(dirs(ctx.cfg).sandboxes, id), memPath: fp.mem, memShared: false,
         backing: { path: fp.disk, format: 'qcow2' }, diskPath: newDiskPath(dirs(ctx.cfg).disks, id), artifactKey,
         trustedLayers: trustedLayers(ctx, fp.id, artifactKey), network: true,
+        // Children inherit the parent's policy, in place before they wake.
+        whileStarting: (net) => ctx.net!.apply(net, parentRow.egress),
       });
       children.push(p);
-      // Children inherit the parent's policy, in place before they wake.
-      if (p.record.net) await ctx.net!.apply(p.record.net, parentRow.egress);
       phases.since('child_spawn', t0);
       return p;
     };

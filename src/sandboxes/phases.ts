@@ -13,7 +13,9 @@ import { performance } from 'node:perf_hooks';
  *   (suspended parent), `parent_paused` (stop → cont), `device_state_save`, `recv_teardown`,
  *   `child_spawn`, `device_state_load`, `agent_connect`, `agent_ack`, `commit`.
  * - suspend: `save` (RAM and devices), `fsync`, `teardown`.
- * - resume: `spawn`, `egress_apply`, `memory_load`, `agent_connect`, `agent_ack`.
+ * - resume: `spawn` (with `egress_apply` inside it, alongside QEMU's start), `memory_load` (alongside
+ *   the spawn), `device_state_load`, `agent_connect`, `agent_ack`, `commit`; the snapshot is removed
+ *   after the answer.
  */
 export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume';
 

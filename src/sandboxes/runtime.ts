@@ -97,6 +97,11 @@ export async function spawnIncoming(
     network?: boolean;
     /** Spawned for a fork not yet made: its RAM and disk can be moved onto the fork point (forkReceivers.ts); needs confinement. */
     remapDir?: string;
+    /**
+     * Runs on the VMM's namespace as soon as it exists, while QEMU starts (an egress policy put in
+     * place: 20–30 ms of `nft` off the critical path); the spawn waits for it and fails with it.
+     */
+    whileStarting?: (net: NonNullable<VmmRecord['net']>) => Promise<void>;
   },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
@@ -108,6 +113,7 @@ export async function spawnIncoming(
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
   const netm = opts.network && shape.nic ? await netFor(cfg) : null;
   let vmm: Vmm;
+  let alongside: Promise<void> | undefined;
   try {
     vmm = await launchVmm({
       spec: specFor(cfg, shape, record, { incoming: true, tap: !!netm, remappable: !!opts.remapDir }),
@@ -117,16 +123,35 @@ export async function spawnIncoming(
       net: netm,
       record,
       // Kept in the record, so that a later server can adopt or remove the namespace.
-      onNetwork: (net) => { record.net = net; },
+      onNetwork: (net) => {
+        record.net = net;
+        alongside = opts.whileStarting?.(net);
+        alongside?.catch(() => {});
+      },
     });
   } catch (e) {
+    // The namespace went with the failed launch; what ran on it is undone once it has settled
+    // (an egress policy applied after that would hold a resolver for a namespace that is gone).
+    if (alongside && netm && record.net) {
+      await alongside.catch(() => {});
+      await netm.release(record.net).catch(() => {});
+    }
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
     rmSync(opts.dir, { recursive: true, force: true });
     if (opts.remapDir) rmSync(opts.remapDir, { recursive: true, force: true });
     if (opts.backing) rmSync(diskPath, { force: true });
     throw e;
   }
-  return { id: opts.id, dir: opts.dir, vmm, record, ...(opts.remapDir ? { remapDir: opts.remapDir } : {}) };
+  const pending: PendingVm = { id: opts.id, dir: opts.dir, vmm, record, ...(opts.remapDir ? { remapDir: opts.remapDir } : {}) };
+  if (alongside) {
+    try {
+      await alongside;
+    } catch (e) {
+      await destroyPending(pending).catch(() => {});
+      throw e;
+    }
+  }
+  return pending;
 }
 
 /** Stops a pending VMM (a pool's, a fork point's receiver, an unborn child) and removes its directory and disk. */

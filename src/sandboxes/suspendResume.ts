@@ -127,9 +127,8 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
             id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
             trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
+            whileStarting: (net) => phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress)),
           }));
-          const net = pending.record.net;
-          if (net) await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
           return pending;
         };
         if (snap.ramPath) {

@@ -308,6 +308,21 @@ out['b'] = tcp('203.0.113.10', 80)
     await engine.delete(s.id, T);
   });
 
+  it('a resumed sandbox keeps its policy: its new VMM\'s namespace gets it before the guest runs', async () => {
+    const s = await engine.create({ template: 'python', egress: { domains: ['a.test'], cidrs: [], ports: [] } }, T);
+    await engine.suspend(s.id, T);
+    await engine.resume(s.id, T);
+    const out = await probe(engine, s.id, `
+out['a'] = http('http://a.test/')
+out['bname'] = dns('b.test')
+out['b'] = tcp('203.0.113.10', 80)
+`);
+    assert.equal(out.a, 'host A', 'the allowed name resolves and connects after the resume');
+    assert.equal(out.bname, 'error');
+    assert.notEqual(out.b[0], 'ok', 'what the policy does not name stays closed');
+    await engine.delete(s.id, T);
+  });
+
   it('forked children keep their parent\'s server and policy, each reachable at its own port target', async () => {
     const s = await engine.create({ template: 'python', egress: { domains: ['a.test'], cidrs: [], ports: [] } }, T);
     const start = await engine.exec(s.id, {
