@@ -1,7 +1,7 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { stopOrphanedBakes } from '../images/bake.js';
-import { adoptVm, killFromDir, killRecorded, sweepConfinement } from './runtime.js';
+import { adoptVm, killFromDir, killPid, killRecorded, qemuProcessesNaming, sweepConfinement } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
 import { dirs, type EngineContext } from './context.js';
@@ -57,6 +57,15 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
     if (owner.startsWith('sbx_') && ctx.registry.has(owner)) continue;
     // Spare seeds, fork receivers' remap directories (remap-*): the previous process's.
     rmSync(p, { recursive: true, force: true });
+  }
+  // Last, any VMM of this home no running sandbox accounts for: one a crash caught before its
+  // record was whole, or one whose record a later VMM in the same directory replaced (a resume
+  // that failed and was retried). Nothing of this home may run that no row knows.
+  const adopted = new Set(ctx.registry.all().map((r) => r.live.vmm.pid));
+  for (const pid of qemuProcessesNaming(`${ctx.cfg.home}/`)) {
+    if (adopted.has(pid)) continue;
+    ctx.progress?.(`stopping QEMU ${pid}: it names this home and no running sandbox accounts for it`);
+    await killPid(pid);
   }
   // Template bakes cut off by a crash: their VMMs run on, recorded in their build directories.
   await stopOrphanedBakes(ctx.cfg.cacheDir, ctx.cfg.artifactRamDir, ctx.progress);

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import type { Phases } from './phases.js';
-import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSync } from 'node:fs';
+import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSync, readdirSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { Vmm, isAlive, procStartTicks, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
@@ -107,8 +107,15 @@ export async function spawnIncoming(
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
   const jailer = await jailerFor(cfg);
   if (opts.remapDir && !jailer) throw new Error('a remappable VMM needs confinement (its RAM shim does the remap)');
-  mkdirSync(opts.dir, { recursive: true });
+  // A resume spawns into the sandbox's own directory, which holds its snapshot: only what this
+  // call made is removed when it fails.
+  const madeDir = mkdirSync(opts.dir, { recursive: true }) !== undefined;
   const diskPath = opts.diskPath;
+  const undo = () => {
+    if (madeDir) rmSync(opts.dir, { recursive: true, force: true });
+    if (opts.remapDir) rmSync(opts.remapDir, { recursive: true, force: true });
+    if (opts.backing) rmSync(diskPath, { force: true });
+  };
   if (opts.backing) await createOverlay(diskPath, opts.backing.path, opts.backing.format);
   const record: VmmRecord = { pid: 0, startTicks: '', dir: opts.dir, diskPath, memPath: opts.memPath, memShared: opts.memShared, artifactKey: opts.artifactKey };
   const netm = opts.network && shape.nic ? await netFor(cfg) : null;
@@ -137,21 +144,19 @@ export async function spawnIncoming(
       await netm.release(record.net).catch(() => {});
     }
     // Nothing refers to what this call made yet: remove it, or a failed spawn leaks a disk layer.
-    rmSync(opts.dir, { recursive: true, force: true });
-    if (opts.remapDir) rmSync(opts.remapDir, { recursive: true, force: true });
-    if (opts.backing) rmSync(diskPath, { force: true });
+    undo();
     throw e;
   }
-  const pending: PendingVm = { id: opts.id, dir: opts.dir, vmm, record, ...(opts.remapDir ? { remapDir: opts.remapDir } : {}) };
   if (alongside) {
     try {
       await alongside;
     } catch (e) {
-      await destroyPending(pending).catch(() => {});
+      await vmm.kill().catch(() => {});
+      undo();
       throw e;
     }
   }
-  return pending;
+  return { id: opts.id, dir: opts.dir, vmm, record, ...(opts.remapDir ? { remapDir: opts.remapDir } : {}) };
 }
 
 /** Stops a pending VMM (a pool's, a fork point's receiver, an unborn child) and removes its directory and disk. */
@@ -411,12 +416,32 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
 
 /** Stops a VMM known only by its record (not in memory: suspended, or found at start) and gives back what it held. */
 export async function killRecorded(cfg: EngineConfig, rec: VmmRecord): Promise<void> {
-  if (rec.pid && isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) {
-    try { process.kill(rec.pid, 'SIGKILL'); } catch { /* gone */ }
-    const deadline = Date.now() + 5000;
-    while (isAlive(rec.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
-  }
+  if (rec.pid && isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) await killPid(rec.pid);
   await releaseRecorded(cfg, rec);
+}
+
+/** Live QEMU processes whose command line mentions `needle` (a home's directory), by pid. */
+export function qemuProcessesNaming(needle: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    let cmd = '';
+    try { cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8'); } catch { continue; }
+    if (!cmd.startsWith('qemu-system') || !cmd.includes(needle)) continue;
+    try {
+      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+      if (stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z') continue;
+    } catch { continue; }
+    pids.push(Number(p));
+  }
+  return pids;
+}
+
+/** SIGKILLs `pid` and waits (up to 5 s) until it is gone. */
+export async function killPid(pid: number): Promise<void> {
+  try { process.kill(pid, 'SIGKILL'); } catch { return; }
+  const deadline = Date.now() + 5000;
+  while (isAlive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
 }
 
 /** Stops the VMM whose record is in `dir` (vmm.json), if there is one. */

@@ -127,7 +127,10 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
             id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
             trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
-            whileStarting: (net) => phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress)),
+            whileStarting: async (net) => {
+              await ctx.fault('resume:vmm-starting');
+              await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
+            },
           }));
           return pending;
         };
@@ -137,8 +140,12 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           rmSync(memPath, { force: true });
           closeSync(openSync(memPath, 'w', 0o600));
           truncateSync(memPath, memBytes);
-          const [vm] = await Promise.all([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath, ctx.cfg.cacheDir))]);
-          return await restoreCheckpoint(vm, readFileSync(snap.statePath), id, phases);
+          // Both settle before either's failure counts: a VMM still starting when the fill failed
+          // would otherwise be left running, with nothing that would stop it.
+          const [vm, fill] = await Promise.allSettled([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath, ctx.cfg.cacheDir))]);
+          if (vm.status === 'rejected') throw vm.reason;
+          if (fill.status === 'rejected') throw fill.reason;
+          return await restoreCheckpoint(vm.value, readFileSync(snap.statePath), id, phases);
         }
         const vm = await start();
         await restoreStream(vm, snap.statePath, phases);

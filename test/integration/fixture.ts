@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import assert from 'node:assert/strict';
 import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
+import { qemuProcessesNaming } from '../../src/sandboxes/runtime.ts';
 import { homeNamespaces } from '../../src/net/netns.ts';
 import { buildServer, type ApiServer, type BuildServerOptions } from '../../src/api/server.ts';
 import { TenantService } from '../../src/service/tenantService.ts';
@@ -37,22 +38,7 @@ export async function openEngine(home: string, opts: EngineOptions = {}): Promis
 }
 
 /** QEMU processes whose command line mentions `needle` (a test home), by pid. */
-export function qemuProcesses(needle: string): number[] {
-  const pids: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    let cmd = '';
-    try { cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8'); } catch { continue; }
-    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) {
-      try {
-        const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
-        if (stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z') continue;
-      } catch { continue; }
-      pids.push(Number(p));
-    }
-  }
-  return pids;
-}
+export const qemuProcesses = qemuProcessesNaming;
 
 function walk(dir: string, out: string[] = []): string[] {
   if (!existsSync(dir)) return out;

@@ -494,6 +494,44 @@ test('SIGKILL inside a resume once its new VMM runs: after restart the sandbox i
   }
 });
 
+test('a resume whose VMM fails while starting leaves the sandbox suspended with its snapshot, no VMM of it running, and a later resume intact', async () => {
+  const failHome = testHome('resume-fails');
+  let failing = false;
+  const e2 = await openEngine(failHome, { poolSize: 1, faultPoint: async (name) => { if (failing && name === 'resume:vmm-starting') throw new Error('injected: the VMM could not start'); } });
+  try {
+    const sb = await e2.create({ template: 'base' }, tenant);
+    await sh(sb.id, `echo kept > /root/marker; ${COUNTER}`, e2);
+    await e2.suspend(sb.id);
+    failing = true;
+    await assert.rejects(e2.resume(sb.id), (e: any) => e.code === 'vmm_failed' && /injected/.test(e.message));
+    failing = false;
+    assert.equal(e2.get(sb.id).state, 'suspended');
+    assert.ok(existsSync(join(failHome, 'sandboxes', sb.id, 'suspend', 'complete')), 'the snapshot is still there');
+    assert.deepEqual(qemuProcesses(join(failHome, 'sandboxes', sb.id)), [], 'the VMM that failed to start is stopped');
+    await resumesIntact(sb.id, e2);
+  } finally {
+    await assertNoLeaks(e2, failHome);
+  }
+});
+
+test('a VMM of a home that no record names (a record torn by the crash) is stopped at the next start', async () => {
+  const crashHome = testHome('crash-torn');
+  const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
+  await runWorker(crashHome, ['resume', id], 'resume:vmm-started');
+  const dir = join(crashHome, 'sandboxes', id);
+  assert.equal(qemuProcesses(dir).length, 1, 'the crash left the resumed VMM running');
+  // As if the crash had come while its record was being written.
+  writeFileSync(join(dir, 'vmm.json'), '');
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.deepEqual(qemuProcesses(dir), [], 'the VMM nothing accounts for is stopped');
+    assert.equal(e2.get(id).state, 'suspended');
+    await resumesIntact(id, e2);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
+
 test('SIGKILL mid-bake: the bake VMM left running is stopped by the next start, its build directory and RAM file removed', async () => {
   const crashHome = testHome('crash-bake');
   const out = await runWorker(crashHome, ['bake', `${process.pid}-${Date.now()}`]);
