@@ -59,6 +59,12 @@ export interface EngineConfig {
    * COLLIMATE_LAYER_GRACE_SECS, default 3600; checked every 10 min).
    */
   layerGraceSecs: number;
+  /**
+   * A deleted sandbox's row (what `GET` of its id answers: why it ended) is kept this long, then
+   * pruned, so the database does not grow with every sandbox ever made; usage records stay
+   * (COLLIMATE_DELETED_RETENTION_SECS, default 86400; checked every 10 min).
+   */
+  deletedRetentionSecs: number;
   /** Pool VMMs are restored, warmed with one exec and paused ahead of time (COLLIMATE_PREWARM=0: only spawned). */
   prewarmPool: boolean;
   /**
@@ -177,6 +183,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     idlePauseSecs: intEnv(env, 'COLLIMATE_IDLE_PAUSE_SECS', 60),
     artifactGraceSecs: intEnv(env, 'COLLIMATE_ARTIFACT_GRACE_SECS', 3600),
     layerGraceSecs: intEnv(env, 'COLLIMATE_LAYER_GRACE_SECS', 3600),
+    deletedRetentionSecs: intEnv(env, 'COLLIMATE_DELETED_RETENTION_SECS', 86_400),
     host: {
       memoryMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_MIB', 0),
       reserveMib: intEnv(env, 'COLLIMATE_HOST_MEMORY_RESERVE_MIB', Math.max(512, Math.floor(totalmem() / 1024 / 1024 / 20))),

@@ -134,6 +134,8 @@ export class Engine extends EventEmitter implements SandboxService {
         } catch (e) {
           opts.progress?.(`template RAM files: ${(e as Error).message}`);
         }
+        const pruned = engine.repo.pruneDeleted(Date.now() - cfg.deletedRetentionSecs * 1000);
+        if (pruned) opts.progress?.(`pruned ${pruned} rows of sandboxes deleted more than ${cfg.deletedRetentionSecs} s ago`);
       }, ARTIFACT_GC_MS);
       engine.gcTimer.unref();
     }

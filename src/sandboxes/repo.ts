@@ -166,6 +166,15 @@ export class SandboxRepo {
     });
   }
 
+  /**
+   * Removes the rows of sandboxes deleted before `before` (ms; when a client deleted them, or their
+   * last activity for those that ended otherwise) that hold no fork point. Returns how many.
+   */
+  pruneDeleted(before: number): number {
+    return this.db.prepare(`DELETE FROM sandboxes WHERE state = 'deleted' AND COALESCE(deleted_at, last_active) < ?
+      AND id NOT IN (SELECT owner FROM fork_point_refs)`).run(before).changes;
+  }
+
   children(id: string): string[] {
     return this.db.prepare("SELECT id FROM sandboxes WHERE parent = ? AND state != 'deleted' ORDER BY id").all(id).map((r: any) => r.id);
   }

@@ -142,3 +142,22 @@ test('a sandbox that ended other than by a delete keeps why', () => {
   assert.equal(t.repo.get('sbx_a')!.state, 'deleted');
   assert.equal(t.repo.get('sbx_b')!.end_reason, null);
 });
+
+test('rows of sandboxes deleted before the retention are pruned; newer ones, live ones and one still holding a fork point stay', () => {
+  t.repo.insert(row('sbx_old', { last_active: 5 }));
+  t.repo.insert(row('sbx_lost', { last_active: 5 }));
+  t.repo.insert(row('sbx_new', { last_active: 5 }));
+  t.repo.insert(row('sbx_live', { last_active: 5 }));
+  t.repo.insert(row('sbx_held', { last_active: 5 }));
+  t.repo.markDeleted('sbx_old', 10);
+  t.repo.markDeleted('sbx_lost', undefined, 'its VM exited unexpectedly');
+  t.repo.markDeleted('sbx_new', 500);
+  t.repo.markDeleted('sbx_held', 10);
+  // A ref written after the delete (it cannot be, but the prune must not orphan one).
+  t.repo.addForkPoint('fp_x', '/f', '/m', '/d');
+  t.repo.addRef('fp_x', 'sbx_held');
+  assert.equal(t.repo.pruneDeleted(100), 2);
+  for (const gone of ['sbx_old', 'sbx_lost']) assert.equal(t.repo.get(gone), undefined, gone);
+  for (const kept of ['sbx_new', 'sbx_live', 'sbx_held']) assert.ok(t.repo.get(kept), kept);
+  assert.equal(t.repo.pruneDeleted(100), 0);
+});
