@@ -382,4 +382,35 @@ describe('own images on real VMs and a real registry', () => {
     await call('DELETE', `/v1/sandboxes/${id}`);
     assert.equal((await call('DELETE', '/v1/environments/variant10')).status, 204);
   });
+
+  test('layers nobody uses are collected; a suspended sandbox keeps its layers after its environment and image are gone', async () => {
+    const layerFile = (diffId: string) => join(images.layers.dir, `${diffId.slice(7)}.erofs`);
+    const own = (await call('GET', '/v1/images')).json().own as any[];
+    const variant10 = own.find((i) => i.ref.endsWith('/test/variant:v10'));
+    const v10Diff = variant10.layers[1];
+    // A sandbox of `app`, suspended: no VMM holds its layers open now.
+    const id = await sandbox('app');
+    assert.equal((await sh(id, 'echo kept > /root/state')).exit_code, 0);
+    assert.equal((await call('POST', `/v1/sandboxes/${id}/suspend`)).status, 200);
+    assert.equal((await call('DELETE', '/v1/environments/app')).status, 204);
+    assert.equal((await call('DELETE', `/v1/images/${appId}`)).status, 204);
+    assert.equal((await call('DELETE', `/v1/images/${variant10.id}`)).status, 204, 'its environment went in the test before');
+
+    const removed = images.collectLayers(0).map((l) => l.diffId);
+    assert.deepEqual(removed, [v10Diff.diff_id], 'only the layer of variant 10 that nothing else uses');
+    assert.ok(!existsSync(layerFile(v10Diff.diff_id)));
+    assert.equal(images.layers.diffOfBlob(v10Diff.digest), undefined);
+    assert.ok(logLines.some((l) => l.includes(`removed unused image layer ${v10Diff.diff_id}`)));
+    for (const d of [baseLayer.diffId, appLayer.diffId]) assert.ok(existsSync(layerFile(d)), `${d} stays`);
+
+    // The suspended sandbox resumes on its layers, the app layer among them.
+    assert.equal((await call('POST', `/v1/sandboxes/${id}/resume`)).status, 200);
+    const r = await sh(id, 'cat /root/state /opt/app/hello');
+    assert.equal(r.stdout, 'kept\nhello from the app layer\n', r.stderr);
+    // Running, its row and its VMM hold them; deleted, the app layer goes (the base is still the variants').
+    assert.deepEqual(images.collectLayers(0), []);
+    assert.equal((await call('DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    assert.deepEqual(images.collectLayers(0).map((l) => l.diffId), [appLayer.diffId]);
+    assert.ok(existsSync(layerFile(baseLayer.diffId)));
+  });
 });
