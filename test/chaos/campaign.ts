@@ -32,6 +32,7 @@ import { processMatches, readClaim } from '../../src/host/claims.ts';
 import { homeNamespaces } from '../../src/net/netns.ts';
 import { backingChain, jailerFor } from '../../src/vmm/jail.ts';
 import { rng } from '../support/rng.ts';
+import { qemuProcessesNaming } from '../../src/sandboxes/runtime.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 
@@ -437,7 +438,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
       const poolDisks = new Set<string>();
       const poolMems = new Set<string>();
       const qemuUids = new Set<number>();
-      for (const pid of qemuOf(o.home)) {
+      for (const pid of qemuProcessesNaming(o.home)) {
         const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
         qemuUids.add(statSync(`/proc/${pid}`).uid);
         if (runningPids.has(pid)) continue;
@@ -472,7 +473,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
       for (const d of readdirSync(join(o.home, 'sandboxes'))) {
         if (live.has(d)) continue;
         const dir = join(o.home, 'sandboxes', d);
-        if (!qemuOf(dir).length) { violation(`sandbox directory ${d} belongs to no sandbox and no VMM`); result.orphans++; }
+        if (!qemuProcessesNaming(dir).length) { violation(`sandbox directory ${d} belongs to no sandbox and no VMM`); result.orphans++; }
       }
       // VMM uid claims in this server's range: each held by a live process or a running VMM's uid.
       const base = cfg.jail.uidBase;
@@ -486,7 +487,7 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
         result.orphans++;
       }
       // Cgroups and namespaces: no more than the VMMs running (and the namespace pool).
-      const vmms = qemuOf(o.home).length;
+      const vmms = qemuProcessesNaming(o.home).length;
       // A VMM cgroup with no process in it is one whose VMM is gone (one being prepared is empty
       // for a moment: looked at twice).
       const jailer = await jailerFor(cfg);
@@ -561,23 +562,6 @@ export async function runCampaign(o: CampaignOptions): Promise<CampaignResult> {
     await killServer();
   }
   return result;
-}
-
-/** QEMU processes whose command line mentions `needle`. */
-function qemuOf(needle: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    let cmd = '';
-    try { cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8'); } catch { continue; }
-    if (!cmd.startsWith('qemu-system') || !cmd.includes(needle)) continue;
-    try {
-      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
-      if (stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z') continue;
-    } catch { continue; }
-    out.push(Number(p));
-  }
-  return out;
 }
 
 /** When process `pid` started, in ms since the epoch (from /proc: boot time + start ticks). */
