@@ -203,12 +203,17 @@ export function processMatches(o: ClaimOwner): boolean {
   }
 }
 
-/** Whether any process runs with effective uid `uid` (/proc/<pid> is owned by it). */
+/**
+ * Whether any process runs with effective uid `uid` (/proc/<pid> is owned by it). A zombie does not
+ * run: a killed VMM whose parent died stays one until init reaps it.
+ */
 export function uidInUse(uid: number): boolean {
   for (const p of readdirSync('/proc')) {
     if (!/^\d+$/.test(p)) continue;
     try {
-      if (statSync(`/proc/${p}`).uid === uid) return true;
+      if (statSync(`/proc/${p}`).uid !== uid) continue;
+      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+      if (stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z') return true;
     } catch { /* exited meanwhile */ }
   }
   return false;

@@ -244,6 +244,8 @@ export function listVmmCgroups(layout: CgroupLayout, prefix: string): string[] {
 /** Removes this home's VMM cgroups that have no process left (a crash between create and spawn). */
 export async function sweepVmmCgroups(layout: CgroupLayout, prefix: string): Promise<void> {
   for (const dir of listVmmCgroups(layout, prefix)) {
-    if (procsOf(dir).length === 0) await removeVmmCgroup([dir], 200);
+    // A QEMU killed as a stray is a zombie in it until its parent (init, for a dead server's VMM)
+    // reaps it: removeVmmCgroup waits for that.
+    if (!procsOf(dir).some(isRunning)) await removeVmmCgroup([dir]);
   }
 }

@@ -359,6 +359,9 @@ export class Jailer {
   /** Removes this home's cgroups that no process is in (left by a crash between create and spawn). */
   async sweep(): Promise<void> {
     if (this.layout.version !== 0) await sweepVmmCgroups(this.layout, `${this.tag}-`);
+    // Claims and tun nodes of VMMs stopped since the start's sweep (strays reconcile killed).
+    this.uids.sweepStale();
+    sweepTunNodes(this.uids);
   }
 
   /**

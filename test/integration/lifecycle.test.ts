@@ -10,6 +10,8 @@ import type { LiveVm } from '../../src/sandboxes/runtime.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
 import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
 import { allocatedBytes, mappingOf, privatePageBytes } from '../../src/vmm/memory.ts';
+import { jailerFor } from '../../src/vmm/jail.ts';
+import { processMatches, readClaim } from '../../src/host/claims.ts';
 
 const tenant = { tenant: 'it-lifecycle' };
 let engine: Engine;
@@ -520,11 +522,19 @@ test('a VMM of a home that no record names (a record torn by the crash) is stopp
   await runWorker(crashHome, ['resume', id], 'resume:vmm-started');
   const dir = join(crashHome, 'sandboxes', id);
   assert.equal(qemuProcesses(dir).length, 1, 'the crash left the resumed VMM running');
+  const strayUid = statSync(`/proc/${qemuProcesses(dir)[0]}`).uid;
   // As if the crash had come while its record was being written.
   writeFileSync(join(dir, 'vmm.json'), '');
   const e2 = await openEngine(crashHome, { poolSize: 1 });
   try {
     assert.deepEqual(qemuProcesses(dir), [], 'the VMM nothing accounts for is stopped');
+    // And what it held goes with it, though no record said what that was.
+    const jailer = await jailerFor(e2.cfg);
+    if (jailer) {
+      assert.deepEqual(jailer.cgroupDirs().filter((d) => d.includes(id)), [], 'its cgroups are removed');
+      const owner = readClaim(join(e2.cfg.jail.runDir, 'uids', String(strayUid)));
+      assert.ok(!owner || processMatches(owner), `its uid ${strayUid} is not left claimed by a process that is gone`);
+    }
     assert.equal(e2.get(id).state, 'suspended');
     await resumesIntact(id, e2);
   } finally {
