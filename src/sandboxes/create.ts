@@ -39,10 +39,11 @@ async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOpti
     if (pending.record.net && policyKey(egress) !== policyKey(t.egress)) await phases.time('egress_apply', () => ctx.net!.apply(pending.record.net!, egress));
     live = pending.warm ? await claimWarm(pending.warm, pending.id, phases) : await restoreCheckpoint(pending, t.deviceState, pending.id, phases);
     const now = Date.now();
+    const timeoutSecs = opts.timeoutSecs ?? ctx.cfg.defaultSessionSecs;
     const row: SandboxRow = {
       id: pending.id, tenant: scope.tenant, template: t.id, state: 'running', labels: opts.labels ?? {},
       created_at: now, last_active: now, exec_count: 0, parent: null, forked_at: null,
-      timeout_secs: opts.timeoutSecs ?? ctx.cfg.defaultSessionSecs, session_started_at: now,
+      timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
       vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib, disk_mib: t.artifact.diskMib,
       egress, vmm: live.record, snapshot: null, pending_op: null,
     };

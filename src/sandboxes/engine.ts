@@ -17,6 +17,7 @@ import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { deleteSandbox } from './delete.js';
 import { isAlive, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
+import { setSessionEnd } from './session.js';
 import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
@@ -311,6 +312,11 @@ export class Engine extends EventEmitter implements SandboxService {
   /** Deletes every sandbox this engine holds (tests, `collimate` shutdown with --delete). */
   async deleteAll(): Promise<void> {
     for (const row of this.repo.live()) await this.delete(row.id).catch(() => {});
+  }
+
+  /** Moves the end of a running sandbox's session (a lease); the reaper acts then (session.ts). */
+  setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo {
+    return setSessionEnd(this.ctx, id, endsAtMs, scope);
   }
 
   /** Suspends or deletes (COLLIMATE_REAP_ACTION) the running sandboxes whose session timed out. */

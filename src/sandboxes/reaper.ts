@@ -1,15 +1,22 @@
 import type { EngineContext } from './context.js';
 import { deleteSandbox } from './delete.js';
 import { suspendSandbox } from './suspendResume.js';
+import type { SandboxRow } from './repo.js';
 
 /**
- * Ends sessions that ran past their timeout: suspends or deletes (COLLIMATE_REAP_ACTION) every
- * running sandbox whose session started more than its timeout_secs ago. One pass at a time.
+ * Ends sessions that ran past their end: suspends or deletes (COLLIMATE_REAP_ACTION) every running
+ * sandbox whose session_ends_at has passed (timeout_secs after its start, or as a lease set it).
+ * One pass at a time.
  */
 export class Reaper {
   private reaping = false;
 
   constructor(private readonly ctx: EngineContext) {}
+
+  /** The running sandboxes whose session has ended at `now`. */
+  due(now: number): SandboxRow[] {
+    return this.ctx.repo.sessionsEndedBy(now);
+  }
 
   /** One pass; returns the ids it acted on. A sandbox that is busy or already gone is left for the next pass. */
   async reap(now = Date.now()): Promise<string[]> {
@@ -18,8 +25,7 @@ export class Reaper {
     this.reaping = true;
     const reaped: string[] = [];
     try {
-      for (const row of ctx.repo.list({ state: 'running', limit: 1000 })) {
-        if (row.state !== 'running' || now < row.session_started_at + row.timeout_secs * 1000) continue;
+      for (const row of this.due(now)) {
         try {
           if (ctx.cfg.reapAction === 'suspend') await suspendSandbox(ctx, row.id);
           else await deleteSandbox(ctx, row.id);

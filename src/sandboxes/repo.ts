@@ -57,8 +57,14 @@ export interface SandboxRow {
   exec_count: number;
   parent: string | null;
   forked_at: number | null;
+  /** The length each session starts with (create, fork, resume), in seconds. */
   timeout_secs: number;
   session_started_at: number;
+  /**
+   * When the current session ends (ms) and the reaper acts: session_started_at + timeout_secs at
+   * each start, moved by a lease (session.ts).
+   */
+  session_ends_at: number;
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
@@ -88,9 +94,9 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op)
+        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op)`).run({
+        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op)`).run({
       ...row,
       labels: JSON.stringify(row.labels),
       egress: JSON.stringify(row.egress),
@@ -179,6 +185,11 @@ export class SandboxRepo {
     return this.db.prepare("SELECT id FROM sandboxes WHERE parent = ? AND state != 'deleted' ORDER BY id").all(id).map((r: any) => r.id);
   }
 
+  /** Running sandboxes whose session ended at or before `now` (ms), for the reaper; all of them, however many run. */
+  sessionsEndedBy(now: number): SandboxRow[] {
+    return this.db.prepare("SELECT * FROM sandboxes WHERE state = 'running' AND session_ends_at <= ? ORDER BY session_ends_at").all(now).map(decode);
+  }
+
   /** Guest memory of every running sandbox, in MiB (host admission). */
   runningMemoryMib(): number {
     return (this.db.prepare("SELECT COALESCE(SUM(memory_mib), 0) AS n FROM sandboxes WHERE state = 'running'").get() as any).n;
@@ -247,7 +258,9 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now(), po
     forked_at: row.forked_at === null ? null : new Date(row.forked_at).toISOString(),
     children,
     timeout_secs: row.timeout_secs,
-    expires_at: new Date(row.session_started_at + row.timeout_secs * 1000).toISOString(),
+    session_started_at: new Date(row.session_started_at).toISOString(),
+    expires_at: new Date(row.session_ends_at).toISOString(),
+    remaining_secs: publicState === 'running' ? round1((row.session_ends_at - now) / 1000) : null,
     vcpus: row.vcpus,
     memory_mib: row.memory_mib,
     disk_mib: row.disk_mib,

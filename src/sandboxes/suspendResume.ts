@@ -170,7 +170,8 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     await ctx.fault('resume:vmm-started');
     const t0 = performance.now();
     const now = Date.now();
-    ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, last_active: now });
+    // A new session of the sandbox's timeout_secs: a lease set before the suspend ended with it.
+    ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
     ctx.registry.add(id, live);
     phases.since('commit', t0);
     removeAfterwards(ctx, join(rec.dir, 'suspend'));

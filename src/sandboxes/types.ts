@@ -33,9 +33,14 @@ export interface SandboxInfo {
   parent: string | null;
   forked_at: string | null;
   children: string[];
-  /** Maximum session duration; the reaper acts when age_secs passes it. */
+  /** The session length each start (create, fork, resume) gives, in seconds. */
   timeout_secs: number;
+  /** When the current (or, suspended, the last) session started: create, fork or resume. ISO 8601. */
+  session_started_at: string;
+  /** When the session ends and the reaper acts: session_started_at + timeout_secs, or as a lease set it. */
   expires_at: string;
+  /** Seconds until expires_at (0 once past it); null unless running. */
+  remaining_secs: number | null;
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
@@ -183,4 +188,10 @@ export interface SandboxService {
   portTarget(id: string, port: number, scope?: Scope): PortTarget;
   /** Number of running sandboxes the tenant holds (for tier caps). */
   countRunning(tenant: string): number;
+  /**
+   * Moves the end of a running sandbox's session (expires_at) to `endsAtMs`, earlier or later;
+   * the reaper acts then. Only while it is running (invalid_state otherwise): a resume starts a new
+   * session of timeout_secs. Tier limits are the caller's (the tenant service).
+   */
+  setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo;
 }

@@ -78,6 +78,16 @@ const migrations: Migration[] = [
     // restart): requests on it say why instead of only "not found".
     sql: 'ALTER TABLE sandboxes ADD COLUMN end_reason TEXT;',
   },
+  {
+    version: 4,
+    name: 'when a session ends',
+    // The reaper's deadline (ms): session_started_at + timeout_secs at each start, moved by a lease
+    // (POST /v1/sandboxes/{id}/timeout). Rows from before get the deadline they had.
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN session_ends_at INTEGER NOT NULL DEFAULT 0;
+      UPDATE sandboxes SET session_ends_at = session_started_at + timeout_secs * 1000;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

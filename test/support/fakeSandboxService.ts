@@ -45,6 +45,9 @@ interface Box {
   forkedMs: number | null;
   children: string[];
   timeoutSecs: number;
+  /** The current session: from create, fork or resume to its end (timeoutSecs later, or a lease's). */
+  sessionStartMs: number;
+  sessionEndMs: number;
   vcpus: number;
   memoryMib: number;
   diskMib: number;
@@ -278,6 +281,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     if (box.state !== 'suspended') throw invalidState(id, box.state, 'resume', ['suspended']);
     await sleep(this.opDelayMs);
     box.state = 'running';
+    box.sessionStartMs = this.now();
+    box.sessionEndMs = box.sessionStartMs + box.timeoutSecs * 1000;
     this.transition(box, 'resume');
     return this.info(box);
   }
@@ -333,6 +338,14 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return n;
   }
 
+  setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo {
+    this.calls.push('setSessionEnd');
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'setting its timeout', ['running']);
+    box.sessionEndMs = endsAtMs;
+    return this.info(box);
+  }
+
   /** Test hook: the reaper / another front door removed a sandbox behind the API's back. */
   reap(id: string): void {
     this.boxes.delete(id);
@@ -366,6 +379,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       forkedMs: parent ? t : null,
       children: [],
       timeoutSecs,
+      sessionStartMs: t,
+      sessionEndMs: t + timeoutSecs * 1000,
       vcpus: tpl.vcpus,
       memoryMib: tpl.memory_mib,
       diskMib: 1024,
@@ -394,7 +409,9 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       forked_at: b.forkedMs === null ? null : iso(b.forkedMs),
       children: [...b.children],
       timeout_secs: b.timeoutSecs,
-      expires_at: iso(b.createdMs + b.timeoutSecs * 1000),
+      session_started_at: iso(b.sessionStartMs),
+      expires_at: iso(b.sessionEndMs),
+      remaining_secs: b.state === 'running' ? Math.max(0, (b.sessionEndMs - t) / 1000) : null,
       vcpus: b.vcpus,
       memory_mib: b.memoryMib,
       disk_mib: b.diskMib,

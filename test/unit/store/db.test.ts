@@ -36,6 +36,7 @@ test('a database made with the earlier, wider state CHECK still opens and is use
       assert.equal(repo.get('sbx_old')?.state, 'running');
       assert.equal(repo.get('sbx_old')?.egress, 'none');
       assert.equal(repo.countRunning('t1'), 1);
+      assert.equal(repo.get('sbx_old')?.session_ends_at, 1 + 300 * 1000, 'a session from before keeps the end it had');
       repo.update('sbx_old', { state: 'suspended' });
       assert.equal(repo.list({ state: 'suspended' })[0]?.id, 'sbx_old');
     } finally {
