@@ -159,6 +159,23 @@ export const ROUTE_TABLE = [
     errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity'],
   },
   {
+    operationId: 'setSandboxTimeout',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/timeout',
+    summary: "Set when a running sandbox's session ends: timeout_secs from now",
+    description:
+      'A lease: extends or shortens the session, and the reaper ends it at the new expires_at (deletes it, or suspends it as the server is configured). ' +
+      "The tier's maximum session counts from the session's start (session_started_at): a timeout ending past it is 403 tier_forbidden " +
+      'with `max_timeout_secs`, the longest still allowed. Only while running (409 invalid_state): a resume starts a new session of timeout_secs. Safe to retry.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.SetTimeoutRequest,
+    responses: { 200: { description: 'The sandbox, with its new expires_at and remaining_secs.', schema: S.Sandbox } },
+    errors: ['sandbox_not_found', 'invalid_state', 'tier_forbidden'],
+  },
+  {
     operationId: 'deleteSandbox',
     method: 'DELETE',
     path: '/v1/sandboxes/:id',

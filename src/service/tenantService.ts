@@ -452,6 +452,38 @@ export class TenantService {
     }
   }
 
+  /**
+   * A lease: ends a running sandbox's session `timeoutSecs` from now, earlier or later than before.
+   * The tier's maximum session still counts from the session's start (create, fork or resume), so a
+   * lease past it is tier_forbidden, saying how much is left (`max_timeout_secs`) rather than
+   * silently cut short. Only while running: a suspended sandbox's session ended, and a resume starts
+   * a new one of timeout_secs (invalid_state).
+   */
+  setTimeout(scope: Scope, id: string, timeoutSecs: number): SandboxInfo {
+    // Checked here too: in-process callers (the RL local fleet) do not go through a schema.
+    if (!Number.isInteger(timeoutSecs) || timeoutSecs < 1) throw new CollimateError('validation_error', `timeout_secs must be a whole number of seconds, at least 1 (got ${timeoutSecs}).`);
+    const info = this.requireRunning(scope, id, 'setting its timeout');
+    const tier = scope.tier;
+    const now = this.now();
+    const startedMs = Date.parse(info.session_started_at);
+    const latestEnd = startedMs + tier.maxSessionSecs * 1000;
+    const endsAt = now + timeoutSecs * 1000;
+    if (endsAt > latestEnd) {
+      const left = Math.max(0, Math.floor((latestEnd - now) / 1000));
+      throw new CollimateError(
+        'tier_forbidden',
+        `timeout_secs ${timeoutSecs} would run sandbox ${id}'s session past the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s, ` +
+          `counted from its start at ${info.session_started_at}: ` +
+          (left >= 1 ? `${left} s of it are left, so ask for at most ${left}.` : 'none of it is left; suspend and resume the sandbox to start a new session.'),
+        { details: { max_session_secs: tier.maxSessionSecs, max_timeout_secs: left } },
+      );
+    }
+    // No await between the check and the write: a resume cannot start a new session in between.
+    const updated = this.engine.setSessionEnd(id, endsAt, scope);
+    this.observe(updated);
+    return updated;
+  }
+
   async delete(scope: Scope, id: string): Promise<void> {
     this.get(scope, id);
     await this.engine.delete(id, scope);

@@ -167,8 +167,13 @@ export const Sandbox = named(
     parent: described(z.string().nullable(), 'The sandbox this one was live-forked from; null for a template create.'),
     forked_at: z.string().nullable(),
     children: z.array(z.string()),
-    timeout_secs: described(z.number(), 'Maximum session duration; the sandbox is reaped once age_secs passes it.'),
-    expires_at: IsoTime,
+    timeout_secs: described(z.number(), 'Session length in seconds: each start (create, fork, resume) sets expires_at this far ahead.'),
+    session_started_at: described(z.string(), "When the current session started (create, fork or resume; for a suspended sandbox, its last one). ISO 8601. The tier's maximum session counts from here."),
+    expires_at: described(
+      z.string(),
+      'When the session ends: the reaper then deletes the sandbox (or suspends it, as the server is configured). session_started_at + timeout_secs, or as POST /v1/sandboxes/{id}/timeout set it. ISO 8601.',
+    ),
+    remaining_secs: described(z.number().nullable(), 'Seconds until expires_at (0 once past it); null unless running.'),
     vcpus: z.number(),
     memory_mib: z.number(),
     disk_mib: z.number(),
@@ -188,11 +193,21 @@ export const CreateSandboxRequest = named(
     labels: Labels.optional(),
     timeout_secs: described(
       z.number().int().min(1).max(2 ** 31 - 1),
-      'Maximum session duration in seconds. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden).',
+      'Session length in seconds: the sandbox is reaped this long after each start (create, resume); POST /v1/sandboxes/{id}/timeout moves the end of a running session. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden).',
     ).optional(),
     egress: described(
       EgressPolicy.optional(),
       "Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's.",
+    ),
+  }),
+);
+
+export const SetTimeoutRequest = named(
+  'SetTimeoutRequest',
+  z.strictObject({
+    timeout_secs: described(
+      z.number().int().min(1).max(2 ** 31 - 1),
+      "End the running session this many seconds from now, earlier or later than before (a lease). It may not end later than the tier's maximum session (demo 900, pro 86400, enterprise 604800 s) after the session started (session_started_at): beyond it is 403 tier_forbidden, whose max_timeout_secs is the longest still allowed.",
     ),
   }),
 );

@@ -78,10 +78,14 @@ export type Sandbox = {
   parent: string | null;
   forked_at: string | null;
   children: string[];
-  /** Maximum session duration; the sandbox is reaped once age_secs passes it. */
+  /** Session length in seconds: each start (create, fork, resume) sets expires_at this far ahead. */
   timeout_secs: number;
-  /** ISO 8601. */
+  /** When the current session started (create, fork or resume; for a suspended sandbox, its last one). ISO 8601. The tier's maximum session counts from here. */
+  session_started_at: string;
+  /** When the session ends: the reaper then deletes the sandbox (or suspends it, as the server is configured). session_started_at + timeout_secs, or as POST /v1/sandboxes/{id}/timeout set it. ISO 8601. */
   expires_at: string;
+  /** Seconds until expires_at (0 once past it); null unless running. */
+  remaining_secs: number | null;
   vcpus: number;
   memory_mib: number;
   disk_mib: number;
@@ -94,10 +98,15 @@ export type CreateSandboxRequest = {
   /** Template (or catalog image) id; see GET /v1/templates. */
   template: string;
   labels?: Labels;
-  /** Maximum session duration in seconds. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden). */
+  /** Session length in seconds: the sandbox is reaped this long after each start (create, resume); POST /v1/sandboxes/{id}/timeout moves the end of a running session. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden). */
   timeout_secs?: number;
   /** Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's. */
   egress?: EgressPolicy;
+};
+
+export type SetTimeoutRequest = {
+  /** End the running session this many seconds from now, earlier or later than before (a lease). It may not end later than the tier's maximum session (demo 900, pro 86400, enterprise 604800 s) after the session started (session_started_at): beyond it is 403 tier_forbidden, whose max_timeout_secs is the longest still allowed. */
+  timeout_secs: number;
 };
 
 export type SandboxList = {

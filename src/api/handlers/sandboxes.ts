@@ -8,7 +8,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'deleteSandbox' | 'readFile' | 'writeFile';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox' | 'readFile' | 'writeFile';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -66,6 +66,10 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async resumeSandbox({ scope, params }) {
       return { status: 200, body: sandboxView(await tenants.resume(scope, params.id)) };
+    },
+
+    setSandboxTimeout({ scope, params, body }) {
+      return { status: 200, body: sandboxView(tenants.setTimeout(scope, params.id, body.timeout_secs)) };
     },
 
     async deleteSandbox({ scope, params }) {

@@ -41,7 +41,8 @@ const sdkTypesMatchSchemas: [
   Same<Wire.ExecRequest, z.input<typeof S.ExecRequest>>,
   Same<Wire.CreateSandboxRequest, z.input<typeof S.CreateSandboxRequest>>,
   Same<Wire.ForkRequest, z.input<typeof S.ForkRequest>>,
-] = [true, true, true, true, true, true, true, true, true, true, true, true];
+  Same<Wire.SetTimeoutRequest, z.input<typeof S.SetTimeoutRequest>>,
+] = [true, true, true, true, true, true, true, true, true, true, true, true, true];
 void [optionalIsNotRequired, extraFieldDiffers, sdkTypesMatchSchemas];
 
 test('the committed wire types are what the API schemas render to', () => {

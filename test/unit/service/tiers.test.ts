@@ -159,3 +159,91 @@ describe('Admission with a service that counts in-flight operations', () => {
     assert.equal(adm.inFlight('t'), 0);
   });
 });
+
+describe('a lease: POST /v1/sandboxes/{id}/timeout', () => {
+  let f: Fixture;
+  let t = Date.parse('2026-01-01T00:00:00Z');
+  const clock = { now: () => t, advance: (secs: number) => (t += secs * 1000) };
+  before(async () => (f = await fixture({ fake: { now: clock.now, opDelayMs: 0 }, server: { now: clock.now } })));
+  after(() => f.close());
+
+  const create = (key: string, body: unknown) => f.req('createSandbox', { url: '/v1/sandboxes', key, body });
+  const setTimeout = (key: string, id: string, body: unknown) => f.req('setSandboxTimeout', { url: `/v1/sandboxes/${id}/timeout`, key, body });
+  const iso = (ms: number) => new Date(ms).toISOString();
+
+  test('sets the end timeout_secs from now, later or sooner; the view shows it and the session length stays', async () => {
+    const key = f.key('lease', 'pro');
+    const s = (await create(key, { template: 'base', timeout_secs: 600 })).json();
+    const started = t;
+    assert.equal(s.session_started_at, iso(started));
+    assert.equal(s.expires_at, iso(started + 600_000));
+    assert.equal(s.remaining_secs, 600);
+
+    clock.advance(100);
+    const longer = await setTimeout(key, s.id, { timeout_secs: 3600 });
+    assert.equal(longer.statusCode, 200);
+    assert.equal(longer.json().expires_at, iso(t + 3600_000));
+    assert.equal(longer.json().remaining_secs, 3600);
+    assert.equal(longer.json().timeout_secs, 600, 'timeout_secs is the length each start gives, not the lease');
+    const shorter = (await setTimeout(key, s.id, { timeout_secs: 2 })).json();
+    assert.equal(shorter.expires_at, iso(t + 2000));
+    clock.advance(1);
+    const read = (await f.req('getSandbox', { url: `/v1/sandboxes/${s.id}`, key })).json();
+    assert.equal(read.expires_at, iso(t + 1000));
+    assert.equal(read.remaining_secs, 1);
+    assert.equal(read.session_started_at, iso(started));
+  });
+
+  test("never past the tier's maximum session from the session's start: 403 tier_forbidden saying what is left", async () => {
+    const key = f.key('lease-demo');
+    const s = (await create(key, { template: 'base', timeout_secs: 60 })).json();
+    assert.equal((await setTimeout(key, s.id, { timeout_secs: 900 })).statusCode, 200, 'the whole demo session, asked for at its start');
+    clock.advance(600);
+    const r = await setTimeout(key, s.id, { timeout_secs: 301 });
+    assertErrorBody(r, 'tier_forbidden');
+    const err = r.json().error;
+    assert.match(err.message, /demo tier's maximum session of 900 s/);
+    assert.match(err.message, /300 s of it are left/);
+    assert.equal(err.max_session_secs, 900);
+    assert.equal(err.max_timeout_secs, 300);
+    assert.equal((await f.req('getSandbox', { url: `/v1/sandboxes/${s.id}`, key })).json().remaining_secs, 300, 'a refused lease changes nothing');
+    const ok = await setTimeout(key, s.id, { timeout_secs: 300 });
+    assert.equal(ok.statusCode, 200);
+    assert.equal(ok.json().expires_at, iso(Date.parse(s.session_started_at) + 900_000));
+
+    clock.advance(300);
+    const none = await setTimeout(key, s.id, { timeout_secs: 1 });
+    assertErrorBody(none, 'tier_forbidden');
+    assert.equal(none.json().error.max_timeout_secs, 0);
+    assert.match(none.json().error.message, /none of it is left; suspend and resume/);
+    await f.req('deleteSandbox', { url: `/v1/sandboxes/${s.id}`, key });
+  });
+
+  test('suspended: 409 invalid_state; a resume starts a new session of timeout_secs, which a lease then moves', async () => {
+    const key = f.key('lease-suspend', 'pro');
+    const s = (await create(key, { template: 'base', timeout_secs: 600 })).json();
+    assert.equal((await setTimeout(key, s.id, { timeout_secs: 5000 })).statusCode, 200);
+    const suspended = (await f.req('suspendSandbox', { url: `/v1/sandboxes/${s.id}/suspend`, key })).json();
+    assert.equal(suspended.remaining_secs, null);
+    const r = await setTimeout(key, s.id, { timeout_secs: 60 });
+    assertErrorBody(r, 'invalid_state');
+    assert.match(r.json().error.message, /resume/i);
+    clock.advance(10_000);
+    const resumed = (await f.req('resumeSandbox', { url: `/v1/sandboxes/${s.id}/resume`, key })).json();
+    assert.equal(resumed.session_started_at, iso(t));
+    assert.equal(resumed.expires_at, iso(t + 600_000), 'the lease ended with the session it was set on');
+    assert.equal((await setTimeout(key, s.id, { timeout_secs: 86400 })).statusCode, 200, 'the maximum counts from the resume');
+  });
+
+  test('bad bodies are 400 validation_error; unknown and other tenants\' ids 404', async () => {
+    const key = f.key('lease-bad', 'pro');
+    const s = (await create(key, { template: 'base' })).json();
+    for (const body of [{}, { timeout_secs: 0 }, { timeout_secs: -5 }, { timeout_secs: 1.5 }, { timeout_secs: '60' }, { timeout_secs: 60, extra: 1 }, { timeout_secs: 2 ** 31 }, [], null]) {
+      assertErrorBody(await setTimeout(key, s.id, body), 'validation_error');
+    }
+    assertErrorBody(await f.req('setSandboxTimeout', { url: `/v1/sandboxes/${s.id}/timeout`, key, rawBody: '{"timeout_secs":', headers: { 'content-type': 'application/json' } }), 'invalid_json');
+    assertErrorBody(await setTimeout(f.key('lease-other', 'pro'), s.id, { timeout_secs: 60 }), 'sandbox_not_found');
+    assertErrorBody(await setTimeout(key, 'sbx_000000000000', { timeout_secs: 60 }), 'sandbox_not_found');
+    assertErrorBody(await f.req('setSandboxTimeout', { url: `/v1/sandboxes/${s.id}/timeout`, body: { timeout_secs: 60 } }), 'unauthorized');
+  });
+});
