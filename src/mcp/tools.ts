@@ -61,6 +61,12 @@ export const INPUTS = {
   }),
   suspend_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   resume_sandbox: z.strictObject({ sandbox_id: sandboxId }),
+  set_sandbox_timeout: z.strictObject({
+    sandbox_id: sandboxId,
+    timeout_secs: S.SetTimeoutRequest.shape.timeout_secs.describe(
+      "Seconds from now until the sandbox's session ends (more or less than it has left). The session may not run longer than your tier's maximum (demo: 900 s) from its start.",
+    ),
+  }),
   delete_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   get_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   list_sandboxes: z.strictObject({
@@ -116,6 +122,9 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
     'Suspend a running sandbox to disk, memory and processes included; it stops counting against your concurrency cap. Returns the sandbox with state "suspended". Needs state "running".',
   resume_sandbox:
     'Resume a suspended sandbox exactly where it was (processes keep running). Takes a slot of your concurrency cap. Returns the sandbox with state "running". Needs state "suspended".',
+  set_sandbox_timeout:
+    'Set how long a running sandbox lives from now: its session then ends (it is deleted, or suspended if the server is set to) at `timeout_secs` from now, sooner or later than before — use it to keep a sandbox you still need, or to let one go early. ' +
+    'Returns the sandbox with the new expires_at and remaining_secs. tier_forbidden when the session would run past your tier\'s maximum from its start (the error says how many seconds are left to ask for); needs state "running" (a resume starts a new session).',
   delete_sandbox: 'Delete a sandbox (running or suspended) and everything in it. Irreversible. Returns {id, deleted: true}.',
   get_sandbox:
     'Get one sandbox: {id, state, template, labels, parent, children, exec_count, age_secs, idle_secs, expires_at, egress, ports: [{port, protocol, url}], ...}; `ports` are the TCP ports servers listen on right now.',
@@ -206,6 +215,10 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   );
 
   tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.resume(scope, sandboxIdOf(a.sandbox_id))));
+
+  tool('set_sandbox_timeout', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, (a) =>
+    sandboxView(tenants.setTimeout(scope, sandboxIdOf(a.sandbox_id), a.timeout_secs)),
+  );
 
   tool('delete_sandbox', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
     await tenants.delete(scope, sandboxIdOf(a.sandbox_id));

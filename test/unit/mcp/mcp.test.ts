@@ -67,7 +67,7 @@ test('tools carry input and output schemas; results are JSON text and structured
   const c = await connect(f.key('tools-t', 'pro'));
   try {
     const { tools } = await c.listTools();
-    assert.equal(tools.length, 12);
+    assert.equal(tools.length, 13);
     for (const t of tools) {
       assert.ok(t.outputSchema, `${t.name} has an output schema`);
       assert.equal(t.inputSchema.additionalProperties, false, `${t.name} rejects unknown arguments`);
@@ -153,6 +153,31 @@ test('tier rules are REST\'s for every tier: same codes and results for the same
     } finally {
       await c.close();
     }
+  }
+});
+
+test('set_sandbox_timeout is REST\'s lease: moves expires_at, refuses past the tier maximum and while suspended', async () => {
+  const key = f.key('lease-mcp');
+  const c = await connect(key);
+  try {
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', timeout_secs: 60 } })).structuredContent as any;
+    const before = Date.now();
+    const r = await c.callTool({ name: 'set_sandbox_timeout', arguments: { sandbox_id: sb.id, timeout_secs: 600 } });
+    assert.ok(!r.isError, text(r));
+    const set = r.structuredContent as any;
+    assert.ok(Date.parse(set.expires_at) >= before + 600_000 && Date.parse(set.expires_at) <= Date.now() + 600_000, set.expires_at);
+    assert.ok(set.remaining_secs > 599 && set.remaining_secs <= 600);
+    assert.equal(set.timeout_secs, 60);
+    const rest = (await f.req('getSandbox', { url: `/v1/sandboxes/${sb.id}`, key })).json();
+    assert.equal(rest.expires_at, set.expires_at, 'one lease, seen through both doors');
+    const tooLong = await c.callTool({ name: 'set_sandbox_timeout', arguments: { sandbox_id: sb.id, timeout_secs: 901 } });
+    assert.match(text(tooLong), /^tier_forbidden: .*maximum session of 900 s.* s of it are left/);
+    assert.equal((await c.callTool({ name: 'set_sandbox_timeout', arguments: { sandbox_id: sb.id, timeout_secs: 0 } })).isError, true);
+    await c.callTool({ name: 'suspend_sandbox', arguments: { sandbox_id: sb.id } });
+    assert.match(text(await c.callTool({ name: 'set_sandbox_timeout', arguments: { sandbox_id: sb.id, timeout_secs: 60 } })), /^invalid_state: /);
+    await c.callTool({ name: 'delete_sandbox', arguments: { sandbox_id: sb.id } });
+  } finally {
+    await c.close();
   }
 });
 
