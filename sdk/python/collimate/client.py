@@ -88,6 +88,8 @@ class Sandboxes:
 
         ``egress`` narrows the template's egress policy: ``"none"``, ``"allow"`` or
         ``{"domains": [...], "cidrs": [...], "ports": [...]}`` (wider: EgressForbiddenError).
+        ``timeout_secs`` is the session length each start (create, resume) gives; ``set_timeout()``
+        moves the end of a running session.
         Counts against the tier's concurrency cap (ConcurrencyLimitError with ``retry_after`` when
         full). Safe to retry: one Idempotency-Key goes with every attempt.
         """
@@ -386,6 +388,19 @@ class Sandbox:
     def resume(self) -> "Sandbox":
         """Resumes a suspended sandbox where it was; takes a concurrency slot."""
         self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/resume"), timeout=LIFECYCLE_TIMEOUT_SECS))
+        return self
+
+    def set_timeout(self, timeout_secs: int) -> "Sandbox":
+        """Ends this running sandbox's session ``timeout_secs`` seconds from now, sooner or later
+        than before (a lease); ``info.expires_at`` and ``info.remaining_secs`` show the new end.
+
+        The tier's maximum session counts from the session's start (``info.session_started_at``):
+        past it raises TierForbiddenError whose ``details["max_timeout_secs"]`` is the most still
+        allowed. InvalidStateError unless running: a resume starts a new session of
+        ``info.timeout_secs``. Retried like a GET: setting it twice is setting it.
+        """
+        body = {"timeout_secs": timeout_secs}
+        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/timeout"), json_body=body, retry="safe"))
         return self
 
     def delete(self) -> None:

@@ -48,6 +48,10 @@ class SandboxInfo:
     egress: Any = "allow"
     #: Listening TCP ports (GET of one sandbox reads them live; lists show the last reading).
     ports: List[OpenPort] = field(default_factory=list)
+    #: When the current (or, suspended, the last) session started; the tier's maximum counts from it.
+    session_started_at: Optional[str] = None
+    #: Seconds until ``expires_at``, when the session ends (0 once past); None unless running.
+    remaining_secs: Optional[float] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":

@@ -157,6 +157,19 @@ export class Sandbox {
     return this;
   }
 
+  /**
+   * Ends this running sandbox's session `timeoutSecs` seconds from now, sooner or later than before
+   * (a lease); `info.expires_at` and `info.remaining_secs` show the new end, when the server deletes
+   * it (or suspends it, as it is configured). The tier's maximum session counts from the session's
+   * start (`info.session_started_at`): a lease past it is a TierForbiddenError whose
+   * `details.max_timeout_secs` is the most still allowed. InvalidStateError unless running: a resume
+   * starts a new session of `info.timeout_secs`. Retried like a GET: setting it twice is setting it.
+   */
+  async setTimeout(timeoutSecs: number): Promise<this> {
+    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/timeout'), json: { timeout_secs: timeoutSecs }, retry: 'safe' });
+    return this;
+  }
+
   /** Deletes the sandbox (running or suspended). */
   async delete(): Promise<void> {
     await this.http.json<void>({ method: 'DELETE', path: this.path() });

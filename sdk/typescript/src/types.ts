@@ -37,7 +37,10 @@ export interface CreateSandboxParams {
   /** Template or catalog image id (see `client.images()`), e.g. `base`. */
   template: string;
   labels?: Record<string, string>;
-  /** Maximum session duration in seconds; default and maximum depend on the tier. */
+  /**
+   * Session length in seconds: the sandbox is reaped this long after each start (create, resume),
+   * unless `sandbox.setTimeout()` moves the end. Default and maximum depend on the tier.
+   */
   timeoutSecs?: number;
   /** Narrows the template's egress policy (wider: EgressForbiddenError). Default: the template's. */
   egress?: EgressPolicy;
