@@ -54,6 +54,8 @@ Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7
   collimate sandboxes exec ID (--command STR | --code STR | -- ARGV...) [--env K=V]... [--cwd DIR] [--stdin STR] [--timeout SECS] [--stream]
   collimate sandboxes fork ID [--count N] [--label k=v]... [--idempotency-key K]
   collimate sandboxes suspend|resume|delete ID
+  collimate sandboxes timeout ID SECS     end the running session SECS seconds from now, sooner or later
+                                          (within the tier's maximum session from its start)
   collimate sandboxes port-url ID PORT [--expires SECS]   a signed URL of the port that needs no key (default 1 h)
   collimate templates list
   collimate images list
@@ -417,7 +419,7 @@ async function sandboxes(sub: string | undefined, args: string[], io: Io): Promi
       expires: { type: 'string' },
       'idempotency-key': { type: 'string' },
     },
-    sub === 'exec' ? Infinity : sub === 'port-url' ? 2 : 1,
+    sub === 'exec' ? Infinity : sub === 'port-url' || sub === 'timeout' ? 2 : 1,
   );
   const api = client(values, io);
   const id = () => encodeURIComponent(need(positionals[0], 'sandbox ID'));
@@ -490,6 +492,13 @@ async function sandboxes(sub: string | undefined, args: string[], io: Io): Promi
     case 'resume': {
       const r = await api.request('POST', `/v1/sandboxes/${id()}/${sub}`);
       printSandbox(io, r.body, values.json);
+      return 0;
+    }
+    case 'timeout': {
+      const secs = num(need(positionals[1], 'SECS'), 'SECS');
+      const r = await api.request('POST', `/v1/sandboxes/${id()}/timeout`, { timeout_secs: secs });
+      if (values.json) json(io, r.body);
+      else io.out(`${r.body.id} ends at ${r.body.expires_at} (in ${duration(r.body.remaining_secs ?? 0)})\n`);
       return 0;
     }
     case 'port-url': {

@@ -160,6 +160,22 @@ describe('collimate sandboxes (HTTP client)', () => {
     assert.match((await cli('sandboxes', 'get', s.id)).err, /sandbox_not_found/);
   });
 
+  test('timeout sets the lease and prints when the session ends; the tier maximum and bad input are errors', async () => {
+    const s = JSON.parse((await cli('sandboxes', 'create', '--template', 'python', '--timeout', '60', '--json')).out);
+    const t = await cli('sandboxes', 'timeout', s.id, '7200');
+    assert.equal(t.code, 0, t.err);
+    assert.match(t.out, new RegExp(`^${s.id} ends at \\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z \\(in (1h59m|2h0m)\\)\\n$`));
+    const j = JSON.parse((await cli('sandboxes', 'timeout', s.id, '30', '--json')).out);
+    assert.ok(j.remaining_secs <= 30 && j.timeout_secs === 60, JSON.stringify(j));
+    const tooLong = await cli('sandboxes', 'timeout', s.id, '86401');
+    assert.equal(tooLong.code, 1);
+    assert.match(tooLong.err, /^error: tier_forbidden: .*maximum session of 86400 s/);
+    assert.equal((await cli('sandboxes', 'timeout', s.id)).code, 2, 'SECS is required');
+    assert.equal((await cli('sandboxes', 'timeout', s.id, 'soon')).code, 2);
+    assert.match((await cli('sandboxes', 'timeout', s.id, '0')).err, /validation_error/);
+    await cli('sandboxes', 'delete', s.id);
+  });
+
   test('templates, images, usage', async () => {
     assert.match((await cli('templates', 'list')).out, /python/);
     assert.equal(JSON.parse((await cli('images', 'list', '--json')).out).images.length, 3);
