@@ -66,6 +66,8 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       assert.deepEqual(p.children, []);
       assert.deepEqual(p.labels, { role: 'parent', run: 'c1' });
       assert.equal(p.timeout_secs, 600);
+      assert.equal(Date.parse(p.expires_at), Date.parse(p.session_started_at) + 600_000, 'a session ends timeout_secs after its start');
+      assert.ok(p.remaining_secs !== null && p.remaining_secs <= 600 && p.remaining_secs > 590);
       assert.equal(p.exec_count, 0);
       assert.equal(svc.countRunning(a.tenant), before + 1);
 
@@ -92,6 +94,14 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       assert.equal((await svc.readFile(p.id, '/root/note.txt', a)).toString(), 'from the parent');
       await rejectsWith(svc.readFile(p.id, '/root/missing.txt', a), 'file_not_found');
 
+      // A lease moves the end of the running session; timeout_secs stays the length of the next one.
+      const leaseEnd = Date.now() + 1_200_000;
+      const leased = svc.setSessionEnd(p.id, leaseEnd, a);
+      assert.equal(leased.expires_at, new Date(leaseEnd).toISOString());
+      assert.equal(leased.timeout_secs, 600);
+      assert.equal(svc.get(p.id, a).expires_at, leased.expires_at);
+      await rejectsWith(() => svc.setSessionEnd(p.id, leaseEnd, b), 'sandbox_not_found');
+
       // Fork of a running parent: children run, keep its files, merge labels; the parent runs on.
       await rejectsWith(svc.fork(p.id, { count: 0 }, a), 'validation_error');
       const kids = await svc.fork(p.id, { count: 2, labels: { role: 'child' } }, a);
@@ -101,6 +111,7 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
         assert.equal(k.parent, p.id);
         assert.ok(k.forked_at);
         assert.deepEqual(k.labels, { role: 'child', run: 'c1' });
+        assert.equal(Date.parse(k.expires_at), Date.parse(k.session_started_at) + 600_000, "a child's session is a new one of the parent's timeout_secs");
         assert.equal((await svc.readFile(k.id, '/root/note.txt', a)).toString(), 'from the parent');
       }
       assert.equal(svc.get(p.id, a).state, 'running');
@@ -113,6 +124,8 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       assert.equal(svc.countRunning(a.tenant), running - 1);
       await rejectsWith(svc.exec(p.id, { command: 'echo x' }, a), 'invalid_state');
       await rejectsWith(svc.suspend(p.id, a), 'invalid_state');
+      assert.equal(s.remaining_secs, null);
+      await rejectsWith(() => svc.setSessionEnd(p.id, Date.now() + 60_000, a), 'invalid_state');
       assert.ok(svc.list({ state: 'suspended' }, a).sandboxes.some((x) => x.id === p.id));
 
       // Fork of a suspended parent: the child runs with its files, the parent stays suspended.
@@ -126,6 +139,8 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       const back = await svc.resume(p.id, a);
       assert.equal(back.state, 'running');
       await rejectsWith(svc.resume(p.id, a), 'invalid_state');
+      assert.ok(Date.parse(back.session_started_at) > Date.parse(p.session_started_at), 'a resume starts a new session');
+      assert.equal(Date.parse(back.expires_at), Date.parse(back.session_started_at) + 600_000, 'of timeout_secs: the lease ended with the suspend');
       assert.equal((await svc.readFile(p.id, '/root/note.txt', a)).toString(), 'from the parent');
 
       // Delete: the id is gone for good; the children live on.
