@@ -29,7 +29,7 @@ import { release as osRelease } from 'node:os';
 import { REMAP_FD, type Accel } from './argv.js';
 import { buildC } from './native.js';
 import type { MachineShape } from './machine.js';
-import { UidPool, ownStartTicks, releaseClaim, type ClaimOwner } from '../host/claims.js';
+import { UidPool, ownStartTicks, readClaim, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import {
   createVmmCgroup, ensureParents, hostCgroups, removeVmmCgroup, sweepVmmCgroups, listVmmCgroups, vmmLimits,
   type CgroupLayout, type CgroupMode,
@@ -479,7 +479,12 @@ export function exposeLayers(vmmDir: string, disksDir: string, layers: string[])
  * its cgroup. Needs no configuration: a server that restarted with other settings can still clean up.
  */
 export async function releaseJail(rec: JailRecord, owner: ClaimOwner): Promise<void> {
-  if (rec.tunNode && rec.tunNode.startsWith(`${TUN_DIR}/`)) rmSync(rec.tunNode, { force: true });
+  // The uid's claim goes stale the moment its VMM dies, and a spawn may take the uid over before
+  // this runs: the tun node is then that VMM's, made anew, and stays (the crash campaign saw a
+  // resume fail on 'chown tun-<uid>: ENOENT').
+  const holder = readClaim(rec.claim);
+  const ours = !holder || (holder.pid === owner.pid && holder.startTicks === owner.startTicks);
+  if (ours && rec.tunNode && rec.tunNode.startsWith(`${TUN_DIR}/`)) rmSync(rec.tunNode, { force: true });
   await removeVmmCgroup(rec.cgroups);
   releaseClaim(rec.claim, owner);
 }
