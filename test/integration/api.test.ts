@@ -141,6 +141,48 @@ test('demo tier: the third concurrent create is 429 with Retry-After; suspending
   for (const id of [a.id, b.id, c.json().id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, demoKey);
 });
 
+test('a lease on real VMs: a session set to end in 2 s is reaped then; one set past the tier maximum is refused and runs on; a suspended one is 409', async () => {
+  const short = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base', timeout_secs: 600 })).json();
+  const keep = (await call('createSandbox', 'POST', '/v1/sandboxes', demoKey, { template: 'base', timeout_secs: 60 })).json();
+
+  const refused = await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${keep.id}/timeout`, demoKey, { timeout_secs: 901 });
+  assert.equal(refused.status, 403);
+  const err = refused.json().error;
+  assert.equal(err.code, 'tier_forbidden');
+  assert.match(err.message, /maximum session of 900 s/);
+  assert.ok(err.max_timeout_secs > 800 && err.max_timeout_secs <= 900, String(err.max_timeout_secs));
+  const extended = await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${keep.id}/timeout`, demoKey, { timeout_secs: 800 });
+  assert.equal(extended.status, 200);
+  assert.ok(extended.json().remaining_secs > 790, 'extended past its 60 s timeout');
+  assert.equal(extended.json().timeout_secs, 60);
+
+  const leased = await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${short.id}/timeout`, proKey, { timeout_secs: 2 });
+  assert.equal(leased.status, 200);
+  const endsAt = Date.parse(leased.json().expires_at);
+  assert.ok(leased.json().remaining_secs <= 2);
+  assert.equal((await call('getSandbox', 'GET', `/v1/sandboxes/${short.id}`, proKey)).json().state, 'running', 'not before its end');
+  // The reaper runs every second: the sandbox is gone soon after its end, 10 minutes before its timeout_secs would have ended it.
+  let gone = 0;
+  for (const deadline = Date.now() + 20_000; Date.now() < deadline; await sleep(200)) {
+    if ((await call('getSandbox', 'GET', `/v1/sandboxes/${short.id}`, proKey)).status === 404) {
+      gone = Date.now();
+      break;
+    }
+  }
+  assert.ok(gone > 0, 'reaped by the lease');
+  assert.ok(gone >= endsAt, `reaped ${endsAt - gone} ms before its end`);
+  assert.equal((await call('execSandbox', 'POST', `/v1/sandboxes/${short.id}/exec`, proKey, { command: 'true' })).status, 404);
+
+  const kept = (await call('getSandbox', 'GET', `/v1/sandboxes/${keep.id}`, demoKey)).json();
+  assert.equal(kept.state, 'running', 'the refused lease ended nothing');
+  assert.equal((await call('execSandbox', 'POST', `/v1/sandboxes/${keep.id}/exec`, demoKey, { command: 'echo alive' })).json().stdout, 'alive\n');
+  await call('suspendSandbox', 'POST', `/v1/sandboxes/${keep.id}/suspend`, demoKey);
+  const suspended = await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${keep.id}/timeout`, demoKey, { timeout_secs: 60 });
+  assert.equal(suspended.status, 409);
+  assert.equal(suspended.json().error.code, 'invalid_state');
+  await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${keep.id}`, demoKey);
+});
+
 test('tenant isolation: another tenant gets 404 for every id on every endpoint and never sees it listed', async () => {
   const mine = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base' })).json();
   const probes: Array<[string, string, string, unknown?]> = [
@@ -149,6 +191,7 @@ test('tenant isolation: another tenant gets 404 for every id on every endpoint a
     ['forkSandbox', 'POST', `/v1/sandboxes/${mine.id}/fork`, { count: 1 }],
     ['suspendSandbox', 'POST', `/v1/sandboxes/${mine.id}/suspend`],
     ['resumeSandbox', 'POST', `/v1/sandboxes/${mine.id}/resume`],
+    ['setSandboxTimeout', 'POST', `/v1/sandboxes/${mine.id}/timeout`, { timeout_secs: 1 }],
     ['readFile', 'GET', `/v1/sandboxes/${mine.id}/files?path=/etc/hostname`],
     ['deleteSandbox', 'DELETE', `/v1/sandboxes/${mine.id}`],
   ];
