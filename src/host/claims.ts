@@ -203,6 +203,16 @@ export function processMatches(o: ClaimOwner): boolean {
   }
 }
 
+/** Whether process `pid` exists and is not a zombie (one killed but not yet reaped by its parent). */
+export function isRunning(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
 /**
  * Whether any process runs with effective uid `uid` (/proc/<pid> is owned by it). A zombie does not
  * run: a killed VMM whose parent died stays one until init reaps it.
@@ -211,9 +221,7 @@ export function uidInUse(uid: number): boolean {
   for (const p of readdirSync('/proc')) {
     if (!/^\d+$/.test(p)) continue;
     try {
-      if (statSync(`/proc/${p}`).uid !== uid) continue;
-      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
-      if (stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z') return true;
+      if (statSync(`/proc/${p}`).uid === uid && isRunning(Number(p))) return true;
     } catch { /* exited meanwhile */ }
   }
   return false;

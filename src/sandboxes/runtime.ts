@@ -6,6 +6,7 @@ import { mkdirSync, rmSync, createReadStream, lstatSync, existsSync, readFileSyn
 import { basename, dirname, join } from 'node:path';
 import { Vmm, isAlive, procStartTicks, type VmmConfinement } from '../vmm/vmm.js';
 import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
+import { isRunning } from '../host/claims.js';
 import { launchVmm } from '../vmm/launch.js';
 import { netFor } from '../net/netns.js';
 import { homePaths } from '../host/paths.js';
@@ -427,12 +428,7 @@ export function qemuProcessesNaming(needle: string): number[] {
     if (!/^\d+$/.test(p)) continue;
     let cmd = '';
     try { cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8'); } catch { continue; }
-    if (!cmd.startsWith('qemu-system') || !cmd.includes(needle)) continue;
-    try {
-      const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
-      if (stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z') continue;
-    } catch { continue; }
-    pids.push(Number(p));
+    if (cmd.startsWith('qemu-system') && cmd.includes(needle) && isRunning(Number(p))) pids.push(Number(p));
   }
   return pids;
 }

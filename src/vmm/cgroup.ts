@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { isRunning } from '../host/claims.js';
 
 /**
  * One cgroup per VMM, with memory, cpu and pids limits from the sandbox's VM size.
@@ -186,15 +187,6 @@ export function createVmmCgroup(layout: CgroupLayout, name: string, limits: Cgro
   write(join(cpu, 'cpu.cfs_quota_us'), String(limits.cpuQuotaUs));
   write(join(pids, 'pids.max'), String(limits.pidsMax));
   return { dirs: [mem, cpu, pids], procsFiles: [mem, cpu, pids].map((d) => join(d, 'cgroup.procs')) };
-}
-
-function isRunning(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
-  } catch {
-    return false;
-  }
 }
 
 function procsOf(dir: string): number[] {
