@@ -70,7 +70,7 @@ export class ClaimPool {
   takeOver(uid: number, owner: ClaimOwner): boolean {
     return this.locked(() => {
       const cur = this.owner(uid);
-      if (cur && cur.pid === owner.pid && cur.startTicks === owner.startTicks) return true;
+      if (cur && sameOwner(cur, owner)) return true;
       if (this.tryClaim(uid, owner)) return true;
       if (!this.isStale(uid)) return false;
       try { unlinkSync(this.path(uid)); } catch { /* gone */ }
@@ -185,10 +185,15 @@ export function readClaim(path: string): ClaimOwner | null {
   }
 }
 
+/** Whether two claim owners are the same process (a pid alone may have been reused). */
+export function sameOwner(a: ClaimOwner, b: ClaimOwner): boolean {
+  return a.pid === b.pid && a.startTicks === b.startTicks;
+}
+
 /** Removes the claim file at `path` if it names `owner`: a uid someone else has since claimed is left alone. */
 export function releaseClaim(path: string, owner: ClaimOwner): void {
   const cur = readClaim(path);
-  if (!cur || cur.pid !== owner.pid || cur.startTicks !== owner.startTicks) return;
+  if (!cur || !sameOwner(cur, owner)) return;
   try { unlinkSync(path); } catch { /* already gone */ }
 }
 

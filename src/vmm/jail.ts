@@ -29,7 +29,7 @@ import { release as osRelease } from 'node:os';
 import { REMAP_FD, type Accel } from './argv.js';
 import { buildC } from './native.js';
 import type { MachineShape } from './machine.js';
-import { UidPool, ownStartTicks, readClaim, releaseClaim, type ClaimOwner } from '../host/claims.js';
+import { UidPool, ownStartTicks, readClaim, releaseClaim, sameOwner, type ClaimOwner } from '../host/claims.js';
 import {
   createVmmCgroup, ensureParents, hostCgroups, removeVmmCgroup, sweepVmmCgroups, listVmmCgroups, vmmLimits,
   type CgroupLayout, type CgroupMode,
@@ -483,7 +483,7 @@ export async function releaseJail(rec: JailRecord, owner: ClaimOwner): Promise<v
   // this runs: the tun node is then that VMM's, made anew, and stays (the crash campaign saw a
   // resume fail on 'chown tun-<uid>: ENOENT').
   const holder = readClaim(rec.claim);
-  const ours = !holder || (holder.pid === owner.pid && holder.startTicks === owner.startTicks);
+  const ours = !holder || sameOwner(holder, owner);
   if (ours && rec.tunNode && rec.tunNode.startsWith(`${TUN_DIR}/`)) rmSync(rec.tunNode, { force: true });
   await removeVmmCgroup(rec.cgroups);
   releaseClaim(rec.claim, owner);
