@@ -2,8 +2,12 @@
  * Talks to one guest agent over a connected stream (the QEMU virtio-serial chardev
  * socket, or a test-mode agent's unix socket).
  *
- * One request is in flight at a time: the agent runs a single exec anyway, and
- * strict ordering makes every reply unambiguous. Receive-side memory is bounded by
+ * Execs and file transfers are serialized: one of them is in flight at a time (the
+ * agent runs a single exec anyway, and strict ordering keeps a file's chunks in
+ * order). Other requests (`concurrentRequest`: process control, directory
+ * operations) go out at once beside them; every reply carries its request's id.
+ * Frames with id 0 that are not ERROR are events (process output, process exit,
+ * watch events): they are emitted as 'event'. Receive-side memory is bounded by
  * the frame decoder (one frame), the exec output caps and the readFile limit.
  */
 import { EventEmitter } from 'node:events';
@@ -116,14 +120,15 @@ function errorFromFrame(frame: Frame): AgentError {
 }
 
 /**
- * Events: 'guestError' (AgentError) for ERROR frames not tied to a request, such as
- * the agent's bad_frame resync report; 'resync' (skippedBytes) when the guest's byte
+ * Events: 'event' (Frame) for the agent's event frames (id 0); 'guestError'
+ * (AgentError) for ERROR frames not tied to a request, such as the agent's
+ * bad_frame resync report; 'resync' (skippedBytes) when the guest's byte
  * stream had to be resynchronised here; 'close' once the stream is gone.
  */
 export class AgentClient extends EventEmitter {
   private readonly decoder = new FrameDecoder();
   private readonly maxReadFileBytes: number;
-  private pending: PendingRequest | undefined;
+  private readonly pending = new Map<number, PendingRequest>();
   private queue: Promise<unknown> = Promise.resolve();
   /** Random start so a reconnecting host cannot mistake stale replies for answers to new ids. */
   private nextId = randomInt(1, 0x7fffffff);
@@ -237,6 +242,19 @@ export class AgentClient extends EventEmitter {
 
   // ------------------------------------------------------------ internals
 
+  /**
+   * Sends a request at once, beside any serialized one in flight. For requests the
+   * agent answers without waiting on an exec (process control, directory operations).
+   */
+  concurrentRequest<T>(
+    type: number,
+    payload: Buffer,
+    timeoutMs: number | undefined,
+    handle: (frame: Frame, done: (value: T) => void) => boolean,
+  ): Promise<T> {
+    return this.request(type, payload, timeoutMs, handle);
+  }
+
   private serialized<T>(task: () => Promise<T>): Promise<T> {
     const run = this.queue.then(task, task);
     this.queue = run.catch(() => undefined);
@@ -275,7 +293,7 @@ export class AgentClient extends EventEmitter {
       let timer: NodeJS.Timeout | undefined;
       const settle = () => {
         if (timer) clearTimeout(timer);
-        if (this.pending === entry) this.pending = undefined;
+        if (this.pending.get(id) === entry) this.pending.delete(id);
       };
       const entry: PendingRequest = {
         id,
@@ -305,7 +323,7 @@ export class AgentClient extends EventEmitter {
           reject(error);
         },
       };
-      this.pending = entry;
+      this.pending.set(id, entry);
       if (timeoutMs !== undefined) {
         timer = setTimeout(() => entry.fail(new AgentError(ClientErrorCode.Timeout, `no reply to request ${id} within ${timeoutMs} ms`)), timeoutMs);
       }
@@ -327,10 +345,13 @@ export class AgentClient extends EventEmitter {
         continue;
       }
       const frame = event.frame;
-      if (this.pending && frame.id === this.pending.id) {
-        this.pending.onFrame(frame);
+      const pending = frame.id === 0 ? undefined : this.pending.get(frame.id);
+      if (pending) {
+        pending.onFrame(frame);
       } else if (frame.type === MessageType.Error) {
         this.emit('guestError', errorFromFrame(frame));
+      } else if (frame.id === 0) {
+        this.emit('event', frame);
       }
       // Anything else answers a request we gave up on (timed out); dropping it is correct.
     }
@@ -340,9 +361,9 @@ export class AgentClient extends EventEmitter {
     if (this.closedReason !== undefined) return;
     this.closedReason = reason;
     this.decoder.reset();
-    const pending = this.pending;
-    this.pending = undefined;
-    pending?.fail(new AgentError(ClientErrorCode.Disconnected, `agent connection lost (${reason})`));
+    const pending = [...this.pending.values()];
+    this.pending.clear();
+    for (const entry of pending) entry.fail(new AgentError(ClientErrorCode.Disconnected, `agent connection lost (${reason})`));
     this.emit('close', reason);
   }
 }

@@ -170,6 +170,24 @@ describe('exec', () => {
     });
   });
 
+  it('answers a concurrent request while an exec runs, and queues serialized ones behind it', async () => {
+    await withClient(async (client) => {
+      const order: string[] = [];
+      const exec = client.exec({ commands: [['sh', '-c', 'sleep 0.4; echo done']] }).then(() => order.push('exec'));
+      await sleep(50);
+      const pong = client
+        .concurrentRequest(MessageType.Ping, Buffer.alloc(0), 5000, (frame, done) => {
+          if (frame.type !== MessageType.Pong) return false;
+          done(frame);
+          return true;
+        })
+        .then(() => order.push('concurrent ping'));
+      const serializedPing = client.ping().then(() => order.push('serialized ping'));
+      await Promise.all([exec, pong, serializedPing]);
+      assert.deepEqual(order, ['concurrent ping', 'exec', 'serialized ping']);
+    });
+  });
+
   it('returns stderr and a non-zero exit code', async () => {
     await withClient(async (client) => {
       const { result, stdout, stderr } = await client.exec({ commands: [['sh', '-c', 'echo oops >&2; exit 3']] });
