@@ -21,6 +21,8 @@ import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
 import { registerHttpMetrics } from './httpMetrics.js';
 import { registerPortsProxy } from './portsProxy.js';
+import { registerE2bControlPlane } from '../e2b/controlPlane.js';
+import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
 import { matchPath, ROUTES } from './routes.js';
 import { SseStreams } from './sse.js';
 
@@ -168,6 +170,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   );
   const authenticate = (headers: IncomingHttpHeaders): Scope => tenants.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
+  registerE2bControlPlane(app, { tenants, env: new SandboxEnvStore(tenants.db) });
   const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.

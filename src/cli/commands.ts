@@ -43,7 +43,8 @@ Server
       on stdout; --tls-cert/--tls-key (PEM) serve HTTPS (docs/operations.md).
 
 API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate)
-  collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N]   prints the key on its last line
+  collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N] [--e2b]   prints the key on its last line
+                                                              (--e2b: in E2B's e2b_<hex> shape, for the E2B SDK; the same key)
   collimate keys list [--tenant T] [--all]
   collimate keys revoke KEY_ID|KEY
 
@@ -355,9 +356,9 @@ async function serve(args: string[], io: Io): Promise<number> {
 async function keys(sub: string | undefined, args: string[], io: Io): Promise<number> {
   await import('../service/migrations.js');
   const { openDb } = await import('../store/db.js');
-  const { KeyStore } = await import('../service/keys.js');
+  const { KeyStore, e2bKeyOf } = await import('../service/keys.js');
   const { isTierName, TIER_NAMES } = await import('../service/tiers.js');
-  const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' } } as const;
+  const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' }, e2b: { type: 'boolean' } } as const;
   const { values, positionals } = parse(args, opts, sub === 'revoke' ? 1 : 0);
   const db = openDb(dbPathOf(homeDir(values.home, io)));
   try {
@@ -369,8 +370,8 @@ async function keys(sub: string | undefined, args: string[], io: Io): Promise<nu
         const { key, record, tierChanged } = store.create({ tenant, tier: values.tier as any, name: values.name });
         if (tierChanged) io.err(`note: tenant ${tenant} is now on the ${record.tier} tier (applies to all its keys)\n`);
         await warnMultiTenantTcg(db, io);
-        if (values.json) json(io, { ...record, key });
-        else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier}); store the key now, it is not shown again:\n${key}\n`);
+        if (values.json) json(io, { ...record, key, e2b_key: e2bKeyOf(key) });
+        else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier}); store the key now, it is not shown again:\n${values.e2b ? e2bKeyOf(key) : key}\n`);
         return 0;
       }
       case 'list': {

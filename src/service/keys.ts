@@ -13,6 +13,23 @@ export const KEY_PREFIX = 'clm_';
 const KEY_BODY_LEN = 40;
 const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
 export const KEY_RE = /^clm_[0-9A-Za-z]{40}$/;
+/**
+ * The same key in E2B's shape (`e2b_` + lowercase hex), for the E2B SDK, which checks a key's shape
+ * before it sends it: `e2b_` + the hex of the 40 base62 characters. Either form authenticates.
+ */
+export const E2B_KEY_PREFIX = 'e2b_';
+const E2B_KEY_RE = /^e2b_[0-9a-f]{80}$/;
+
+export function e2bKeyOf(key: string): string {
+  if (!KEY_RE.test(key)) throw new Error('not a Collimate key');
+  return E2B_KEY_PREFIX + Buffer.from(key.slice(KEY_PREFIX.length), 'latin1').toString('hex');
+}
+
+/** The Collimate key an E2B-shaped key stands for; the key itself if it is not E2B-shaped. */
+export function fromE2bKey(key: string): string {
+  if (!E2B_KEY_RE.test(key)) return key;
+  return KEY_PREFIX + Buffer.from(key.slice(E2B_KEY_PREFIX.length), 'hex').toString('latin1');
+}
 export const TENANT_RE = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export interface Principal {
@@ -109,7 +126,8 @@ export class KeyStore {
   }
 
   /** Revokes by key id (key_…) or by the key itself. Returns the revoked record, or null if none matched. */
-  revoke(idOrKey: string): KeyRecord | null {
+  revoke(idOrKeyPresented: string): KeyRecord | null {
+    const idOrKey = fromE2bKey(idOrKeyPresented);
     const row = (KEY_RE.test(idOrKey)
       ? this.db.prepare('SELECT id FROM api_keys WHERE hash = ?').get(hashKey(idOrKey))
       : this.db.prepare('SELECT id FROM api_keys WHERE id = ?').get(idOrKey)) as { id: string } | undefined;
@@ -124,7 +142,8 @@ export class KeyStore {
   }
 
   /** Resolves a bearer key to its principal, or null when unknown or revoked. */
-  authenticate(key: string): Principal | null {
+  authenticate(presented: string): Principal | null {
+    const key = fromE2bKey(presented);
     if (!KEY_RE.test(key)) return null;
     const hash = hashKey(key);
     const row = this.db

@@ -16,6 +16,8 @@ const BODY_BYTES = 1 + 6 + 2 + 5;
 const MAC_BYTES = 32;
 /** The HMAC input starts with a label, so this key can never sign anything else by accident. */
 const DOMAIN = Buffer.from('collimate port url\0');
+/** Sandbox access tokens (the E2B front door's envd token) are MACs under the same key, another label. */
+const SANDBOX_TOKEN_DOMAIN = Buffer.from('collimate sandbox token\0');
 
 export interface PortGrant {
   sandboxId: string;
@@ -88,5 +90,20 @@ export class PortUrlSigner {
       throw new CollimateError('url_expired', `This port URL expired at ${new Date(grant.expiresAt * 1000).toISOString()}. Ask its owner for a new one (POST /v1/sandboxes/{id}/port-urls).`);
     }
     return grant;
+  }
+
+  /**
+   * A token that grants access to one sandbox for as long as it exists (E2B's envdAccessToken): a MAC
+   * of its id, so nothing is stored and a forked child gets its own.
+   */
+  sandboxToken(sandboxId: string): string {
+    return createHmac('sha256', this.getKey()).update(SANDBOX_TOKEN_DOMAIN).update(sandboxId).digest('base64url');
+  }
+
+  /** Whether `token` is sandboxToken(sandboxId), compared in constant time. */
+  verifySandboxToken(sandboxId: string, token: string): boolean {
+    const want = Buffer.from(this.sandboxToken(sandboxId));
+    const got = Buffer.from(token);
+    return got.length === want.length && timingSafeEqual(got, want);
   }
 }

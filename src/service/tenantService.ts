@@ -103,6 +103,8 @@ export class TenantService {
   readonly idempotency: IdempotencyStore;
   readonly meter: Meter;
   readonly signer: PortUrlSigner;
+  /** The service's database; a front door with state of its own (the E2B envVars) keeps it here too. */
+  readonly db: Db;
   /** The service's instruments; front doors register theirs in the same registry. */
   readonly metrics = new MetricsRegistry();
   private readonly images?: ImageService;
@@ -122,6 +124,7 @@ export class TenantService {
     this.images = opts.images;
     this.now = opts.now ?? Date.now;
     this.log = opts.log ?? (() => {});
+    this.db = opts.db;
     applyApiMigrations(opts.db);
     this.keys = new KeyStore(opts.db);
     this.idempotency = new IdempotencyStore(opts.db);

@@ -1,0 +1,308 @@
+/**
+ * E2B's control plane (the REST API the `e2b` SDK calls at E2B_API_URL), translated onto the tenant
+ * service: mounted at /e2b/api. Only translation lives here — every call is the same TenantService
+ * call the native API makes, under the same key and tier.
+ *
+ * Mapping: templateID ↔ our template id; metadata ↔ labels; paused ↔ suspended; `timeout` (seconds
+ * from now) ↔ a lease (POST /v1/sandboxes/{id}/timeout); envVars are kept beside the sandbox and
+ * applied by envd (sandboxEnv.ts). Errors take E2B's shape, `{ code: <HTTP status>, message }`.
+ * Auth: `X-API-Key` with a Collimate key, in either shape (`clm_…` or the `e2b_<hex>` form the SDK
+ * checks for; `collimate keys create --e2b`).
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { CollimateError } from '../errors.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import type { SandboxInfo, SandboxTransition } from '../sandboxes/types.js';
+import { Labels } from '../wire/schemas.js';
+import { toClientError } from '../wire/errors.js';
+import { envVarsProblem, type SandboxEnvStore } from './sandboxEnv.js';
+
+export const E2B_API_PREFIX = '/e2b/api';
+/** The envd version we answer with: the SDK turns off what a lower version lacks (see envd.ts). */
+export const ENVD_VERSION = '0.5.7';
+/** E2B's default when a create gives no timeout. */
+const DEFAULT_TIMEOUT_SECS = 15;
+const MAX_FORK_COUNT = 100;
+
+export interface E2bControlPlaneOptions {
+  tenants: TenantService;
+  env: SandboxEnvStore;
+}
+
+/** E2B's error body: the HTTP status as `code`, and our stable code beside it as `error_code`. */
+export function sendE2bError(reply: FastifyReply, err: CollimateError): void {
+  if (reply.sent || reply.raw.headersSent) return;
+  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.code(err.status).type('application/json; charset=utf-8').send({ code: err.status, message: err.message, error_code: err.code });
+}
+
+function bad(message: string): CollimateError {
+  return new CollimateError('validation_error', message);
+}
+
+function jsonBody(req: FastifyRequest): Record<string, unknown> {
+  const raw = req.body;
+  if (raw === undefined || raw === null) return {};
+  const text = Buffer.isBuffer(raw) ? raw.toString('utf8') : String(raw);
+  if (text.trim() === '') return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw bad('The request body is not valid JSON.');
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw bad('The request body must be a JSON object.');
+  return value as Record<string, unknown>;
+}
+
+function optionalSeconds(body: Record<string, unknown>, field: string): number | undefined {
+  const v = body[field];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw bad(`${field} must be a whole number of seconds, 0 or more.`);
+  return v;
+}
+
+function metadataOf(body: Record<string, unknown>): Record<string, string> | undefined {
+  if (body.metadata === undefined || body.metadata === null) return undefined;
+  const parsed = Labels.safeParse(body.metadata);
+  if (!parsed.success) throw bad(`metadata becomes the sandbox's labels: ${parsed.error.issues.map((i) => `${i.path.join('.') || 'metadata'}: ${i.message}`).join('; ')}.`);
+  return parsed.data;
+}
+
+const e2bState = (s: SandboxInfo['state']) => (s === 'suspended' ? 'paused' : s);
+
+export class E2bControlPlane {
+  constructor(private readonly opts: E2bControlPlaneOptions) {}
+
+  private get tenants(): TenantService {
+    return this.opts.tenants;
+  }
+
+  /** The `Sandbox` answer of create, connect, resume and fork: what the SDK needs to reach envd. */
+  sandboxAnswer(info: SandboxInfo): Record<string, unknown> {
+    return {
+      templateID: info.template,
+      sandboxID: info.id,
+      clientID: 'collimate',
+      envdVersion: ENVD_VERSION,
+      envdAccessToken: this.tenants.signer.sandboxToken(info.id),
+      domain: null,
+    };
+  }
+
+  private listed(info: SandboxInfo): Record<string, unknown> {
+    return {
+      templateID: info.template,
+      sandboxID: info.id,
+      clientID: 'collimate',
+      startedAt: info.session_started_at,
+      endAt: info.expires_at,
+      cpuCount: info.vcpus,
+      memoryMB: info.memory_mib,
+      diskSizeMB: info.disk_mib,
+      metadata: info.labels,
+      state: e2bState(info.state),
+      envdVersion: ENVD_VERSION,
+    };
+  }
+
+  private detail(info: SandboxInfo): Record<string, unknown> {
+    return { ...this.listed(info), envdAccessToken: this.tenants.signer.sandboxToken(info.id), domain: null };
+  }
+
+  /** A lease of `secs` from now, unless the session already runs at least that long. */
+  private extendTo(scope: Scope, info: SandboxInfo, secs: number | undefined, onlyLonger: boolean): SandboxInfo {
+    if (secs === undefined || info.state !== 'running') return info;
+    if (onlyLonger && info.remaining_secs !== null && info.remaining_secs >= secs) return info;
+    return this.tenants.setTimeout(scope, info.id, Math.max(1, secs));
+  }
+
+  async create(scope: Scope, body: Record<string, unknown>): Promise<[number, unknown]> {
+    const template = body.templateID;
+    if (typeof template !== 'string' || template === '') throw bad('templateID is required: the id of a template (GET /v1/templates).');
+    if (body.autoPause === true) throw bad('autoPause is not supported: a Collimate sandbox is deleted when its timeout ends. Pause it yourself with POST /sandboxes/{id}/pause before then.');
+    if (body.mcp !== undefined && body.mcp !== null) throw bad('mcp (the MCP gateway) is not supported by Collimate.');
+    if (Array.isArray(body.volumeMounts) && body.volumeMounts.length > 0) throw bad('volumeMounts are not supported by Collimate.');
+    if (body.network !== undefined && body.network !== null) {
+      throw bad('network rules are not supported through the E2B API; give the sandbox an environment with an egress policy (POST /v1/environments), or allow_internet_access: false for none.');
+    }
+    const envProblem = envVarsProblem(body.envVars);
+    if (envProblem) throw bad(envProblem);
+    const labels = metadataOf(body);
+    const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
+    const egress = body.allow_internet_access === false ? ('none' as const) : undefined;
+    const info = await this.tenants.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) });
+    const env = (body.envVars ?? {}) as Record<string, string>;
+    try {
+      this.opts.env.set(info.id, env);
+    } catch (err) {
+      await this.tenants.delete(scope, info.id).catch(() => undefined);
+      throw err;
+    }
+    return [201, this.sandboxAnswer(info)];
+  }
+
+  list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): { items: unknown[]; next: string | null } {
+    const labels: Record<string, string> = {};
+    if (typeof query.metadata === 'string' && query.metadata !== '') {
+      for (const [k, v] of new URLSearchParams(query.metadata)) labels[k] = v;
+    }
+    let states = String(query.state ?? '')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean);
+    if (runningOnly) states = ['running'];
+    for (const s of states) if (s !== 'running' && s !== 'paused') throw bad(`state must be running or paused (got ${s.slice(0, 40)}).`);
+    const state = states.length === 1 ? (states[0] === 'paused' ? 'suspended' : 'running') : undefined;
+    let limit: number | undefined;
+    if (query.limit !== undefined) {
+      limit = Number(query.limit);
+      if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw bad('limit must be a whole number from 1 to 1000.');
+    }
+    const after = typeof query.nextToken === 'string' && query.nextToken !== '' ? query.nextToken : undefined;
+    const page = this.tenants.list(scope, { ...(state ? { state } : {}), ...(Object.keys(labels).length ? { labels } : {}), ...(after ? { after } : {}), ...(limit ? { limit } : {}) });
+    const template = typeof query.template === 'string' && query.template !== '' ? query.template : undefined;
+    const startedAfter = typeof query.startedAfter === 'string' ? Date.parse(query.startedAfter) : NaN;
+    const items = page.sandboxes
+      .filter((s) => s.state !== 'deleted')
+      .filter((s) => template === undefined || s.template === template)
+      .filter((s) => Number.isNaN(startedAfter) || Date.parse(s.session_started_at) >= startedAfter)
+      .map((s) => this.listed(s));
+    return { items, next: page.next };
+  }
+
+  get(scope: Scope, id: string): unknown {
+    return this.detail(this.tenants.get(scope, id));
+  }
+
+  async kill(scope: Scope, id: string): Promise<void> {
+    await this.tenants.delete(scope, id);
+    this.opts.env.forget(id);
+  }
+
+  setTimeout(scope: Scope, id: string, body: Record<string, unknown>): void {
+    const secs = optionalSeconds(body, 'timeout');
+    if (secs === undefined) throw bad('timeout is required: seconds from now until the sandbox is deleted.');
+    this.tenants.setTimeout(scope, id, Math.max(1, secs));
+  }
+
+  async pause(scope: Scope, id: string): Promise<void> {
+    const info = this.tenants.get(scope, id);
+    if (info.state === 'suspended') throw new CollimateError('invalid_state', `Sandbox ${id} is already paused.`);
+    await this.tenants.suspend(scope, id);
+  }
+
+  /** connect: 200 if it was running (its timeout only ever lengthened), 201 once resumed. */
+  async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
+    const secs = optionalSeconds(body, 'timeout');
+    const info = this.tenants.get(scope, id);
+    if (info.state === 'running') return [200, this.sandboxAnswer(this.extendTo(scope, info, secs, true))];
+    const resumed = await this.tenants.resume(scope, id);
+    return [201, this.sandboxAnswer(this.extendTo(scope, resumed, secs, false))];
+  }
+
+  async resume(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
+    const secs = optionalSeconds(body, 'timeout');
+    const info = this.tenants.get(scope, id);
+    if (info.state === 'running') throw new CollimateError('invalid_state', `Sandbox ${id} is already running.`);
+    const resumed = await this.tenants.resume(scope, id);
+    return [201, this.sandboxAnswer(this.extendTo(scope, resumed, secs, false))];
+  }
+
+  /** All children are made in one live fork (one fork point), so they succeed or fail together. */
+  async fork(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
+    const count = body.count === undefined || body.count === null ? 1 : body.count;
+    if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORK_COUNT) throw bad(`count must be a whole number from 1 to ${MAX_FORK_COUNT}.`);
+    const secs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
+    const env = this.opts.env.get(id);
+    const children = await this.tenants.fork(scope, id, { count });
+    const results = children.map((child) => {
+      try {
+        this.opts.env.set(child.id, env);
+        return { sandbox: this.sandboxAnswer(this.tenants.setTimeout(scope, child.id, Math.max(1, secs))) };
+      } catch (err) {
+        const e = toClientError(err);
+        return { error: { code: e.status, message: e.message, error_code: e.code } };
+      }
+    });
+    return [201, results];
+  }
+
+  /** One reading now: E2B returns a series; we have the sandbox's size and no history. */
+  metrics(scope: Scope, id: string): unknown[] {
+    const info = this.tenants.get(scope, id);
+    const now = new Date();
+    return [
+      {
+        timestamp: now.toISOString(),
+        timestampUnix: Math.floor(now.getTime() / 1000),
+        cpuCount: info.vcpus,
+        cpuUsedPct: 0,
+        memUsed: 0,
+        memTotal: info.memory_mib * 1024 * 1024,
+        memCache: 0,
+        diskUsed: 0,
+        diskTotal: info.disk_mib * 1024 * 1024,
+      },
+    ];
+  }
+}
+
+type Handler = (scope: Scope, req: FastifyRequest, reply: FastifyReply) => Promise<unknown> | unknown;
+
+export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPlaneOptions): E2bControlPlane {
+  const plane = new E2bControlPlane(opts);
+  const { tenants } = opts;
+  // A sandbox deleted by any front door, the reaper or its VM's death takes its envVars with it.
+  const engine = tenants.engine as unknown as { on?: (e: string, f: (ev: SandboxTransition) => void) => void; off?: (e: string, f: (ev: SandboxTransition) => void) => void };
+  const onTransition = (ev: SandboxTransition) => {
+    if (ev.op === 'delete' || ev.op === 'lost') opts.env.forget(ev.id);
+  };
+  engine.on?.('transition', onTransition);
+  app.addHook('onClose', async () => engine.off?.('transition', onTransition));
+  const id = (req: FastifyRequest) => (req.params as { id: string }).id;
+  const query = (req: FastifyRequest) => (req.query ?? {}) as Record<string, unknown>;
+
+  const route = (method: 'GET' | 'POST' | 'DELETE', path: string, handle: Handler) => {
+    app.route({
+      method,
+      url: E2B_API_PREFIX + path,
+      handler: async (req, reply) => {
+        try {
+          const header = req.headers['x-api-key'];
+          const bearer = /^Bearer\s+(\S+)\s*$/i.exec(String(req.headers.authorization ?? ''))?.[1];
+          const key = (Array.isArray(header) ? header[0] : header) ?? bearer;
+          const scope = tenants.authenticate(key);
+          const out = await handle(scope, req, reply);
+          if (reply.sent) return;
+          if (out === undefined) return reply.code(204).send();
+          if (Array.isArray(out) && out.length === 2 && typeof out[0] === 'number') return reply.code(out[0]).send(out[1]);
+          return reply.code(200).send(out);
+        } catch (err) {
+          sendE2bError(reply, toClientError(err, req.log, req.id));
+        }
+      },
+    });
+  };
+
+  const create: Handler = (scope, req) => plane.create(scope, jsonBody(req));
+  route('POST', '/sandboxes', create);
+  route('POST', '/v2/sandboxes', create);
+  const list = (runningOnly: boolean): Handler => (scope, req, reply) => {
+    const page = plane.list(scope, query(req), runningOnly);
+    if (page.next) reply.header('x-next-token', page.next);
+    return page.items;
+  };
+  route('GET', '/sandboxes', list(true));
+  route('GET', '/v2/sandboxes', list(false));
+  route('GET', '/sandboxes/:id', (scope, req) => plane.get(scope, id(req)));
+  route('DELETE', '/sandboxes/:id', (scope, req) => plane.kill(scope, id(req)));
+  route('POST', '/sandboxes/:id/timeout', (scope, req) => plane.setTimeout(scope, id(req), jsonBody(req)));
+  route('POST', '/sandboxes/:id/pause', (scope, req) => plane.pause(scope, id(req)));
+  route('POST', '/sandboxes/:id/connect', (scope, req) => plane.connect(scope, id(req), jsonBody(req)));
+  route('POST', '/v2/sandboxes/:id/connect', (scope, req) => plane.connect(scope, id(req), jsonBody(req)));
+  route('POST', '/sandboxes/:id/resume', (scope, req) => plane.resume(scope, id(req), jsonBody(req)));
+  route('POST', '/sandboxes/:id/fork', (scope, req) => plane.fork(scope, id(req), jsonBody(req)));
+  route('GET', '/sandboxes/:id/metrics', (scope, req) => plane.metrics(scope, id(req)));
+  return plane;
+}

@@ -1,0 +1,156 @@
+/**
+ * The E2B control plane driven by the unmodified `e2b` SDK (the newest pinned 2.x and an older
+ * 2.x), over a real loopback listener, on the fake sandbox service. The same SDK against real VMs,
+ * envd included, is test/integration/e2b.test.ts.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import * as e2bNew from 'e2b';
+import * as e2bOld from 'e2b-2-30';
+import { e2bKeyOf } from '../../../src/service/keys.js';
+import { SandboxEnvStore } from '../../../src/e2b/sandboxEnv.js';
+import { openDb } from '../../../src/store/db.js';
+import { FakeSandboxService } from '../../support/fakeSandboxService.js';
+import { serverOn } from '../api/helpers.js';
+import type { ApiServer } from '../../../src/api/server.js';
+
+let dir: string;
+let api: ApiServer;
+let svc: FakeSandboxService;
+let apiUrl: string;
+let key: string;
+let otherKey: string;
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'collimate-e2b-'));
+  const db = openDb(join(dir, 'collimate.db'));
+  svc = new FakeSandboxService({ events: true });
+  api = await serverOn(svc, db);
+  await api.app.listen({ host: '127.0.0.1', port: 0 });
+  apiUrl = `http://127.0.0.1:${(api.app.server.address() as AddressInfo).port}/e2b/api`;
+  key = e2bKeyOf(api.keys.create({ tenant: 'acme', tier: 'pro' }).key);
+  otherKey = e2bKeyOf(api.keys.create({ tenant: 'other', tier: 'pro' }).key);
+});
+
+after(async () => {
+  await api.shutdown(100);
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const envOf = (id: string) => new SandboxEnvStore(api.tenants.db).get(id);
+
+for (const [version, sdk] of [['2.51', e2bNew], ['2.30', e2bOld]] as const) {
+  describe(`e2b ${version} against the control plane`, () => {
+    const opts = () => ({ apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' });
+
+    it('creates with template, metadata, envs and timeout; gets and lists it by metadata', async () => {
+      const sbx = await sdk.Sandbox.create('python', { ...opts(), metadata: { run: `r-${version}` }, envs: { GREETING: 'hi' }, timeoutMs: 120_000 });
+      assert.match(sbx.sandboxId, /^sbx_[0-9a-f]{12}$/);
+      assert.deepEqual(envOf(sbx.sandboxId), { GREETING: 'hi' });
+      const info = await sdk.Sandbox.getInfo(sbx.sandboxId, opts());
+      assert.equal(info.templateId, 'python');
+      assert.equal(info.state, 'running');
+      assert.deepEqual(info.metadata, { run: `r-${version}` });
+      const endsIn = info.endAt.getTime() - Date.now();
+      assert.ok(endsIn > 100_000 && endsIn <= 120_000, `ends in ${endsIn} ms`);
+
+      const paginator = sdk.Sandbox.list({ ...opts(), query: { metadata: { run: `r-${version}` } } });
+      const items = await paginator.nextItems();
+      assert.deepEqual(items.map((s) => s.sandboxId), [sbx.sandboxId]);
+      const none = await sdk.Sandbox.list({ ...opts(), query: { metadata: { run: 'nobody' } } }).nextItems();
+      assert.equal(none.length, 0);
+      await sdk.Sandbox.kill(sbx.sandboxId, opts());
+    });
+
+    it('sets the timeout as a lease from now', async () => {
+      const sbx = await sdk.Sandbox.create('python', { ...opts(), timeoutMs: 60_000 });
+      await sbx.setTimeout(600_000);
+      const info = await sdk.Sandbox.getInfo(sbx.sandboxId, opts());
+      const endsIn = info.endAt.getTime() - Date.now();
+      assert.ok(endsIn > 590_000 && endsIn <= 600_000, `ends in ${endsIn} ms`);
+      await sbx.kill();
+    });
+
+    it('pauses (then says it was already paused), connects to resume, and lists the paused state', async () => {
+      const sbx = await sdk.Sandbox.create('python', { ...opts(), metadata: { pause: version } });
+      assert.equal(await sdk.Sandbox.betaPause(sbx.sandboxId, opts()), true);
+      assert.equal(svc.get(sbx.sandboxId).state, 'suspended');
+      assert.equal(await sdk.Sandbox.betaPause(sbx.sandboxId, opts()), false);
+      const listed = await sdk.Sandbox.list({ ...opts(), query: { metadata: { pause: version }, state: ['paused'] } }).nextItems();
+      assert.deepEqual(listed.map((s) => [s.sandboxId, s.state]), [[sbx.sandboxId, 'paused']]);
+      const again = await sdk.Sandbox.connect(sbx.sandboxId, opts());
+      assert.equal(again.sandboxId, sbx.sandboxId);
+      assert.equal(svc.get(sbx.sandboxId).state, 'running');
+      // Connecting to a running one leaves it running.
+      await sdk.Sandbox.connect(sbx.sandboxId, opts());
+      assert.equal(svc.get(sbx.sandboxId).state, 'running');
+      await sbx.kill();
+    });
+
+    it('kills: true once, then false; a deleted sandbox takes its envs with it', async () => {
+      const sbx = await sdk.Sandbox.create('python', { ...opts(), envs: { A: '1' } });
+      assert.equal(await sdk.Sandbox.kill(sbx.sandboxId, opts()), true);
+      assert.equal(await sdk.Sandbox.kill(sbx.sandboxId, opts()), false);
+      assert.deepEqual(envOf(sbx.sandboxId), {});
+    });
+
+    it('surfaces errors as the SDK error classes: a bad key, a missing sandbox, another tenant\'s sandbox, a bad template', async () => {
+      await assert.rejects(sdk.Sandbox.create('python', { ...opts(), apiKey: 'e2b_' + '0'.repeat(80) }), (e: Error) => e instanceof sdk.AuthenticationError);
+      await assert.rejects(sdk.Sandbox.getInfo('sbx_000000000000', opts()), (e: Error) => e instanceof sdk.NotFoundError || e.name === 'SandboxNotFoundError');
+      const mine = await sdk.Sandbox.create('python', opts());
+      await assert.rejects(sdk.Sandbox.getInfo(mine.sandboxId, { ...opts(), apiKey: otherKey }), (e: Error) => e instanceof sdk.NotFoundError || e.name === 'SandboxNotFoundError');
+      await assert.rejects(sdk.Sandbox.create('no-such-template', opts()), (e: Error) => e instanceof sdk.SandboxError && /No template no-such-template/.test(e.message));
+      await mine.kill();
+    });
+  });
+}
+
+describe('e2b 2.51 fork', () => {
+  it('forks into count children that inherit the envs, each with its own timeout and envd token', async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const parent = await e2bNew.Sandbox.create('python', { ...opts, envs: { SEED: '7' } });
+    const children = await e2bNew.Sandbox.fork(parent.sandboxId, { ...opts, count: 2, timeoutMs: 300_000 });
+    assert.equal(children.length, 2);
+    for (const child of children) {
+      assert.ok(!(child instanceof Error), String(child));
+      const c = child as InstanceType<typeof e2bNew.Sandbox>;
+      assert.notEqual(c.sandboxId, parent.sandboxId);
+      assert.deepEqual(envOf(c.sandboxId), { SEED: '7' });
+      const info = await e2bNew.Sandbox.getInfo(c.sandboxId, opts);
+      const endsIn = info.endAt.getTime() - Date.now();
+      assert.ok(endsIn > 290_000 && endsIn <= 300_000, `ends in ${endsIn} ms`);
+    }
+    assert.equal(svc.get(parent.sandboxId).children.length, 2);
+  });
+});
+
+describe('E2B-shaped requests the SDK never sends', () => {
+  it('answers bad input with 400 and E2B\'s error shape', async () => {
+    const res = await api.app.inject({ method: 'POST', url: '/e2b/api/sandboxes', headers: { 'x-api-key': key, 'content-type': 'application/json' }, payload: JSON.stringify({ templateID: 'python', envVars: { 'BAD NAME': 'x' } }) });
+    assert.equal(res.statusCode, 400);
+    const body = res.json();
+    assert.equal(body.code, 400);
+    assert.equal(body.error_code, 'validation_error');
+    assert.match(body.message, /not a valid variable name/);
+    const auto = await api.app.inject({ method: 'POST', url: '/e2b/api/v2/sandboxes', headers: { 'x-api-key': key }, payload: JSON.stringify({ templateID: 'python', autoPause: true }) });
+    assert.equal(auto.statusCode, 400);
+    assert.match(auto.json().message, /autoPause is not supported/);
+    const noKey = await api.app.inject({ method: 'GET', url: '/e2b/api/v2/sandboxes' });
+    assert.equal(noKey.statusCode, 401);
+    assert.equal(noKey.json().code, 401);
+  });
+
+  it('pages with X-Next-Token', async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const made = [];
+    for (let i = 0; i < 3; i++) made.push(await e2bNew.Sandbox.create('python', { ...opts, metadata: { page: 'yes' } }));
+    const paginator = e2bNew.Sandbox.list({ ...opts, limit: 2, query: { metadata: { page: 'yes' } } });
+    const seen: string[] = [];
+    while (paginator.hasNext) seen.push(...(await paginator.nextItems()).map((s) => s.sandboxId));
+    assert.deepEqual(seen.sort(), made.map((s) => s.sandboxId).sort());
+  });
+});
