@@ -23,6 +23,7 @@ import { registerHttpMetrics } from './httpMetrics.js';
 import { registerPortsProxy } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
+import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
 import { matchPath, ROUTES } from './routes.js';
 import { SseStreams } from './sse.js';
 
@@ -53,6 +54,8 @@ export interface BuildServerOptions {
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
+  /** What E2B's envd front door drives; tests give one on the host. */
+  envdBackend?: EnvdBackend;
 }
 
 export interface ApiServer {
@@ -170,7 +173,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   );
   const authenticate = (headers: IncomingHttpHeaders): Scope => tenants.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
-  registerE2bControlPlane(app, { tenants, env: new SandboxEnvStore(tenants.db) });
+  const e2bEnv = new SandboxEnvStore(tenants.db);
+  registerE2bControlPlane(app, { tenants, env: e2bEnv });
+  if (opts.envdBackend) registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend });
   const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.

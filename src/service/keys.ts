@@ -136,6 +136,12 @@ export class KeyStore {
     return this.get(row.id);
   }
 
+  /** The tenant's tier, or null for a tenant this server does not know. */
+  tierOf(tenant: string): Tier | null {
+    const row = this.db.prepare('SELECT tier FROM api_tenants WHERE id = ?').get(tenant) as { tier: TierName } | undefined;
+    return row ? TIERS[row.tier] : null;
+  }
+
   setTier(tenant: string, tier: TierName): void {
     const r = this.db.prepare('UPDATE api_tenants SET tier = ? WHERE id = ?').run(tier, tenant);
     if (r.changes === 0) throw new CollimateError('not_found', `No tenant ${tenant}.`);

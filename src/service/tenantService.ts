@@ -275,6 +275,25 @@ export class TenantService {
   // ---- templates and images --------------------------------------------------------------------
 
   /** The catalog, which every tier may create from. */
+  /**
+   * The scope of whoever holds a sandbox's access token (E2B's envd token, PortUrlSigner.sandboxToken):
+   * its tenant, under the tenant's tier. 401 for a wrong token or an unknown sandbox alike, so a
+   * token-less caller learns nothing about which ids exist.
+   */
+  sandboxScope(id: string, token: string): Scope {
+    const refused = () => new CollimateError('unauthorized', 'The sandbox access token (X-Access-Token) is missing or wrong; use the envdAccessToken the create or connect answered.');
+    if (!token || !/^sbx_[0-9a-f]{12}$/.test(id) || !this.signer.verifySandboxToken(id, token)) throw refused();
+    let tenant: string;
+    try {
+      tenant = this.engine.get(id).tenant;
+    } catch {
+      throw sandboxNotFound(id);
+    }
+    const tier = this.keys.tierOf(tenant);
+    if (!tier) throw refused();
+    return { tenant, tier };
+  }
+
   catalog(scope: Scope): TemplateInfo[] {
     return this.engine.templates(scope).filter((t) => t.kind === 'catalog');
   }

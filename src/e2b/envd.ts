@@ -1,0 +1,589 @@
+/**
+ * E2B's in-sandbox daemon, envd, served by the Collimate server at /e2b/envd for every sandbox
+ * (E2B_SANDBOX_URL): each request names its sandbox in `E2b-Sandbox-Id` and proves access with the
+ * `X-Access-Token` the control plane handed out (a MAC of the sandbox id, PortUrlSigner). It
+ * translates envd's Connect services (`process.Process`, `filesystem.Filesystem`) and its plain
+ * `/files` and `/health` onto the tenant service's native processes and files (EnvdBackend), acting
+ * as the sandbox's tenant.
+ *
+ * What differs from E2B's envd, and why (docs/e2b.md): commands run as root (the guest has no
+ * other users; the SDK's `user` is accepted and ignored), relative paths are relative to /root, and
+ * `/bin/bash -l -c` becomes `/bin/sh -c` in a template without bash (the busybox `base`).
+ */
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { Readable } from 'node:stream';
+import Busboy from 'busboy';
+import { CollimateError } from '../errors.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { toClientError } from '../wire/errors.js';
+import { ConnectError, ServerStream, connectErrorOf, decodeEnvelopes, decodeUnary, sendUnary, sendUnaryError, MAX_ENVELOPE_BYTES, CONNECT_STREAM_TYPE } from './connectRpc.js';
+import type { SandboxEnvStore } from './sandboxEnv.js';
+
+export const E2B_ENVD_PREFIX = '/e2b/envd';
+
+// ---- what envd needs from the native API ----------------------------------------------------------
+
+export type EntryType = 'file' | 'dir' | 'symlink' | 'other';
+
+export interface FsEntry {
+  name: string;
+  path: string;
+  type: EntryType;
+  size: number;
+  /** Permission bits (and file type bits, as Go's os.FileMode would not have them: envd sends the low 9 + special bits). */
+  mode: number;
+  owner: string;
+  group: string;
+  mtimeMs: number;
+  symlinkTarget?: string;
+}
+
+export interface ProcessSpec {
+  argv: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  pty?: { cols: number; rows: number };
+  stdin: boolean;
+  tag?: string;
+}
+
+export interface ProcessSummary {
+  pid: number;
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  tag?: string;
+}
+
+export interface ProcessExit {
+  exitCode: number;
+  /** Set when a signal ended it. */
+  signal?: number;
+  error?: string;
+}
+
+export interface ProcessWatcher {
+  onOutput(stream: 'stdout' | 'stderr' | 'pty', data: Buffer): void;
+  onExit(exit: ProcessExit): void;
+}
+
+export interface FsEvent {
+  name: string;
+  type: 'create' | 'write' | 'remove' | 'rename' | 'chmod';
+}
+
+/** The native processes and files of one sandbox, as the tenant service offers them. */
+export interface EnvdBackend {
+  startProcess(scope: Scope, id: string, spec: ProcessSpec): Promise<{ pid: number }>;
+  /** Output from the process's start (as far as it is kept) or from now, then its exit; returns a detach. Throws process_not_found. */
+  attachProcess(scope: Scope, id: string, pid: number, fromStart: boolean, watcher: ProcessWatcher): Promise<() => void>;
+  /** Running processes only. */
+  listProcesses(scope: Scope, id: string): Promise<ProcessSummary[]>;
+  sendInput(scope: Scope, id: string, pid: number, data: Buffer): Promise<void>;
+  closeStdin(scope: Scope, id: string, pid: number): Promise<void>;
+  signalProcess(scope: Scope, id: string, pid: number, signal: 'SIGTERM' | 'SIGKILL'): Promise<void>;
+  resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void>;
+  stat(scope: Scope, id: string, path: string): Promise<FsEntry>;
+  listDir(scope: Scope, id: string, path: string, depth: number): Promise<FsEntry[]>;
+  /** mkdir -p; `created` false when it already existed. */
+  makeDir(scope: Scope, id: string, path: string): Promise<{ created: boolean; entry: FsEntry }>;
+  move(scope: Scope, id: string, from: string, to: string): Promise<FsEntry>;
+  remove(scope: Scope, id: string, path: string): Promise<void>;
+  /** Events until the returned stop is called or `onEnd` is (the sandbox stopped, the watch broke). */
+  watchDir(scope: Scope, id: string, path: string, recursive: boolean, onEvent: (e: FsEvent) => void, onEnd: (err?: CollimateError) => void): Promise<() => void>;
+  /** The file's bytes as a stream (memory bounded); throws file_not_found before the first byte. */
+  readFile(scope: Scope, id: string, path: string): Promise<Readable>;
+  /** Writes the whole stream to `path` atomically (nothing there if it fails) and stats it. */
+  writeFile(scope: Scope, id: string, path: string, data: Readable): Promise<FsEntry>;
+}
+
+export interface EnvdOptions {
+  tenants: TenantService;
+  backend: EnvdBackend;
+  env: SandboxEnvStore;
+}
+
+// ---- proto3 JSON of envd's messages --------------------------------------------------------------
+
+const FILE_TYPE: Record<EntryType, string> = { file: 'FILE_TYPE_FILE', dir: 'FILE_TYPE_DIRECTORY', symlink: 'FILE_TYPE_SYMLINK', other: 'FILE_TYPE_UNSPECIFIED' };
+const EVENT_TYPE: Record<FsEvent['type'], string> = { create: 'EVENT_TYPE_CREATE', write: 'EVENT_TYPE_WRITE', remove: 'EVENT_TYPE_REMOVE', rename: 'EVENT_TYPE_RENAME', chmod: 'EVENT_TYPE_CHMOD' };
+
+/** `-rwxr-xr-x` as Go's FileMode.String() writes it (envd's `permissions`). */
+export function permissionsString(type: EntryType, mode: number): string {
+  const kind = type === 'dir' ? 'd' : type === 'symlink' ? 'L' : '-';
+  const rwx = 'rwxrwxrwx';
+  let out = '';
+  for (let i = 0; i < 9; i++) out += mode & (1 << (8 - i)) ? rwx[i] : '-';
+  return kind + out;
+}
+
+/** EntryInfo in proto3 JSON (int64 as a string, Timestamp as RFC 3339). */
+export function entryJson(e: FsEntry): Record<string, unknown> {
+  return {
+    name: e.name,
+    type: FILE_TYPE[e.type],
+    path: e.path,
+    size: String(e.size),
+    mode: e.mode & 0o7777,
+    permissions: permissionsString(e.type, e.mode),
+    owner: e.owner,
+    group: e.group,
+    modifiedTime: new Date(e.mtimeMs).toISOString(),
+    ...(e.symlinkTarget !== undefined ? { symlinkTarget: e.symlinkTarget } : {}),
+  };
+}
+
+/** EntryInfo as the plain /files answer writes it (envd's OpenAPI: snake_case, lowercase type). */
+function writtenEntryJson(e: FsEntry): Record<string, unknown> {
+  return { name: e.name, type: e.type === 'dir' ? 'directory' : e.type, path: e.path };
+}
+
+/** envd's EndEvent: like Go's os.ProcessState (exit code -1 and `exited` false when a signal ended it). */
+export function endEventJson(exit: ProcessExit): Record<string, unknown> {
+  const signalled = exit.signal !== undefined;
+  const names: Record<number, string> = { 1: 'hangup', 2: 'interrupt', 9: 'killed', 13: 'broken pipe', 15: 'terminated' };
+  return {
+    exitCode: signalled ? -1 : exit.exitCode,
+    exited: !signalled,
+    status: signalled ? `signal: ${names[exit.signal!] ?? `signal ${exit.signal}`}` : `exit status ${exit.exitCode}`,
+    ...(exit.error ? { error: exit.error } : {}),
+  };
+}
+
+function str(v: unknown, field: string, required = true): string | undefined {
+  if (v === undefined || v === null || v === '') {
+    if (required) throw new ConnectError('invalid_argument', `${field} is required`);
+    return undefined;
+  }
+  if (typeof v !== 'string') throw new ConnectError('invalid_argument', `${field} must be a string`);
+  return v;
+}
+
+function uint(v: unknown, field: string): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  const n = typeof v === 'string' ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new ConnectError('invalid_argument', `${field} must be a non-negative integer`);
+  return n;
+}
+
+function bytes(v: unknown, field: string): Buffer {
+  if (typeof v !== 'string') throw new ConnectError('invalid_argument', `${field} must be base64 bytes`);
+  return Buffer.from(v, 'base64');
+}
+
+/** The pid a ProcessSelector names; a tag is looked up among the running processes. */
+async function selectPid(backend: EnvdBackend, scope: Scope, id: string, selector: unknown): Promise<number> {
+  const sel = (selector ?? {}) as { pid?: unknown; tag?: unknown };
+  const pid = uint(sel.pid, 'process.pid');
+  if (pid !== undefined) return pid;
+  const tag = str(sel.tag, 'process.pid or process.tag');
+  const found = (await backend.listProcesses(scope, id)).find((p) => p.tag === tag);
+  if (!found) throw new ConnectError('not_found', `no running process has the tag ${JSON.stringify(tag)}`);
+  return found.pid;
+}
+
+function inputOf(v: unknown): Buffer {
+  const input = (v ?? {}) as { stdin?: unknown; pty?: unknown };
+  if (input.stdin !== undefined) return bytes(input.stdin, 'input.stdin');
+  if (input.pty !== undefined) return bytes(input.pty, 'input.pty');
+  throw new ConnectError('invalid_argument', 'input.stdin or input.pty is required');
+}
+
+const asConnectError = (err: unknown, log?: FastifyRequest['log']): ConnectError =>
+  err instanceof ConnectError ? err : connectErrorOf(toClientError(err, log));
+
+// ---- the front door ------------------------------------------------------------------------------
+
+type Unary = (scope: Scope, id: string, msg: Record<string, unknown>) => Promise<unknown>;
+type Streaming = (scope: Scope, id: string, msg: Record<string, unknown>, stream: ServerStream, req: IncomingMessage) => Promise<void>;
+
+export class Envd {
+  /** Whether a sandbox's image has bash (the SDK runs every command with /bin/bash -l -c). */
+  private readonly hasBash = new Map<string, boolean>();
+  /** Pollable watchers of CreateWatcher (the Python sync SDK), by id: events wait here until fetched. */
+  private readonly watchers = new Map<string, { sandbox: string; tenant: string; events: unknown[]; dropped: number; stop: () => void; error?: ConnectError }>();
+  private nextWatcher = 1;
+
+  constructor(private readonly opts: EnvdOptions) {}
+
+  private get backend(): EnvdBackend {
+    return this.opts.backend;
+  }
+
+  /** The sandbox a request is for, and the tenant's scope, from its headers (401 without a valid token). */
+  authorize(headers: IncomingMessage['headers']): { scope: Scope; id: string } {
+    const id = String(headers['e2b-sandbox-id'] ?? '');
+    const token = String(headers['x-access-token'] ?? '');
+    if (!id) throw new CollimateError('validation_error', 'E2b-Sandbox-Id is required: envd serves every sandbox at one URL.');
+    const scope = this.opts.tenants.sandboxScope(id, token);
+    return { scope, id };
+  }
+
+  private async argvFor(scope: Scope, id: string, cmd: string, args: string[]): Promise<string[]> {
+    if (cmd !== '/bin/bash') return [cmd, ...args];
+    let has = this.hasBash.get(id);
+    if (has === undefined) {
+      has = await this.backend.stat(scope, id, '/bin/bash').then(() => true, (err) => {
+        if (err instanceof CollimateError && err.code === 'file_not_found') return false;
+        throw err;
+      });
+      if (this.hasBash.size > 10_000) this.hasBash.clear();
+      this.hasBash.set(id, has);
+    }
+    if (has) return [cmd, ...args];
+    return ['/bin/sh', ...args.filter((a) => a !== '-l')];
+  }
+
+  /** Streams a process's events: start, output, end; detaches when the client goes away. */
+  private async follow(scope: Scope, id: string, pid: number, fromStart: boolean, stream: ServerStream, req: IncomingMessage): Promise<void> {
+    await stream.send({ event: { start: { pid } } });
+    await new Promise<void>((resolve, reject) => {
+      let detach: (() => void) | undefined;
+      let finished = false;
+      const finish = () => {
+        if (finished) return;
+        finished = true;
+        detach?.();
+        req.socket.off('close', finish);
+        resolve();
+      };
+      req.socket.once('close', finish);
+      this.backend
+        .attachProcess(scope, id, pid, fromStart, {
+          onOutput: (kind, data) => void stream.send({ event: { data: { [kind]: data.toString('base64') } } }),
+          onExit: (exit) => {
+            void stream.send({ event: { end: endEventJson(exit) } });
+            finish();
+          },
+        })
+        .then((d) => {
+          detach = d;
+          if (finished) d();
+        }, (err) => {
+          finished = true;
+          req.socket.off('close', finish);
+          reject(err);
+        });
+    });
+  }
+
+  readonly unary: Partial<Record<string, Unary>> = {
+    'process.Process/List': async (scope, id) => ({
+      processes: (await this.backend.listProcesses(scope, id)).map((p) => ({
+        config: { cmd: p.argv[0] ?? '', args: p.argv.slice(1), envs: p.env ?? {}, ...(p.cwd ? { cwd: p.cwd } : {}) },
+        pid: p.pid,
+        ...(p.tag ? { tag: p.tag } : {}),
+      })),
+    }),
+    'process.Process/SendInput': async (scope, id, msg) => {
+      const pid = await selectPid(this.backend, scope, id, msg.process);
+      await this.backend.sendInput(scope, id, pid, inputOf(msg.input));
+      return {};
+    },
+    'process.Process/SendSignal': async (scope, id, msg) => {
+      const pid = await selectPid(this.backend, scope, id, msg.process);
+      const sig = msg.signal;
+      const signal = sig === 'SIGNAL_SIGKILL' || sig === 9 ? 'SIGKILL' : sig === 'SIGNAL_SIGTERM' || sig === 15 ? 'SIGTERM' : null;
+      if (!signal) throw new ConnectError('invalid_argument', 'signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL');
+      await this.backend.signalProcess(scope, id, pid, signal);
+      return {};
+    },
+    'process.Process/CloseStdin': async (scope, id, msg) => {
+      await this.backend.closeStdin(scope, id, await selectPid(this.backend, scope, id, msg.process));
+      return {};
+    },
+    'process.Process/Update': async (scope, id, msg) => {
+      const pid = await selectPid(this.backend, scope, id, msg.process);
+      const size = ((msg.pty as { size?: { cols?: unknown; rows?: unknown } } | undefined)?.size ?? {}) as { cols?: unknown; rows?: unknown };
+      const cols = uint(size.cols, 'pty.size.cols');
+      const rows = uint(size.rows, 'pty.size.rows');
+      if (cols !== undefined && rows !== undefined) await this.backend.resizeProcess(scope, id, pid, cols, rows);
+      return {};
+    },
+    'filesystem.Filesystem/Stat': async (scope, id, msg) => ({ entry: entryJson(await this.backend.stat(scope, id, str(msg.path, 'path')!)) }),
+    'filesystem.Filesystem/MakeDir': async (scope, id, msg) => {
+      const made = await this.backend.makeDir(scope, id, str(msg.path, 'path')!);
+      if (!made.created) throw new ConnectError('already_exists', `${msg.path} already exists`);
+      return { entry: entryJson(made.entry) };
+    },
+    'filesystem.Filesystem/Move': async (scope, id, msg) => ({ entry: entryJson(await this.backend.move(scope, id, str(msg.source, 'source')!, str(msg.destination, 'destination')!)) }),
+    'filesystem.Filesystem/ListDir': async (scope, id, msg) => {
+      const depth = uint(msg.depth, 'depth') ?? 1;
+      return { entries: (await this.backend.listDir(scope, id, str(msg.path, 'path')!, Math.max(1, depth))).map(entryJson) };
+    },
+    'filesystem.Filesystem/Remove': async (scope, id, msg) => {
+      await this.backend.remove(scope, id, str(msg.path, 'path')!);
+      return {};
+    },
+    'filesystem.Filesystem/CreateWatcher': async (scope, id, msg) => {
+      const watcherId = `w${this.nextWatcher++}`;
+      const entry = { sandbox: id, tenant: scope.tenant, events: [] as unknown[], dropped: 0, stop: () => {}, error: undefined as ConnectError | undefined };
+      this.watchers.set(watcherId, entry);
+      try {
+        entry.stop = await this.backend.watchDir(scope, id, str(msg.path, 'path')!, msg.recursive === true, (e) => {
+          if (entry.events.length >= 10_000) entry.dropped++;
+          else entry.events.push({ name: e.name, type: EVENT_TYPE[e.type] });
+        }, (err) => {
+          if (err) entry.error = connectErrorOf(err);
+        });
+      } catch (err) {
+        this.watchers.delete(watcherId);
+        throw err;
+      }
+      return { watcherId };
+    },
+    'filesystem.Filesystem/GetWatcherEvents': async (scope, id, msg) => {
+      const w = this.watcherOf(scope, id, msg.watcherId);
+      if (w.dropped > 0) {
+        const dropped = w.dropped;
+        w.dropped = 0;
+        throw new ConnectError('resource_exhausted', `${dropped} events were dropped: fetch events more often (at most 10000 wait)`);
+      }
+      if (w.error && w.events.length === 0) throw w.error;
+      return { events: w.events.splice(0) };
+    },
+    'filesystem.Filesystem/RemoveWatcher': async (scope, id, msg) => {
+      const w = this.watcherOf(scope, id, msg.watcherId);
+      w.stop();
+      this.watchers.delete(String(msg.watcherId));
+      return {};
+    },
+  };
+
+  readonly streaming: Partial<Record<string, Streaming>> = {
+    'process.Process/Start': async (scope, id, msg, stream, req) => {
+      const proc = (msg.process ?? {}) as { cmd?: unknown; args?: unknown; envs?: unknown; cwd?: unknown };
+      const cmd = str(proc.cmd, 'process.cmd')!;
+      const args = Array.isArray(proc.args) ? proc.args.map((a, i) => str(a, `process.args[${i}]`)!) : [];
+      const envs = (proc.envs ?? {}) as Record<string, unknown>;
+      for (const [k, v] of Object.entries(envs)) if (typeof v !== 'string') throw new ConnectError('invalid_argument', `process.envs.${k} must be a string`);
+      const size = ((msg.pty as { size?: { cols?: unknown; rows?: unknown } } | undefined)?.size ?? undefined) as { cols?: unknown; rows?: unknown } | undefined;
+      const pty = msg.pty ? { cols: uint(size?.cols, 'pty.size.cols') ?? 80, rows: uint(size?.rows, 'pty.size.rows') ?? 24 } : undefined;
+      const spec: ProcessSpec = {
+        argv: await this.argvFor(scope, id, cmd, args),
+        env: { ...this.opts.env.get(id), ...(envs as Record<string, string>) },
+        ...(typeof proc.cwd === 'string' && proc.cwd !== '' ? { cwd: proc.cwd } : {}),
+        ...(pty ? { pty } : {}),
+        stdin: msg.stdin === true || pty !== undefined,
+        ...(typeof msg.tag === 'string' && msg.tag !== '' ? { tag: msg.tag } : {}),
+      };
+      const { pid } = await this.backend.startProcess(scope, id, spec);
+      await this.follow(scope, id, pid, true, stream, req);
+    },
+    'process.Process/Connect': async (scope, id, msg, stream, req) => {
+      const pid = await selectPid(this.backend, scope, id, msg.process);
+      await this.follow(scope, id, pid, false, stream, req);
+    },
+    'filesystem.Filesystem/WatchDir': async (scope, id, msg, stream, req) => {
+      const path = str(msg.path, 'path')!;
+      await new Promise<void>((resolve, reject) => {
+        let stop: (() => void) | undefined;
+        let done = false;
+        const finish = (err?: CollimateError) => {
+          if (done) return;
+          done = true;
+          stop?.();
+          req.socket.off('close', onClose);
+          if (err) reject(err);
+          else resolve();
+        };
+        const onClose = () => finish();
+        req.socket.once('close', onClose);
+        this.backend
+          .watchDir(scope, id, path, msg.recursive === true, (e) => void stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type] } }), finish)
+          .then(async (s) => {
+            stop = s;
+            if (done) return s();
+            await stream.send({ start: {} });
+          }, (err) => finish(toClientError(err)));
+      });
+    },
+  };
+
+  private watcherOf(scope: Scope, id: string, watcherId: unknown) {
+    const w = this.watchers.get(String(watcherId ?? ''));
+    if (!w || w.sandbox !== id || w.tenant !== scope.tenant) throw new ConnectError('not_found', `no watcher ${String(watcherId).slice(0, 40)} on this sandbox`);
+    return w;
+  }
+
+  /** Stops every pollable watcher (server shutdown). */
+  close(): void {
+    for (const w of this.watchers.values()) w.stop();
+    this.watchers.clear();
+  }
+}
+
+/** Reads a whole request body, refusing more than `limit` bytes. */
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        reject(new ConnectError('resource_exhausted', `request body over ${limit} bytes`));
+        req.destroy();
+        return;
+      }
+      parts.push(chunk);
+    });
+    req.on('end', () => resolve(Buffer.concat(parts)));
+    req.on('error', reject);
+  });
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  if (res.headersSent) return void res.destroy();
+  const text = Buffer.from(JSON.stringify(body));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': text.length });
+  res.end(text);
+}
+
+/** envd's plain-HTTP error: `{code, message}` with the HTTP status (the SDK maps 404 to its not-found errors). */
+function sendHttpError(res: ServerResponse, err: CollimateError): void {
+  const status = err.code === 'invalid_state' ? 502 : err.status;
+  sendJson(res, status, { code: status, message: err.message });
+}
+
+export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
+  const envd = new Envd(opts);
+  app.addHook('onClose', async () => envd.close());
+
+  void app.register(async (scope) => {
+    // Bodies stay unread here: RPCs read theirs bounded, uploads stream theirs to the guest.
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser('*', (_req, _payload, done) => done(null));
+
+    scope.get(`${E2B_ENVD_PREFIX}/health`, async (req, reply) => {
+      reply.hijack();
+      try {
+        const { scope: s, id } = envd.authorize(req.headers);
+        const info = opts.tenants.get(s, id);
+        if (info.state !== 'running') return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id} is ${info.state}` });
+        reply.raw.writeHead(204).end();
+      } catch (err) {
+        sendHttpError(reply.raw, toClientError(err, req.log));
+      }
+    });
+
+    scope.get(`${E2B_ENVD_PREFIX}/files`, async (req, reply) => {
+      reply.hijack();
+      const res = reply.raw;
+      try {
+        const { scope: s, id } = envd.authorize(req.headers);
+        const path = (req.query as { path?: string }).path;
+        if (!path) throw new CollimateError('validation_error', 'path is required.');
+        const data = await opts.backend.readFile(s, id, path);
+        res.writeHead(200, { 'content-type': 'application/octet-stream' });
+        data.on('error', () => res.destroy());
+        data.pipe(res);
+      } catch (err) {
+        sendHttpError(res, toClientError(err, req.log));
+      }
+    });
+
+    scope.post(`${E2B_ENVD_PREFIX}/files`, async (req, reply) => {
+      reply.hijack();
+      const res = reply.raw;
+      try {
+        const { scope: s, id } = envd.authorize(req.headers);
+        const queryPath = (req.query as { path?: string }).path;
+        const type = String(req.headers['content-type'] ?? '');
+        if (/^multipart\/form-data/i.test(type)) {
+          const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, path, stream));
+          return sendJson(res, 200, written.map(writtenEntryJson));
+        }
+        if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
+        if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) throw new CollimateError('unsupported_media_type', 'gzip-encoded uploads are not supported; send the bytes as they are.');
+        const entry = await opts.backend.writeFile(s, id, queryPath, req.raw);
+        sendJson(res, 200, [writtenEntryJson(entry)]);
+      } catch (err) {
+        req.raw.resume();
+        sendHttpError(res, toClientError(err, req.log));
+      }
+    });
+
+    const rpc = async (req: FastifyRequest, res: ServerResponse, method: string) => {
+      const streaming: Streaming | undefined = envd.streaming[method];
+      const unary: Unary | undefined = envd.unary[method];
+      let stream: ServerStream | undefined;
+      try {
+        const body = await readBody(req.raw, MAX_ENVELOPE_BYTES + 5);
+        const { scope: s, id } = envd.authorize(req.headers);
+        if (streaming) {
+          const messages = String(req.headers['content-type'] ?? '').startsWith(CONNECT_STREAM_TYPE) ? decodeEnvelopes(body) : [decodeUnary(body)];
+          const msg = (messages[0] ?? {}) as Record<string, unknown>;
+          stream = new ServerStream(res);
+          const interval = Number(req.headers['keepalive-ping-interval']);
+          stream.keepAlive(interval, () => (method.startsWith('filesystem') ? { keepalive: {} } : { event: { keepalive: {} } }));
+          await streaming(s, id, msg, stream, req.raw);
+          stream.end();
+        } else if (unary) {
+          sendUnary(res, await unary(s, id, decodeUnary(body)));
+        } else if (method === 'process.Process/StreamInput') {
+          // Client streaming, whole body: a start naming the process, then data messages.
+          const messages = decodeEnvelopes(body) as Array<{ start?: { process?: unknown }; data?: { input?: unknown } }>;
+          const pid = await selectPid(opts.backend, s, id, messages.find((m) => m.start)?.start?.process);
+          for (const m of messages) if (m.data) await opts.backend.sendInput(s, id, pid, inputOf(m.data.input));
+          stream = new ServerStream(res);
+          await stream.send({});
+          stream.end();
+        } else {
+          throw new ConnectError('unimplemented', `${method} is not served by Collimate's envd`);
+        }
+      } catch (err) {
+        const e = asConnectError(err, req.log);
+        if (stream) stream.end(e);
+        else if (streaming && String(req.headers['content-type'] ?? '').startsWith(CONNECT_STREAM_TYPE)) new ServerStream(res).end(e);
+        else sendUnaryError(res, e);
+      }
+    };
+    for (const method of [...Object.keys(envd.unary), ...Object.keys(envd.streaming), 'process.Process/StreamInput']) {
+      scope.post(`${E2B_ENVD_PREFIX}/${method}`, async (req, reply) => {
+        reply.hijack();
+        await rpc(req, reply.raw, method);
+      });
+    }
+  });
+  return envd;
+}
+
+/** Each multipart `file` part is written to its own path: the part's filename, or the query's path. */
+function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, write: (path: string, data: Readable) => Promise<FsEntry>): Promise<FsEntry[]> {
+  return new Promise((resolve, reject) => {
+    const writes: Promise<FsEntry>[] = [];
+    let failed = false;
+    const fail = (err: unknown) => {
+      if (failed) return;
+      failed = true;
+      req.unpipe();
+      req.resume();
+      reject(err);
+    };
+    let parser: Busboy.Busboy;
+    try {
+      parser = Busboy({ headers: req.headers, preservepath: true, limits: { files: 1000, fields: 100 } } as Busboy.BusboyConfig);
+    } catch {
+      return reject(new CollimateError('validation_error', 'The multipart body has no boundary.'));
+    }
+    parser.on('file', (_field, file, info) => {
+      const path = queryPath ?? info.filename;
+      if (!path) {
+        file.resume();
+        return fail(new CollimateError('validation_error', 'Every file part needs a path: the part\'s filename or ?path=.'));
+      }
+      // One part at a time reaches the guest: the next part's bytes wait in the parser meanwhile.
+      const pass = Readable.from(file);
+      writes.push(write(path, pass).catch((err) => {
+        file.resume();
+        throw err;
+      }));
+    });
+    parser.on('error', fail);
+    parser.on('close', () => {
+      Promise.all(writes).then(resolve, fail);
+    });
+    req.pipe(parser);
+  });
+}

@@ -1,0 +1,131 @@
+/**
+ * E2B's envd front door driven by the unmodified `e2b` SDK (newest pinned 2.x and an older 2.x) over
+ * a real loopback listener: Connect unary and server-streaming calls, /files uploads (multipart and
+ * octet-stream) and downloads, the access token. The sandbox is the fake service and processes and
+ * files are the host's (HostEnvdBackend); the guest agent behind the same calls is
+ * test/integration/e2b.test.ts.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import * as e2bNew from 'e2b';
+import * as e2bOld from 'e2b-2-30';
+import { e2bKeyOf } from '../../../src/service/keys.js';
+import { openDb } from '../../../src/store/db.js';
+import { FakeSandboxService } from '../../support/fakeSandboxService.js';
+import { HostEnvdBackend } from '../../support/hostEnvdBackend.js';
+import { serverOn } from '../api/helpers.js';
+import type { ApiServer } from '../../../src/api/server.js';
+
+let dir: string;
+let api: ApiServer;
+let backend: HostEnvdBackend;
+let base: string;
+let key: string;
+
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'collimate-envd-'));
+  backend = new HostEnvdBackend(join(dir, 'guest'));
+  const db = openDb(join(dir, 'collimate.db'));
+  api = await serverOn(new FakeSandboxService({ events: true }), db, { envdBackend: backend });
+  await api.app.listen({ host: '127.0.0.1', port: 0 });
+  base = `http://127.0.0.1:${(api.app.server.address() as AddressInfo).port}`;
+  key = e2bKeyOf(api.keys.create({ tenant: 'acme', tier: 'pro' }).key);
+});
+
+after(async () => {
+  backend.close();
+  await api.shutdown(100);
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const opts = () => ({ apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` });
+
+for (const [version, sdk] of [['2.51', e2bNew], ['2.30', e2bOld as unknown as typeof e2bNew]] as const) {
+  describe(`e2b ${version} against envd`, () => {
+    it('runs a command with streamed stdout/stderr, the sandbox envs and its own', async () => {
+      const sbx = await sdk.Sandbox.create('python', { ...opts(), envs: { FROM_SANDBOX: 'sbx' } });
+      const out: string[] = [];
+      const err: string[] = [];
+      const r = await sbx.commands.run('echo "$FROM_SANDBOX $OWN"; echo oops >&2', { envs: { OWN: 'own' }, onStdout: (d) => void out.push(d), onStderr: (d) => void err.push(d) });
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, 'sbx own\n');
+      assert.equal(out.join(''), 'sbx own\n');
+      assert.equal(err.join(''), 'oops\n');
+      await assert.rejects(sbx.commands.run('exit 3'), (e: Error & { exitCode?: number }) => e instanceof sdk.CommandExitError && e.exitCode === 3);
+      await sbx.kill();
+    });
+
+    it('starts a background command, feeds it stdin, lists it, and kills it', async () => {
+      const sbx = await sdk.Sandbox.create('python', opts());
+      const seen: string[] = [];
+      const handle = await sbx.commands.run('cat', { background: true, stdin: true, onStdout: (d) => void seen.push(d) });
+      assert.ok(handle.pid > 0);
+      await sbx.commands.sendStdin(handle.pid, 'hello through stdin\n');
+      for (let i = 0; i < 100 && seen.join('') !== 'hello through stdin\n'; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.equal(seen.join(''), 'hello through stdin\n');
+      const listed = await sbx.commands.list();
+      assert.ok(listed.some((p) => p.pid === handle.pid), JSON.stringify(listed));
+      assert.equal(await sbx.commands.kill(handle.pid), true);
+      const result = await handle.wait().catch((e) => e);
+      assert.ok(result instanceof sdk.CommandExitError, String(result));
+      assert.equal((await sbx.commands.list()).some((p) => p.pid === handle.pid), false);
+      await sbx.kill();
+    });
+
+    it('writes, reads, lists, makes directories, renames, removes and checks existence', async () => {
+      const sbx = await sdk.Sandbox.create('python', opts());
+      await sbx.files.write(`/tmp/${version}/a.txt`, 'alpha');
+      assert.equal(await sbx.files.read(`/tmp/${version}/a.txt`), 'alpha');
+      assert.equal(readFileSync(join(backend.root, 'tmp', version, 'a.txt'), 'utf8'), 'alpha');
+      assert.equal(await sbx.files.makeDir(`/tmp/${version}/sub`), true);
+      assert.equal(await sbx.files.makeDir(`/tmp/${version}/sub`), false);
+      const names = (await sbx.files.list(`/tmp/${version}`)).map((e) => `${e.name}:${e.type}`);
+      assert.deepEqual(names, ['a.txt:file', 'sub:dir']);
+      const moved = await sbx.files.rename(`/tmp/${version}/a.txt`, `/tmp/${version}/sub/b.txt`);
+      assert.equal(moved.path, `/tmp/${version}/sub/b.txt`);
+      assert.equal(await sbx.files.exists(`/tmp/${version}/a.txt`), false);
+      assert.equal(await sbx.files.exists(`/tmp/${version}/sub/b.txt`), true);
+      await sbx.files.remove(`/tmp/${version}/sub`);
+      assert.equal(await sbx.files.exists(`/tmp/${version}/sub`), false);
+      await assert.rejects(sbx.files.read(`/tmp/${version}/missing`), (e: Error) => e instanceof sdk.NotFoundError || /not found/i.test(e.name));
+      await sbx.kill();
+    });
+
+    it('refuses a wrong access token', async () => {
+      const sbx = await sdk.Sandbox.create('python', opts());
+      const res = await fetch(`${base}/e2b/envd/process.Process/List`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': 'nope' },
+        body: '{}',
+      });
+      assert.equal(res.status, 401);
+      assert.equal(((await res.json()) as { code: string }).code, 'unauthenticated');
+      await sbx.kill();
+    });
+  });
+}
+
+describe('envd details', () => {
+  it('runs /bin/bash -l -c as /bin/sh -c where the image has no bash, and bash where it has', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    // The host-backed guest root has no /bin/bash.
+    const r = await sbx.commands.run('echo $0');
+    assert.equal(r.stdout.trim(), '/bin/sh');
+    assert.ok(backend.stats.includes('/bin/bash'));
+    await sbx.kill();
+  });
+
+  it('streams an octet-stream upload and answers health', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    const big = Buffer.alloc(3 * 1024 * 1024, 7);
+    await sbx.files.write('/tmp/big.bin', new Blob([big]).stream(), { useOctetStream: true } as never);
+    assert.ok(readFileSync(join(backend.root, 'tmp', 'big.bin')).equals(big));
+    const health = await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': api.tenants.signer.sandboxToken(sbx.sandboxId) } });
+    assert.equal(health.status, 204);
+    await sbx.kill();
+  });
+});
