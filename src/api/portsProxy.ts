@@ -23,6 +23,20 @@ import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
+/** E2B's header for a sandbox's traffic token: a sandbox access token (PortUrlSigner.sandboxToken) instead of a key. */
+export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
+/** `Host: <port>-<sandbox id>.<anything>`: E2B's `sandbox.getHost(port)`, routed to that port. */
+const HOST_ROUTE_RE = /^(\d{1,5})-(sbx_[0-9a-f]{12})\.[^/\s]+$/i;
+
+/**
+ * The proxy path a Host-routed request stands for (`3000-sbx_….localhost:8080` → the keyed path of
+ * port 3000), or the URL unchanged. Used before routing (Fastify's rewriteUrl) and for upgrades.
+ */
+export function hostRoutedUrl(host: string | undefined, rawUrl: string): string {
+  const m = HOST_ROUTE_RE.exec(host ?? '');
+  if (!m) return rawUrl;
+  return `/v1/sandboxes/${m[2].toLowerCase()}/ports/${m[1]}${rawUrl.startsWith('/') ? rawUrl : '/' + rawUrl}`;
+}
 /** How long connecting to a sandbox port may take before the proxy answers 502. */
 const CONNECT_TIMEOUT_MS = 10_000;
 
@@ -56,7 +70,7 @@ const HOP_BY_HOP = new Set([
   'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'proxy-authorization', 'proxy-authenticate',
 ]);
 /** Set by the proxy itself; whatever a client sent under these names is replaced. */
-const OWN = new Set(['host', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-prefix', 'forwarded']);
+const OWN = new Set(['host', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-prefix', 'forwarded', TRAFFIC_TOKEN_HEADER]);
 const COLLIMATE_KEY = /\bclm_[0-9A-Za-z]{40}\b/;
 
 function validation(message: string): CollimateError {
@@ -111,8 +125,10 @@ function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: Incoming
   const p = proxyPathOf(rawUrl);
   if (!p) throw new CollimateError('not_found', 'Not a ports proxy path.');
   if (p.kind === 'key') {
-    const scope = opts.authenticate(headers);
     const id = decodeSafe(p.id);
+    const traffic = headers[TRAFFIC_TOKEN_HEADER];
+    const hasKey = headers.authorization !== undefined;
+    const scope = !hasKey && typeof traffic === 'string' ? opts.tenants.sandboxScope(id, traffic) : opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
     return { ...opts.tenants.portTarget(scope, id, parsePort(p.port)), ...splitUrl(rawUrl, 5), key: bearerOf(headers) };
   }
@@ -303,6 +319,7 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
 
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     socket.on('error', () => socket.destroy());
+    req.url = hostRoutedUrl(req.headers.host, req.url ?? '/');
     const websocket = /^websocket$/i.test(String(req.headers.upgrade ?? '').trim());
     if (!websocket || !proxyPathOf(req.url ?? '')) {
       // Node sends every request with an Upgrade header here once someone listens; those that are

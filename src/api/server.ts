@@ -20,7 +20,7 @@ import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js'
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
 import { registerHttpMetrics } from './httpMetrics.js';
-import { registerPortsProxy } from './portsProxy.js';
+import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
@@ -105,6 +105,8 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: maxJson,
     routerOptions: { maxParamLength: 1000 },
+    // E2B's sandbox.getHost(port) names a port by Host (`<port>-<sandbox id>.<domain>`): the ports proxy.
+    rewriteUrl: (req) => hostRoutedUrl(req.headers.host, req.url ?? '/'),
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     clientErrorHandler: (err, socket) => {

@@ -86,6 +86,8 @@ export class E2bControlPlane {
       clientID: 'collimate',
       envdVersion: ENVD_VERSION,
       envdAccessToken: this.tenants.signer.sandboxToken(info.id),
+      // getHost(port) URLs reach the ports proxy by Host; this token (header e2b-traffic-access-token) admits them.
+      trafficAccessToken: this.tenants.signer.sandboxToken(info.id),
       domain: null,
     };
   }

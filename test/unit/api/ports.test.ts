@@ -207,6 +207,21 @@ describe('ports proxy', () => {
     assert.equal(h.digest('hex'), res.headers['x-sha256']);
   });
 
+  test("by Host, as E2B's getHost(port) names it: with the sandbox's traffic token or a key, never without", async () => {
+    const host = `${SANDBOX_PORT}-${id}.localhost:${new URL(base).port}`;
+    const token = f.api.tenants.signer.sandboxToken(id);
+    const viaToken = await call(`${base}/a?b=1`, { headers: { host, 'e2b-traffic-access-token': token } });
+    assert.equal(viaToken.status, 200);
+    const seen = viaToken.json() as Seen;
+    assert.equal(seen.url, '/a?b=1');
+    assert.equal(seen.headers['e2b-traffic-access-token'], undefined, 'the token stays at the proxy');
+    assert.equal((await call(`${base}/`, { headers: { host, ...auth() } })).status, 200);
+    assert.equal((await call(`${base}/`, { headers: { host } })).status, 401);
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken('sbx_000000000000') } })).status, 401);
+    // Another Host is the API itself.
+    assert.equal((await call(`${base}/healthz`)).status, 200);
+  });
+
   test('401 without a key, 404 for another tenant and bad ids, 400 for bad ports, 502 when nothing listens, 409 suspended or no network', async () => {
     const err = async (url: string, headers: Record<string, string>, status: number, code: string) => {
       const r = await call(url, { headers, method: 'POST', body: 'ignored' });
