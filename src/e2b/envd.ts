@@ -12,6 +12,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { Readable } from 'node:stream';
 import Busboy from 'busboy';
 import { CollimateError } from '../errors.js';
@@ -218,6 +219,31 @@ export class Envd {
     if (!id) throw new CollimateError('validation_error', 'E2b-Sandbox-Id is required: envd serves every sandbox at one URL.');
     const scope = this.opts.tenants.sandboxScope(id, token);
     return { scope, id };
+  }
+
+  /**
+   * Like authorize, or by a signed URL (`sandbox.uploadUrl` / `downloadUrl`): `signature` is
+   * "v1_" + base64(sha256("path:operation:user:token[:expiration]")) without padding, and names no
+   * sandbox, so the one whose token it was made with is looked for (the header's, if it has one).
+   */
+  authorizeFile(req: FastifyRequest, operation: 'read' | 'write'): { scope: Scope; id: string } {
+    const q = req.query as { path?: string; username?: string; signature?: string; signature_expiration?: string };
+    if (req.headers['x-access-token'] !== undefined || typeof q.signature !== 'string') return this.authorize(req.headers);
+    const expiration = q.signature_expiration;
+    if (expiration !== undefined && !(Number(expiration) * 1000 > Date.now())) {
+      throw new CollimateError('url_expired', `This signed file URL expired at ${new Date(Number(expiration) * 1000).toISOString()}; ask for a new one.`);
+    }
+    const header = req.headers['e2b-sandbox-id'];
+    const want = Buffer.from(q.signature);
+    const matches = (id: string, token: string) => {
+      if (typeof header === 'string' && header !== id) return false;
+      const raw = `${q.path ?? ''}:${operation}:${q.username ?? ''}:${token}${expiration !== undefined ? `:${expiration}` : ''}`;
+      const got = Buffer.from('v1_' + createHash('sha256').update(raw).digest('base64').replace(/=+$/, ''));
+      return got.length === want.length && timingSafeEqual(got, want);
+    };
+    const found = this.opts.tenants.sandboxByToken(matches);
+    if (!found) throw new CollimateError('unauthorized', 'This signed file URL is not valid for any running sandbox (altered, for another path or operation, or its sandbox is gone).');
+    return found;
   }
 
   private async argvFor(scope: Scope, id: string, cmd: string, args: string[]): Promise<string[]> {
@@ -467,42 +493,45 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
       }
     });
 
-    scope.get(`${E2B_ENVD_PREFIX}/files`, async (req, reply) => {
-      reply.hijack();
-      const res = reply.raw;
-      try {
-        const { scope: s, id } = envd.authorize(req.headers);
-        const path = (req.query as { path?: string }).path;
-        if (!path) throw new CollimateError('validation_error', 'path is required.');
-        const data = await opts.backend.readFile(s, id, path);
-        res.writeHead(200, { 'content-type': 'application/octet-stream' });
-        data.on('error', () => res.destroy());
-        data.pipe(res);
-      } catch (err) {
-        sendHttpError(res, toClientError(err, req.log));
-      }
-    });
-
-    scope.post(`${E2B_ENVD_PREFIX}/files`, async (req, reply) => {
-      reply.hijack();
-      const res = reply.raw;
-      try {
-        const { scope: s, id } = envd.authorize(req.headers);
-        const queryPath = (req.query as { path?: string }).path;
-        const type = String(req.headers['content-type'] ?? '');
-        if (/^multipart\/form-data/i.test(type)) {
-          const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, path, stream));
-          return sendJson(res, 200, written.map(writtenEntryJson));
+    // Also at /files: the SDK's uploadUrl/downloadUrl resolve "/files" against E2B_SANDBOX_URL's origin.
+    for (const filesPath of [`${E2B_ENVD_PREFIX}/files`, '/files']) {
+      scope.get(filesPath, async (req, reply) => {
+        reply.hijack();
+        const res = reply.raw;
+        try {
+          const { scope: s, id } = envd.authorizeFile(req, 'read');
+          const path = (req.query as { path?: string }).path;
+          if (!path) throw new CollimateError('validation_error', 'path is required.');
+          const data = await opts.backend.readFile(s, id, path);
+          res.writeHead(200, { 'content-type': 'application/octet-stream' });
+          data.on('error', () => res.destroy());
+          data.pipe(res);
+        } catch (err) {
+          sendHttpError(res, toClientError(err, req.log));
         }
-        if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
-        if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) throw new CollimateError('unsupported_media_type', 'gzip-encoded uploads are not supported; send the bytes as they are.');
-        const entry = await opts.backend.writeFile(s, id, queryPath, req.raw);
-        sendJson(res, 200, [writtenEntryJson(entry)]);
-      } catch (err) {
-        req.raw.resume();
-        sendHttpError(res, toClientError(err, req.log));
-      }
-    });
+      });
+
+      scope.post(filesPath, async (req, reply) => {
+        reply.hijack();
+        const res = reply.raw;
+        try {
+          const { scope: s, id } = envd.authorizeFile(req, 'write');
+          const queryPath = (req.query as { path?: string }).path;
+          const type = String(req.headers['content-type'] ?? '');
+          if (/^multipart\/form-data/i.test(type)) {
+            const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, path, stream));
+            return sendJson(res, 200, written.map(writtenEntryJson));
+          }
+          if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
+          if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) throw new CollimateError('unsupported_media_type', 'gzip-encoded uploads are not supported; send the bytes as they are.');
+          const entry = await opts.backend.writeFile(s, id, queryPath, req.raw);
+          sendJson(res, 200, [writtenEntryJson(entry)]);
+        } catch (err) {
+          req.raw.resume();
+          sendHttpError(res, toClientError(err, req.log));
+        }
+      });
+    }
 
     const rpc = async (req: FastifyRequest, res: ServerResponse, method: string) => {
       const streaming: Streaming | undefined = envd.streaming[method];

@@ -294,6 +294,24 @@ export class TenantService {
     return { tenant, tier };
   }
 
+  /**
+   * The running sandbox whose access token `matches` accepts, with its scope; null if none does.
+   * For E2B's signed file URLs, which name no sandbox: a signature is a hash over the token, so the
+   * only way to find its sandbox is to try each running one (a hash per sandbox, cheap next to a VM).
+   */
+  sandboxByToken(matches: (id: string, token: string) => boolean): { id: string; scope: Scope } | null {
+    let after: string | undefined;
+    do {
+      const page = this.engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
+      for (const s of page.sandboxes) {
+        const token = this.signer.sandboxToken(s.id);
+        if (matches(s.id, token)) return { id: s.id, scope: this.sandboxScope(s.id, token) };
+      }
+      after = page.next ?? undefined;
+    } while (after);
+    return null;
+  }
+
   catalog(scope: Scope): TemplateInfo[] {
     return this.engine.templates(scope).filter((t) => t.kind === 'catalog');
   }

@@ -119,6 +119,22 @@ describe('envd details', () => {
     await sbx.kill();
   });
 
+  it('serves signed upload and download URLs without a token header, and refuses an altered or expired one', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    const up = await sbx.uploadUrl('/tmp/signed.txt');
+    const put = await fetch(up, { method: 'POST', headers: { 'content-type': 'application/octet-stream' }, body: 'signed bytes' });
+    assert.equal(put.status, 200, await put.clone().text());
+    const down = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: 60 });
+    assert.equal(await (await fetch(down)).text(), 'signed bytes');
+    const altered = down.replace('signed.txt', 'other.txt');
+    assert.equal((await fetch(altered)).status, 401);
+    const expired = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -10 });
+    assert.equal((await fetch(expired)).status, 401);
+    // An upload URL does not read.
+    assert.equal((await fetch(up.replace('/files?', '/files?x=1&'))).status, 401);
+    await sbx.kill();
+  });
+
   it('streams an octet-stream upload and answers health', async () => {
     const sbx = await e2bNew.Sandbox.create('python', opts());
     const big = Buffer.alloc(3 * 1024 * 1024, 7);

@@ -1,0 +1,143 @@
+/**
+ * The unmodified `e2b` SDK (the newest pinned 2.x and an older 2.x) against a real server on
+ * loopback and real microVMs, as a user switches: E2B_API_URL and E2B_SANDBOX_URL (passed as the
+ * SDK's apiUrl/sandboxUrl options, which is what those variables set), and a key made with
+ * `collimate keys create --e2b`. The template is the busybox `base` (commands run with /bin/sh).
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import * as e2bNew from 'e2b';
+import * as e2bOld from 'e2b-2-30';
+import '../../src/service/migrations.ts';
+import type { Engine } from '../../src/sandboxes/engine.ts';
+import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+let engine: Engine;
+let home: string;
+let api: Served;
+let base: string;
+let key: string;
+
+before(async () => {
+  home = testHome('e2b');
+  engine = await openEngine(home);
+  api = await serveEngine(engine);
+  base = await api.app.listen({ host: '127.0.0.1', port: 0 });
+  const cli = ['--import', 'tsx', join(ROOT, 'src/cli/main.ts'), 'keys', 'create', '--tenant', 'e2b-user', '--tier', 'pro', '--e2b', '--home', home];
+  const { stdout } = await promisify(execFile)(process.execPath, cli, { cwd: ROOT });
+  key = stdout.trim().split('\n').pop()!;
+  assert.match(key, /^e2b_[0-9a-f]{80}$/);
+});
+
+after(async () => {
+  await api?.close(1000);
+  await assertNoLeaks(engine, home);
+});
+
+const opts = () => ({ apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` });
+
+async function until(what: string, check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+test('e2b 2.51: the whole journey on real VMs', async () => {
+  const { Sandbox, CommandExitError, FileNotFoundError, SandboxNotFoundError, AuthenticationError } = e2bNew;
+  const sbx = await Sandbox.create('base', { ...opts(), metadata: { journey: 'e2b' }, envs: { GREETING: 'hello' }, timeoutMs: 600_000 });
+  try {
+    // commands.run with live output
+    const out: string[] = [];
+    const err: string[] = [];
+    const r = await sbx.commands.run('echo "$GREETING from $(hostname -s 2>/dev/null || echo guest)"; echo warn >&2', { onStdout: (d) => void out.push(d), onStderr: (d) => void err.push(d) });
+    assert.equal(r.exitCode, 0);
+    assert.match(out.join(''), /^hello from /);
+    assert.equal(err.join(''), 'warn\n');
+    await assert.rejects(sbx.commands.run('exit 7'), (e: Error & { exitCode?: number }) => e instanceof CommandExitError && e.exitCode === 7);
+
+    // a background command fed through stdin, then killed
+    const lines: string[] = [];
+    const cat = await sbx.commands.run('cat', { background: true, stdin: true, onStdout: (d) => void lines.push(d) });
+    await sbx.commands.sendStdin(cat.pid, 'line one\n');
+    await until('the echo of stdin', () => lines.join('') === 'line one\n');
+    // an exec runs while the background command does
+    assert.equal((await sbx.commands.run('echo beside')).stdout, 'beside\n');
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === cat.pid));
+    assert.equal(await sbx.commands.kill(cat.pid), true);
+    assert.ok((await cat.wait().catch((e) => e)) instanceof CommandExitError);
+
+    // files
+    await sbx.files.write('/root/data/a.txt', 'alpha');
+    assert.equal(await sbx.files.read('/root/data/a.txt'), 'alpha');
+    assert.equal(await sbx.files.makeDir('/root/data/sub'), true);
+    assert.deepEqual((await sbx.files.list('/root/data')).map((e) => `${e.name}:${e.type}`).sort(), ['a.txt:file', 'sub:dir']);
+    await sbx.files.rename('/root/data/a.txt', '/root/data/sub/b.txt');
+    assert.equal(await sbx.files.exists('/root/data/a.txt'), false);
+    assert.equal(await sbx.files.exists('/root/data/sub/b.txt'), true);
+    assert.equal((await sbx.commands.run('cat /root/data/sub/b.txt')).stdout, 'alpha');
+    await sbx.files.remove('/root/data/sub');
+    assert.equal(await sbx.files.exists('/root/data/sub'), false);
+    await assert.rejects(sbx.files.read('/root/nope.txt'), (e: Error) => e instanceof FileNotFoundError);
+
+    // a lease, then pause and connect: process memory survives
+    await sbx.setTimeout(300_000);
+    const info = await Sandbox.getInfo(sbx.sandboxId, opts());
+    assert.ok(info.endAt.getTime() - Date.now() <= 300_000);
+    await sbx.commands.run('sleep 1000 & echo $! > /root/sleeper.pid', { background: false });
+    const sleeper = (await sbx.commands.run('cat /root/sleeper.pid')).stdout.trim();
+    assert.equal(await sbx.pause(), true);
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts())).state, 'paused');
+    const again = await Sandbox.connect(sbx.sandboxId, opts());
+    assert.equal((await again.commands.run(`kill -0 ${sleeper} && echo alive`)).stdout, 'alive\n');
+
+    // fork: the children keep the process and the sandbox's envs
+    const kids = await Sandbox.fork(sbx.sandboxId, { ...opts(), count: 2 });
+    assert.equal(kids.length, 2);
+    for (const kid of kids) {
+      assert.ok(!(kid instanceof Error), String(kid));
+      const child = kid as InstanceType<typeof Sandbox>;
+      assert.equal((await child.commands.run(`kill -0 ${sleeper} && echo "$GREETING child"`)).stdout, 'hello child\n');
+      await child.kill();
+    }
+
+    // list with a metadata filter
+    const listed = await Sandbox.list({ ...opts(), query: { metadata: { journey: 'e2b' } } }).nextItems();
+    assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId]);
+
+    // errors as the SDK's classes
+    await assert.rejects(Sandbox.create('base', { ...opts(), apiKey: 'e2b_' + '0'.repeat(80) }), (e: Error) => e instanceof AuthenticationError);
+    await assert.rejects(Sandbox.getInfo('sbx_000000000000', opts()), (e: Error) => e instanceof SandboxNotFoundError);
+  } finally {
+    assert.equal(await sbx.kill(), true);
+  }
+  assert.equal(await Sandbox.kill(sbx.sandboxId, opts()), false);
+});
+
+test('e2b 2.30: create, run, stdin, files, pause and connect', async () => {
+  const { Sandbox } = e2bOld;
+  const sbx = await Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });
+  try {
+    assert.equal((await sbx.commands.run('echo old-sdk')).stdout, 'old-sdk\n');
+    const seen: string[] = [];
+    const cat = await sbx.commands.run('cat', { background: true, stdin: true, onStdout: (d) => void seen.push(d) });
+    await sbx.commands.sendStdin(cat.pid, 'x\n');
+    await until('the echo of stdin', () => seen.join('') === 'x\n');
+    await sbx.commands.kill(cat.pid);
+    await sbx.files.write('/root/old.txt', 'old');
+    assert.equal(await sbx.files.read('/root/old.txt'), 'old');
+    assert.equal(await sbx.betaPause(), true);
+    const again = await Sandbox.connect(sbx.sandboxId, opts());
+    assert.equal(await again.files.read('/root/old.txt'), 'old');
+  } finally {
+    await sbx.kill();
+  }
+});
