@@ -93,10 +93,10 @@ export interface EnvdBackend {
   remove(scope: Scope, id: string, path: string): Promise<void>;
   /** Events until the returned stop is called or `onEnd` is (the sandbox stopped, the watch broke). */
   watchDir(scope: Scope, id: string, path: string, recursive: boolean, onEvent: (e: FsEvent) => void, onEnd: (err?: CollimateError) => void): Promise<() => void>;
-  /** The file's bytes as a stream (memory bounded); throws file_not_found before the first byte. */
-  readFile(scope: Scope, id: string, path: string): Promise<Readable>;
+  /** Streams the file to `sink` (start once, then chunks; awaiting a chunk paces it); file_not_found before start. */
+  readFile(scope: Scope, id: string, path: string, sink: { start?(info: { size: number }): void | Promise<void>; chunk(data: Buffer): void | Promise<void> }): Promise<unknown>;
   /** Writes the whole stream to `path` atomically (nothing there if it fails) and stats it. */
-  writeFile(scope: Scope, id: string, path: string, data: Readable): Promise<FsEntry>;
+  writeFile(scope: Scope, id: string, path: string, data: AsyncIterable<Buffer>): Promise<FsEntry>;
 }
 
 export interface EnvdOptions {
@@ -502,10 +502,15 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           const { scope: s, id } = envd.authorizeFile(req, 'read');
           const path = (req.query as { path?: string }).path;
           if (!path) throw new CollimateError('validation_error', 'path is required.');
-          const data = await opts.backend.readFile(s, id, path);
-          res.writeHead(200, { 'content-type': 'application/octet-stream' });
-          data.on('error', () => res.destroy());
-          data.pipe(res);
+          await opts.backend.readFile(s, id, path, {
+            start: ({ size }) => void res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size }),
+            chunk: (data) => (res.write(data) ? undefined : new Promise<void>((resolve) => {
+              res.once('drain', resolve);
+              res.once('close', resolve);
+            })),
+          });
+          if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': 0 });
+          res.end();
         } catch (err) {
           sendHttpError(res, toClientError(err, req.log));
         }
@@ -579,7 +584,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
 }
 
 /** Each multipart `file` part is written to its own path: the part's filename, or the query's path. */
-function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, write: (path: string, data: Readable) => Promise<FsEntry>): Promise<FsEntry[]> {
+function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, write: (path: string, data: AsyncIterable<Buffer>) => Promise<FsEntry>): Promise<FsEntry[]> {
   return new Promise((resolve, reject) => {
     const writes: Promise<FsEntry>[] = [];
     let failed = false;

@@ -8,7 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createReadStream, createWriteStream, existsSync, lstatSync, mkdirSync, readdirSync, readlinkSync, renameSync, rmSync, watch, type FSWatcher } from 'node:fs';
 import { basename, join, posix } from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { CollimateError } from '../../src/errors.js';
 import type { EnvdBackend, FsEntry, ProcessExit, ProcessSpec, ProcessWatcher } from '../../src/e2b/envd.js';
 
@@ -171,17 +171,18 @@ export class HostEnvdBackend implements EnvdBackend {
     return () => w.close();
   }
 
-  async readFile(_s: unknown, _id: string, path: string): Promise<Readable> {
+  async readFile(_s: unknown, _id: string, path: string, sink: { start?(info: { size: number }): void | Promise<void>; chunk(data: Buffer): void | Promise<void> }): Promise<void> {
     const e = this.entry(path);
     if (e.type !== 'file') throw new CollimateError('validation_error', `${e.path} is not a file.`);
-    return createReadStream(this.hostPath(path));
+    await sink.start?.({ size: e.size });
+    for await (const chunk of createReadStream(this.hostPath(path))) await sink.chunk(chunk as Buffer);
   }
 
-  async writeFile(_s: unknown, _id: string, path: string, data: Readable): Promise<FsEntry> {
+  async writeFile(_s: unknown, _id: string, path: string, data: AsyncIterable<Buffer>): Promise<FsEntry> {
     const target = this.hostPath(path);
     mkdirSync(join(target, '..'), { recursive: true });
     const tmp = `${target}.upload-${process.pid}`;
-    await pipeline(data, createWriteStream(tmp));
+    await pipeline(Readable.from(data), createWriteStream(tmp));
     renameSync(tmp, target);
     return this.entry(path);
   }
