@@ -244,8 +244,9 @@ export class SandboxProcesses {
 
   /** Records a process the host just started (its output may have arrived first). */
   started(req: ProcStartRequest, started: ProcStarted): ProcessInfo {
+    // Output (even the exit) may have come first, making a record not started yet (startedNs 0).
     const known = this.records.get(started.pid);
-    const p = known && known.startedNs === 0n && known.status === 'running' ? known : this.fresh(started.pid, started.startedNs);
+    const p = known && known.startedNs === 0n ? known : this.fresh(started.pid, started.startedNs);
     p.startedNs = started.startedNs;
     p.argv = req.argv.map((a) => a.toString());
     p.cwd = req.cwd ?? '';
