@@ -12,7 +12,7 @@ import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
-import { ROUTES, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
+import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
   /** The caller's scope (routes without auth have none). */
@@ -81,9 +81,24 @@ function decodeJsonBody(req: FastifyRequest): unknown {
 }
 
 export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindOptions): void {
-  const { tenants } = opts;
+  const streamed: RouteSpec[] = [];
   for (const route of ROUTES) {
     if (route.method === 'ANY') continue; // the ports proxy binds its own (portsProxy.ts)
+    if (route.bodyKind === 'stream') streamed.push(route);
+    else bindRoute(app, route, handlers, opts);
+  }
+  // In a plugin of their own: its catch-all content-type parser leaves the body unread (no
+  // buffering, no body limit), so the handler can stream it on as it arrives.
+  void app.register(async (scope) => {
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser('*', (_req, _payload, done) => done(null));
+    for (const route of streamed) bindRoute(scope, route, handlers, opts);
+  });
+}
+
+function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, opts: BindOptions): void {
+  const { tenants } = opts;
+  {
     const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
     const spec = route;
@@ -98,6 +113,9 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));
+            if (kind === 'pid' && !/^[1-9][0-9]{0,9}$/.test(params[name])) {
+              throw new CollimateError('process_not_found', `No background process ${JSON.stringify(params[name].slice(0, 100))}: a process is named by its pid, a positive integer.`);
+            }
           }
           const query = parseWith(spec.query ?? S.EmptyQuery, req.query ?? {}, 'query');
           let body: unknown;
@@ -106,6 +124,8 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
             body = parseWith(spec.body!, decoded === undefined && spec.bodyOptional ? {} : decoded, 'body');
           } else if (spec.bodyKind === 'raw') {
             body = req.body;
+          } else if (spec.bodyKind === 'stream') {
+            body = req.raw;
           }
           const ctx = { scope, params, query, body, req, reply } as Ctx<BoundOperationId>;
           const idemKey = req.headers['idempotency-key'];
@@ -128,6 +148,8 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
           return reply.type('application/json; charset=utf-8').send(result.body);
         } catch (err) {
           if (reply.raw.headersSent) return reply;
+          // A streamed body not read to its end: drained, so the connection serves the next request.
+          if (spec.bodyKind === 'stream' && !req.raw.readableEnded) req.raw.resume();
           sendError(reply, toClientError(err, req.log, req.id));
           return reply;
         }

@@ -54,12 +54,14 @@ const PARAM_DESCRIPTIONS: Record<string, string> = {
   environment: 'Environment name.',
   port: 'A TCP port inside the sandbox, 1..65535 (anything else is 400).',
   token: 'The signed token of a port URL (from POST /v1/sandboxes/{id}/port-urls).',
+  pid: 'A background process: its guest pid (from POST /v1/sandboxes/{id}/processes).',
   path: 'The rest of the path, forwarded as sent (may be empty and may contain slashes); the query string follows it.',
 };
 
 const PARAM_SCHEMAS: Record<string, Json> = {
   sandbox: { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' },
   port: { type: 'integer', minimum: 1, maximum: 65535 },
+  pid: { type: 'integer', minimum: 1 },
 };
 
 function parameters(route: RouteSpec): Json[] {
@@ -101,7 +103,8 @@ function errorResponses(route: RouteSpec): Json {
   const codes = new Set<ErrorCode>([...generic, ...route.errors]);
   if (route.params?.id === 'sandbox') codes.add('sandbox_not_found');
   if (route.bodyKind === undefined) { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); codes.delete('payload_too_large'); }
-  if (route.bodyKind === 'raw') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
+  if (route.bodyKind === 'raw' || route.bodyKind === 'stream') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
+  if (route.bodyKind === 'stream') codes.delete('payload_too_large');
   const byStatus = new Map<number, ErrorCode[]>();
   for (const c of codes) {
     const s = ERROR_CODES[c];
@@ -136,6 +139,8 @@ function operation(route: RouteSpec, method: string = route.method): Json {
     op.requestBody = { required: !route.bodyOptional, content: { 'application/json': { schema: schemaOf(route.body) } } };
   } else if (route.bodyKind === 'raw') {
     op.requestBody = { required: true, content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
+  } else if (route.bodyKind === 'stream') {
+    op.requestBody = { required: false, description: 'Any bytes, streamed on as they arrive (chunked transfer encoding works).', content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
   } else if (route.method === 'ANY' && !['GET', 'HEAD', 'OPTIONS'].includes(method)) {
     op.requestBody = { required: false, description: 'Streamed to the sandbox as is.', content: { '*/*': { schema: { type: 'string', format: 'binary' } } } };
   }

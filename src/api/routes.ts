@@ -32,10 +32,10 @@ export interface RouteSpec {
   tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path'>>;
+  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid'>>;
   query?: z.ZodObject;
-  /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
-  bodyKind?: 'json' | 'raw';
+  /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files); `stream`: any bytes, unread, for the handler to stream. */
+  bodyKind?: 'json' | 'raw' | 'stream';
   body?: z.ZodType;
   /** An empty body is accepted and parsed as {}. */
   bodyOptional?: boolean;
@@ -49,6 +49,8 @@ export interface RouteSpec {
 }
 
 const sandbox = { id: 'sandbox' } as const;
+const sandboxProcess = { id: 'sandbox', pid: 'pid' } as const;
+const PROCESS_ERRORS = ['sandbox_not_found', 'process_not_found'] as const;
 
 /** The table with its literal types, so handlers are typed from their route's schemas (binder.ts). */
 export const ROUTE_TABLE = [
@@ -211,6 +213,135 @@ export const ROUTE_TABLE = [
     bodyKind: 'raw',
     responses: { 200: { description: 'Written.', schema: S.PutFileResponse } },
     errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large'],
+  },
+  {
+    operationId: 'startProcess',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes',
+    summary: 'Start a background process in a running sandbox',
+    description:
+      'Runs beside execs and outlives the request. The start takes its turn in the sandbox\'s operation queue (FIFO, after the execs, ' +
+      'file transfers, forks and suspends queued before it) and answers as soon as the process runs; everything else about a process ' +
+      '(stdin, signal, resize, output, wait, listing) never waits behind an exec. At most 64 run at once per sandbox (409 too_many_processes). ' +
+      'A program that is not found is 400 command_not_found. Processes survive suspend/resume and are in every fork child.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.ProcessStartRequest,
+    responses: { 201: { description: 'Running.', schema: S.Process } },
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'too_many_processes', 'command_not_found', 'spawn_failed'],
+  },
+  {
+    operationId: 'listProcesses',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/processes',
+    summary: "A sandbox's background processes: running ones and the last 64 that exited",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    responses: { 200: { description: 'In start order.', schema: S.ProcessList } },
+    errors: ['sandbox_not_found'],
+  },
+  {
+    operationId: 'getProcess',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/processes/:pid',
+    summary: 'A background process',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    responses: { 200: { description: 'The process.', schema: S.Process } },
+    errors: [...PROCESS_ERRORS],
+  },
+  {
+    operationId: 'processOutput',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/processes/:pid/output',
+    summary: "Stream a process's output (SSE): what the server holds, then live, then its exit",
+    description:
+      'An SSE stream (200 once the process is found): `stdout` / `stderr` / `pty` events with data `{"data": base64, "offset": n}`, ' +
+      'a `gap` event `{"from", "to"}` for output the server no longer has (it keeps the last 1 MiB per process; output written while ' +
+      'it was not connected, across a server restart, is counted but not kept), then `exit` `{"process": Process}` and the stream ends. ' +
+      '`?from=start` (default) replays what is held, `now` only what comes, a number from that offset: reattach with the last offset seen + its length.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    query: S.ProcessOutputQuery,
+    sse: true,
+    responses: { 200: { description: 'An SSE stream of output events (see description).', schema: S.ProcessOutputEvent } },
+    errors: [...PROCESS_ERRORS],
+  },
+  {
+    operationId: 'writeProcessStdin',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes/:pid/stdin',
+    summary: "Send bytes to a process's stdin, streamed as they arrive",
+    description:
+      'The request body (any bytes, any length; chunked transfer encoding works) goes to the guest in pieces of 64 KiB as it arrives, ' +
+      'each written into the process\'s stdin pipe (or terminal) before the next is read: a process that does not read holds the request. ' +
+      'The process must have been started with `stdin: true` or a `pty` (else 409 stdin_closed). Does not close stdin.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    bodyKind: 'stream',
+    responses: { 200: { description: 'Written.', schema: S.ProcessStdinResponse } },
+    errors: [...PROCESS_ERRORS, 'invalid_state', 'process_exited', 'stdin_closed', 'agent_unavailable'],
+  },
+  {
+    operationId: 'closeProcessStdin',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes/:pid/close-stdin',
+    summary: "Close a process's stdin (end of input); on a pty, send the EOF character",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    bodyKind: 'json',
+    body: S.EmptyQuery,
+    bodyOptional: true,
+    responses: { 200: { description: 'Closed.', schema: S.Process } },
+    errors: [...PROCESS_ERRORS, 'invalid_state', 'process_exited', 'agent_unavailable'],
+  },
+  {
+    operationId: 'signalProcess',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes/:pid/signal',
+    summary: "Send a signal to a process's process group",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    bodyKind: 'json',
+    body: S.ProcessSignalRequest,
+    responses: { 200: { description: 'Sent.', schema: S.Process } },
+    errors: [...PROCESS_ERRORS, 'invalid_state', 'process_exited', 'agent_unavailable'],
+  },
+  {
+    operationId: 'resizeProcess',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes/:pid/resize',
+    summary: "Resize a process's pseudo-terminal",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    bodyKind: 'json',
+    body: S.ProcessResizeRequest,
+    responses: { 200: { description: 'Resized (the process gets SIGWINCH).', schema: S.Process } },
+    errors: [...PROCESS_ERRORS, 'invalid_state', 'process_exited', 'not_a_terminal', 'agent_unavailable'],
+  },
+  {
+    operationId: 'waitProcess',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/processes/:pid/wait',
+    summary: 'Wait for a process to exit (long poll)',
+    description: 'Answers when the process exits, or after `timeout` seconds with it still `running`: call again.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    bodyKind: 'json',
+    body: S.ProcessWaitRequest,
+    bodyOptional: true,
+    responses: { 200: { description: 'The process: exited, or still running when the timeout passed.', schema: S.Process } },
+    errors: [...PROCESS_ERRORS],
   },
   {
     operationId: 'createPortUrl',
@@ -476,6 +607,6 @@ export type OperationId = Route['operationId'];
 /** The operations the JSON binder serves (the ports proxy binds the `ANY` ones itself). */
 export type BoundOperationId = Exclude<Route, { method: 'ANY' }>['operationId'];
 export type RouteOf<K extends OperationId> = Extract<Route, { operationId: K }>;
-export type BodyOf<R> = R extends { bodyKind: 'raw' } ? Buffer : R extends { body: infer B extends z.ZodType } ? z.infer<B> : undefined;
+export type BodyOf<R> = R extends { bodyKind: 'raw' } ? Buffer : R extends { bodyKind: 'stream' } ? import('node:http').IncomingMessage : R extends { body: infer B extends z.ZodType } ? z.infer<B> : undefined;
 export type QueryOf<R> = R extends { query: infer Q extends z.ZodType } ? z.infer<Q> : Record<string, never>;
 export type ParamsOf<R> = R extends { params: infer P } ? { [K in keyof P]: string } : Record<string, never>;

@@ -19,6 +19,7 @@ import { imageHandlers } from './handlers/images.js';
 import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js';
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
+import { processHandlers } from './handlers/processes.js';
 import { registerHttpMetrics } from './httpMetrics.js';
 import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
@@ -168,6 +169,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     app,
     {
       ...sandboxHandlers(tenants, streams),
+      ...processHandlers(tenants, streams),
       ...imageHandlers(tenants),
       ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
     },

@@ -5,7 +5,7 @@
  */
 import type { FastifyReply } from 'fastify';
 import type { CollimateError } from '../errors.js';
-import type { ExecResult, ExecStreamHandlers } from '../sandboxes/types.js';
+import type { ExecResult, ExecStreamHandlers, ProcessEvent } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
 
@@ -63,5 +63,55 @@ export class SseStreams {
     } finally {
       finish();
     }
+  }
+
+  /**
+   * Hijacks `reply` for a 200 stream of a background process's output: `stdout`/`stderr`/`pty`
+   * events `{data: base64, offset}`, `gap` `{from, to}`, then `exit` `{process}` and the end.
+   * `subscribe` has been checked (the process exists); it is called with the listener and returns
+   * the unsubscribe. A client that goes away unsubscribes; the process runs on.
+   */
+  async streamProcess(reply: FastifyReply, subscribe: (listener: (e: ProcessEvent) => void) => Promise<() => void>): Promise<void> {
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+    });
+    let live = true;
+    let unsubscribe: (() => void) | undefined;
+    const send = (event: string, data: unknown) => {
+      if (live && !res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    const finish = () => {
+      if (!live) return;
+      live = false;
+      clearInterval(ping);
+      this.open.delete(abort);
+      unsubscribe?.();
+      res.end();
+    };
+    const abort = (err: CollimateError) => {
+      send('error', err.toJSON());
+      finish();
+    };
+    this.open.add(abort);
+    res.on('close', finish);
+    const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
+    ping.unref();
+    let ended = false;
+    const unsub = await subscribe((e) => {
+      if (e.type === 'output') send(e.stream, { data: e.data.toString('base64'), offset: e.offset });
+      else if (e.type === 'gap') send('gap', { from: e.from, to: e.to });
+      else {
+        send('exit', { process: e.process });
+        ended = true;
+        // Replayed synchronously inside subscribe: the stream ends once it returned.
+        queueMicrotask(finish);
+      }
+    });
+    unsubscribe = unsub;
+    if (!live || ended) unsub();
   }
 }

@@ -24,7 +24,14 @@ import {
   decodeExecResult,
   decodeFileData,
   decodePong,
+  decodeProcStarted,
+  decodeProcTable,
   encodeExec,
+  encodeProcInput,
+  encodeProcPid,
+  encodeProcResize,
+  encodeProcSignal,
+  encodeProcStart,
   encodeFileRead,
   encodeFileWrite,
   encodeFrame,
@@ -36,6 +43,9 @@ import {
   type FileData,
   type Frame,
   type Pong,
+  type ProcEntry,
+  type ProcStartRequest,
+  type ProcStarted,
   type RestoredRequest,
 } from './protocol.js';
 
@@ -232,6 +242,54 @@ export class AgentClient extends EventEmitter {
         await this.request<void>(MessageType.FileWrite, payload, undefined, expectOk);
         offset += piece.length;
       } while (offset < data.length);
+    });
+  }
+
+  // ------------------------------------------------- background processes
+  // Sent beside a running exec (concurrentRequest); their output and exits arrive as 'event' frames.
+
+  /** Starts a background process; resolves once it runs (its pid), or rejects with the guest's reason. */
+  async startProcess(req: ProcStartRequest, timeoutMs = 30_000): Promise<ProcStarted> {
+    const payload = encodeOrThrow(() => encodeProcStart(req));
+    return this.concurrentRequest(MessageType.ProcStart, payload, timeoutMs, (frame, done) => {
+      if (frame.type !== MessageType.ProcStarted) return false;
+      done(decodeProcStarted(frame.payload));
+      return true;
+    });
+  }
+
+  /**
+   * Writes `data` to a background process's stdin. Resolves once the guest wrote it into the pipe
+   * (or terminal): a process that does not read holds the caller here, which is the flow control.
+   */
+  async processInput(pid: number, data: Buffer, timeoutMs?: number): Promise<void> {
+    const payload = encodeOrThrow(() => encodeProcInput(pid, data));
+    await this.concurrentRequest<void>(MessageType.ProcInput, payload, timeoutMs, expectOk);
+  }
+
+  /** Closes its stdin once what was written is delivered (on a terminal: sends the EOF character). */
+  async closeProcessStdin(pid: number, timeoutMs?: number): Promise<void> {
+    const payload = encodeOrThrow(() => encodeProcPid(pid));
+    await this.concurrentRequest<void>(MessageType.ProcCloseStdin, payload, timeoutMs, expectOk);
+  }
+
+  /** Sends `signal` to the process's group. */
+  async signalProcess(pid: number, signal: number, timeoutMs = 10_000): Promise<void> {
+    const payload = encodeOrThrow(() => encodeProcSignal(pid, signal));
+    await this.concurrentRequest<void>(MessageType.ProcSignal, payload, timeoutMs, expectOk);
+  }
+
+  async resizeProcess(pid: number, cols: number, rows: number, timeoutMs = 10_000): Promise<void> {
+    const payload = encodeOrThrow(() => encodeProcResize(pid, cols, rows));
+    await this.concurrentRequest<void>(MessageType.ProcResize, payload, timeoutMs, expectOk);
+  }
+
+  /** The guest's table: live background processes and the last ones that exited. */
+  async listProcesses(timeoutMs = 10_000): Promise<ProcEntry[]> {
+    return this.concurrentRequest(MessageType.ProcList, Buffer.alloc(0), timeoutMs, (frame, done) => {
+      if (frame.type !== MessageType.ProcTable) return false;
+      done(decodeProcTable(frame.payload));
+      return true;
     });
   }
 

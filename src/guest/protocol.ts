@@ -24,6 +24,12 @@ export const MessageType = {
   FileRead: 0x04,
   FileWrite: 0x05,
   SetTime: 0x06,
+  ProcStart: 0x0a,
+  ProcInput: 0x0b,
+  ProcCloseStdin: 0x0c,
+  ProcSignal: 0x0d,
+  ProcResize: 0x0e,
+  ProcList: 0x0f,
   Pong: 0x81,
   Stdout: 0x82,
   Stderr: 0x83,
@@ -31,6 +37,10 @@ export const MessageType = {
   Ok: 0x85,
   FileData: 0x86,
   Error: 0x8f,
+  ProcStarted: 0x90,
+  ProcOutput: 0x91,
+  ProcExit: 0x92,
+  ProcTable: 0x93,
 } as const;
 export type MessageType = (typeof MessageType)[keyof typeof MessageType];
 
@@ -79,6 +89,20 @@ export const Tag = {
 
   AgentVersion: 80,
   UptimeMs: 81,
+
+  // Background processes: 100-129.
+  Pid: 100,
+  Stream: 101,
+  Pty: 102,
+  Cols: 103,
+  Rows: 104,
+  StdinOpen: 105,
+  ProcTag: 106,
+  OutputOffset: 107,
+  ProcEntry: 108,
+  Exited: 109,
+  OutputTotal: 110,
+  ArgvTruncated: 111,
 } as const;
 
 export const ErrorCode = {
@@ -90,6 +114,13 @@ export const ErrorCode = {
   FileReadFailed: 'file_read_failed',
   NotAFile: 'not_a_file',
   RestoreFailed: 'restore_failed',
+  TooManyProcesses: 'too_many_processes',
+  ProcessNotFound: 'process_not_found',
+  ProcessExited: 'process_exited',
+  StdinClosed: 'stdin_closed',
+  NotATerminal: 'not_a_terminal',
+  SpawnFailed: 'spawn_failed',
+  CommandNotFound: 'command_not_found',
 } as const;
 
 /** Raised for bytes that do not follow the protocol (and for requests we refuse to encode). */
@@ -322,10 +353,10 @@ class TlvReader {
   private readonly byTag = new Map<number, Buffer>();
 
   constructor(
-    payload: Buffer,
+    payload: Buffer | TlvField[],
     private readonly message: string,
   ) {
-    for (const field of parseTlv(payload)) this.byTag.set(field.tag, field.value);
+    for (const field of Buffer.isBuffer(payload) ? parseTlv(payload) : payload) this.byTag.set(field.tag, field.value);
   }
 
   has(tag: number): boolean {
@@ -623,4 +654,184 @@ export function decodePong(payload: Buffer): Pong {
     uptimeMs: r.u64Number(Tag.UptimeMs),
     sandboxId: r.str(Tag.SandboxId, ''),
   };
+}
+
+// ------------------------------------------------ background processes
+
+/** Output streams of a background process (PROC_OUTPUT STREAM). */
+export const ProcStream = { Stdout: 1, Stderr: 2, Pty: 3 } as const;
+export type ProcStreamName = 'stdout' | 'stderr' | 'pty';
+const STREAM_NAMES: Record<number, ProcStreamName> = { 1: 'stdout', 2: 'stderr', 3: 'pty' };
+
+export interface ProcStartRequest {
+  /** One argv list; argv[0] is looked up on PATH. */
+  argv: ReadonlyArray<string | Buffer>;
+  env?: Record<string, string>;
+  cwd?: string;
+  seed?: bigint;
+  /** Run on a pseudo-terminal of this size (stdout and stderr are then one stream, 'pty'). */
+  pty?: { cols: number; rows: number };
+  /** Keep a stdin pipe open for PROC_INPUT (else stdin is /dev/null). A pty's input is always open. */
+  stdinOpen?: boolean;
+  /** The caller's label, listed with the process (at most 256 bytes). */
+  tag?: string;
+}
+
+export function encodeProcStart(req: ProcStartRequest): Buffer {
+  if (req.argv.length === 0) throw new ProtocolError('a process needs at least the program name');
+  const w = new TlvWriter().empty(Tag.ArgvBegin);
+  for (const arg of req.argv) {
+    if (hasNul(arg)) throw new ProtocolError('arguments cannot contain NUL');
+    w.bytes(Tag.Arg, typeof arg === 'string' ? Buffer.from(arg, 'utf8') : arg);
+  }
+  for (const [key, value] of Object.entries(req.env ?? {})) {
+    if (key.length === 0 || key.includes('=') || hasNul(key) || hasNul(value)) {
+      throw new ProtocolError(`invalid environment variable ${JSON.stringify(key)}`);
+    }
+    w.str(Tag.Env, `${key}=${value}`);
+  }
+  if (req.cwd !== undefined) {
+    if (req.cwd.length === 0 || hasNul(req.cwd)) throw new ProtocolError('invalid cwd');
+    w.str(Tag.Cwd, req.cwd);
+  }
+  if (req.seed !== undefined) w.u64(Tag.Seed, req.seed);
+  if (req.pty) {
+    for (const [name, v] of [['cols', req.pty.cols], ['rows', req.pty.rows]] as const) {
+      if (!Number.isInteger(v) || v < 1 || v > 0xffff) throw new ProtocolError(`pty ${name} must be an integer from 1 to 65535`);
+    }
+    w.u8(Tag.Pty, 1).u32(Tag.Cols, req.pty.cols).u32(Tag.Rows, req.pty.rows);
+  }
+  if (req.stdinOpen) w.u8(Tag.StdinOpen, 1);
+  if (req.tag !== undefined) {
+    if (Buffer.byteLength(req.tag) > 256 || hasNul(req.tag)) throw new ProtocolError('tag must be at most 256 bytes without NUL');
+    w.str(Tag.ProcTag, req.tag);
+  }
+  if (w.byteLength > MAX_FRAME_PAYLOAD) throw new ProtocolError('process start request exceeds the frame limit');
+  return w.finish();
+}
+
+function assertPid(pid: number): void {
+  if (!Number.isInteger(pid) || pid < 1 || pid > 0x7fffffff) throw new ProtocolError(`pid must be a positive integer, got ${pid}`);
+}
+
+/** PROC_CLOSE_STDIN and other requests that only name a process. */
+export function encodeProcPid(pid: number): Buffer {
+  assertPid(pid);
+  return new TlvWriter().u32(Tag.Pid, pid).finish();
+}
+
+export function encodeProcInput(pid: number, data: Buffer): Buffer {
+  assertPid(pid);
+  if (data.length === 0) throw new ProtocolError('input must not be empty');
+  return new TlvWriter().u32(Tag.Pid, pid).bytes(Tag.Data, data).finish();
+}
+
+export function encodeProcSignal(pid: number, signal: number): Buffer {
+  assertPid(pid);
+  if (!Number.isInteger(signal) || signal < 1 || signal > 64) throw new ProtocolError(`signal must be 1-64, got ${signal}`);
+  return new TlvWriter().u32(Tag.Pid, pid).u32(Tag.Signal, signal).finish();
+}
+
+export function encodeProcResize(pid: number, cols: number, rows: number): Buffer {
+  assertPid(pid);
+  for (const v of [cols, rows]) if (!Number.isInteger(v) || v < 1 || v > 0xffff) throw new ProtocolError('cols and rows must be 1-65535');
+  return new TlvWriter().u32(Tag.Pid, pid).u32(Tag.Cols, cols).u32(Tag.Rows, rows).finish();
+}
+
+export interface ProcStarted {
+  pid: number;
+  startedNs: bigint;
+}
+
+export function decodeProcStarted(payload: Buffer): ProcStarted {
+  const r = new TlvReader(payload, 'PROC_STARTED');
+  return { pid: r.u32(Tag.Pid), startedNs: r.u64(Tag.StartedNs, 0n) };
+}
+
+export interface ProcOutput {
+  pid: number;
+  stream: ProcStreamName;
+  /** Position of the chunk's first byte in the process's output (all streams, dropped bytes included). */
+  offset: number;
+  data: Buffer;
+}
+
+export function decodeProcOutput(payload: Buffer): ProcOutput {
+  const r = new TlvReader(payload, 'PROC_OUTPUT');
+  const stream = STREAM_NAMES[r.u8(Tag.Stream)];
+  if (!stream) throw new ProtocolError('PROC_OUTPUT: unknown stream');
+  return { pid: r.u32(Tag.Pid), stream, offset: r.u64Number(Tag.OutputOffset), data: r.bytes(Tag.Data) as Buffer };
+}
+
+export interface ProcCounters {
+  stdoutBytes: number;
+  stderrBytes: number;
+  /** Everything it wrote, all streams (stdout carries a pty's output). */
+  outputTotal: number;
+}
+
+export interface ProcExitStatus {
+  exitCode: number;
+  signal?: number;
+  finishedNs: bigint;
+  pidsLimited?: true;
+}
+
+export interface ProcExit extends ProcExitStatus, ProcCounters {
+  pid: number;
+}
+
+function exitStatusOf(r: TlvReader): ProcExitStatus {
+  const status: ProcExitStatus = { exitCode: r.i32(Tag.ExitCode), finishedNs: r.u64(Tag.FinishedNs, 0n) };
+  if (r.has(Tag.Signal)) status.signal = r.u32(Tag.Signal);
+  if (r.u8(Tag.PidsLimited, 0) === 1) status.pidsLimited = true;
+  return status;
+}
+
+function countersOf(r: TlvReader): ProcCounters {
+  return { stdoutBytes: r.u64Number(Tag.StdoutBytes, 0), stderrBytes: r.u64Number(Tag.StderrBytes, 0), outputTotal: r.u64Number(Tag.OutputTotal, 0) };
+}
+
+export function decodeProcExit(payload: Buffer): ProcExit {
+  const r = new TlvReader(payload, 'PROC_EXIT');
+  return { pid: r.u32(Tag.Pid), ...exitStatusOf(r), ...countersOf(r) };
+}
+
+export interface ProcEntry extends ProcCounters {
+  pid: number;
+  argv: string[];
+  argvTruncated: boolean;
+  cwd: string;
+  tag?: string;
+  pty: boolean;
+  stdinOpen: boolean;
+  startedNs: bigint;
+  /** Present once it exited. */
+  exit?: ProcExitStatus;
+}
+
+export function decodeProcTable(payload: Buffer): ProcEntry[] {
+  const groups: TlvField[][] = [];
+  for (const field of parseTlv(payload)) {
+    if (field.tag === Tag.ProcEntry) groups.push([]);
+    else if (groups.length === 0) throw new ProtocolError('PROC_TABLE: field before the first entry');
+    else groups[groups.length - 1].push(field);
+  }
+  return groups.map((fields) => {
+    const r = new TlvReader(fields, 'PROC_TABLE entry');
+    const entry: ProcEntry = {
+      pid: r.u32(Tag.Pid),
+      argv: fields.filter((f) => f.tag === Tag.Arg).map((f) => f.value.toString('utf8')),
+      argvTruncated: r.u8(Tag.ArgvTruncated, 0) === 1,
+      cwd: r.str(Tag.Cwd, ''),
+      pty: r.u8(Tag.Pty, 0) === 1,
+      stdinOpen: r.u8(Tag.StdinOpen, 0) === 1,
+      startedNs: r.u64(Tag.StartedNs, 0n),
+      ...countersOf(r),
+    };
+    const tag = r.optionalStr(Tag.ProcTag);
+    if (tag !== undefined) entry.tag = tag;
+    if (r.u8(Tag.Exited, 0) === 1) entry.exit = exitStatusOf(r);
+    return entry;
+  });
 }

@@ -12,6 +12,7 @@ import type { PhaseReport } from './phases.js';
 import type { ForkSeeds } from './forkSeeds.js';
 import type { ForkReceivers } from './forkReceivers.js';
 import type { HostCapacity } from './hostCapacity.js';
+import type { ProcessRegistry } from './processes.js';
 import type { SandboxInfo, SandboxTransition, Scope } from './types.js';
 
 /**
@@ -34,6 +35,8 @@ export interface EngineContext {
   readonly removals: Set<Promise<void>>;
   /** Admission by what the host has: every create, fork and resume asks it first (hostCapacity.ts). */
   readonly capacity: HostCapacity;
+  /** What the host knows of every sandbox's background processes (processes.ts). */
+  readonly processes: ProcessRegistry;
   /** Networking (src/net): null when the server runs without (COLLIMATE_NET=off, not root). */
   readonly net: NetManager | null;
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */

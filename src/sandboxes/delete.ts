@@ -24,6 +24,7 @@ export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scop
   removeSandboxFiles(ctx, row);
   ctx.repo.markDeleted(id, Date.now(), reason);
   ctx.registry.forget(id);
+  ctx.processes.forget(id);
   gcForkPoints(ctx);
   ctx.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: reason ? 'lost' : 'delete', ...(reason ? { reason } : {}) });
 }

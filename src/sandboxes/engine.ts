@@ -24,12 +24,16 @@ import { ForkSeeds } from './forkSeeds.js';
 import { ForkReceivers } from './forkReceivers.js';
 import { RamSparsifier } from './ramSparse.js';
 import { Quiescer } from './quiesce.js';
+import { ProcessRegistry } from './processes.js';
+import {
+  startProcess, listProcesses, getProcess, watchProcessOutput, writeProcessStdin, closeProcessStdin, signalProcess, resizeProcess, waitProcess,
+} from './processOps.js';
 import { collectArtifactRam } from '../images/artifactGc.js';
 import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
-  OpenPort, PortTarget,
+  OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent,
 } from './types.js';
 
 export interface EngineOptions extends Partial<EngineConfig> {
@@ -65,6 +69,7 @@ const ARTIFACT_GC_MS = 600_000;
 export class Engine extends EventEmitter implements SandboxService {
   readonly repo: SandboxRepo;
   private readonly registry: SandboxRegistry;
+  private readonly processes = new ProcessRegistry();
   /** The templates and their warm pools (metrics, tests and benches look inside). */
   readonly templatePools: TemplatePools;
   private readonly ctx: EngineContext;
@@ -81,10 +86,15 @@ export class Engine extends EventEmitter implements SandboxService {
   private constructor(readonly cfg: EngineConfig, readonly db: Db, opts: EngineOptions, private readonly net: NetManager | null) {
     super();
     this.repo = new SandboxRepo(db);
-    this.registry = new SandboxRegistry(this.repo, (r) => this.quiescer.wake(r), (r) => this.watchVmm(r));
+    this.registry = new SandboxRegistry(this.repo, (r) => this.quiescer.wake(r), (r) => {
+      this.watchVmm(r);
+      // Every agent connection made (create, fork child, resume, a restarted server adopting a
+      // VMM) learns the guest's background processes again.
+      void this.processes.of(r.id).attach(r.live.agent);
+    });
     this.templatePools = new TemplatePools(cfg, net);
     this.ctx = {
-      cfg, repo: this.repo, registry: this.registry, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
+      cfg, repo: this.repo, registry: this.registry, processes: this.processes, templates: this.templatePools, net, seeds: new ForkSeeds(cfg.ramDir),
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       forking: new Set(),
       removals: new Set(),
@@ -289,6 +299,44 @@ export class Engine extends EventEmitter implements SandboxService {
 
   writeFile(id: string, path: string, data: Buffer, scope?: Scope, mode?: number): Promise<void> {
     return writeFileIn(this.ctx, id, path, data, scope, mode);
+  }
+
+  // ---- background processes (processOps.ts) -----------------------------------------------------
+
+  startProcess(id: string, req: ProcessStartRequest, scope?: Scope): Promise<ProcessInfo> {
+    return startProcess(this.ctx, id, req, scope);
+  }
+
+  listProcesses(id: string, scope?: Scope): Promise<ProcessInfo[]> {
+    return listProcesses(this.ctx, id, scope);
+  }
+
+  getProcess(id: string, pid: number, scope?: Scope): Promise<ProcessInfo> {
+    return getProcess(this.ctx, id, pid, scope);
+  }
+
+  watchProcessOutput(id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void, scope?: Scope): Promise<() => void> {
+    return watchProcessOutput(this.ctx, id, pid, from, listener, scope);
+  }
+
+  writeProcessStdin(id: string, pid: number, data: AsyncIterable<Buffer> | Buffer, scope?: Scope): Promise<number> {
+    return writeProcessStdin(this.ctx, id, pid, data, scope);
+  }
+
+  closeProcessStdin(id: string, pid: number, scope?: Scope): Promise<void> {
+    return closeProcessStdin(this.ctx, id, pid, scope);
+  }
+
+  signalProcess(id: string, pid: number, signal: string | number, scope?: Scope): Promise<void> {
+    return signalProcess(this.ctx, id, pid, signal, scope);
+  }
+
+  resizeProcess(id: string, pid: number, cols: number, rows: number, scope?: Scope): Promise<void> {
+    return resizeProcess(this.ctx, id, pid, cols, rows, scope);
+  }
+
+  waitProcess(id: string, pid: number, timeoutSecs: number, scope?: Scope): Promise<ProcessInfo> {
+    return waitProcess(this.ctx, id, pid, timeoutSecs, scope);
   }
 
   /** Live fork of a running sandbox, or fork of a suspended one from its snapshot. */

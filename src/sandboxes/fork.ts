@@ -406,6 +406,8 @@ async function spawnChildren(
     });
     phases.since('commit', committing);
     rows.forEach((row, i) => {
+      // A child has its parent's processes (they are in its memory): it starts with the output held of them.
+      ctx.processes.inherit(parentRow.id, row.id);
       ctx.registry.add(row.id, lives[i]);
       ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });
     });

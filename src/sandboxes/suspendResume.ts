@@ -93,6 +93,8 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   // stopped VMM, and finishes the suspend.
   ctx.repo.update(r.id, { state: 'suspended', snapshot, pending_op: null });
   ctx.registry.remove(r.id);
+  // Its processes' records and output stay (by sandbox id) for the resume, which learns them again.
+  ctx.processes.of(r.id).detach();
   r.live.agent.close();
   await phases.time('teardown', () => vmm.kill());
   if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });

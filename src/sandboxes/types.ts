@@ -7,10 +7,12 @@
 import type { EgressPolicy } from '../net/policy.js';
 import type { OpenPort } from '../net/ports.js';
 import type { TemplateInfo } from '../images/templates.js';
+import type { ProcessEvent, ProcessInfo } from './processes.js';
 
 export type { EgressInput, EgressPolicy } from '../net/policy.js';
 export type { OpenPort } from '../net/ports.js';
 export type { TemplateInfo } from '../images/templates.js';
+export type { ProcessEvent, ProcessInfo } from './processes.js';
 
 export type SandboxState = 'running' | 'suspended' | 'deleted';
 
@@ -166,7 +168,45 @@ export interface SandboxTransition {
   reason?: string;
 }
 
-export interface SandboxService {
+/** A background process to start (exactly one of command, argv). */
+export interface ProcessStartRequest {
+  /** A shell string, run by /bin/sh -c. */
+  command?: string;
+  /** The program and its arguments; the program is looked up on PATH. */
+  argv?: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Run on a pseudo-terminal of this size (default 80x24): stdout and stderr are then one stream, `pty`. */
+  pty?: { cols?: number; rows?: number };
+  /** Keep stdin open for input (else it reads /dev/null). A pty's input is always open. */
+  stdin?: boolean;
+  /** A label of yours, listed with the process (at most 256 bytes). */
+  tag?: string;
+  /** The CRNG seed, as for an exec (decimal u64 string). */
+  seed?: string;
+}
+
+/**
+ * Background processes (src/sandboxes/processOps.ts). A start is queued in the sandbox's FIFO like an
+ * exec and returns once the process runs; the rest never waits behind an exec.
+ */
+export interface ProcessService {
+  startProcess(id: string, req: ProcessStartRequest, scope?: Scope): Promise<ProcessInfo>;
+  listProcesses(id: string, scope?: Scope): Promise<ProcessInfo[]>;
+  getProcess(id: string, pid: number, scope?: Scope): Promise<ProcessInfo>;
+  /** Output held from `from` on, then live output, then the exit; resolves to the unsubscribe. */
+  watchProcessOutput(id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void, scope?: Scope): Promise<() => void>;
+  /** Streams `data` to the process's stdin as it comes; resolves to the bytes written. */
+  writeProcessStdin(id: string, pid: number, data: AsyncIterable<Buffer> | Buffer, scope?: Scope): Promise<number>;
+  closeProcessStdin(id: string, pid: number, scope?: Scope): Promise<void>;
+  /** `signal`: a name ("SIGTERM", "TERM") or a number; sent to the process's group. */
+  signalProcess(id: string, pid: number, signal: string | number, scope?: Scope): Promise<void>;
+  resizeProcess(id: string, pid: number, cols: number, rows: number, scope?: Scope): Promise<void>;
+  /** Until it exits, or `timeoutSecs` (then it is returned still running). */
+  waitProcess(id: string, pid: number, timeoutSecs: number, scope?: Scope): Promise<ProcessInfo>;
+}
+
+export interface SandboxService extends ProcessService {
   templates(scope?: Scope): TemplateInfo[];
   template(id: string, scope?: Scope): TemplateInfo;
   create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo>;

@@ -22,7 +22,8 @@ import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../n
 import type { PhaseReport } from '../sandboxes/phases.js';
 import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
-  ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, SandboxInfo, SandboxService, TemplateInfo,
+  ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
+  SandboxInfo, SandboxService, TemplateInfo,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
@@ -542,6 +543,54 @@ export class TenantService {
   async writeFile(scope: Scope, id: string, path: string, data: Buffer, mode?: number): Promise<void> {
     this.get(scope, id);
     await this.engine.writeFile(id, path, data, scope, mode);
+  }
+
+  // ---- background processes ---------------------------------------------------------------------
+  // A start takes its turn in the sandbox's FIFO like an exec; the rest never waits behind one.
+
+  startProcess(scope: Scope, id: string, req: ProcessStartRequest): Promise<ProcessInfo> {
+    this.get(scope, id);
+    return this.engine.startProcess(id, req, scope);
+  }
+
+  listProcesses(scope: Scope, id: string): Promise<ProcessInfo[]> {
+    this.get(scope, id);
+    return this.engine.listProcesses(id, scope);
+  }
+
+  getProcess(scope: Scope, id: string, pid: number): Promise<ProcessInfo> {
+    this.get(scope, id);
+    return this.engine.getProcess(id, pid, scope);
+  }
+
+  watchProcessOutput(scope: Scope, id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void): Promise<() => void> {
+    this.get(scope, id);
+    return this.engine.watchProcessOutput(id, pid, from, listener, scope);
+  }
+
+  writeProcessStdin(scope: Scope, id: string, pid: number, data: AsyncIterable<Buffer> | Buffer): Promise<number> {
+    this.get(scope, id);
+    return this.engine.writeProcessStdin(id, pid, data, scope);
+  }
+
+  closeProcessStdin(scope: Scope, id: string, pid: number): Promise<void> {
+    this.get(scope, id);
+    return this.engine.closeProcessStdin(id, pid, scope);
+  }
+
+  signalProcess(scope: Scope, id: string, pid: number, signal: string | number): Promise<void> {
+    this.get(scope, id);
+    return this.engine.signalProcess(id, pid, signal, scope);
+  }
+
+  resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void> {
+    this.get(scope, id);
+    return this.engine.resizeProcess(id, pid, cols, rows, scope);
+  }
+
+  waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
+    this.get(scope, id);
+    return this.engine.waitProcess(id, pid, timeoutSecs, scope);
   }
 
   // ---- ports -----------------------------------------------------------------------------------

@@ -342,6 +342,96 @@ export const PutFileQuery = z.strictObject({
 export const PutFileResponse = named('PutFileResponse', z.strictObject({ path: z.string(), size: z.number().int() }));
 
 // ---------------------------------------------------------------------------------------------
+// Background processes
+
+export const ProcessStartRequest = named(
+  'ProcessStartRequest',
+  z
+    .strictObject({
+      command: described(z.string().min(1), 'A shell string, run by /bin/sh -c.').optional(),
+      argv: described(z.array(z.string()).min(1).max(4096), 'The program and its arguments; the program is looked up on PATH.').optional(),
+      env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).optional(),
+      cwd: z.string().startsWith('/').max(1023).optional(),
+      pty: described(
+        z.strictObject({ cols: z.number().int().min(1).max(65535).optional(), rows: z.number().int().min(1).max(65535).optional() }),
+        'Run on a pseudo-terminal of this size (default 80x24): stdout and stderr are then one stream, `pty`, and input is typed into the terminal.',
+      ).optional(),
+      stdin: described(z.boolean(), 'Keep stdin open for POST …/stdin (else it reads /dev/null). A pty always takes input.').optional(),
+      tag: described(z.string().max(256), 'A label of yours, listed with the process.').optional(),
+      seed: described(execSeed(), ExecSeedDescription).optional(),
+    })
+    .refine((r) => (r.command === undefined) !== (r.argv === undefined), { message: 'exactly one of command, argv is required' }),
+  'Exactly one of command, argv. The start takes its turn in the sandbox\'s operation queue (FIFO, like an exec) and returns once the process runs.',
+);
+
+export const Process = named(
+  'Process',
+  z.strictObject({
+    pid: described(z.number().int(), 'The guest pid: the handle of the process in every call.'),
+    argv: z.array(z.string()),
+    cwd: z.string(),
+    tag: z.string().nullable(),
+    pty: z.boolean(),
+    stdin_open: described(z.boolean(), 'Whether input can be sent now.'),
+    status: described(z.enum(['running', 'exited', 'lost']), '`lost`: it was running when the server last knew, and the guest no longer lists it.'),
+    started_at: z.string(),
+    finished_at: z.string().nullable(),
+    exit_code: described(z.number().int().nullable(), '128+N if killed by signal N; null while running.'),
+    signal: z.number().int().nullable(),
+    pids_limited: described(z.literal(true), 'Present when its processes hit the process limit and the guest killed them.').optional(),
+    stdout_bytes: z.number().int(),
+    stderr_bytes: z.number().int(),
+    output_bytes: described(z.number().int(), 'Everything it wrote, all streams: the offset its next output starts at.'),
+    buffered: described(
+      z.strictObject({ from: z.number().int(), to: z.number().int() }),
+      'The output the server holds, as offsets [from, to) (the last 1 MiB per process); earlier bytes are gone.',
+    ),
+  }),
+  'A background process of a sandbox.',
+);
+
+export const ProcessList = named('ProcessList', z.strictObject({ processes: z.array(Process) }));
+
+export const ProcessOutputQuery = z.strictObject({
+  from: described(
+    z.string().regex(/^(start|now|\d{1,15})$/),
+    '`start` (default): the output held from its beginning, then live; `now`: live only; a number: from that offset.',
+  ).optional(),
+});
+
+export const ProcessOutputEvent = named(
+  'ProcessOutputEvent',
+  z.strictObject({
+    data: described(z.string(), 'base64 of the bytes (events stdout, stderr, pty).').optional(),
+    offset: described(z.number().int(), 'Offset of the first byte in everything the process wrote.').optional(),
+    from: described(z.number().int(), 'gap: the first offset missing.').optional(),
+    to: described(z.number().int(), 'gap: the offset output resumes at.').optional(),
+    process: Process.optional(),
+  }),
+  'The data of an output stream\'s events: `stdout` / `stderr` / `pty` {data, offset}; `gap` {from, to} when output in between was dropped ' +
+    '(written while the server was away, or older than what it keeps); `exit` {process} last; `error` an Error body.',
+);
+
+export const ProcessStdinResponse = named('ProcessStdinResponse', z.strictObject({ pid: z.number().int(), written: z.number().int() }));
+
+export const ProcessSignalRequest = named(
+  'ProcessSignalRequest',
+  z.strictObject({
+    signal: described(z.union([z.string().regex(/^(SIG)?[A-Z0-9]{2,8}$/), z.number().int().min(1).max(64)]), 'A name ("SIGTERM", "INT", "SIGKILL"…) or a number.'),
+  }),
+);
+
+export const ProcessResizeRequest = named(
+  'ProcessResizeRequest',
+  z.strictObject({ cols: z.number().int().min(1).max(65535), rows: z.number().int().min(1).max(65535) }),
+);
+
+export const ProcessWaitRequest = named(
+  'ProcessWaitRequest',
+  z.strictObject({ timeout: described(z.number().min(0).max(300), 'Seconds to wait for the exit (default 30, max 300).').optional() }),
+);
+
+// ---------------------------------------------------------------------------------------------
 // Templates
 
 export const Template = named(

@@ -16,6 +16,9 @@ import { EventEmitter } from 'node:events';
 import { CollimateError, invalidState, sandboxNotFound } from '../../src/errors.js';
 import { execSeed } from '../../src/sandboxes/exec.js';
 import type { EgressPolicy } from '../../src/net/policy.js';
+import { ProcessRegistry } from '../../src/sandboxes/processes.js';
+import { buildProcStart, checkPid, checkSize, checkWaitSecs, processError, processNotFound, signalNumber, STDIN_CHUNK_BYTES } from '../../src/sandboxes/processOps.js';
+import { FakeProcessAgent } from './fakeProcessAgent.js';
 import type {
   CreateOptions,
   ExecRequest,
@@ -25,6 +28,9 @@ import type {
   ListFilter,
   OpenPort,
   PortTarget,
+  ProcessEvent,
+  ProcessInfo,
+  ProcessStartRequest,
   SandboxInfo,
   SandboxService,
   SandboxState,
@@ -55,6 +61,8 @@ interface Box {
   queue: Promise<unknown>;
   egress: EgressPolicy;
   ports: number[];
+  /** Its guest's background processes (fakeProcessAgent.ts). */
+  agent: FakeProcessAgent;
 }
 
 type TemplateBase = Omit<TemplateInfo, 'egress' | 'network'>;
@@ -84,6 +92,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   readonly accel = 'tcg' as const;
   ready = true;
   private readonly boxes = new Map<string, Box>();
+  /** The host's view of every box's background processes, as the engine keeps it. */
+  readonly processes = new ProcessRegistry();
   private readonly opDelayMs: number;
   private readonly environments: Record<string, TemplateBase[]>;
   private readonly now: () => number;
@@ -346,6 +356,110 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return this.info(box);
   }
 
+  // ---- background processes: the engine's registry over a fake agent ------------------------------
+
+  /** Test hook: the fake agent of a box (to make its processes write or exit). */
+  agentOf(id: string): FakeProcessAgent {
+    return this.find(id).agent;
+  }
+
+  private running(id: string, scope: Scope | undefined, operation: string): Box {
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, operation, ['running']);
+    return box;
+  }
+
+  async startProcess(id: string, req: ProcessStartRequest, scope?: Scope): Promise<ProcessInfo> {
+    this.calls.push('startProcess');
+    const box = this.running(id, scope, 'starting a process');
+    const agentReq = buildProcStart(req);
+    const run = box.queue.then(async () => {
+      try {
+        return this.processes.of(id).started(agentReq, await box.agent.startProcess(agentReq));
+      } catch (e) {
+        throw processError(id, undefined, e);
+      }
+    });
+    box.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async listProcesses(id: string, scope?: Scope): Promise<ProcessInfo[]> {
+    this.find(id, scope);
+    return this.processes.of(id).list();
+  }
+
+  async getProcess(id: string, pid: number, scope?: Scope): Promise<ProcessInfo> {
+    this.find(id, scope);
+    const info = this.processes.of(id).get(checkPid(pid));
+    if (!info) throw processNotFound(id, pid);
+    return info;
+  }
+
+  async watchProcessOutput(id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void, scope?: Scope): Promise<() => void> {
+    await this.getProcess(id, pid, scope);
+    return this.processes.of(id).subscribe(pid, from, listener);
+  }
+
+  private async liveProcess(id: string, pid: number, scope: Scope | undefined, operation: string): Promise<Box> {
+    const box = this.running(id, scope, operation);
+    if (!this.processes.of(id).has(checkPid(pid))) throw processNotFound(id, pid);
+    return box;
+  }
+
+  async writeProcessStdin(id: string, pid: number, data: AsyncIterable<Buffer> | Buffer, scope?: Scope): Promise<number> {
+    const box = await this.liveProcess(id, pid, scope, 'writing to a process');
+    let written = 0;
+    try {
+      for await (const chunk of Buffer.isBuffer(data) ? [data] : data) {
+        for (let at = 0; at < chunk.length; at += STDIN_CHUNK_BYTES) {
+          const piece = chunk.subarray(at, at + STDIN_CHUNK_BYTES);
+          await box.agent.processInput(pid, piece);
+          written += piece.length;
+        }
+      }
+    } catch (e) {
+      throw processError(id, pid, e);
+    }
+    return written;
+  }
+
+  async closeProcessStdin(id: string, pid: number, scope?: Scope): Promise<void> {
+    const box = await this.liveProcess(id, pid, scope, 'closing a process\'s stdin');
+    try {
+      await box.agent.closeProcessStdin(pid);
+      this.processes.of(id).stdinClosed(pid);
+    } catch (e) {
+      throw processError(id, pid, e);
+    }
+  }
+
+  async signalProcess(id: string, pid: number, signal: string | number, scope?: Scope): Promise<void> {
+    const n = signalNumber(signal);
+    const box = await this.liveProcess(id, pid, scope, 'signalling a process');
+    try {
+      await box.agent.signalProcess(pid, n);
+    } catch (e) {
+      throw processError(id, pid, e);
+    }
+  }
+
+  async resizeProcess(id: string, pid: number, cols: number, rows: number, scope?: Scope): Promise<void> {
+    checkSize(cols, rows);
+    const box = await this.liveProcess(id, pid, scope, 'resizing a terminal');
+    try {
+      await box.agent.resizeProcess(pid, cols, rows);
+    } catch (e) {
+      throw processError(id, pid, e);
+    }
+  }
+
+  async waitProcess(id: string, pid: number, timeoutSecs: number, scope?: Scope): Promise<ProcessInfo> {
+    checkWaitSecs(timeoutSecs);
+    await this.getProcess(id, pid, scope);
+    return this.processes.of(id).wait(pid, timeoutSecs * 1000);
+  }
+
   /** Test hook: the reaper / another front door removed a sandbox behind the API's back. */
   reap(id: string): void {
     this.boxes.delete(id);
@@ -388,8 +502,10 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       queue: Promise.resolve(),
       egress: 'allow',
       ports: [],
+      agent: new FakeProcessAgent(),
     };
     this.boxes.set(id, box);
+    void this.processes.of(id).attach(box.agent);
     return box;
   }
 

@@ -192,6 +192,94 @@ export type PutFileResponse = {
   size: number;
 };
 
+/** Exactly one of command, argv. The start takes its turn in the sandbox's operation queue (FIFO, like an exec) and returns once the process runs. */
+export type ProcessStartRequest = {
+  /** A shell string, run by /bin/sh -c. */
+  command?: string;
+  /** The program and its arguments; the program is looked up on PATH. */
+  argv?: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Run on a pseudo-terminal of this size (default 80x24): stdout and stderr are then one stream, `pty`, and input is typed into the terminal. */
+  pty?: {
+    cols?: number;
+    rows?: number;
+  };
+  /** Keep stdin open for POST …/stdin (else it reads /dev/null). A pty always takes input. */
+  stdin?: boolean;
+  /** A label of yours, listed with the process. */
+  tag?: string;
+  /** CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG stay truly random. See docs/determinism.md. */
+  seed?: string;
+};
+
+/** A background process of a sandbox. */
+export type Process = {
+  /** The guest pid: the handle of the process in every call. */
+  pid: number;
+  argv: string[];
+  cwd: string;
+  tag: string | null;
+  pty: boolean;
+  /** Whether input can be sent now. */
+  stdin_open: boolean;
+  /** `lost`: it was running when the server last knew, and the guest no longer lists it. */
+  status: "running" | "exited" | "lost";
+  started_at: string;
+  finished_at: string | null;
+  /** 128+N if killed by signal N; null while running. */
+  exit_code: number | null;
+  signal: number | null;
+  /** Present when its processes hit the process limit and the guest killed them. */
+  pids_limited?: true;
+  stdout_bytes: number;
+  stderr_bytes: number;
+  /** Everything it wrote, all streams: the offset its next output starts at. */
+  output_bytes: number;
+  /** The output the server holds, as offsets [from, to) (the last 1 MiB per process); earlier bytes are gone. */
+  buffered: {
+    from: number;
+    to: number;
+  };
+};
+
+export type ProcessList = {
+  processes: Process[];
+};
+
+/** The data of an output stream's events: `stdout` / `stderr` / `pty` {data, offset}; `gap` {from, to} when output in between was dropped (written while the server was away, or older than what it keeps); `exit` {process} last; `error` an Error body. */
+export type ProcessOutputEvent = {
+  /** base64 of the bytes (events stdout, stderr, pty). */
+  data?: string;
+  /** Offset of the first byte in everything the process wrote. */
+  offset?: number;
+  /** gap: the first offset missing. */
+  from?: number;
+  /** gap: the offset output resumes at. */
+  to?: number;
+  process?: Process;
+};
+
+export type ProcessStdinResponse = {
+  pid: number;
+  written: number;
+};
+
+export type ProcessSignalRequest = {
+  /** A name ("SIGTERM", "INT", "SIGKILL"…) or a number. */
+  signal: string | number;
+};
+
+export type ProcessResizeRequest = {
+  cols: number;
+  rows: number;
+};
+
+export type ProcessWaitRequest = {
+  /** Seconds to wait for the exit (default 30, max 300). */
+  timeout?: number;
+};
+
 export type Template = {
   id: string;
   /** `catalog`: kept warm by the platform; `environment`: your own (Pro). */

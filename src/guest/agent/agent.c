@@ -211,6 +211,8 @@ static void set_nonblocking_cloexec(int fd)
 
 static bool transport_writable_now(void) { return transport.fd >= 0 && transport.host_connected; }
 
+bool host_attached(void) { return transport_writable_now(); }
+
 void output_enqueue(struct out_frame *frame)
 {
     /* With no host attached nobody can receive it, and a later host must not see
@@ -246,6 +248,7 @@ static void host_went_away(void)
     rx.resyncing = false;
     output_discard_all();
     exec_detach();
+    proc_detach();
 }
 
 static void schedule_port_retry(void) { transport.retry_at_ns = monotonic_ns() + RECONNECT_FALLBACK_MS * NS_PER_MS; }
@@ -262,6 +265,7 @@ static void transport_lost(const char *why)
             rx.len = 0;
             rx.resyncing = false;
             exec_detach();
+            proc_detach();
             transport.forget_output_at_ns = transport.lost_at_ns + (int64_t)HOST_GONE_GRACE_MS * NS_PER_MS;
         }
         schedule_port_retry();
@@ -622,6 +626,12 @@ static void dispatch_frame(uint16_t type, uint32_t id, const uint8_t *payload, s
     case MSG_FILE_READ: handle_file_read(id, payload, len); break;
     case MSG_FILE_WRITE: handle_file_write(id, payload, len); break;
     case MSG_SET_TIME: handle_set_time(id, payload, len); break;
+    case MSG_PROC_START: proc_handle_start(id, payload, len); break;
+    case MSG_PROC_INPUT: proc_handle_input(id, payload, len); break;
+    case MSG_PROC_CLOSE_STDIN: proc_handle_close_stdin(id, payload, len); break;
+    case MSG_PROC_SIGNAL: proc_handle_signal(id, payload, len); break;
+    case MSG_PROC_RESIZE: proc_handle_resize(id, payload, len); break;
+    case MSG_PROC_LIST: proc_handle_list(id, payload, len); break;
     default: reply_error(id, "bad_request", "unknown message type %u", type);
     }
 }
@@ -700,7 +710,7 @@ static void handle_signals(void)
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) break;
-        exec_child_exited(pid, status);
+        if (!proc_child_exited(pid, status)) exec_child_exited(pid, status);
     }
 }
 
@@ -728,11 +738,12 @@ static void serve_forever(void)
     for (;;) {
         rx_process();
         exec_tick();
+        proc_tick();
         output_flush();
 
         ps.count = 0;
         poll_set_add(&ps, signal_fd, POLLIN, POLL_SIGNALS);
-        int64_t deadline = exec_next_deadline_ns();
+        int64_t deadline = earliest(exec_next_deadline_ns(), proc_next_deadline_ns());
         if (transport.kind == TRANSPORT_SOCKET && transport.fd < 0) {
             poll_set_add(&ps, transport.listen_fd, POLLIN, POLL_LISTENER);
         } else if (transport.host_connected) {
@@ -742,6 +753,7 @@ static void serve_forever(void)
             deadline = earliest(deadline, earliest(transport.retry_at_ns, transport.forget_output_at_ns));
         }
         exec_add_poll_fds(&ps);
+        proc_add_poll_fds(&ps);
 
         if (poll(ps.fds, ps.count, poll_timeout_ms(deadline)) < 0) {
             if (errno != EINTR) {
@@ -763,6 +775,9 @@ static void serve_forever(void)
                     else transport_lost("hangup");
                 }
                 break;
+            case POLL_PROC_OUTPUT:
+            case POLL_PROC_STDIN:
+            case POLL_PROC_PIDS: proc_handle_poll((enum poll_owner)ps.owner[i], ps.fds[i].fd, revents); break;
             default: exec_handle_poll((enum poll_owner)ps.owner[i], ps.fds[i].fd, revents); break;
             }
         }

@@ -41,6 +41,13 @@ enum message_type {
     MSG_FILE_READ = 4,
     MSG_FILE_WRITE = 5,
     MSG_SET_TIME = 6,
+    /* Background processes (proc.c): 10-16 and 0x90-0x97 are theirs. */
+    MSG_PROC_START = 10,
+    MSG_PROC_INPUT = 11,
+    MSG_PROC_CLOSE_STDIN = 12,
+    MSG_PROC_SIGNAL = 13,
+    MSG_PROC_RESIZE = 14,
+    MSG_PROC_LIST = 15,
     MSG_PONG = 0x81,
     MSG_STDOUT = 0x82,
     MSG_STDERR = 0x83,
@@ -48,6 +55,10 @@ enum message_type {
     MSG_OK = 0x85,
     MSG_FILE_DATA = 0x86,
     MSG_ERROR = 0x8F,
+    MSG_PROC_STARTED = 0x90,
+    MSG_PROC_OUTPUT = 0x91,
+    MSG_PROC_EXIT = 0x92,
+    MSG_PROC_TABLE = 0x93,
 };
 
 enum field_tag {
@@ -94,6 +105,20 @@ enum field_tag {
 
     TAG_AGENT_VERSION = 80,
     TAG_UPTIME_MS = 81,
+
+    /* Background processes (proc.c): tags 100-129 are theirs. */
+    TAG_PID = 100,
+    TAG_STREAM = 101,
+    TAG_PTY = 102,
+    TAG_COLS = 103,
+    TAG_ROWS = 104,
+    TAG_STDIN_OPEN = 105,
+    TAG_PROC_TAG = 106,
+    TAG_OUTPUT_OFFSET = 107,
+    TAG_PROC_ENTRY = 108,
+    TAG_EXITED = 109,
+    TAG_OUTPUT_TOTAL = 110,
+    TAG_ARGV_TRUNCATED = 111,
 };
 
 static inline uint16_t load_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -216,10 +241,14 @@ enum poll_owner {
     POLL_EXEC_PIDS,
     POLL_CGROUP_PIDS,
     POLL_CGROUP_EVENTS,
+    POLL_PROC_OUTPUT,
+    POLL_PROC_STDIN,
+    POLL_PROC_PIDS,
 };
 
-/* Room for the background pipes (256), the exec's fds and the lingering cgroups' (2 x 32). */
-#define POLL_SET_MAX 384
+/* Room for the background pipes (256), the exec's fds, the lingering cgroups' (2 x 32) and the
+   background processes' (64 x 4: stdout, stderr, stdin, pids.events). */
+#define POLL_SET_MAX 640
 
 struct poll_set {
     struct pollfd fds[POLL_SET_MAX];
@@ -231,6 +260,28 @@ void poll_set_add(struct poll_set *ps, int fd, short events, enum poll_owner own
 
 /* ---- exec.c ---- */
 
+/* Keeps the quadratic ENV override merge cheap no matter what the host sends. */
+#define ENV_FIELDS_MAX 4096
+/* Entries a seeded command may add: LD_PRELOAD, COLLIMATE_SEED, PYTHONHASHSEED. */
+#define SEED_ENV_ENTRIES 3
+
+struct seed_environment {
+    char seed_entry[48];
+    char hash_entry[48];
+    char *preload_entry; /* malloc'ed; NULL when the library is not preloaded */
+};
+
+/* KEY=VALUE into envp, replacing an entry with the same key. */
+void merge_env(char **envp, size_t *count, char *entry);
+/* Exec semantics 9 (docs/agent-protocol.md): the entries of a seeded command. envp needs
+   SEED_ENV_ENTRIES free slots. */
+void apply_seed_environment(char **envp, size_t *count, uint64_t seed, struct seed_environment *s);
+const char *default_cwd(void);
+/* A pipe whose reader is done with it but whose writers may live on: read and discarded until EOF. */
+void keep_pipe_in_background(int fd);
+/* Drops what the pipe holds: bytes dropped, 0 at EOF, -1 with errno (EAGAIN: nothing there now). */
+ssize_t discard_from_pipe(int fd);
+
 void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len);
 void exec_child_exited(pid_t pid, int status);
 void exec_add_poll_fds(struct poll_set *ps);
@@ -240,6 +291,26 @@ int64_t exec_next_deadline_ns(void);
 void exec_tick(void);
 /* The host went away: keep the processes running as background jobs, forget the request. */
 void exec_detach(void);
+
+/* ---- proc.c: background processes ---- */
+
+void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len);
+void proc_handle_input(uint32_t id, const uint8_t *payload, size_t len);
+void proc_handle_close_stdin(uint32_t id, const uint8_t *payload, size_t len);
+void proc_handle_signal(uint32_t id, const uint8_t *payload, size_t len);
+void proc_handle_resize(uint32_t id, const uint8_t *payload, size_t len);
+void proc_handle_list(uint32_t id, const uint8_t *payload, size_t len);
+/* Whether pid was a background process's main process (then the exec engine need not look). */
+bool proc_child_exited(pid_t pid, int status);
+void proc_add_poll_fds(struct poll_set *ps);
+void proc_handle_poll(enum poll_owner owner, int fd, short revents);
+int64_t proc_next_deadline_ns(void);
+void proc_tick(void);
+/* The host went away: requests waiting for an answer are forgotten; the processes run on. */
+void proc_detach(void);
+
+/* Whether a host is attached to receive frames now (else output_enqueue drops them). */
+bool host_attached(void);
 
 /* ---- limits.c: guest cgroups (cgroup v2) ---- */
 

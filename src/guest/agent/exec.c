@@ -19,6 +19,8 @@
 
 #include "../seed/seed_env.h"
 
+_Static_assert(sizeof(((struct seed_environment *)0)->seed_entry) == COLLIMATE_SEED_ENTRY_MAX, "seed entry buffers");
+
 /* After the main process exits, output still in flight must arrive within this quiet gap... */
 #define DRAIN_QUIET_NS (20 * NS_PER_MS)
 /* ...and draining ends after this long regardless, so a background process that keeps
@@ -34,10 +36,6 @@
    DISCARD_PAUSE_NS, and it is enlarged so that the writer can go on meanwhile. */
 #define DISCARD_PIPE_SIZE (1024 * 1024)
 #define DISCARD_PAUSE_NS (5 * NS_PER_MS)
-/* Keeps the quadratic ENV override merge cheap no matter what the host sends. */
-#define ENV_FIELDS_MAX 4096
-/* Entries a seeded exec may add: LD_PRELOAD, COLLIMATE_SEED, PYTHONHASHSEED. */
-#define SEED_ENV_ENTRIES 3
 /* The glibc loader: only where it exists can the (glibc) seed library be preloaded. A
    dynamically linked musl program (an Alpine image) would fail to start with it. */
 #define GLIBC_LOADER_PATH "/lib64/ld-linux-x86-64.so.2"
@@ -73,9 +71,7 @@ struct exec_run {
     uint32_t timeout_ms;
     bool seeded;
     uint64_t seed;
-    char seed_entry[COLLIMATE_SEED_ENTRY_MAX];
-    char hash_entry[COLLIMATE_SEED_ENTRY_MAX];
-    char *preload_entry; /* malloc'ed; NULL when the library is not preloaded */
+    struct seed_environment seed_env;
 
     /* Progress. */
     size_t current;
@@ -106,7 +102,7 @@ static int null_fd = -1;
 /* ------------------------------------------------------ discarding output */
 
 /* Drops what the pipe holds: bytes dropped, 0 at EOF, -1 with errno (EAGAIN: nothing there now). */
-static ssize_t discard_from_pipe(int fd)
+ssize_t discard_from_pipe(int fd)
 {
     if (null_fd < 0) null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (null_fd >= 0) {
@@ -124,7 +120,7 @@ static int64_t discard_resume_at(ssize_t n)
 
 /* ------------------------------------------------------- background pipes */
 
-static void keep_pipe_in_background(int fd)
+void keep_pipe_in_background(int fd)
 {
     if (background_pipe_count == BACKGROUND_PIPES_MAX) {
         close(background_pipes[0].fd);
@@ -241,7 +237,7 @@ static char *copy_text(char **cursor, const struct tlv_field *f)
     return s;
 }
 
-static void merge_env(char **envp, size_t *count, char *entry)
+void merge_env(char **envp, size_t *count, char *entry)
 {
     size_t key_len = (size_t)(strchr(entry, '=') - entry) + 1;
     for (size_t i = 0; i < *count; i++) {
@@ -253,7 +249,7 @@ static void merge_env(char **envp, size_t *count, char *entry)
     envp[(*count)++] = entry;
 }
 
-static const char *default_cwd(void) { return access("/root", X_OK) == 0 ? "/root" : "/"; }
+const char *default_cwd(void) { return access("/root", X_OK) == 0 ? "/root" : "/"; }
 
 static bool env_key_is(const char *entry, const char *key)
 {
@@ -283,21 +279,21 @@ static const char *env_value(char *const *envp, size_t count, const char *key)
  * LD_PRELOAD=<library>[:<the value it would otherwise have>] if the library and the
  * glibc loader exist in the guest, and loses the library's own bookkeeping variables.
  */
-static void apply_seed_environment(struct exec_run *r, size_t *count)
+void apply_seed_environment(char **envp, size_t *count, uint64_t seed, struct seed_environment *s)
 {
-    remove_env(r->envp, count, "COLLIMATE_SEED");
-    remove_env(r->envp, count, "COLLIMATE_SEED_LINEAGE");
-    remove_env(r->envp, count, "COLLIMATE_SEED_NODE_ARG");
-    collimate_seed_env_entries(r->seed, r->seed_entry, r->hash_entry);
-    r->envp[(*count)++] = r->seed_entry;
-    if (!env_value(r->envp, *count, "PYTHONHASHSEED")) r->envp[(*count)++] = r->hash_entry;
+    remove_env(envp, count, "COLLIMATE_SEED");
+    remove_env(envp, count, "COLLIMATE_SEED_LINEAGE");
+    remove_env(envp, count, "COLLIMATE_SEED_NODE_ARG");
+    collimate_seed_env_entries(seed, s->seed_entry, s->hash_entry);
+    envp[(*count)++] = s->seed_entry;
+    if (!env_value(envp, *count, "PYTHONHASHSEED")) envp[(*count)++] = s->hash_entry;
     if (access(SEED_LIBRARY_GUEST_PATH, R_OK) != 0 || access(GLIBC_LOADER_PATH, X_OK) != 0) return;
-    const char *existing = env_value(r->envp, *count, "LD_PRELOAD");
+    const char *existing = env_value(envp, *count, "LD_PRELOAD");
     size_t cap = sizeof "LD_PRELOAD=" + sizeof SEED_LIBRARY_GUEST_PATH + (existing ? strlen(existing) + 1 : 0);
-    r->preload_entry = malloc(cap);
-    if (!r->preload_entry) return;
-    snprintf(r->preload_entry, cap, "LD_PRELOAD=%s%s%s", SEED_LIBRARY_GUEST_PATH, existing && *existing ? ":" : "", existing ? existing : "");
-    merge_env(r->envp, count, r->preload_entry);
+    s->preload_entry = malloc(cap);
+    if (!s->preload_entry) return;
+    snprintf(s->preload_entry, cap, "LD_PRELOAD=%s%s%s", SEED_LIBRARY_GUEST_PATH, existing && *existing ? ":" : "", existing ? existing : "");
+    merge_env(envp, count, s->preload_entry);
 }
 
 /* Lays the whole request out in one allocation so a run is freed with one free(). */
@@ -362,7 +358,7 @@ static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t le
         }
     }
     *argv_slot = NULL;
-    if (r->seeded) apply_seed_environment(r, &env_count);
+    if (r->seeded) apply_seed_environment(r->envp, &env_count, r->seed, &r->seed_env);
     r->envp[env_count] = NULL;
     return r;
 }
@@ -374,7 +370,7 @@ static void free_run(void)
     if (run->stdin_fd >= 0) close(run->stdin_fd);
     if (run->out.fd >= 0) close(run->out.fd);
     if (run->err.fd >= 0) close(run->err.fd);
-    free(run->preload_entry);
+    free(run->seed_env.preload_entry);
     free(run->arena);
     free(run);
     run = NULL;

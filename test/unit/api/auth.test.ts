@@ -5,7 +5,7 @@ import { assertErrorBody, fixture, type Fixture } from './helpers.js';
 
 const SOME_ID = 'sbx_0123456789ab';
 const urlOf = (path: string, id = SOME_ID) =>
-  path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id).replace(':port', '8000').replace(/\*$/, 'index.html');
+  path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id).replace(':port', '8000').replace(':pid', '100').replace(/\*$/, 'index.html');
 /** The ports proxy answers any method; GET stands for all of them. */
 const methodOf = (m: string) => (m === 'ANY' ? 'GET' : m);
 
@@ -75,7 +75,8 @@ describe('tenant isolation', () => {
     assert.ok(sandboxRoutes.length >= 8);
     for (const id of Object.values(ids)) {
       for (const route of sandboxRoutes) {
-        const body = { execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 } }[route.operationId];
+        const body = { execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 },
+          startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 } }[route.operationId];
         const query = route.path.endsWith('/files') ? '?path=/secret' : '';
         for (const accept of route.sse ? ['application/json', 'text/event-stream'] : ['application/json']) {
           const r = await f.req(route.operationId, {

@@ -1,0 +1,184 @@
+/**
+ * Background processes on real microVMs: through the engine, and over REST (streamed stdin, SSE
+ * output). Each test creates its own sandbox; the leak check runs at the end.
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Engine } from '../../src/sandboxes/engine.ts';
+import type { ProcessEvent, ProcessInfo } from '../../src/sandboxes/types.ts';
+import { openEngine, testHome, assertNoLeaks, serveEngine, createKey, type Served } from './fixture.ts';
+
+const tenant = { tenant: 'it-processes' };
+let engine: Engine;
+let home: string;
+let api: Served;
+let baseUrl: string;
+let key: string;
+
+before(async () => {
+  home = testHome('processes');
+  engine = await openEngine(home);
+  api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
+  key = await createKey(home, tenant.tenant, 'pro');
+});
+
+after(async () => {
+  await api?.close();
+  await assertNoLeaks(engine, home);
+});
+
+/** Collects a process's output events (from the given offset) until told to stop. */
+async function collect(id: string, pid: number, from: 'start' | 'now' | number = 'start', eng: Engine = engine) {
+  const events: ProcessEvent[] = [];
+  const stop = await eng.watchProcessOutput(id, pid, from, (e) => events.push(e), tenant);
+  const text = () => Buffer.concat(events.flatMap((e) => (e.type === 'output' ? [e.data] : []))).toString();
+  const until = async (re: RegExp, timeoutMs = 60_000) => {
+    const deadline = Date.now() + timeoutMs;
+    while (!re.test(text())) {
+      if (Date.now() > deadline) throw new Error(`no ${re} in ${JSON.stringify(text())}`);
+      await sleep(50);
+    }
+    return text();
+  };
+  return { events, stop, text, until };
+}
+
+test('a background process takes streamed stdin, runs beside an exec, and dies by a signal', async () => {
+  const s = await engine.create({ template: 'base' }, tenant);
+  const p = await engine.startProcess(s.id, { command: 'while read line; do echo "got:$line"; done', stdin: true, tag: 'reader' }, tenant);
+  assert.equal(p.status, 'running');
+  assert.equal(p.tag, 'reader');
+  const out = await collect(s.id, p.pid);
+
+  // Over REST: the body is sent in pieces with pauses between them; each line comes back as it goes in.
+  let push!: (chunk: string | null) => void;
+  const body = new ReadableStream<Uint8Array>({
+    start(controller) {
+      push = (chunk) => (chunk === null ? controller.close() : controller.enqueue(new TextEncoder().encode(chunk)));
+    },
+  });
+  const posted = fetch(`${baseUrl}/v1/sandboxes/${s.id}/processes/${p.pid}/stdin`, {
+    method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/octet-stream' }, body, duplex: 'half',
+  } as RequestInit);
+  push('one\n');
+  await out.until(/got:one\n/);
+  push('tw');
+  await sleep(300);
+  push('o\n');
+  await out.until(/got:two\n/);
+  push(null);
+  const r = await posted;
+  assert.equal(r.status, 200, await r.clone().text());
+  assert.deepEqual(await r.json(), { pid: p.pid, written: 7 });
+
+  // An exec runs (and finishes) while the process keeps running; the process takes input meanwhile.
+  const exec = engine.exec(s.id, { command: 'sleep 2; echo exec-done' }, tenant);
+  await sleep(500);
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('during-exec\n'), tenant);
+  await out.until(/got:during-exec\n/, 10_000);
+  assert.equal((await exec).stdout, 'exec-done\n');
+  assert.ok(out.text().indexOf('got:during-exec') >= 0, 'input reached the process while the exec ran');
+
+  await engine.signalProcess(s.id, p.pid, 'SIGTERM', tenant);
+  const done = await engine.waitProcess(s.id, p.pid, 60, tenant);
+  assert.equal(done.status, 'exited');
+  assert.equal(done.signal, 15);
+  assert.equal(done.exit_code, 143);
+  assert.equal(out.events.at(-1)?.type, 'exit');
+  await assert.rejects(engine.writeProcessStdin(s.id, p.pid, Buffer.from('x\n'), tenant), (e: { code?: string }) => e.code === 'process_exited');
+  await assert.rejects(engine.getProcess(s.id, 99999, tenant), (e: { code?: string }) => e.code === 'process_not_found');
+  await engine.delete(s.id, tenant);
+});
+
+test('a shell on a pseudo-terminal is typed into, read, and resized; its output can be read again from the start over SSE', async () => {
+  const s = await engine.create({ template: 'base' }, tenant);
+  const p = await engine.startProcess(s.id, { argv: ['/bin/sh'], pty: { cols: 100, rows: 30 } }, tenant);
+  assert.equal(p.pty, true);
+  const out = await collect(s.id, p.pid);
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo "answer=$((6*7))"; stty size; tty\n'), tenant);
+  const seen = await out.until(/\/dev\/pts\/\d+/);
+  assert.match(seen, /answer=42/);
+  assert.match(seen, /30 100/);
+  await engine.resizeProcess(s.id, p.pid, 132, 50, tenant);
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('stty size\n'), tenant);
+  await out.until(/50 132/);
+  assert.ok(out.events.every((e) => e.type !== 'output' || e.stream === 'pty'));
+  out.stop();
+
+  // Reattach over REST from the start: the same bytes again, then live output.
+  const ctl = new AbortController();
+  const sse = await fetch(`${baseUrl}/v1/sandboxes/${s.id}/processes/${p.pid}/output?from=start`, { headers: { authorization: `Bearer ${key}` }, signal: ctl.signal });
+  assert.equal(sse.status, 200);
+  assert.match(sse.headers.get('content-type') ?? '', /text\/event-stream/);
+  const reader = sse.body!.getReader();
+  let raw = '';
+  const replayed = () => Buffer.concat([...raw.matchAll(/event: pty\ndata: (.*)\n/g)].map((m) => Buffer.from(JSON.parse(m[1]).data, 'base64'))).toString();
+  const readUntil = async (re: RegExp) => {
+    const deadline = Date.now() + 30_000;
+    while (!re.test(replayed())) {
+      if (Date.now() > deadline) throw new Error(`SSE: no ${re} in ${JSON.stringify(raw.slice(0, 2000))}`);
+      const { value, done } = await reader.read();
+      if (done) break;
+      raw += new TextDecoder().decode(value);
+    }
+  };
+  await readUntil(/50 132/);
+  assert.ok(replayed().startsWith(out.text().slice(0, 20)), 'the replay starts at the process\'s first output');
+  assert.match(raw, /"offset":0[,}]/);
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo live-after-reattach\n'), tenant);
+  await readUntil(/live-after-reattach\r?\n/);
+  // End of input on a terminal: the shell exits.
+  await engine.closeProcessStdin(s.id, p.pid, tenant);
+  const exited = await engine.waitProcess(s.id, p.pid, 60, tenant);
+  assert.equal(exited.exit_code, 0);
+  await readUntil(/$^/).catch(() => {});
+  assert.match(raw, /event: exit\n/);
+  ctl.abort();
+  await engine.delete(s.id, tenant);
+});
+
+test('a process survives suspend and resume with its output, and runs on in a fork child', async () => {
+  const s = await engine.create({ template: 'base' }, tenant);
+  const p = await engine.startProcess(s.id, { command: '(i=0; while :; do i=$((i+1)); echo "tick $i"; sleep 0.3; done) & while read line; do echo "in:$line"; done', stdin: true, tag: 'ticker' }, tenant);
+  const before = await collect(s.id, p.pid);
+  await before.until(/tick 3\n/);
+  before.stop();
+
+  await engine.suspend(s.id, tenant);
+  // Listed while suspended, as it was.
+  const whileSuspended = (await engine.listProcesses(s.id, tenant)).find((x) => x.pid === p.pid);
+  assert.equal(whileSuspended?.status, 'running');
+  await engine.resume(s.id, tenant);
+
+  const after = await collect(s.id, p.pid, 'start');
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('after-resume\n'), tenant);
+  await after.until(/in:after-resume\n/);
+  assert.match(after.text(), /^tick 1\ntick 2\ntick 3\n/, 'output from before the suspend is still there, from the start');
+  const info: ProcessInfo = await engine.getProcess(s.id, p.pid, tenant);
+  assert.equal(info.status, 'running');
+  assert.ok(info.output_bytes >= after.text().length);
+  after.stop();
+
+  const [child] = await engine.fork(s.id, { count: 1 }, tenant);
+  const listed = (await engine.listProcesses(child.id, tenant)).find((x) => x.pid === p.pid);
+  assert.equal(listed?.status, 'running', 'the fork child has the process');
+  assert.equal(listed?.tag, 'ticker');
+  const inChild = await collect(child.id, p.pid, 'now');
+  await engine.writeProcessStdin(child.id, p.pid, Buffer.from('to-child\n'), tenant);
+  await inChild.until(/in:to-child\n/);
+  const inParent = await collect(s.id, p.pid, 'now');
+  await sleep(1000);
+  assert.ok(!inParent.text().includes('to-child'), 'input to the child\'s copy does not reach the parent\'s');
+  inChild.stop();
+  inParent.stop();
+  // An exec in the child sees the same pid running.
+  const ps = await engine.exec(child.id, { command: `kill -0 ${p.pid} && echo alive` }, tenant);
+  assert.equal(ps.stdout, 'alive\n');
+  await engine.signalProcess(child.id, p.pid, 'KILL', tenant);
+  assert.equal((await engine.waitProcess(child.id, p.pid, 60, tenant)).signal, 9);
+  assert.equal((await engine.getProcess(s.id, p.pid, tenant)).status, 'running', 'the parent\'s copy runs on');
+  await engine.delete(child.id, tenant);
+  await engine.delete(s.id, tenant);
+});
