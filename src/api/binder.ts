@@ -4,7 +4,7 @@
  * tenant service, calls the route's handler and renders what it returns. Handlers get their inputs
  * typed from the same schemas (z.infer), so a handler is parse → one service call → render.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import type { z } from 'zod';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
@@ -87,7 +87,7 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
     const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
     const spec = route;
-    app.route({
+    const options: RouteOptions = {
       method: route.method,
       url: spec.path,
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
@@ -132,6 +132,16 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
           return reply;
         }
       },
+    };
+    if (!spec.streamBody) {
+      app.route(options);
+      continue;
+    }
+    // Its own context, whose only parser hands the body over unread: the handler streams it.
+    app.register(async (child) => {
+      child.removeAllContentTypeParsers();
+      child.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+      child.route(options);
     });
   }
 }

@@ -36,6 +36,8 @@ export interface RouteSpec {
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files). */
   bodyKind?: 'json' | 'raw';
+  /** A raw body handed to the handler as the request stream, never buffered (no body limit applies: the handler enforces its own). */
+  streamBody?: boolean;
   body?: z.ZodType;
   /** An empty body is accepted and parsed as {}. */
   bodyOptional?: boolean;
@@ -190,27 +192,138 @@ export const ROUTE_TABLE = [
     operationId: 'readFile',
     method: 'GET',
     path: '/v1/sandboxes/:id/files',
-    summary: 'Read a file from a sandbox',
+    summary: 'Download a file from a sandbox',
+    description:
+      'Streams the file chunk by chunk, whatever its size (up to the server\'s download limit, COLLIMATE_MAX_DOWNLOAD_MIB, default 1 TiB); ' +
+      'Content-Length is the size the file had when the read began. A file that shrinks while it is sent ends the response early (the connection is closed); ' +
+      'one that grows is sent up to that size. Errors found before the first byte (no such file, a directory) are JSON errors with their status.',
     tag: 'sandboxes',
     auth: true,
     params: sandbox,
     query: S.FileQuery,
-    responses: { 200: { description: 'The raw bytes.', contentType: 'application/octet-stream' } },
-    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found'],
+    responses: { 200: { description: 'The raw bytes.', contentType: 'application/octet-stream', headers: { 'Content-Length': 'The file\'s size.', 'X-File-Mode': 'Octal permission bits of the file.' } } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'payload_too_large', 'permission_denied'],
   },
   {
     operationId: 'writeFile',
     method: 'PUT',
     path: '/v1/sandboxes/:id/files',
-    summary: 'Write a file into a sandbox',
-    description: 'The request body is the raw file content (any content type), at most 64 MiB.',
+    summary: 'Upload a file into a sandbox',
+    description:
+      'The request body is the raw file content (any content type), streamed to the guest in chunks: it is written to a temporary name beside the target ' +
+      'and renamed over the target only when complete, so a failed or aborted upload leaves no file and the old one untouched. ' +
+      'Missing parent directories are created. At most the server\'s upload limit (COLLIMATE_MAX_UPLOAD_MIB, default 1 GiB): larger is 413 payload_too_large. ' +
+      'The whole body must arrive within the server\'s request timeout (300 s by default).',
     tag: 'sandboxes',
     auth: true,
     params: sandbox,
     query: S.PutFileQuery,
     bodyKind: 'raw',
+    streamBody: true,
     responses: { 200: { description: 'Written.', schema: S.PutFileResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large'],
+    errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large', 'is_a_directory', 'not_a_directory', 'permission_denied', 'no_space'],
+  },
+  {
+    operationId: 'statPath',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/fs/stat',
+    summary: 'Describe a file or directory',
+    description: 'The entry at `path` itself: a symlink is described, not followed (its `symlink_target` is given). Answered while an exec runs.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.FsPathQuery,
+    responses: { 200: { description: 'The entry.', schema: S.FileEntry } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'permission_denied'],
+  },
+  {
+    operationId: 'listDirectory',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/fs/list',
+    summary: 'List a directory',
+    description:
+      'Entries sorted by name, each directory\'s entries right after it when `depth` > 1; symlinks are listed, not followed. ' +
+      'At most 5000 entries (or 1 MiB of them): `truncated` says more exist. Answered while an exec runs.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.FsListQuery,
+    responses: { 200: { description: 'The entries.', schema: S.FsListing } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'permission_denied'],
+  },
+  {
+    operationId: 'pathExists',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/fs/exists',
+    summary: 'Whether anything is at a path',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.FsPathQuery,
+    responses: { 200: { description: 'Whether it exists.', schema: S.FsExists } },
+    errors: ['sandbox_not_found', 'invalid_state', 'permission_denied'],
+  },
+  {
+    operationId: 'makeDirectory',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fs/mkdir',
+    summary: 'Make a directory and its parents',
+    description: 'Like mkdir -p: every missing level gets `mode` (default 755) exactly. An existing directory is no error (`created` false); a file in the way is 409 file_exists (at the path) or not_a_directory (above it).',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.FsMkdirRequest,
+    responses: { 200: { description: 'The directory.', schema: S.FsMkdirResponse } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_exists', 'not_a_directory', 'permission_denied', 'no_space'],
+  },
+  {
+    operationId: 'removePath',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fs/remove',
+    summary: 'Remove a file or a directory tree',
+    description: 'A directory is removed with everything in it; symlinks are removed, never followed, and other file systems mounted inside are not entered. Nothing there is 404 file_not_found.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.FsRemoveRequest,
+    responses: { 200: { description: 'Removed.', schema: S.FsRemoveResponse } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'permission_denied', 'file_operation_failed'],
+  },
+  {
+    operationId: 'renamePath',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/fs/rename',
+    summary: 'Rename or move a file or directory',
+    description:
+      'rename(2): atomic, and it replaces a destination file (or an empty directory, with a directory). A missing source or destination directory is 404 file_not_found; ' +
+      'a non-empty destination directory 409 directory_not_empty; a file over a directory 409 is_a_directory. Answers the destination\'s entry.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.FsRenameRequest,
+    responses: { 200: { description: 'The entry at its new path.', schema: S.FileEntry } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'is_a_directory', 'directory_not_empty', 'permission_denied', 'file_operation_failed'],
+  },
+  {
+    operationId: 'watchDirectory',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/fs/watch',
+    summary: 'Watch a directory for changes (SSE)',
+    description:
+      'An SSE stream (200 once the watch is set up; errors before that are JSON with their status): `change` events with data ' +
+      '{"op": create|write|remove|rename|chmod|overflow, "name": path relative to the directory}, then one `end` event {"reason"} when the watch ends ' +
+      'on its own: the directory was removed or moved, the sandbox was suspended or deleted, or the server is shutting down. Closing the connection stops the watch. ' +
+      'With recursive=true subdirectories are watched too, those that appear later included. A name moved away is `rename`, the name it arrives as `create`. ' +
+      '`overflow`: the guest\'s event queue overflowed and events were lost. At most 32 watches per sandbox (429 too_many_watches). Events flow while an exec runs.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.FsWatchQuery,
+    responses: { 200: { description: 'Event stream: `change` events (FsChangeEvent), then `end` (FsWatchEndEvent).', contentType: 'text/event-stream' } },
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'too_many_watches', 'permission_denied'],
   },
   {
     operationId: 'createPortUrl',
