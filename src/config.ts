@@ -85,6 +85,8 @@ export interface EngineConfig {
   environmentPoolSize: number;
   /** Cap per output stream of one exec, in bytes. */
   maxOutputBytes: number;
+  /** Largest file a streamed download sends (COLLIMATE_MAX_DOWNLOAD_MIB, default 1 TiB: any real file; /proc/kcore is refused). */
+  maxDownloadBytes: number;
   defaultExecTimeoutSecs: number;
   /** Maximum session duration when the caller gives none. */
   defaultSessionSecs: number;
@@ -114,6 +116,20 @@ function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
   const n = Number(v);
   if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, not ${JSON.stringify(v)}`);
   return n;
+}
+
+const MIB = 1024 * 1024;
+
+/**
+ * Size limits of streamed file transfers: uploads (PUT /files, COLLIMATE_MAX_UPLOAD_MIB, default
+ * 1 GiB; an upload also has to arrive within the server's request timeout) and downloads
+ * (COLLIMATE_MAX_DOWNLOAD_MIB, default 1 TiB).
+ */
+export function fileLimits(env: NodeJS.ProcessEnv = process.env): { maxUploadBytes: number; maxDownloadBytes: number } {
+  return {
+    maxUploadBytes: intEnv(env, 'COLLIMATE_MAX_UPLOAD_MIB', 1024) * MIB,
+    maxDownloadBytes: intEnv(env, 'COLLIMATE_MAX_DOWNLOAD_MIB', 1024 * 1024) * MIB,
+  };
 }
 
 export function defaultHome(env: NodeJS.ProcessEnv = process.env): string {
@@ -196,6 +212,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     forkPoolMax: intEnv(env, 'COLLIMATE_FORK_POOL_MAX', 16),
     forkPoolIdleSecs: intEnv(env, 'COLLIMATE_FORK_POOL_IDLE_SECS', 600),
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
+    maxDownloadBytes: fileLimits(env).maxDownloadBytes,
     defaultExecTimeoutSecs: 60,
     defaultSessionSecs: intEnv(env, 'COLLIMATE_SESSION_SECS', 3600),
     reapAction,

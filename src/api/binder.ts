@@ -4,7 +4,7 @@
  * tenant service, calls the route's handler and renders what it returns. Handlers get their inputs
  * typed from the same schemas (z.infer), so a handler is parse → one service call → render.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import type { z } from 'zod';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
@@ -102,7 +102,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
     const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
     const spec = route;
-    app.route({
+    const options: RouteOptions = {
       method: route.method,
       url: spec.path,
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
@@ -154,6 +154,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           return reply;
         }
       },
-    });
+    };
+    app.route(options);
   }
 }

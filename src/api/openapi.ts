@@ -104,7 +104,8 @@ function errorResponses(route: RouteSpec): Json {
   if (route.params?.id === 'sandbox') codes.add('sandbox_not_found');
   if (route.bodyKind === undefined) { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); codes.delete('payload_too_large'); }
   if (route.bodyKind === 'raw' || route.bodyKind === 'stream') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
-  if (route.bodyKind === 'stream') codes.delete('payload_too_large');
+  // A streamed body has no framework limit; a route whose handler enforces one lists payload_too_large itself.
+  if (route.bodyKind === 'stream' && !route.errors.includes('payload_too_large')) codes.delete('payload_too_large');
   const byStatus = new Map<number, ErrorCode[]>();
   for (const c of codes) {
     const s = ERROR_CODES[c];

@@ -5,6 +5,7 @@
  */
 import type { IncomingHttpHeaders } from 'node:http';
 import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify';
+import { fileLimits } from '../config.js';
 import { CollimateError } from '../errors.js';
 import type { Admission } from '../service/admission.js';
 import type { IdempotencyStore } from '../service/idempotency.js';
@@ -20,6 +21,7 @@ import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js'
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
 import { processHandlers } from './handlers/processes.js';
+import { fileHandlers } from './handlers/files.js';
 import { registerHttpMetrics } from './httpMetrics.js';
 import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
@@ -31,7 +33,8 @@ import { SseStreams } from './sse.js';
 export type { HealthInfo } from './handlers/operations.js';
 
 export const DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024;
-export const DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024;
+/** The largest upload (PUT /files) by default: COLLIMATE_MAX_UPLOAD_MIB, else 1 GiB. */
+export const DEFAULT_MAX_FILE_BYTES = fileLimits().maxUploadBytes;
 /**
  * How long a client may take to send one whole request, headers and body (a 64 MiB upload at
  * 250 KB/s). Fastify turns Node's own limit off: a client that stalled mid-body held its connection,
@@ -49,6 +52,7 @@ export interface BuildServerOptions {
   /** Readiness for /healthz; defaults to the engine's isReady()/accel when it has them. */
   health?: () => HealthInfo;
   maxJsonBodyBytes?: number;
+  /** The largest upload (PUT /files, streamed to the guest). Default COLLIMATE_MAX_UPLOAD_MIB, else 1 GiB. */
   maxFileBytes?: number;
   /** How long a client may take to send a whole request before its connection is answered and closed. Default 300 s. */
   requestTimeoutMs?: number;
@@ -170,6 +174,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     {
       ...sandboxHandlers(tenants, streams),
       ...processHandlers(tenants, streams),
+      ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
       ...imageHandlers(tenants),
       ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
     },

@@ -5,7 +5,7 @@
  */
 import type { FastifyReply } from 'fastify';
 import type { CollimateError } from '../errors.js';
-import type { ExecResult, ExecStreamHandlers, ProcessEvent } from '../sandboxes/types.js';
+import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
 
@@ -113,5 +113,58 @@ export class SseStreams {
     });
     unsubscribe = unsub;
     if (!live || ended) unsub();
+  }
+
+  /**
+   * A directory watch as an event stream: `change` events, then `end` with the reason when the watch
+   * ends on its own (or the server shuts down). `start` sets the watch up first, so its errors still
+   * get their status code; the client closing the connection stops the watch.
+   */
+  async streamWatch(reply: FastifyReply, start: (h: WatchHandlers) => Promise<DirWatch>): Promise<void> {
+    const res = reply.raw;
+    let live = false;
+    let endedEarly: WatchEndReason | undefined;
+    const early: FileChange[] = [];
+    const write = (event: string, data: unknown) => {
+      if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    let finish = (_reason: WatchEndReason) => {};
+    // Events can arrive before the stream is open (in the same read as the watch's reply): kept until then.
+    const watch = await start({
+      onChange: (c) => (live ? write('change', c) : early.push(c)),
+      onEnd: (reason) => (live ? finish(reason) : (endedEarly = reason)),
+    });
+    reply.hijack();
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+    });
+    live = true;
+    const ping = setInterval(() => !res.destroyed && res.write(': ping\n\n'), 15_000);
+    ping.unref();
+    let done = false;
+    const close = () => {
+      if (done) return false;
+      done = true;
+      clearInterval(ping);
+      this.open.delete(abort);
+      return true;
+    };
+    finish = (reason) => {
+      if (!close()) return;
+      write('end', { reason });
+      res.end();
+    };
+    const abort = () => {
+      void watch.close();
+      finish('shutting_down');
+    };
+    this.open.add(abort);
+    res.once('close', () => {
+      if (close()) void watch.close();
+    });
+    for (const c of early) write('change', c);
+    if (endedEarly) finish(endedEarly);
   }
 }

@@ -23,6 +23,11 @@ import {
   decodeError,
   decodeExecResult,
   decodeFileData,
+  decodeFsEntries,
+  decodeFsEntry,
+  decodeFsEvent,
+  decodeFsRemoved,
+  decodeFsWatching,
   decodePong,
   decodeProcStarted,
   decodeProcTable,
@@ -35,6 +40,13 @@ import {
   encodeFileRead,
   encodeFileWrite,
   encodeFrame,
+  encodeFsList,
+  encodeFsMkdir,
+  encodeFsRemove,
+  encodeFsRename,
+  encodeFsStat,
+  encodeFsUnwatch,
+  encodeFsWatch,
   encodePing,
   encodeRestored,
   encodeSetTime,
@@ -42,6 +54,10 @@ import {
   type ExecResult,
   type FileData,
   type Frame,
+  type FsEntry,
+  type FsEvent,
+  type FsListing,
+  type FsRemoved,
   type Pong,
   type ProcEntry,
   type ProcStartRequest,
@@ -57,6 +73,8 @@ export const ClientErrorCode = {
   /** The request cannot be encoded (invalid field, or larger than one frame). */
   InvalidRequest: 'invalid_request',
   UnexpectedReply: 'unexpected_reply',
+  /** A streamed read found the file shorter than it was when the read began. */
+  FileChanged: 'file_changed',
 } as const;
 
 export class AgentError extends Error {
@@ -90,6 +108,25 @@ export interface ExecOutcome {
 export interface ReadFileOptions {
   maxBytes?: number;
 }
+
+/** Where a streamed download's bytes go; awaiting `chunk` paces the reads (memory stays one chunk). */
+export interface FileSink {
+  /** Called once, before any chunk, with the size the file has when the read begins. */
+  start?(info: { size: number; mode: number }): void | Promise<void>;
+  chunk(data: Buffer): void | Promise<void>;
+}
+
+export interface UploadOptions {
+  /** Written there first, then renamed over the target once complete. */
+  tempPath: string;
+  /** Permission bits of the new file (default 0644). */
+  mode?: number;
+  /** Refused with file_too_large past this many bytes (the temporary file is removed). */
+  maxBytes?: number;
+}
+
+/** Directory operations answer within this long (the agent bounds the work of each request). */
+const FS_REQUEST_TIMEOUT_MS = 30_000;
 
 const DEFAULT_MAX_READ_FILE_BYTES = 64 * 1024 * 1024;
 const MAX_REQUEST_ID = 0xffffffff;
@@ -143,6 +180,8 @@ export class AgentClient extends EventEmitter {
   /** Random start so a reconnecting host cannot mistake stale replies for answers to new ids. */
   private nextId = randomInt(1, 0x7fffffff);
   private closedReason: string | undefined;
+  /** Listeners of the directory watches this client started, by watch id. */
+  private readonly watchers = new Map<number, (event: FsEvent) => void>();
 
   constructor(
     private readonly stream: Duplex,
@@ -154,6 +193,7 @@ export class AgentClient extends EventEmitter {
     stream.on('error', (err) => this.shutdown(`stream error: ${err.message}`));
     stream.on('end', () => this.shutdown('stream ended'));
     stream.on('close', () => this.shutdown('stream closed'));
+    this.on('event', (frame: Frame) => this.routeWatchEvent(frame));
   }
 
   get closed(): boolean {
@@ -293,6 +333,164 @@ export class AgentClient extends EventEmitter {
     });
   }
 
+  /**
+   * Streams `path` to `sink` chunk by chunk, in one turn of the queue: exactly the size the file had
+   * when the read began (a file that grows meanwhile is cut there; one that shrinks fails with
+   * file_changed). Files over `maxBytes` are refused before `start`.
+   */
+  async downloadFile(path: string, sink: FileSink, options: ReadFileOptions = {}): Promise<{ size: number }> {
+    const maxBytes = options.maxBytes ?? Number.MAX_SAFE_INTEGER;
+    return this.serialized(async () => {
+      let offset = 0;
+      let size = -1;
+      for (;;) {
+        const payload = encodeOrThrow(() => encodeFileRead({ path, offset, length: FILE_CHUNK_MAX }));
+        const chunk = await this.request<FileData>(MessageType.FileRead, payload, undefined, (frame, done) => {
+          if (frame.type !== MessageType.FileData) return false;
+          done(decodeFileData(frame.payload));
+          return true;
+        });
+        if (size < 0) {
+          size = chunk.size;
+          if (size > maxBytes) throw new AgentError(ClientErrorCode.FileTooLarge, `${path} is ${size} bytes, over the ${maxBytes}-byte limit`);
+          await sink.start?.({ size, mode: chunk.mode });
+        }
+        const data = chunk.data.length > size - offset ? chunk.data.subarray(0, size - offset) : chunk.data;
+        if (data.length > 0) await sink.chunk(data);
+        offset += data.length;
+        if (offset >= size) return { size };
+        if (chunk.data.length === 0) {
+          throw new AgentError(ClientErrorCode.FileChanged, `${path} shrank to ${offset} bytes while it was read (it had ${size})`);
+        }
+      }
+    });
+  }
+
+  /**
+   * Writes `source` to `options.tempPath` in chunks, in one turn of the queue, then renames it over
+   * `path`: the target is replaced whole or not at all. On any failure (the source's included) the
+   * temporary file is removed. Memory stays about one chunk whatever the size.
+   */
+  async uploadFile(path: string, source: AsyncIterable<Buffer | Uint8Array | string>, options: UploadOptions): Promise<FsEntry & { bytes: number }> {
+    const { tempPath, mode } = options;
+    const maxBytes = options.maxBytes ?? Number.MAX_SAFE_INTEGER;
+    encodeOrThrow(() => encodeFsRename(tempPath, path));
+    return this.serialized(async () => {
+      let offset = 0;
+      let started = false;
+      const write = async (piece: Buffer) => {
+        const payload = encodeOrThrow(() =>
+          encodeFileWrite(started ? { path: tempPath, data: piece, offset } : { path: tempPath, data: piece, truncate: true, mode }),
+        );
+        started = true;
+        await this.request<void>(MessageType.FileWrite, payload, undefined, expectOk);
+        offset += piece.length;
+      };
+      try {
+        let pending: Buffer[] = [];
+        let pendingBytes = 0;
+        for await (const part of source) {
+          const buf = typeof part === 'string' ? Buffer.from(part) : Buffer.isBuffer(part) ? part : Buffer.from(part);
+          if (offset + pendingBytes + buf.length > maxBytes) {
+            throw new AgentError(ClientErrorCode.FileTooLarge, `the upload to ${path} is over the ${maxBytes}-byte limit`);
+          }
+          pending.push(buf);
+          pendingBytes += buf.length;
+          while (pendingBytes >= FILE_CHUNK_MAX) {
+            const all = Buffer.concat(pending, pendingBytes);
+            await write(all.subarray(0, FILE_CHUNK_MAX));
+            const rest = all.subarray(FILE_CHUNK_MAX);
+            pending = rest.length ? [Buffer.from(rest)] : [];
+            pendingBytes = rest.length;
+          }
+        }
+        if (pendingBytes > 0 || !started) await write(Buffer.concat(pending, pendingBytes));
+        const entry = await this.request(MessageType.FsRename, encodeFsRename(tempPath, path), FS_REQUEST_TIMEOUT_MS, fsEntryReply);
+        return { ...entry, bytes: offset };
+      } catch (e) {
+        if (started && !this.closed) {
+          await this.request(MessageType.FsRemove, encodeFsRemove(tempPath), FS_REQUEST_TIMEOUT_MS, (frame, done) => {
+            if (frame.type !== MessageType.FsRemoved) return false;
+            done(undefined);
+            return true;
+          }).catch(() => undefined);
+        }
+        throw e;
+      }
+    });
+  }
+
+  // ---------------------------------------------- directory operations
+  // Sent beside a running exec (concurrentRequest): the agent answers each at once, bounded.
+
+  /** The entry at `path` (a final symlink is not followed). */
+  async stat(path: string): Promise<FsEntry> {
+    const payload = encodeOrThrow(() => encodeFsStat(path));
+    return this.concurrentRequest(MessageType.FsStat, payload, FS_REQUEST_TIMEOUT_MS, fsEntryReply);
+  }
+
+  /** The entries under directory `path`, `depth` levels down (1: its children), sorted per directory. */
+  async list(path: string, depth = 1, maxEntries?: number): Promise<FsListing> {
+    const payload = encodeOrThrow(() => encodeFsList(path, depth, maxEntries));
+    return this.concurrentRequest(MessageType.FsList, payload, FS_REQUEST_TIMEOUT_MS, (frame, done) => {
+      if (frame.type !== MessageType.FsEntries) return false;
+      done(decodeFsEntries(frame.payload));
+      return true;
+    });
+  }
+
+  /** mkdir -p; `created` says whether the directory was made now or existed already. */
+  async mkdir(path: string, mode?: number): Promise<{ created: boolean; entry: FsEntry }> {
+    const payload = encodeOrThrow(() => encodeFsMkdir(path, mode));
+    const entry = await this.concurrentRequest(MessageType.FsMkdir, payload, FS_REQUEST_TIMEOUT_MS, fsEntryReply);
+    const { created, ...rest } = entry;
+    return { created: created === true, entry: rest };
+  }
+
+  /** Removes `path`, recursively for a directory, without following symlinks. The agent removes a bounded number of entries per request; this asks until it is done. */
+  async remove(path: string): Promise<{ removed: number }> {
+    const payload = encodeOrThrow(() => encodeFsRemove(path));
+    let removed = 0;
+    for (;;) {
+      const round = await this.concurrentRequest<FsRemoved>(MessageType.FsRemove, payload, FS_REQUEST_TIMEOUT_MS, (frame, done) => {
+        if (frame.type !== MessageType.FsRemoved) return false;
+        done(decodeFsRemoved(frame.payload));
+        return true;
+      });
+      removed += round.removed;
+      if (round.done) return { removed };
+    }
+  }
+
+  /** rename(2): replaces a destination file (or empty directory). Answers the destination's entry. */
+  async rename(from: string, to: string): Promise<FsEntry> {
+    const payload = encodeOrThrow(() => encodeFsRename(from, to));
+    return this.concurrentRequest(MessageType.FsRename, payload, FS_REQUEST_TIMEOUT_MS, fsEntryReply);
+  }
+
+  /**
+   * Watches directory `path` (and, recursive, every directory under it). `onEvent` gets its events,
+   * the last being op `end` if the agent ends it (the directory went). Returns the watch id.
+   */
+  async watch(path: string, recursive: boolean, onEvent: (event: FsEvent) => void): Promise<number> {
+    const payload = encodeOrThrow(() => encodeFsWatch(path, recursive));
+    return this.concurrentRequest(MessageType.FsWatch, payload, FS_REQUEST_TIMEOUT_MS, (frame, done) => {
+      if (frame.type !== MessageType.FsWatching) return false;
+      const watchId = decodeFsWatching(frame.payload);
+      // Registered before the promise settles: the watch's first events may follow in the same chunk.
+      this.watchers.set(watchId, onEvent);
+      done(watchId);
+      return true;
+    });
+  }
+
+  /** Stops a watch; its listener gets nothing more. */
+  async unwatch(watchId: number): Promise<void> {
+    this.watchers.delete(watchId);
+    const payload = encodeOrThrow(() => encodeFsUnwatch(watchId));
+    await this.concurrentRequest<void>(MessageType.FsUnwatch, payload, FS_REQUEST_TIMEOUT_MS, expectOk);
+  }
+
   close(): void {
     this.shutdown('closed by client');
     this.stream.destroy();
@@ -311,6 +509,20 @@ export class AgentClient extends EventEmitter {
     handle: (frame: Frame, done: (value: T) => void) => boolean,
   ): Promise<T> {
     return this.request(type, payload, timeoutMs, handle);
+  }
+
+  private routeWatchEvent(frame: Frame): void {
+    if (frame.type !== MessageType.FsEvent) return;
+    let event: FsEvent;
+    try {
+      event = decodeFsEvent(frame.payload);
+    } catch {
+      return; // an event we cannot read; the watch goes on
+    }
+    const listener = this.watchers.get(event.watchId);
+    if (!listener) return;
+    if (event.op === 'end') this.watchers.delete(event.watchId);
+    listener(event);
   }
 
   private serialized<T>(task: () => Promise<T>): Promise<T> {
@@ -419,6 +631,7 @@ export class AgentClient extends EventEmitter {
     if (this.closedReason !== undefined) return;
     this.closedReason = reason;
     this.decoder.reset();
+    this.watchers.clear();
     const pending = [...this.pending.values()];
     this.pending.clear();
     for (const entry of pending) entry.fail(new AgentError(ClientErrorCode.Disconnected, `agent connection lost (${reason})`));
@@ -432,6 +645,12 @@ function encodeOrThrow(encode: () => Buffer): Buffer {
   } catch (e) {
     throw new AgentError(ClientErrorCode.InvalidRequest, (e as Error).message);
   }
+}
+
+function fsEntryReply(frame: Frame, done: (value: FsEntry & { created?: boolean }) => void): boolean {
+  if (frame.type !== MessageType.FsEntry) return false;
+  done(decodeFsEntry(frame.payload));
+  return true;
 }
 
 function expectOk(frame: Frame, done: (value: void) => void): boolean {

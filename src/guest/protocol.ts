@@ -30,12 +30,24 @@ export const MessageType = {
   ProcSignal: 0x0d,
   ProcResize: 0x0e,
   ProcList: 0x0f,
+  FsStat: 20,
+  FsList: 21,
+  FsMkdir: 22,
+  FsRemove: 23,
+  FsRename: 24,
+  FsWatch: 25,
+  FsUnwatch: 26,
   Pong: 0x81,
   Stdout: 0x82,
   Stderr: 0x83,
   ExecResult: 0x84,
   Ok: 0x85,
   FileData: 0x86,
+  FsEntry: 0xa0,
+  FsEntries: 0xa1,
+  FsRemoved: 0xa2,
+  FsWatching: 0xa3,
+  FsEvent: 0xa4,
   Error: 0x8f,
   ProcStarted: 0x90,
   ProcOutput: 0x91,
@@ -103,6 +115,32 @@ export const Tag = {
   Exited: 109,
   OutputTotal: 110,
   ArgvTruncated: 111,
+
+  FsPath: 130,
+  FsDepth: 131,
+  FsMode: 132,
+  FsTruncated: 133,
+  FsFrom: 134,
+  FsTo: 135,
+  FsRecursive: 136,
+  FsWatchId: 137,
+  FsOp: 138,
+  FsCreated: 139,
+  FsRemovedCount: 140,
+  FsDone: 141,
+  FsEntryBegin: 142,
+  FsName: 143,
+  FsEntryPath: 144,
+  FsType: 145,
+  FsSize: 146,
+  FsPerm: 147,
+  FsUid: 148,
+  FsGid: 149,
+  FsOwner: 150,
+  FsGroup: 151,
+  FsMtimeNs: 152,
+  FsTarget: 153,
+  FsMaxEntries: 154,
 } as const;
 
 export const ErrorCode = {
@@ -121,6 +159,19 @@ export const ErrorCode = {
   NotATerminal: 'not_a_terminal',
   SpawnFailed: 'spawn_failed',
   CommandNotFound: 'command_not_found',
+  // Directory operations (FS_*): the errno behind a failure, as a stable code.
+  InvalidPath: 'invalid_path',
+  NotADirectory: 'not_a_directory',
+  IsADirectory: 'is_a_directory',
+  FileExists: 'file_exists',
+  DirectoryNotEmpty: 'directory_not_empty',
+  PermissionDenied: 'permission_denied',
+  CrossDevice: 'cross_device',
+  ReadOnly: 'read_only',
+  NoSpace: 'no_space',
+  FsFailed: 'fs_failed',
+  TooManyWatches: 'too_many_watches',
+  WatchNotFound: 'watch_not_found',
 } as const;
 
 /** Raised for bytes that do not follow the protocol (and for requests we refuse to encode). */
@@ -353,10 +404,17 @@ class TlvReader {
   private readonly byTag = new Map<number, Buffer>();
 
   constructor(
-    payload: Buffer | TlvField[],
+    payload: Buffer | TlvField[] | null,
     private readonly message: string,
   ) {
-    for (const field of Buffer.isBuffer(payload) ? parseTlv(payload) : payload) this.byTag.set(field.tag, field.value);
+    if (payload) for (const field of Buffer.isBuffer(payload) ? parseTlv(payload) : payload) this.byTag.set(field.tag, field.value);
+  }
+
+  /** A reader over fields already split (one entry group of FS_ENTRIES). */
+  static of(fields: readonly TlvField[], message: string): TlvReader {
+    const r = new TlvReader(null, message);
+    for (const field of fields) r.byTag.set(field.tag, field.value);
+    return r;
   }
 
   has(tag: number): boolean {
@@ -834,4 +892,169 @@ export function decodeProcTable(payload: Buffer): ProcEntry[] {
     if (r.u8(Tag.Exited, 0) === 1) entry.exit = exitStatusOf(r);
     return entry;
   });
+}
+
+// ------------------------------------------------ files and directories
+
+/** The longest path a FS_* request carries (the guest's PATH_MAX less its NUL). */
+export const FS_PATH_MAX = 4095;
+export const FS_LIST_ENTRIES_MAX = 5000;
+export const FS_LIST_DEPTH_MAX = 32;
+export const FS_WATCHES_MAX = 32;
+
+export type FsEntryType = 'file' | 'dir' | 'symlink' | 'other';
+
+/** One file system entry as the guest saw it (lstat: a symlink is itself, with its target). */
+export interface FsEntry {
+  name: string;
+  /** Absolute guest path. */
+  path: string;
+  type: FsEntryType;
+  size: number;
+  /** Permission bits (mode & 07777). */
+  mode: number;
+  uid: number;
+  gid: number;
+  /** Names from the guest's /etc/passwd and /etc/group; empty when the id has none. */
+  owner: string;
+  group: string;
+  mtimeNs: bigint;
+  symlinkTarget?: string;
+}
+
+export interface FsListing {
+  entries: FsEntry[];
+  /** More entries exist than one reply holds (count or frame size). */
+  truncated: boolean;
+}
+
+export type FsEventOp = 'create' | 'write' | 'remove' | 'rename' | 'chmod' | 'overflow' | 'end';
+
+export interface FsEvent {
+  watchId: number;
+  /** Relative to the watched directory; for `end`, why the watch ended (`removed`, `moved`). */
+  name: string;
+  op: FsEventOp;
+}
+
+function fsPath(name: string, path: string): string {
+  if (typeof path !== 'string' || path.length === 0 || path.includes('\0')) throw new ProtocolError(`${name} must be a non-empty path without NUL`);
+  if (Buffer.byteLength(path) > FS_PATH_MAX) throw new ProtocolError(`${name} is longer than ${FS_PATH_MAX} bytes`);
+  return path;
+}
+
+export function encodeFsStat(path: string): Buffer {
+  return new TlvWriter().str(Tag.FsPath, fsPath('path', path)).finish();
+}
+
+export function encodeFsList(path: string, depth = 1, maxEntries?: number): Buffer {
+  assertU32('depth', depth);
+  const w = new TlvWriter().str(Tag.FsPath, fsPath('path', path)).u32(Tag.FsDepth, depth);
+  if (maxEntries !== undefined) {
+    assertU32('maxEntries', maxEntries);
+    w.u32(Tag.FsMaxEntries, maxEntries);
+  }
+  return w.finish();
+}
+
+export function encodeFsMkdir(path: string, mode?: number): Buffer {
+  const w = new TlvWriter().str(Tag.FsPath, fsPath('path', path));
+  if (mode !== undefined) {
+    assertU32('mode', mode);
+    w.u32(Tag.FsMode, mode);
+  }
+  return w.finish();
+}
+
+export function encodeFsRemove(path: string): Buffer {
+  return new TlvWriter().str(Tag.FsPath, fsPath('path', path)).finish();
+}
+
+export function encodeFsRename(from: string, to: string): Buffer {
+  return new TlvWriter().str(Tag.FsFrom, fsPath('from', from)).str(Tag.FsTo, fsPath('to', to)).finish();
+}
+
+export function encodeFsWatch(path: string, recursive: boolean): Buffer {
+  return new TlvWriter().str(Tag.FsPath, fsPath('path', path)).u8(Tag.FsRecursive, recursive ? 1 : 0).finish();
+}
+
+export function encodeFsUnwatch(watchId: number): Buffer {
+  assertU32('watchId', watchId);
+  return new TlvWriter().u32(Tag.FsWatchId, watchId).finish();
+}
+
+const FS_ENTRY_TYPES: ReadonlySet<string> = new Set(['file', 'dir', 'symlink', 'other']);
+const FS_EVENT_OPS: ReadonlySet<string> = new Set(['create', 'write', 'remove', 'rename', 'chmod', 'overflow', 'end']);
+
+function fsEntryFrom(r: TlvReader): FsEntry {
+  const type = r.str(Tag.FsType);
+  if (!FS_ENTRY_TYPES.has(type)) throw new ProtocolError(`FS entry: unknown type ${JSON.stringify(type)}`);
+  const entry: FsEntry = {
+    name: r.str(Tag.FsName),
+    path: r.str(Tag.FsEntryPath),
+    type: type as FsEntryType,
+    size: r.u64Number(Tag.FsSize),
+    mode: r.u32(Tag.FsPerm),
+    uid: r.u32(Tag.FsUid),
+    gid: r.u32(Tag.FsGid),
+    owner: r.str(Tag.FsOwner, ''),
+    group: r.str(Tag.FsGroup, ''),
+    mtimeNs: r.u64(Tag.FsMtimeNs),
+  };
+  const target = r.optionalStr(Tag.FsTarget);
+  if (target !== undefined) entry.symlinkTarget = target;
+  return entry;
+}
+
+/** FS_ENTRY: one entry, and CREATED for an FS_MKDIR reply. */
+export function decodeFsEntry(payload: Buffer): FsEntry & { created?: boolean } {
+  const r = new TlvReader(payload, 'FS_ENTRY');
+  const entry: FsEntry & { created?: boolean } = fsEntryFrom(r);
+  if (r.has(Tag.FsCreated)) entry.created = r.u8(Tag.FsCreated) === 1;
+  return entry;
+}
+
+/** FS_ENTRIES: entry groups, each started by ENTRY_BEGIN, then TRUNCATED. */
+export function decodeFsEntries(payload: Buffer): FsListing {
+  const entries: FsEntry[] = [];
+  let truncated = false;
+  let group: TlvField[] | undefined;
+  const flush = () => {
+    if (group) entries.push(fsEntryFrom(TlvReader.of(group, 'FS_ENTRIES entry')));
+  };
+  for (const field of parseTlv(payload)) {
+    if (field.tag === Tag.FsEntryBegin) {
+      flush();
+      group = [];
+    } else if (field.tag === Tag.FsTruncated) {
+      if (field.value.length !== 1) throw new ProtocolError('FS_ENTRIES: TRUNCATED must be a u8');
+      truncated = field.value[0] === 1;
+    } else if (group) {
+      group.push(field);
+    }
+  }
+  flush();
+  return { entries, truncated };
+}
+
+export interface FsRemoved {
+  removed: number;
+  /** False: the budget of one request ran out; send FS_REMOVE again. */
+  done: boolean;
+}
+
+export function decodeFsRemoved(payload: Buffer): FsRemoved {
+  const r = new TlvReader(payload, 'FS_REMOVED');
+  return { removed: r.u64Number(Tag.FsRemovedCount), done: r.u8(Tag.FsDone) === 1 };
+}
+
+export function decodeFsWatching(payload: Buffer): number {
+  return new TlvReader(payload, 'FS_WATCHING').u32(Tag.FsWatchId);
+}
+
+export function decodeFsEvent(payload: Buffer): FsEvent {
+  const r = new TlvReader(payload, 'FS_EVENT');
+  const op = r.str(Tag.FsOp);
+  if (!FS_EVENT_OPS.has(op)) throw new ProtocolError(`FS_EVENT: unknown op ${JSON.stringify(op)}`);
+  return { watchId: r.u32(Tag.FsWatchId), name: r.str(Tag.FsName, ''), op: op as FsEventOp };
 }

@@ -12,6 +12,7 @@ import { TemplatePools } from './templatePools.js';
 import { dirs, getInfo, infoOf, networkReason, type EngineContext } from './context.js';
 import { createSandbox } from './create.js';
 import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFiles.js';
+import { downloadFile, fsList, fsMkdir, fsRemove, fsRename, fsStat, fsWatch, uploadFile } from './files.js';
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { deleteSandbox } from './delete.js';
@@ -33,7 +34,7 @@ import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.
 import { digHoles } from '../vmm/memory.js';
 import type {
   SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
-  OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent,
+  OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from './types.js';
 
 export interface EngineOptions extends Partial<EngineConfig> {
@@ -337,6 +338,40 @@ export class Engine extends EventEmitter implements SandboxService {
 
   waitProcess(id: string, pid: number, timeoutSecs: number, scope?: Scope): Promise<ProcessInfo> {
     return waitProcess(this.ctx, id, pid, timeoutSecs, scope);
+  }
+
+  // ---- files and directories (files.ts) ---------------------------------------------------------
+
+  fsStat(id: string, path: string, scope?: Scope): Promise<FileEntry> {
+    return fsStat(this.ctx, id, path, scope);
+  }
+
+  fsList(id: string, path: string, depth?: number, scope?: Scope): Promise<DirListing> {
+    return fsList(this.ctx, id, path, depth, scope);
+  }
+
+  fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+    return fsMkdir(this.ctx, id, path, mode, scope);
+  }
+
+  fsRemove(id: string, path: string, scope?: Scope): Promise<{ removed: number }> {
+    return fsRemove(this.ctx, id, path, scope);
+  }
+
+  fsRename(id: string, from: string, to: string, scope?: Scope): Promise<FileEntry> {
+    return fsRename(this.ctx, id, from, to, scope);
+  }
+
+  fsWatch(id: string, path: string, recursive: boolean, handlers: WatchHandlers, scope?: Scope): Promise<DirWatch> {
+    return fsWatch(this.ctx, id, path, recursive, handlers, scope);
+  }
+
+  downloadFile(id: string, path: string, sink: FileSink, scope?: Scope): Promise<{ size: number }> {
+    return downloadFile(this.ctx, id, path, sink, scope, this.cfg.maxDownloadBytes);
+  }
+
+  uploadFile(id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts?: UploadOptions, scope?: Scope): Promise<FileEntry & { bytes: number }> {
+    return uploadFile(this.ctx, id, path, source, opts, scope);
   }
 
   /** Live fork of a running sandbox, or fork of a suspended one from its snapshot. */

@@ -1,4 +1,4 @@
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError, sandboxNotFound, type ErrorCode } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import { listeningPorts } from '../net/ports.js';
 import type { ReadyTemplate } from '../images/templates.js';
@@ -112,17 +112,36 @@ async function oomProbe(r: Running, startedAt: number): Promise<boolean> {
   }
 }
 
+/** Guest file-system codes (docs/agent-protocol.md, FS error codes) and what clients see for them. */
+const FS_CODES: Readonly<Record<string, ErrorCode>> = {
+  not_a_directory: 'not_a_directory',
+  is_a_directory: 'is_a_directory',
+  file_exists: 'file_exists',
+  directory_not_empty: 'directory_not_empty',
+  permission_denied: 'permission_denied',
+  too_many_watches: 'too_many_watches',
+  no_space: 'no_space',
+  file_changed: 'file_changed',
+  invalid_path: 'validation_error',
+  cross_device: 'file_operation_failed',
+  read_only: 'file_operation_failed',
+  fs_failed: 'file_operation_failed',
+  watch_not_found: 'not_found',
+};
+
 /** An agent's failure as clients see it: the guest's own errors by code, anything else agent_unavailable. */
-function agentFailure(r: Running, e: unknown, path?: string): Error {
+export function agentFailure(r: Running, e: unknown, path?: string): Error {
   if (r.lost) return new CollimateError('vmm_failed', `Sandbox ${r.id}'s VM died during this request: ${r.lost}. The sandbox is deleted; create or fork a new one.`, { cause: e });
   if (r.deleting) return sandboxNotFound(r.id);
   if (e instanceof CollimateError) return e;
   if (e instanceof AgentError) {
-    if (e.code === 'file_not_found') return new CollimateError('file_not_found', `No file at ${path ?? 'that path'} in sandbox ${r.id}.`);
+    if (e.code === 'file_not_found') return new CollimateError('file_not_found', path !== undefined ? `No file at ${path} in sandbox ${r.id}${/destination/.test(e.message) ? ` (${e.message})` : ''}.` : `${e.message} (sandbox ${r.id}).`);
     if (e.code === 'not_a_file') return new CollimateError('validation_error', `${path} in sandbox ${r.id} is not a regular file.`);
     if (e.code === 'file_write_failed' || e.code === 'file_read_failed') return new CollimateError('validation_error', `${e.message}`);
     if (e.code === 'file_too_large') return new CollimateError('payload_too_large', e.message);
     if (e.code === 'bad_request') return new CollimateError('validation_error', `The guest rejected the request: ${e.message}`);
+    const fsCode = FS_CODES[e.code];
+    if (fsCode) return new CollimateError(fsCode, `${e.message} (sandbox ${r.id}).`);
     // The host could not even encode it (a field the protocol cannot carry): the request's fault, not the agent's.
     if (e.code === ClientErrorCode.InvalidRequest) return new CollimateError('validation_error', `The request cannot be sent to the guest: ${e.message}`);
   }

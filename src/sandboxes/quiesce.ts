@@ -83,8 +83,16 @@ async function pauseIfQuiescent(ctx: EngineContext, r: Running, after: number): 
         r.quiesceCheckAt = Date.now() + after;
         return false;
       }
-      await r.live.vmm.stop();
-      r.paused = { at: Date.now() };
+      // Checked with no await before stop: a directory operation sent beside the queue from here on
+      // sees `pausing` and waits its turn, whose gate wakes the sandbox.
+      if (r.besides || Date.now() - lastActive(ctx, r.id) < after) return false;
+      r.pausing = true;
+      try {
+        await r.live.vmm.stop();
+        r.paused = { at: Date.now() };
+      } finally {
+        r.pausing = undefined;
+      }
       return true;
     });
   } catch {

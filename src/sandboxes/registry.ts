@@ -12,6 +12,10 @@ export interface Running {
   deleting: boolean;
   /** Set while the host has it paused for being quiescent (quiesce.ts); its next operation wakes it. */
   paused?: { at: number };
+  /** Set while the idle pause stops its VMM: a request sent beside the queue then waits its turn instead (files.ts). */
+  pausing?: boolean;
+  /** Requests sent beside the queue (directory operations) now under way: the idle pause waits for them. */
+  besides?: number;
   /** When the idle pause may next ask the guest whether it runs anything (quiesce.ts). */
   quiesceCheckAt?: number;
   /** Why it is going other than by a delete (its VM died): requests under way fail saying so. */

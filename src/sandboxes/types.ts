@@ -168,6 +168,72 @@ export interface SandboxTransition {
   reason?: string;
 }
 
+// ---- files and directories (src/sandboxes/files.ts) ---------------------------------------------
+
+export type FileEntryType = 'file' | 'dir' | 'symlink' | 'other';
+
+/** One entry of a sandbox's file system, as the guest's lstat saw it (a symlink is itself). */
+export interface FileEntry {
+  name: string;
+  /** Absolute guest path. */
+  path: string;
+  type: FileEntryType;
+  size: number;
+  /** Permission bits (mode & 07777). */
+  mode: number;
+  uid: number;
+  gid: number;
+  /** From the guest's /etc/passwd and /etc/group; empty when the id has no name there. */
+  owner: string;
+  group: string;
+  /** Modification time, ns since the epoch. */
+  mtimeNs: bigint;
+  symlinkTarget?: string;
+}
+
+export interface DirListing {
+  entries: FileEntry[];
+  /** More entries exist than one listing holds (5000, or 1 MiB of them). */
+  truncated: boolean;
+}
+
+export type FileChangeOp = 'create' | 'write' | 'remove' | 'rename' | 'chmod' | 'overflow';
+
+export interface FileChange {
+  op: FileChangeOp;
+  /** Relative to the watched directory (`sub/file`); empty for the directory itself. */
+  name: string;
+}
+
+/** Why a watch ended other than by its own close(). */
+export type WatchEndReason =
+  | 'directory_removed' | 'directory_moved' | 'sandbox_suspended' | 'sandbox_deleted' | 'sandbox_lost' | 'agent_disconnected' | 'shutting_down';
+
+export interface WatchHandlers {
+  onChange(change: FileChange): void;
+  /** Called at most once, and never after close(). */
+  onEnd(reason: WatchEndReason): void;
+}
+
+export interface DirWatch {
+  /** Stops the watch (its handlers get nothing more). */
+  close(): Promise<void>;
+}
+
+/** Where a streamed download goes; awaiting `chunk` paces it (memory stays about one chunk). */
+export interface FileSink {
+  /** Once, before any chunk, with the size the file had when the read began. */
+  start?(info: { size: number; mode: number }): void | Promise<void>;
+  chunk(data: Buffer): void | Promise<void>;
+}
+
+export interface UploadOptions {
+  /** Permission bits of the file written (default 0644). */
+  mode?: number;
+  /** payload_too_large past this many bytes (nothing is left behind). */
+  maxBytes?: number;
+}
+
 /** A background process to start (exactly one of command, argv). */
 export interface ProcessStartRequest {
   /** A shell string, run by /bin/sh -c. */
@@ -219,6 +285,24 @@ export interface SandboxService extends ProcessService {
   delete(id: string, scope?: Scope): Promise<void>;
   readFile(id: string, path: string, scope?: Scope): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, scope?: Scope, mode?: number): Promise<void>;
+  /**
+   * Files and directories of a running sandbox (a paused one is woken). Paths are guest paths,
+   * absolute or relative to /root. Directory operations and watches are answered beside a running
+   * exec; downloads and uploads take their turn on the sandbox's queue.
+   */
+  fsStat(id: string, path: string, scope?: Scope): Promise<FileEntry>;
+  fsList(id: string, path: string, depth?: number, scope?: Scope): Promise<DirListing>;
+  /** mkdir -p; `created` false when it already existed (a non-directory there is file_exists). */
+  fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }>;
+  /** Recursive for a directory; symlinks are removed, never followed. */
+  fsRemove(id: string, path: string, scope?: Scope): Promise<{ removed: number }>;
+  /** rename(2): replaces a destination file. Answers the destination's entry. */
+  fsRename(id: string, from: string, to: string, scope?: Scope): Promise<FileEntry>;
+  fsWatch(id: string, path: string, recursive: boolean, handlers: WatchHandlers, scope?: Scope): Promise<DirWatch>;
+  /** Streams a file of any size to `sink`; errors before the first byte throw before `start`. */
+  downloadFile(id: string, path: string, sink: FileSink, scope?: Scope): Promise<{ size: number }>;
+  /** Writes `source` beside `path` and renames it over `path` once complete: all or nothing. */
+  uploadFile(id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts?: UploadOptions, scope?: Scope): Promise<FileEntry & { bytes: number }>;
   /** Reads the listening TCP ports inside a running sandbox (the last reading if an exec is running). */
   openPorts(id: string, scope?: Scope): Promise<OpenPort[]>;
   /**

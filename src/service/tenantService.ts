@@ -24,6 +24,7 @@ import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
   SandboxInfo, SandboxService, TemplateInfo,
+  DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
@@ -591,6 +592,62 @@ export class TenantService {
   waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
     this.get(scope, id);
     return this.engine.waitProcess(id, pid, timeoutSecs, scope);
+  }
+
+  // ---- files and directories -------------------------------------------------------------------
+  // Paths are guest paths, absolute or relative to /root. Only while running; a paused sandbox wakes.
+
+  fsStat(scope: Scope, id: string, path: string): Promise<FileEntry> {
+    this.get(scope, id);
+    return this.engine.fsStat(id, path, scope);
+  }
+
+  /** Whether anything (a file, directory, symlink…) is at `path`; a file in the way above it counts as nothing. */
+  async fsExists(scope: Scope, id: string, path: string): Promise<boolean> {
+    try {
+      await this.fsStat(scope, id, path);
+      return true;
+    } catch (e) {
+      if (e instanceof CollimateError && (e.code === 'file_not_found' || e.code === 'not_a_directory')) return false;
+      throw e;
+    }
+  }
+
+  fsList(scope: Scope, id: string, path: string, depth = 1): Promise<DirListing> {
+    this.get(scope, id);
+    return this.engine.fsList(id, path, depth, scope);
+  }
+
+  fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
+    this.get(scope, id);
+    return this.engine.fsMkdir(id, path, mode, scope);
+  }
+
+  fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {
+    this.get(scope, id);
+    return this.engine.fsRemove(id, path, scope);
+  }
+
+  fsRename(scope: Scope, id: string, from: string, to: string): Promise<FileEntry> {
+    this.get(scope, id);
+    return this.engine.fsRename(id, from, to, scope);
+  }
+
+  fsWatch(scope: Scope, id: string, path: string, recursive: boolean, handlers: WatchHandlers): Promise<DirWatch> {
+    this.get(scope, id);
+    return this.engine.fsWatch(id, path, recursive, handlers, scope);
+  }
+
+  /** Streams a file of any size (up to the server's download limit) to `sink`. */
+  downloadFile(scope: Scope, id: string, path: string, sink: FileSink): Promise<{ size: number }> {
+    this.get(scope, id);
+    return this.engine.downloadFile(id, path, sink, scope);
+  }
+
+  /** Streams `source` into a file, replacing it whole once complete (payload_too_large past `opts.maxBytes`). */
+  uploadFile(scope: Scope, id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}): Promise<FileEntry & { bytes: number }> {
+    this.get(scope, id);
+    return this.engine.uploadFile(id, path, source, opts, scope);
   }
 
   // ---- ports -----------------------------------------------------------------------------------

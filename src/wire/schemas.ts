@@ -432,6 +432,87 @@ export const ProcessWaitRequest = named(
 );
 
 // ---------------------------------------------------------------------------------------------
+// Files and directories (/v1/sandboxes/{id}/fs/...)
+
+export const FS_PATH_DESCRIPTION = 'Guest path: absolute, or relative to /root. No NUL; at most 4095 bytes.';
+export const FsPath = described(z.string().min(1).max(4095).refine((p) => !p.includes('\0'), 'must not contain NUL'), FS_PATH_DESCRIPTION);
+const OctalMode = described(z.string().regex(/^0?[0-7]{3,4}$/), 'Octal permission bits, e.g. 755.');
+
+export const FileEntry = named(
+  'FileEntry',
+  z.strictObject({
+    name: described(z.string(), 'Last path component.'),
+    path: described(z.string(), 'Absolute guest path.'),
+    type: z.enum(['file', 'dir', 'symlink', 'other']),
+    size: z.number().int(),
+    mode: described(z.number().int(), 'Permission bits (mode & 0o7777), e.g. 420 for 0644.'),
+    permissions: described(z.string(), 'The same bits as ls shows them, e.g. rw-r--r--.'),
+    uid: z.number().int(),
+    gid: z.number().int(),
+    owner: described(z.string(), 'User name of uid in the guest\'s /etc/passwd; empty if it has none.'),
+    group: described(z.string(), 'Group name of gid in the guest\'s /etc/group; empty if it has none.'),
+    modified_at: described(z.string(), 'Modification time, ISO 8601 (ms).'),
+    mtime_ns: described(z.string().regex(/^\d+$/), 'Modification time in ns since the epoch, as a decimal string.'),
+    symlink_target: described(z.string(), 'Symlinks only: the target, as stored.').optional(),
+  }),
+  'One file-system entry as the guest sees it (a symlink itself, not what it points to).',
+);
+
+export const FsPathQuery = z.strictObject({ path: FsPath });
+
+export const FsListQuery = z.strictObject({
+  path: FsPath,
+  depth: described(z.coerce.number().int().min(1).max(32), 'Levels to list: 1 (default) the directory\'s own entries, 2 theirs too, up to 32.').optional(),
+});
+
+export const FsWatchQuery = z.strictObject({
+  path: FsPath,
+  recursive: described(z.enum(['true', 'false', '1', '0']), 'Watch subdirectories too, present and future (default false).').optional(),
+});
+
+export const FsListing = named(
+  'FsListing',
+  z.strictObject({
+    path: z.string(),
+    entries: z.array(FileEntry),
+    truncated: described(z.boolean(), 'More entries exist than one listing holds (5000, or 1 MiB of them); list deeper directories separately.'),
+  }),
+);
+
+export const FsExists = named('FsExists', z.strictObject({ path: z.string(), exists: z.boolean() }));
+
+export const FsMkdirRequest = named('FsMkdirRequest', z.strictObject({ path: FsPath, mode: OctalMode.optional() }));
+export const FsMkdirResponse = named(
+  'FsMkdirResponse',
+  z.strictObject({ created: described(z.boolean(), 'False when the directory existed already.'), entry: FileEntry }),
+);
+
+export const FsRemoveRequest = named('FsRemoveRequest', z.strictObject({ path: FsPath }));
+export const FsRemoveResponse = named(
+  'FsRemoveResponse',
+  z.strictObject({ path: z.string(), removed: described(z.number().int(), 'Entries removed (a directory counts with everything in it).') }),
+);
+
+export const FsRenameRequest = named('FsRenameRequest', z.strictObject({ from: FsPath, to: FsPath }));
+
+export const FsChangeEvent = named(
+  'FsChangeEvent',
+  z.strictObject({
+    op: z.enum(['create', 'write', 'remove', 'rename', 'chmod', 'overflow']),
+    name: described(z.string(), 'Relative to the watched directory (sub/file); empty for the directory itself.'),
+  }),
+  'The data of a watch stream\'s `change` event.',
+);
+
+export const FsWatchEndEvent = named(
+  'FsWatchEndEvent',
+  z.strictObject({
+    reason: z.enum(['directory_removed', 'directory_moved', 'sandbox_suspended', 'sandbox_deleted', 'sandbox_lost', 'agent_disconnected', 'shutting_down']),
+  }),
+  'The data of a watch stream\'s last event, `end`.',
+);
+
+// ---------------------------------------------------------------------------------------------
 // Templates
 
 export const Template = named(

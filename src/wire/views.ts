@@ -4,7 +4,7 @@
  * records) never leak. No HTTP here: MCP and the RL fleet import this, not the server.
  */
 import type { z } from 'zod';
-import type { ExecResult, SandboxInfo, TemplateInfo } from '../sandboxes/types.js';
+import type { ExecResult, FileEntry, SandboxInfo, TemplateInfo } from '../sandboxes/types.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type * as S from './schemas.js';
 
@@ -112,4 +112,30 @@ export function execResultView(r: ExecResult): z.infer<typeof S.ExecResult> {
   if (r.pids_limited) v.pids_limited = true;
   if (r.error !== undefined) v.error = r.error;
   return v;
+}
+
+/** ls-style permission string of mode bits (setuid/setgid/sticky shown as ls does). */
+export function permissionString(mode: number): string {
+  const rwx = (bits: number, special: boolean, ch: string) =>
+    `${bits & 4 ? 'r' : '-'}${bits & 2 ? 'w' : '-'}${special ? (bits & 1 ? ch : ch.toUpperCase()) : bits & 1 ? 'x' : '-'}`;
+  return rwx((mode >> 6) & 7, (mode & 0o4000) !== 0, 's') + rwx((mode >> 3) & 7, (mode & 0o2000) !== 0, 's') + rwx(mode & 7, (mode & 0o1000) !== 0, 't');
+}
+
+export function fileEntryView(e: FileEntry): z.infer<typeof S.FileEntry> {
+  const view: z.infer<typeof S.FileEntry> = {
+    name: e.name,
+    path: e.path,
+    type: e.type,
+    size: e.size,
+    mode: e.mode,
+    permissions: permissionString(e.mode),
+    uid: e.uid,
+    gid: e.gid,
+    owner: e.owner,
+    group: e.group,
+    modified_at: new Date(Number(e.mtimeNs / 1_000_000n)).toISOString(),
+    mtime_ns: e.mtimeNs.toString(),
+  };
+  if (e.symlinkTarget !== undefined) view.symlink_target = e.symlinkTarget;
+  return view;
 }

@@ -36,7 +36,16 @@ import type {
   SandboxState,
   Scope,
   TemplateInfo,
+  DirListing,
+  DirWatch,
+  FileChangeOp,
+  FileEntry,
+  FileSink,
+  UploadOptions,
+  WatchEndReason,
+  WatchHandlers,
 } from '../../src/sandboxes/types.js';
+import { absoluteGuestPath, checkFsPath } from '../../src/sandboxes/files.js';
 
 interface Box {
   id: string;
@@ -58,6 +67,10 @@ interface Box {
   memoryMib: number;
   diskMib: number;
   files: Map<string, Buffer>;
+  /** Directories made by fsMkdir (parents of files exist implicitly), with their modes; file modes. */
+  dirs: Map<string, number>;
+  modes: Map<string, number>;
+  watchers: Set<FakeWatch>;
   queue: Promise<unknown>;
   egress: EgressPolicy;
   ports: number[];
@@ -66,6 +79,12 @@ interface Box {
 }
 
 type TemplateBase = Omit<TemplateInfo, 'egress' | 'network'>;
+
+interface FakeWatch {
+  root: string;
+  recursive: boolean;
+  handlers: WatchHandlers;
+}
 
 export const CATALOG: TemplateBase[] = [
   { id: 'base', kind: 'catalog', description: 'Debian base', interpreter: ['/bin/sh', '-c'], ready: true, vcpus: 1, memory_mib: 256 },
@@ -267,6 +286,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     for (let i = 0; i < opts.count; i++) {
       const child = this.newBox(parent.tenant, tpl, { ...parent.labels, ...(opts.labels ?? {}) }, parent.timeoutSecs, parent.id);
       child.files = new Map(parent.files);
+      child.dirs = new Map(parent.dirs);
+      child.modes = new Map(parent.modes);
       child.egress = parent.egress;
       parent.children.push(child.id);
       this.transition(child, 'fork');
@@ -281,6 +302,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     if (box.state !== 'running') throw invalidState(id, box.state, 'suspend', ['running']);
     await sleep(this.opDelayMs);
     box.state = 'suspended';
+    this.endWatches(box, 'sandbox_suspended');
     this.transition(box, 'suspend', box.memoryMib * 1024 * 1024);
     return this.info(box);
   }
@@ -301,6 +323,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     this.calls.push('delete');
     const box = this.find(id, scope);
     box.state = 'deleted';
+    this.endWatches(box, 'sandbox_deleted');
     this.boxes.delete(id);
     this.transition(box, 'delete');
   }
@@ -317,6 +340,193 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const box = this.find(id, scope);
     if (box.state !== 'running') throw invalidState(id, box.state, 'write a file', ['running']);
     box.files.set(path, Buffer.from(data));
+    this.changed(box, path, 'create');
+  }
+
+  // ---- files and directories: a small tree over `files` and `dirs` ------------------------------
+  // Paths resolve like the guest's (relative to /root). A directory exists if made, or if anything
+  // lies under it; / always does.
+
+  private fsBox(id: string, scope: Scope | undefined, what: string): Box {
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, what, ['running']);
+    return box;
+  }
+
+  private isDir(box: Box, path: string): boolean {
+    if (path === '/' || box.dirs.has(path)) return true;
+    const prefix = `${path}/`;
+    for (const k of box.files.keys()) if (k.startsWith(prefix)) return true;
+    for (const k of box.dirs.keys()) if (k.startsWith(prefix)) return true;
+    return false;
+  }
+
+  private entryOf(box: Box, path: string): FileEntry {
+    const file = box.files.get(path);
+    const isDir = file === undefined && this.isDir(box, path);
+    if (file === undefined && !isDir) throw new CollimateError('file_not_found', `No file at ${path} in sandbox ${box.id}.`);
+    const name = path === '/' ? '/' : path.slice(path.lastIndexOf('/') + 1);
+    return {
+      name, path, type: isDir ? 'dir' : 'file', size: file?.length ?? 4096,
+      mode: isDir ? box.dirs.get(path) ?? 0o755 : box.modes.get(path) ?? 0o644,
+      uid: 0, gid: 0, owner: 'root', group: 'root', mtimeNs: BigInt(this.now()) * 1_000_000n,
+    };
+  }
+
+  /** A file somewhere above `path` makes it unreachable (the guest's ENOTDIR). */
+  private fileAbove(box: Box, path: string): string | undefined {
+    for (let p = path.slice(0, path.lastIndexOf('/')); p; p = p.slice(0, p.lastIndexOf('/'))) if (box.files.has(p)) return p;
+    return undefined;
+  }
+
+  private resolve(box: Box, path: string, field = 'path'): string {
+    const abs = absoluteGuestPath(checkFsPath(path, field)).replace(/\/+$/, '') || '/';
+    const above = this.fileAbove(box, abs);
+    if (above) throw new CollimateError('not_a_directory', `${above} is not a directory (sandbox ${box.id}).`);
+    return abs;
+  }
+
+  private changed(box: Box, path: string, op: FileChangeOp): void {
+    for (const w of box.watchers) {
+      const prefix = w.root === '/' ? '/' : `${w.root}/`;
+      if (!path.startsWith(prefix)) continue;
+      const rel = path.slice(prefix.length);
+      if (!w.recursive && rel.includes('/')) continue;
+      w.handlers.onChange({ op, name: rel });
+    }
+  }
+
+  private endWatches(box: Box, reason: WatchEndReason): void {
+    const watchers = [...box.watchers];
+    box.watchers.clear();
+    for (const w of watchers) w.handlers.onEnd(reason);
+  }
+
+  async fsStat(id: string, path: string, scope?: Scope): Promise<FileEntry> {
+    const box = this.fsBox(id, scope, 'reading a path');
+    return this.entryOf(box, this.resolve(box, path));
+  }
+
+  async fsList(id: string, path: string, depth = 1, scope?: Scope): Promise<DirListing> {
+    const box = this.fsBox(id, scope, 'listing a directory');
+    const dir = this.resolve(box, path);
+    if (box.files.has(dir)) throw new CollimateError('not_a_directory', `${dir} is not a directory (sandbox ${id}).`);
+    if (!this.isDir(box, dir)) throw new CollimateError('file_not_found', `No file at ${dir} in sandbox ${id}.`);
+    const entries: FileEntry[] = [];
+    const walk = (d: string, left: number) => {
+      const prefix = d === '/' ? '/' : `${d}/`;
+      const names = new Set<string>();
+      for (const k of [...box.files.keys(), ...box.dirs.keys()]) if (k.startsWith(prefix) && k.length > prefix.length) names.add(k.slice(prefix.length).split('/')[0]);
+      for (const name of [...names].sort()) {
+        const entry = this.entryOf(box, prefix + name);
+        entries.push(entry);
+        if (entry.type === 'dir' && left > 1) walk(entry.path, left - 1);
+      }
+    };
+    walk(dir, depth);
+    return { entries, truncated: false };
+  }
+
+  async fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+    const box = this.fsBox(id, scope, 'making a directory');
+    const dir = this.resolve(box, path);
+    if (box.files.has(dir)) throw new CollimateError('file_exists', `${dir} exists and is not a directory (sandbox ${id}).`);
+    if (this.isDir(box, dir)) return { created: false, entry: this.entryOf(box, dir) };
+    for (let p = dir; p && !this.isDir(box, p); p = p.slice(0, p.lastIndexOf('/'))) box.dirs.set(p, mode ?? 0o755);
+    this.changed(box, dir, 'create');
+    return { created: true, entry: this.entryOf(box, dir) };
+  }
+
+  async fsRemove(id: string, path: string, scope?: Scope): Promise<{ removed: number }> {
+    const box = this.fsBox(id, scope, 'removing a path');
+    const target = this.resolve(box, path);
+    if (target === '/') throw new CollimateError('validation_error', 'Refusing to remove /.');
+    if (box.files.delete(target)) {
+      box.modes.delete(target);
+      this.changed(box, target, 'remove');
+      return { removed: 1 };
+    }
+    if (!this.isDir(box, target)) throw new CollimateError('file_not_found', `No file at ${target} in sandbox ${id}.`);
+    let removed = 1;
+    const prefix = `${target}/`;
+    for (const k of [...box.files.keys()]) if (k.startsWith(prefix)) { box.files.delete(k); removed++; }
+    for (const k of [...box.dirs.keys()]) if (k.startsWith(prefix)) { box.dirs.delete(k); removed++; }
+    box.dirs.delete(target);
+    this.changed(box, target, 'remove');
+    return { removed };
+  }
+
+  async fsRename(id: string, from: string, to: string, scope?: Scope): Promise<FileEntry> {
+    const box = this.fsBox(id, scope, 'renaming a path');
+    const src = this.resolve(box, from, 'from');
+    const dst = this.resolve(box, to, 'to');
+    const parent = dst.slice(0, dst.lastIndexOf('/')) || '/';
+    if (!box.files.has(src) && !this.isDir(box, src)) throw new CollimateError('file_not_found', `No file at ${src} in sandbox ${id}.`);
+    if (!this.isDir(box, parent)) throw new CollimateError('file_not_found', `No file at ${dst} in sandbox ${id} (the destination's directory).`);
+    const file = box.files.get(src);
+    if (file !== undefined) {
+      if (this.isDir(box, dst)) throw new CollimateError('is_a_directory', `${dst} is a directory (sandbox ${id}).`);
+      box.files.delete(src);
+      box.files.set(dst, file);
+      box.modes.set(dst, box.modes.get(src) ?? 0o644);
+      box.modes.delete(src);
+    } else {
+      const prefix = `${src}/`;
+      for (const [k, v] of [...box.files]) if (k.startsWith(prefix)) { box.files.delete(k); box.files.set(dst + k.slice(src.length), v); }
+      for (const [k, v] of [...box.dirs]) if (k === src || k.startsWith(prefix)) { box.dirs.delete(k); box.dirs.set(dst + k.slice(src.length), v); }
+      if (!box.dirs.has(dst)) box.dirs.set(dst, 0o755);
+    }
+    this.changed(box, src, 'rename');
+    this.changed(box, dst, 'create');
+    return this.entryOf(box, dst);
+  }
+
+  async fsWatch(id: string, path: string, recursive: boolean, handlers: WatchHandlers, scope?: Scope): Promise<DirWatch> {
+    const box = this.fsBox(id, scope, 'watching a directory');
+    const root = this.resolve(box, path);
+    if (box.files.has(root)) throw new CollimateError('not_a_directory', `${root} is not a directory (sandbox ${id}).`);
+    if (!this.isDir(box, root)) throw new CollimateError('file_not_found', `No file at ${root} in sandbox ${id}.`);
+    const watch: FakeWatch = { root, recursive, handlers };
+    box.watchers.add(watch);
+    return { close: async () => void box.watchers.delete(watch) };
+  }
+
+  async downloadFile(id: string, path: string, sink: FileSink, scope?: Scope): Promise<{ size: number }> {
+    const box = this.fsBox(id, scope, 'reading a file');
+    const abs = this.resolve(box, path);
+    const data = box.files.get(abs);
+    if (data === undefined) {
+      if (this.isDir(box, abs)) throw new CollimateError('validation_error', `${abs} in sandbox ${id} is not a regular file.`);
+      throw new CollimateError('file_not_found', `No file at ${abs} in sandbox ${id}.`);
+    }
+    await sink.start?.({ size: data.length, mode: box.modes.get(abs) ?? 0o644 });
+    for (let off = 0; off < data.length; off += 64 * 1024) await sink.chunk(data.subarray(off, off + 64 * 1024));
+    return { size: data.length };
+  }
+
+  async uploadFile(id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}, scope?: Scope): Promise<FileEntry & { bytes: number }> {
+    const box = this.fsBox(id, scope, 'writing a file');
+    const abs = this.resolve(box, path);
+    const max = opts.maxBytes ?? Number.MAX_SAFE_INTEGER;
+    const parts: Buffer[] = [];
+    let bytes = 0;
+    try {
+      for await (const part of source) {
+        const buf = Buffer.from(part as Uint8Array);
+        bytes += buf.length;
+        if (bytes > max) throw new CollimateError('payload_too_large', `the upload to ${abs} is over the ${max}-byte limit`);
+        parts.push(buf);
+      }
+    } catch (e) {
+      if (e instanceof CollimateError) throw e;
+      throw new CollimateError('validation_error', `The upload to ${abs} did not arrive whole (${(e as Error).message}); nothing was written.`);
+    }
+    if (this.isDir(box, abs)) throw new CollimateError('is_a_directory', `${abs} is a directory (sandbox ${id}).`);
+    const existed = box.files.has(abs);
+    box.files.set(abs, Buffer.concat(parts, bytes));
+    box.modes.set(abs, opts.mode ?? 0o644);
+    this.changed(box, abs, existed ? 'write' : 'create');
+    return { ...this.entryOf(box, abs), bytes };
   }
 
   async openPorts(id: string, scope?: Scope): Promise<OpenPort[]> {
@@ -499,6 +709,9 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       memoryMib: tpl.memory_mib,
       diskMib: 1024,
       files: new Map(),
+      dirs: new Map(),
+      modes: new Map(),
+      watchers: new Set(),
       queue: Promise.resolve(),
       egress: 'allow',
       ports: [],

@@ -8,7 +8,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox' | 'readFile' | 'writeFile';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -77,16 +77,5 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       return { status: 204 };
     },
 
-    async readFile({ scope, params, query, reply }) {
-      const data = await tenants.readFile(scope, params.id, query.path);
-      reply.code(200).type('application/octet-stream').send(data);
-      return null;
-    },
-
-    async writeFile({ scope, params, query, body }) {
-      const data = Buffer.isBuffer(body) ? body : Buffer.alloc(0);
-      await tenants.writeFile(scope, params.id, query.path, data, query.mode === undefined ? undefined : parseInt(query.mode, 8));
-      return { status: 200, body: { path: query.path, size: data.length } };
-    },
   };
 }

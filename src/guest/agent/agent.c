@@ -249,6 +249,7 @@ static void host_went_away(void)
     output_discard_all();
     exec_detach();
     proc_detach();
+    fs_forget_watches();
 }
 
 static void schedule_port_retry(void) { transport.retry_at_ns = monotonic_ns() + RECONNECT_FALLBACK_MS * NS_PER_MS; }
@@ -413,6 +414,8 @@ static void handle_restored(uint32_t id, const uint8_t *payload, size_t len)
     free(identity.token);
     identity.sandbox_id = new_id;
     identity.token = new_token;
+    /* A snapshot's watches belong to the host that made them, not to this one. */
+    fs_forget_watches();
 
     if (agent_test_mode) {
         reply_ok(id);
@@ -632,7 +635,8 @@ static void dispatch_frame(uint16_t type, uint32_t id, const uint8_t *payload, s
     case MSG_PROC_SIGNAL: proc_handle_signal(id, payload, len); break;
     case MSG_PROC_RESIZE: proc_handle_resize(id, payload, len); break;
     case MSG_PROC_LIST: proc_handle_list(id, payload, len); break;
-    default: reply_error(id, "bad_request", "unknown message type %u", type);
+    default:
+        if (!fs_handle_request(type, id, payload, len)) reply_error(id, "bad_request", "unknown message type %u", type);
     }
 }
 
@@ -754,6 +758,7 @@ static void serve_forever(void)
         }
         exec_add_poll_fds(&ps);
         proc_add_poll_fds(&ps);
+        fs_add_poll_fds(&ps);
 
         if (poll(ps.fds, ps.count, poll_timeout_ms(deadline)) < 0) {
             if (errno != EINTR) {
@@ -768,6 +773,7 @@ static void serve_forever(void)
             switch ((enum poll_owner)ps.owner[i]) {
             case POLL_SIGNALS: handle_signals(); break;
             case POLL_LISTENER: accept_connection(); break;
+            case POLL_FS_WATCH: fs_handle_poll(ps.fds[i].fd, revents); break;
             case POLL_TRANSPORT:
                 if (ps.fds[i].fd != transport.fd) break;
                 if (revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -787,6 +793,7 @@ static void serve_forever(void)
             monotonic_ns() >= transport.forget_output_at_ns) {
             agent_log("host away for %d ms: dropping unsent replies", HOST_GONE_GRACE_MS);
             output_discard_all();
+            fs_forget_watches();
             transport.forget_output_at_ns = -1;
         }
     }
@@ -849,8 +856,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: collimate-agent                  (as PID 1: boot the sandbox and serve virtio-serial)\n"
-            "       collimate-agent --serve-fd N [--debug]\n"
-            "       collimate-agent --serve-socket PATH [--debug]\n");
+            "       collimate-agent --serve-fd N [--debug] [--home DIR]\n"
+            "       collimate-agent --serve-socket PATH [--debug] [--home DIR]\n");
     exit(2);
 }
 
@@ -868,6 +875,8 @@ int main(int argc, char **argv)
             socket_path = argv[++i];
         } else if (strcmp(argv[i], "--debug") == 0) {
             agent_debug = true;
+        } else if (strcmp(argv[i], "--home") == 0 && i + 1 < argc && getpid() != 1) {
+            fs_home_dir = argv[++i];
         } else if (getpid() != 1) {
             usage();
         }

@@ -48,12 +48,25 @@ enum message_type {
     MSG_PROC_SIGNAL = 13,
     MSG_PROC_RESIZE = 14,
     MSG_PROC_LIST = 15,
+    /* Files and directories (fs.c): host -> guest 20-29, guest -> host 0xA0-0xA7. */
+    MSG_FS_STAT = 20,
+    MSG_FS_LIST = 21,
+    MSG_FS_MKDIR = 22,
+    MSG_FS_REMOVE = 23,
+    MSG_FS_RENAME = 24,
+    MSG_FS_WATCH = 25,
+    MSG_FS_UNWATCH = 26,
     MSG_PONG = 0x81,
     MSG_STDOUT = 0x82,
     MSG_STDERR = 0x83,
     MSG_EXEC_RESULT = 0x84,
     MSG_OK = 0x85,
     MSG_FILE_DATA = 0x86,
+    MSG_FS_ENTRY = 0xA0,
+    MSG_FS_ENTRIES = 0xA1,
+    MSG_FS_REMOVED = 0xA2,
+    MSG_FS_WATCHING = 0xA3,
+    MSG_FS_EVENT = 0xA4,
     MSG_ERROR = 0x8F,
     MSG_PROC_STARTED = 0x90,
     MSG_PROC_OUTPUT = 0x91,
@@ -119,6 +132,33 @@ enum field_tag {
     TAG_EXITED = 109,
     TAG_OUTPUT_TOTAL = 110,
     TAG_ARGV_TRUNCATED = 111,
+
+    /* Files and directories (fs.c): tags 130-159. */
+    TAG_FS_PATH = 130,
+    TAG_FS_DEPTH = 131,
+    TAG_FS_MODE = 132,
+    TAG_FS_TRUNCATED = 133,
+    TAG_FS_FROM = 134,
+    TAG_FS_TO = 135,
+    TAG_FS_RECURSIVE = 136,
+    TAG_FS_WATCH_ID = 137,
+    TAG_FS_OP = 138,
+    TAG_FS_CREATED = 139,
+    TAG_FS_REMOVED_COUNT = 140,
+    TAG_FS_DONE = 141,
+    TAG_FS_ENTRY_BEGIN = 142,
+    TAG_FS_NAME = 143,
+    TAG_FS_ENTRY_PATH = 144,
+    TAG_FS_TYPE = 145,
+    TAG_FS_SIZE = 146,
+    TAG_FS_PERM = 147,
+    TAG_FS_UID = 148,
+    TAG_FS_GID = 149,
+    TAG_FS_OWNER = 150,
+    TAG_FS_GROUP = 151,
+    TAG_FS_MTIME_NS = 152,
+    TAG_FS_TARGET = 153,
+    TAG_FS_MAX_ENTRIES = 154,
 };
 
 static inline uint16_t load_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -244,11 +284,12 @@ enum poll_owner {
     POLL_PROC_OUTPUT,
     POLL_PROC_STDIN,
     POLL_PROC_PIDS,
+    POLL_FS_WATCH,
 };
 
-/* Room for the background pipes (256), the exec's fds, the lingering cgroups' (2 x 32) and the
-   background processes' (64 x 4: stdout, stderr, stdin, pids.events). */
-#define POLL_SET_MAX 640
+/* Room for the background pipes (256), the exec's fds, the lingering cgroups' (2 x 32), the
+   background processes' (64 x 4: stdout, stderr, stdin, pids.events) and the directory watches' (32). */
+#define POLL_SET_MAX 672
 
 struct poll_set {
     struct pollfd fds[POLL_SET_MAX];
@@ -311,6 +352,17 @@ void proc_detach(void);
 
 /* Whether a host is attached to receive frames now (else output_enqueue drops them). */
 bool host_attached(void);
+
+/* ---- fs.c: directory operations and watches ---- */
+
+/* Where relative paths are resolved: /root (test mode: --home DIR). */
+extern const char *fs_home_dir;
+/* Handles the FS_* requests; false for any other type. */
+bool fs_handle_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
+void fs_add_poll_fds(struct poll_set *ps);
+void fs_handle_poll(int fd, short revents);
+/* No host knows the watches any more (it went away, or this guest was restored from a snapshot). */
+void fs_forget_watches(void);
 
 /* ---- limits.c: guest cgroups (cgroup v2) ---- */
 

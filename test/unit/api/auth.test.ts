@@ -75,9 +75,12 @@ describe('tenant isolation', () => {
     assert.ok(sandboxRoutes.length >= 8);
     for (const id of Object.values(ids)) {
       for (const route of sandboxRoutes) {
-        const body = { execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 },
-          startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 } }[route.operationId];
-        const query = route.path.endsWith('/files') ? '?path=/secret' : '';
+        const body = {
+          execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 },
+          startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 },
+          makeDirectory: { path: '/stolen' }, removePath: { path: '/secret' }, renamePath: { from: '/secret', to: '/stolen' },
+        }[route.operationId];
+        const query = route.path.endsWith('/files') || (route.path.includes('/fs/') && route.method === 'GET') ? '?path=/secret' : '';
         for (const accept of route.sse ? ['application/json', 'text/event-stream'] : ['application/json']) {
           const r = await f.req(route.operationId, {
             method: methodOf(route.method),
