@@ -76,14 +76,14 @@ test('no import cycle among src/ folders', () => {
 test('layering: front doors reach the core through the tenant service; low folders never reach up', () => {
   const g = folderGraph();
   const imports = (f: string) => [...(g.get(f) ?? [])];
-  // MCP and the SDK (the RL local fleet) render with wire/ and call service/; they never import the REST server.
-  for (const door of ['mcp', 'sdk']) assert.ok(!imports(door).includes('api'), `${door}/ imports api/`);
+  // MCP, E2B's front door and the SDK (the RL local fleet) render with wire/ and call service/; they never import the REST server.
+  for (const door of ['mcp', 'e2b', 'sdk']) assert.ok(!imports(door).includes('api'), `${door}/ imports api/`);
   for (const low of ['host', 'vmm', 'net']) {
-    for (const up of ['images', 'sandboxes', 'service', 'api', 'mcp', 'wire', 'cli']) assert.ok(!imports(low).includes(up), `${low}/ imports ${up}/`);
+    for (const up of ['images', 'sandboxes', 'service', 'api', 'mcp', 'e2b', 'wire', 'cli']) assert.ok(!imports(low).includes(up), `${low}/ imports ${up}/`);
   }
   assert.ok(!imports('images').includes('sandboxes'), 'images/ imports sandboxes/');
   for (const core of ['sandboxes', 'images', 'service', 'wire']) {
-    for (const door of ['api', 'mcp', 'cli']) assert.ok(!imports(core).includes(door), `${core}/ imports ${door}/`);
+    for (const door of ['api', 'mcp', 'e2b', 'cli']) assert.ok(!imports(core).includes(door), `${core}/ imports ${door}/`);
   }
 });
 
@@ -97,7 +97,7 @@ test('the REST server only translates: no views, no tenant policy, no Fastify be
   }
   for (const file of sources(SRC)) {
     const folder = folderOf(file);
-    if (['api', 'mcp', 'cli'].includes(folder)) continue;
+    if (['api', 'mcp', 'cli', 'e2b'].includes(folder)) continue; // the front doors (e2b: E2B's API and envd)
     assert.ok(!/from 'fastify'/.test(readFileSync(file, 'utf8')), `${relative(SRC, file)} imports fastify`);
   }
 });
