@@ -27,6 +27,7 @@ import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
+import { tenantEnvdBackend } from '../e2b/envdBackend.js';
 import { matchPath, ROUTES } from './routes.js';
 import { SseStreams } from './sse.js';
 
@@ -59,7 +60,7 @@ export interface BuildServerOptions {
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
-  /** What E2B's envd front door drives; tests give one on the host. */
+  /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
 }
 
@@ -184,7 +185,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   registerMcp(app, { tenants, authenticate });
   const e2bEnv = new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
-  if (opts.envdBackend) registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend });
+  registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants) });
   const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.

@@ -1,0 +1,81 @@
+/**
+ * envd's backend in production: the tenant service's native processes and files (the same calls
+ * REST, MCP and the SDKs make), seen the way envd needs them.
+ */
+import type { TenantService } from '../service/tenantService.js';
+import type { FileEntry, ProcessInfo } from '../sandboxes/types.js';
+import type { EnvdBackend, FsEntry, ProcessExit } from './envd.js';
+
+function fsEntry(e: FileEntry): FsEntry {
+  return {
+    name: e.name,
+    path: e.path,
+    type: e.type,
+    size: e.size,
+    mode: e.mode,
+    owner: e.owner,
+    group: e.group,
+    mtimeMs: Number(e.mtimeNs / 1_000_000n),
+    ...(e.symlinkTarget !== undefined ? { symlinkTarget: e.symlinkTarget } : {}),
+  };
+}
+
+function exitOf(p: ProcessInfo): ProcessExit {
+  if (p.status === 'lost') return { exitCode: -1, error: 'the process was lost: the guest no longer lists it' };
+  return p.signal !== null ? { exitCode: p.exit_code ?? 128 + p.signal, signal: p.signal } : { exitCode: p.exit_code ?? 0 };
+}
+
+export function tenantEnvdBackend(tenants: TenantService): EnvdBackend {
+  return {
+    async startProcess(scope, id, spec) {
+      const p = await tenants.startProcess(scope, id, {
+        argv: spec.argv,
+        env: spec.env,
+        ...(spec.cwd ? { cwd: spec.cwd } : {}),
+        ...(spec.pty ? { pty: spec.pty } : {}),
+        stdin: spec.stdin,
+        ...(spec.tag ? { tag: spec.tag } : {}),
+      });
+      return { pid: p.pid };
+    },
+    attachProcess(scope, id, pid, fromStart, watcher) {
+      return tenants.watchProcessOutput(scope, id, pid, fromStart ? 'start' : 'now', (e) => {
+        if (e.type === 'output') watcher.onOutput(e.stream, e.data);
+        else if (e.type === 'exit') watcher.onExit(exitOf(e.process));
+      });
+    },
+    async listProcesses(scope, id) {
+      return (await tenants.listProcesses(scope, id))
+        .filter((p) => p.status === 'running')
+        .map((p) => ({ pid: p.pid, argv: p.argv, cwd: p.cwd, ...(p.tag !== null ? { tag: p.tag } : {}) }));
+    },
+    async sendInput(scope, id, pid, data) {
+      await tenants.writeProcessStdin(scope, id, pid, data);
+    },
+    closeStdin: (scope, id, pid) => tenants.closeProcessStdin(scope, id, pid),
+    signalProcess: (scope, id, pid, signal) => tenants.signalProcess(scope, id, pid, signal),
+    resizeProcess: (scope, id, pid, cols, rows) => tenants.resizeProcess(scope, id, pid, cols, rows),
+    stat: async (scope, id, path) => fsEntry(await tenants.fsStat(scope, id, path)),
+    listDir: async (scope, id, path, depth) => (await tenants.fsList(scope, id, path, depth)).entries.map(fsEntry),
+    async makeDir(scope, id, path) {
+      const made = await tenants.fsMkdir(scope, id, path);
+      return { created: made.created, entry: fsEntry(made.entry) };
+    },
+    move: async (scope, id, from, to) => fsEntry(await tenants.fsRename(scope, id, from, to)),
+    async remove(scope, id, path) {
+      await tenants.fsRemove(scope, id, path);
+    },
+    async watchDir(scope, id, path, recursive, onEvent, onEnd) {
+      const watch = await tenants.fsWatch(scope, id, path, recursive, {
+        onChange: (c) => {
+          if (c.op !== 'overflow') onEvent({ name: c.name, type: c.op });
+        },
+        onEnd: () => onEnd(),
+      });
+      return () => void watch.close();
+    },
+    readFile: (scope, id, path, sink) => tenants.downloadFile(scope, id, path, sink),
+    writeFile: async (scope, id, path, data) => fsEntry(await tenants.uploadFile(scope, id, path, data)),
+  };
+}
+
