@@ -27,6 +27,7 @@ from .errors import (
     error_from_body,
 )
 from .types import ExecChunk, ExecResult, ExecTiming, OpenPort, PortResponse, SandboxInfo, Template
+from .processes import Process, ProcessExit, ProcessGap, ProcessInfo, ProcessOutput, SandboxProcesses
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,12 @@ __all__ = [
     "OpenPort",
     "PortResponse",
     "Template",
+    "Process",
+    "ProcessInfo",
+    "ProcessOutput",
+    "ProcessGap",
+    "ProcessExit",
+    "SandboxProcesses",
     "CollimateError",
     "AuthenticationError",
     "NotFoundError",

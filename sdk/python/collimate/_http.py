@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import CollimateError, ConnectionError, TimeoutError, error_from_body
 
@@ -159,13 +159,18 @@ class Transport:
         query: Optional[Mapping[str, QueryValue]] = None,
         json_body: Any = None,
         raw: Optional[bytes] = None,
+        stream: Optional[Iterable[bytes]] = None,
         headers: Optional[Mapping[str, str]] = None,
         retry: str = "none",
         timeout: Optional[float] = None,
     ) -> Response:
-        """Sends with retries per ``retry``; returns a 2xx response, raises mapped errors."""
+        """Sends with retries per ``retry``; returns a 2xx response, raises mapped errors.
+        ``stream``: a body sent chunked as the iterable produces it (never retried)."""
         t = self.timeout if timeout is None else timeout
+        body: Any
         body, ctype = self._encode(json_body, raw)
+        if stream is not None:
+            body, ctype, retry = stream, "application/octet-stream", "none"
         hdrs = self._headers(headers, ctype)
         target = self._target(path, query)
         attempt = 0
@@ -173,7 +178,7 @@ class Transport:
             wait: Optional[float] = None
             conn = self._acquire(t)
             try:
-                conn.request(method, target, body=body, headers=hdrs)
+                conn.request(method, target, body=body, headers=hdrs, encode_chunked=stream is not None)
                 resp = conn.getresponse()
                 data = resp.read()
                 status = resp.status
@@ -260,6 +265,7 @@ class Transport:
         path: str,
         *,
         json_body: Any = None,
+        query: Optional[Mapping[str, QueryValue]] = None,
         timeout: Optional[float] = None,
     ) -> Iterator[SseEvent]:
         """Yields the events of an SSE response. Never retried. Closing the generator early closes the connection."""
@@ -270,7 +276,7 @@ class Transport:
         reusable = False
         try:
             try:
-                conn.request(method, self._target(path, None), body=body, headers=hdrs)
+                conn.request(method, self._target(path, query), body=body, headers=hdrs)
                 resp = conn.getresponse()
             except socket.timeout:
                 raise self._timeout_error(method, path, t) from None

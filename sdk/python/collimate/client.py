@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from ._http import Transport
 from .errors import CollimateError, NotFoundError
 from .types import ExecChunk, ExecResult, OpenPort, PortResponse, SandboxInfo, Template
+from .processes import SandboxProcesses
 
 __all__ = ["Collimate", "Sandboxes", "SandboxPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
 
@@ -183,6 +184,8 @@ class Sandbox:
         self._client = client
         self.info = info
         self.files = SandboxFiles(client, info.id)
+        #: Background processes: start one, list them, follow their output, send input, signal.
+        self.processes = SandboxProcesses(client, info.id)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, state={self.state!r}, template={self.template!r})"

@@ -7,6 +7,7 @@
  */
 export { Collimate, Sandboxes, SandboxPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
 export { Sandbox, SandboxFiles } from './sandbox.js';
+export { SandboxProcesses, ProcessHandle } from './processes.js';
 export {
   CollimateError,
   AuthenticationError,

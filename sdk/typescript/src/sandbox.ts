@@ -5,6 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import { errorFromBody, NotFoundError } from './errors.js';
 import type { Transport } from './transport.js';
+import { SandboxProcesses } from './processes.js';
 import type { EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, ForkParams, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
@@ -17,10 +18,13 @@ export class Sandbox {
   /** The server's view of the sandbox as of the last call that returned it (see refresh()). */
   info: SandboxInfo;
   readonly files: SandboxFiles;
+  /** Background processes: start one, list them, attach to their output, send input, signal. */
+  readonly processes: SandboxProcesses;
 
   constructor(private readonly http: Transport, info: SandboxInfo) {
     this.info = info;
     this.files = new SandboxFiles(http, info.id);
+    this.processes = new SandboxProcesses(http, info.id);
   }
 
   get id(): string {

@@ -26,6 +26,8 @@ export interface RequestSpec {
   query?: Record<string, string | number | string[] | undefined>;
   json?: unknown;
   raw?: Uint8Array;
+  /** A body streamed as it is produced (sent chunked). */
+  stream?: AsyncIterable<Uint8Array>;
   headers?: Record<string, string>;
   retry?: RetryPolicy;
   timeoutMs?: number;
@@ -180,16 +182,30 @@ export class Transport {
     }
     const headers: Record<string, string> = { ...spec.headers };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
-    let body: string | Uint8Array | undefined;
+    let body: string | Uint8Array | ReadableStream<Uint8Array> | undefined;
     if (spec.json !== undefined) {
       body = JSON.stringify(spec.json);
       headers['content-type'] = 'application/json';
     } else if (spec.raw !== undefined) {
       body = spec.raw;
       headers['content-type'] = 'application/octet-stream';
+    } else if (spec.stream !== undefined) {
+      const source = spec.stream[Symbol.asyncIterator]();
+      body = new ReadableStream<Uint8Array>({
+        async pull(controller) {
+          const { value, done } = await source.next();
+          if (done) controller.close();
+          else controller.enqueue(value);
+        },
+        async cancel() {
+          await source.return?.();
+        },
+      });
+      headers['content-type'] = 'application/octet-stream';
     }
     try {
-      return await this.fetchImpl(url, { method: spec.method, headers, body, signal });
+      // duplex 'half': a streamed request body (Node's fetch requires saying so).
+      return await this.fetchImpl(url, { method: spec.method, headers, body, signal, ...(spec.stream ? { duplex: 'half' } : {}) } as RequestInit);
     } catch (e) {
       if (timedOut()) throw timeoutError(spec, ms, e);
       const cause = (e as Error & { cause?: { code?: string; message?: string } }).cause;

@@ -28,6 +28,16 @@ export type ExecEvent =
   | { type: 'stderr'; data: Buffer }
   | { type: 'result'; result: ExecResult };
 
+/** A background process (sb.processes). */
+export type ProcessInfo = Wire.Process;
+/** Exactly one of `command` (a /bin/sh -c string) or `argv`; `stdin`, `pty`, `env`, `cwd`, `tag` optional. */
+export type ProcessStartRequest = Wire.ProcessStartRequest;
+/** One event of a process's output stream; `offset` places a chunk in everything it wrote. */
+export type ProcessOutputEvent =
+  | { type: 'stdout' | 'stderr' | 'pty'; data: Buffer; offset: number }
+  | { type: 'gap'; from: number; to: number }
+  | { type: 'exit'; process: ProcessInfo };
+
 export interface ExecHandlers {
   onStdout?(chunk: Buffer): void;
   onStderr?(chunk: Buffer): void;
