@@ -159,6 +159,8 @@ function operation(route: RouteSpec, method: string = route.method): Json {
           },
         };
       }
+    } else if (spec.contentType && spec.events) {
+      r.content = { [spec.contentType]: { schema: { description: 'SSE: the JSON of each event\'s data.', oneOf: spec.events.map((e) => schemaOf(e)) } } };
     } else if (spec.contentType) {
       const binary = spec.contentType.startsWith('application/octet') || spec.contentType === '*/*';
       r.content = { [spec.contentType]: { schema: { type: 'string', ...(binary ? { format: 'binary' } : {}) } } };

@@ -18,6 +18,8 @@ export interface ResponseSpec {
   schema?: z.ZodType;
   /** Content type of a non-JSON body (e.g. application/octet-stream). */
   contentType?: string;
+  /** text/event-stream: the schemas of its events' data (JSON), in the order they may come. */
+  events?: readonly z.ZodType[];
   headers?: Record<string, string>;
 }
 
@@ -321,7 +323,9 @@ export const ROUTE_TABLE = [
     auth: true,
     params: sandbox,
     query: S.FsWatchQuery,
-    responses: { 200: { description: 'Event stream: `change` events (FsChangeEvent), then `end` (FsWatchEndEvent).', contentType: 'text/event-stream' } },
+    responses: {
+      200: { description: 'Event stream: `change` events (FsChangeEvent), then `end` (FsWatchEndEvent).', contentType: 'text/event-stream', events: [S.FsChangeEvent, S.FsWatchEndEvent] },
+    },
     errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'too_many_watches', 'permission_denied'],
   },
   {

@@ -11,7 +11,8 @@ import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
-import { execResultView, sandboxView, templateView } from '../wire/views.js';
+import { execResultView, fileEntryView, sandboxView, templateView } from '../wire/views.js';
+import type { FileChange, WatchEndReason } from '../sandboxes/types.js';
 
 export interface ToolContext {
   tenants: TenantService;
@@ -91,7 +92,47 @@ export const INPUTS = {
     encoding: z.enum(['utf8', 'base64']).optional().describe('How `content` is encoded (default utf8).'),
     mode: S.PutFileQuery.shape.mode.describe('Octal permission bits, e.g. "755" (default 644).'),
   }),
+  list_directory: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('Directory inside the sandbox: absolute, or relative to /root.'),
+    depth: z.number().int().min(1).max(32).optional().describe('Levels to list: 1 (default) its own entries, 2 theirs too, up to 32.'),
+  }),
+  stat_path: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('Path inside the sandbox: absolute, or relative to /root.'),
+  }),
+  path_exists: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('Path inside the sandbox: absolute, or relative to /root.'),
+  }),
+  make_directory: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('Directory to make, with its parents: absolute, or relative to /root.'),
+    mode: S.FsMkdirRequest.shape.mode.describe('Octal permission bits, e.g. "750" (default 755).'),
+  }),
+  remove_path: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('File or directory to remove (a directory with everything in it).'),
+  }),
+  rename_path: z.strictObject({
+    sandbox_id: sandboxId,
+    from: S.FsPath.describe('What to move: absolute, or relative to /root.'),
+    to: S.FsPath.describe('Its new path; a file there is replaced.'),
+  }),
+  watch_directory: z.strictObject({
+    sandbox_id: sandboxId,
+    path: S.FsPath.describe('Directory to watch: absolute, or relative to /root.'),
+    recursive: z.boolean().optional().describe('Watch its subdirectories too (default false).'),
+    duration_secs: z.number().min(0.1).max(60).optional().describe('How long to collect changes (default 5, at most 60).'),
+    max_events: z.number().int().min(1).max(1000).optional().describe('Return as soon as this many changes were seen (default 100).'),
+  }),
 } as const;
+
+const WatchResult = z.strictObject({
+  path: z.string(),
+  events: z.array(S.FsChangeEvent),
+  ended: S.FsWatchEndEvent.shape.reason.nullable(),
+});
 
 const FileContent = z.strictObject({
   path: z.string(),
@@ -138,6 +179,19 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
     'Read a file from a running sandbox. Returns {path, size, encoding, content}: content is the text when the file is valid UTF-8 (encoding "utf8"), else base64 (encoding "base64"). file_not_found when missing.',
   write_file:
     'Write a file into a running sandbox (creating parent directories), replacing any existing file. Returns {path, size}. Use encoding "base64" for binary content.',
+  list_directory:
+    'List a directory in a running sandbox (works while an exec runs). Returns {path, entries: [{name, path, type: file|dir|symlink|other, size, mode, permissions, owner, group, modified_at, ...}], truncated}; at most 5000 entries. not_a_directory / file_not_found otherwise.',
+  stat_path:
+    'Describe one path in a running sandbox: {name, path, type, size, mode, permissions, uid, gid, owner, group, modified_at, mtime_ns, symlink_target?}. A symlink is described, not followed. file_not_found when nothing is there.',
+  path_exists: 'Whether anything (file, directory, symlink) is at a path in a running sandbox. Returns {path, exists}.',
+  make_directory:
+    'Make a directory and any missing parents (mkdir -p) in a running sandbox. Returns {created, entry}: created is false when it existed already. file_exists when a file is in the way.',
+  remove_path:
+    'Remove a file, or a directory with everything in it, from a running sandbox (symlinks are removed, not followed). Irreversible. Returns {path, removed}: how many entries went.',
+  rename_path: 'Rename or move a file or directory in a running sandbox (replacing a file at the destination). Returns the entry at its new path.',
+  watch_directory:
+    'Watch a directory in a running sandbox for `duration_secs` (default 5) and return the changes seen: {path, events: [{op: create|write|remove|rename|chmod|overflow, name}], ended}. ' +
+    'Start it, then make the changes with exec in another call, or use it to wait for a background job to write its output. `ended` is why the watch stopped early (directory_removed, sandbox_suspended…), else null.',
 };
 
 function ok(value: Record<string, unknown>): CallToolResult {
@@ -252,5 +306,54 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     const data = Buffer.from(a.content, a.encoding === 'base64' ? 'base64' : 'utf8');
     await tenants.writeFile(scope, sandboxIdOf(a.sandbox_id), a.path, data, a.mode === undefined ? undefined : parseInt(a.mode, 8));
     return { path: a.path, size: data.length };
+  });
+
+  tool('list_directory', S.FsListing, { readOnlyHint: true }, async (a) => {
+    const listing = await tenants.fsList(scope, sandboxIdOf(a.sandbox_id), a.path, a.depth ?? 1);
+    return { path: a.path, entries: listing.entries.map(fileEntryView), truncated: listing.truncated };
+  });
+
+  tool('stat_path', S.FileEntry, { readOnlyHint: true }, async (a) => fileEntryView(await tenants.fsStat(scope, sandboxIdOf(a.sandbox_id), a.path)));
+
+  tool('path_exists', S.FsExists, { readOnlyHint: true }, async (a) => ({ path: a.path, exists: await tenants.fsExists(scope, sandboxIdOf(a.sandbox_id), a.path) }));
+
+  tool('make_directory', S.FsMkdirResponse, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, async (a) => {
+    const made = await tenants.fsMkdir(scope, sandboxIdOf(a.sandbox_id), a.path, a.mode === undefined ? undefined : parseInt(a.mode, 8));
+    return { created: made.created, entry: fileEntryView(made.entry) };
+  });
+
+  tool('remove_path', S.FsRemoveResponse, { readOnlyHint: false, destructiveHint: true, idempotentHint: false }, async (a) => {
+    const { removed } = await tenants.fsRemove(scope, sandboxIdOf(a.sandbox_id), a.path);
+    return { path: a.path, removed };
+  });
+
+  tool('rename_path', S.FileEntry, { readOnlyHint: false, destructiveHint: true }, async (a) =>
+    fileEntryView(await tenants.fsRename(scope, sandboxIdOf(a.sandbox_id), a.from, a.to)),
+  );
+
+  tool('watch_directory', WatchResult, { readOnlyHint: true }, async (a) => {
+    const events: FileChange[] = [];
+    const max = a.max_events ?? 100;
+    let ended: WatchEndReason | null = null;
+    let wake = () => {};
+    const done = new Promise<void>((resolve) => (wake = resolve));
+    const watch = await tenants.fsWatch(scope, sandboxIdOf(a.sandbox_id), a.path, a.recursive ?? false, {
+      onChange: (c) => {
+        if (events.length < max) events.push(c);
+        if (events.length >= max) wake();
+      },
+      onEnd: (reason) => {
+        ended = reason;
+        wake();
+      },
+    });
+    const timer = setTimeout(wake, (a.duration_secs ?? 5) * 1000);
+    try {
+      await done;
+    } finally {
+      clearTimeout(timer);
+      await watch.close();
+    }
+    return { path: a.path, events, ended };
   });
 }

@@ -437,7 +437,7 @@ test('MCP: the official client lists the tools and drives create → exec → fo
     const tools = (await mcp.listTools()).tools;
     assert.deepEqual(
       tools.map((t) => t.name).sort(),
-      ['create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_images', 'list_sandboxes', 'read_file', 'resume_sandbox', 'set_sandbox_timeout', 'suspend_sandbox', 'write_file'],
+      ['create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_directory', 'list_images', 'list_sandboxes', 'make_directory', 'path_exists', 'read_file', 'remove_path', 'rename_path', 'resume_sandbox', 'set_sandbox_timeout', 'stat_path', 'suspend_sandbox', 'watch_directory', 'write_file'],
     );
     for (const t of tools) {
       assert.ok((t.description ?? '').length > 60, `${t.name} has a description an agent can act on`);

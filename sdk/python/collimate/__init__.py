@@ -17,7 +17,10 @@ from .errors import (
     InvalidStateError,
     NetworkUnavailableError,
     NotFoundError,
+    FileConflictError,
+    NoSpaceError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     PortUnreachableError,
     ServerError,
     TierForbiddenError,
@@ -26,7 +29,7 @@ from .errors import (
     ValidationError,
     error_from_body,
 )
-from .types import ExecChunk, ExecResult, ExecTiming, OpenPort, PortResponse, SandboxInfo, Template
+from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, Template, WatchEvent
 from .processes import Process, ProcessExit, ProcessGap, ProcessInfo, ProcessOutput, SandboxProcesses
 
 __version__ = "0.1.0"
@@ -39,6 +42,11 @@ __all__ = [
     "SandboxPages",
     "DEFAULT_BASE_URL",
     "ExecChunk",
+    "FileEntry",
+    "WatchEvent",
+    "PermissionDeniedError",
+    "FileConflictError",
+    "NoSpaceError",
     "ExecResult",
     "ExecTiming",
     "SandboxInfo",

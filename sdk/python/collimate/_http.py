@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 from .errors import CollimateError, ConnectionError, TimeoutError, error_from_body
 
-__all__ = ["Transport", "Response", "SseEvent"]
+__all__ = ["Transport", "Response", "SseEvent", "StreamResponse"]
 
 QueryValue = Union[str, int, float, Sequence[str], None]
 
@@ -259,6 +259,46 @@ class Transport:
             raise error_from_body(resp.status, parsed, rheaders.get("retry-after"))
         return Response(resp.status, rheaders, data)
 
+    def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Mapping[str, QueryValue]] = None,
+        body: Optional[Iterable[bytes]] = None,
+        timeout: Optional[float] = None,
+    ) -> "StreamResponse":
+        """A streamed exchange, never retried: ``body`` (an iterable of bytes) goes out chunked; the
+        2xx response is returned with its headers, its body to be read in pieces (StreamResponse);
+        errors raise the mapped errors. ``timeout`` applies to each socket read and write."""
+        t = self.timeout if timeout is None else timeout
+        hdrs = self._headers(None, "application/octet-stream" if body is not None else None)
+        conn = self._acquire(t)
+        try:
+            if body is not None:
+                conn.request(method, self._target(path, query), body=body, headers=hdrs, encode_chunked=True)
+            else:
+                conn.request(method, self._target(path, query), headers=hdrs)
+            resp = conn.getresponse()
+        except socket.timeout:
+            conn.close()
+            raise self._timeout_error(method, path, t) from None
+        except _NETWORK_ERRORS as e:
+            conn.close()
+            raise self._connection_error(e) from e
+        except BaseException:
+            conn.close()
+            raise
+        if not 200 <= resp.status < 300:
+            parsed: Any = resp.read().decode("utf-8", "replace")
+            conn.close()
+            try:
+                parsed = json.loads(parsed)
+            except ValueError:
+                pass
+            raise error_from_body(resp.status, parsed, resp.getheader("retry-after"))
+        return StreamResponse(self, conn, resp, method, path, t)
+
     def sse(
         self,
         method: str,
@@ -327,3 +367,45 @@ class Transport:
 def _backoff(attempt: int) -> float:
     base = min(5.0, 0.2 * (2**attempt))
     return base / 2 + random.random() * base / 2
+
+
+#: How much a streamed response is read at a time.
+STREAM_READ_BYTES = 256 * 1024
+
+
+class StreamResponse:
+    """A 2xx response whose body is read in pieces (iterate it); ``close()`` (or ``with``) closes its connection."""
+
+    def __init__(self, transport: Transport, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, method: str, path: str, timeout: float) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._resp = resp
+        self._method = method
+        self._path = path
+        self._timeout = timeout
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.getheaders()}
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            while True:
+                piece = self._resp.read1(STREAM_READ_BYTES)
+                if not piece:
+                    return
+                yield piece
+        except socket.timeout:
+            raise self._transport._timeout_error(self._method, self._path, self._timeout) from None
+        except _NETWORK_ERRORS as e:
+            raise self._transport._connection_error(e) from e
+
+    def json(self) -> Any:
+        return json.loads(b"".join(self).decode("utf-8"))
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "StreamResponse":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -10,11 +10,11 @@ import dataclasses
 import json
 import os
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._http import Transport
-from .errors import CollimateError, NotFoundError
-from .types import ExecChunk, ExecResult, OpenPort, PortResponse, SandboxInfo, Template
+from .errors import CollimateError, ConnectionError, NotFoundError, error_from_body
+from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, Template, WatchEvent
 from .processes import SandboxProcesses
 
 __all__ = ["Collimate", "Sandboxes", "SandboxPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
@@ -423,14 +423,27 @@ class Sandbox:
             pass
 
 
+#: Uploads and downloads: the socket timeout of each read and write (the transfer may take longer).
+TRANSFER_TIMEOUT_SECS = 600.0
+#: Pieces an upload from a local file is read in.
+UPLOAD_PIECE_BYTES = 512 * 1024
+
+
 class SandboxFiles:
+    """A sandbox's files and directories. Paths are guest paths: absolute, or relative to /root
+    (``read`` and ``write`` take absolute paths only, as they always have). Directory operations
+    are answered while an exec runs."""
+
     def __init__(self, client: Collimate, sandbox_id: str) -> None:
         self._client = client
         self._id = sandbox_id
 
+    def _path(self, rest: str) -> str:
+        return f"/v1/sandboxes/{_q(self._id)}{rest}"
+
     def read(self, path: str) -> bytes:
-        """The bytes of a file (absolute path) in the running sandbox."""
-        return self._client.http.request("GET", f"/v1/sandboxes/{_q(self._id)}/files", query={"path": path}, retry="safe").body
+        """The bytes of a file (absolute path) in the running sandbox, in memory. Large files: ``download``."""
+        return self._client.http.request("GET", self._path("/files"), query={"path": path}, retry="safe").body
 
     def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> Dict[str, Any]:
         """Writes a file (absolute path; parent directories are created); ``mode`` e.g. 0o755."""
@@ -438,7 +451,113 @@ class SandboxFiles:
         query: Dict[str, Any] = {"path": path}
         if mode is not None:
             query["mode"] = format(mode, "03o")
-        return self._client.http.json("PUT", f"/v1/sandboxes/{_q(self._id)}/files", query=query, raw=raw)
+        return self._client.http.json("PUT", self._path("/files"), query=query, raw=raw)
+
+    def upload(self, path: str, source: Union[bytes, Iterable[bytes], BinaryIO], *, mode: Optional[int] = None) -> Dict[str, Any]:
+        """Uploads from bytes, an iterable of bytes or a binary file object without holding it in
+        memory. The server writes beside ``path`` and renames over it once complete, so an
+        interrupted upload leaves nothing. Over the server's limit: PayloadTooLargeError."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+            body: Iterable[bytes] = [data] if data else []
+        elif hasattr(source, "read"):
+            f = source
+
+            def pieces() -> Iterator[bytes]:
+                while True:
+                    piece = f.read(UPLOAD_PIECE_BYTES)  # type: ignore[union-attr]
+                    if not piece:
+                        return
+                    yield piece
+
+            body = pieces()
+        else:
+            body = source  # type: ignore[assignment]
+        query: Dict[str, Any] = {"path": path}
+        if mode is not None:
+            query["mode"] = format(mode, "03o")
+        with self._client.http.stream("PUT", self._path("/files"), query=query, body=body, timeout=TRANSFER_TIMEOUT_SECS) as res:
+            return res.json()
+
+    def upload_from(self, local_path: str, path: str, *, mode: Optional[int] = None) -> Dict[str, Any]:
+        """Uploads a local file, streamed."""
+        with open(local_path, "rb") as f:
+            return self.upload(path, f, mode=mode)
+
+    def download(self, path: str) -> Iterator[bytes]:
+        """The file's bytes in pieces as they arrive (any size). Closing the iterator closes the connection."""
+        with self._client.http.stream("GET", self._path("/files"), query={"path": path}, timeout=TRANSFER_TIMEOUT_SECS) as res:
+            yield from res
+
+    def download_to(self, path: str, local_path: str) -> int:
+        """Downloads a file to ``local_path`` through a temporary file renamed into place once whole
+        (a broken download leaves no partial file). Returns its size."""
+        partial = f"{local_path}.partial-{uuid.uuid4().hex[:8]}"
+        try:
+            with self._client.http.stream("GET", self._path("/files"), query={"path": path}, timeout=TRANSFER_TIMEOUT_SECS) as res:
+                expected = int(res.headers.get("content-length", "-1"))
+                size = 0
+                with open(partial, "wb") as out:
+                    for piece in res:
+                        out.write(piece)
+                        size += len(piece)
+            if expected >= 0 and size != expected:
+                raise ConnectionError(f"The download of {path} broke off at {size} of {expected} bytes.", code="connection_failed", status=0)
+            os.replace(partial, local_path)
+            return size
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+
+    def stat(self, path: str) -> FileEntry:
+        """The entry at ``path`` (a symlink is described, not followed)."""
+        return FileEntry.from_json(self._client.http.json("GET", self._path("/fs/stat"), query={"path": path}, retry="safe"))
+
+    def exists(self, path: str) -> bool:
+        """Whether anything is at ``path``."""
+        return bool(self._client.http.json("GET", self._path("/fs/exists"), query={"path": path}, retry="safe")["exists"])
+
+    def list(self, path: str, *, depth: int = 1) -> List[FileEntry]:
+        """Entries of directory ``path``, ``depth`` levels down (at most 5000: see ``list_page``)."""
+        return self.list_page(path, depth=depth)[0]
+
+    def list_page(self, path: str, *, depth: int = 1) -> Tuple[List[FileEntry], bool]:
+        """Entries and whether the listing was truncated (more than 5000, or 1 MiB of them)."""
+        r = self._client.http.json("GET", self._path("/fs/list"), query={"path": path, "depth": depth}, retry="safe")
+        return [FileEntry.from_json(e) for e in r["entries"]], bool(r["truncated"])
+
+    def mkdir(self, path: str, *, mode: Optional[int] = None) -> bool:
+        """mkdir -p with ``mode`` (e.g. 0o750; default 0o755). Returns whether it was created (False: it existed)."""
+        body: Dict[str, Any] = {"path": path}
+        if mode is not None:
+            body["mode"] = format(mode, "03o")
+        return bool(self._client.http.json("POST", self._path("/fs/mkdir"), json_body=body, retry="safe")["created"])
+
+    def remove(self, path: str) -> int:
+        """Removes a file, or a directory with everything in it (symlinks not followed). Returns the entries removed."""
+        return int(self._client.http.json("POST", self._path("/fs/remove"), json_body={"path": path})["removed"])
+
+    def rename(self, src: str, dst: str) -> FileEntry:
+        """Renames (moves) ``src`` to ``dst``, replacing a file there; returns the entry at ``dst``."""
+        return FileEntry.from_json(self._client.http.json("POST", self._path("/fs/rename"), json_body={"from": src, "to": dst}))
+
+    def watch(self, path: str, *, recursive: bool = False, timeout: Optional[float] = None) -> Iterator[WatchEvent]:
+        """Watches directory ``path``: yields ``change`` events, then, if the watch ends on its own
+        (the directory went, the sandbox was suspended or deleted), one ``end`` event and stops.
+        ``timeout``: the longest wait for the next event or keep-alive (the server pings every 15 s;
+        default none). Closing the generator stops the watch."""
+        query: Dict[str, Any] = {"path": path}
+        if recursive:
+            query["recursive"] = "true"
+        for ev in self._client.http.sse("GET", self._path("/fs/watch"), query=query, timeout=timeout if timeout is not None else 3600.0):
+            data = json.loads(ev.data)
+            if ev.event == "change":
+                yield WatchEvent(type="change", op=data.get("op"), name=data.get("name"))
+            elif ev.event == "end":
+                yield WatchEvent(type="end", reason=data.get("reason"))
+                return
+            elif ev.event == "error":
+                raise error_from_body(None, data)
 
 
 def _exec_timeout(timeout: Optional[float]) -> float:

@@ -23,6 +23,9 @@ __all__ = [
     "UrlExpiredError",
     "NetworkUnavailableError",
     "PortUnreachableError",
+    "PermissionDeniedError",
+    "FileConflictError",
+    "NoSpaceError",
     "TimeoutError",
     "ServerError",
     "ConnectionError",
@@ -118,6 +121,26 @@ class NetworkUnavailableError(InvalidStateError):
     """409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached."""
 
 
+class PermissionDeniedError(CollimateError):
+    """403 permission_denied: the guest refused a file operation (an immutable file, a read-only mount)."""
+
+    default_status = 403
+
+
+class FileConflictError(CollimateError):
+    """409: a file operation met something in the way (``file_exists``, ``not_a_directory``,
+    ``is_a_directory``, ``directory_not_empty``, ``file_changed``) or the guest's file system refused
+    it (``file_operation_failed``, 422). ``code`` says which."""
+
+    default_status = 409
+
+
+class NoSpaceError(CollimateError):
+    """507 no_space: the sandbox's disk is full."""
+
+    default_status = 507
+
+
 class TimeoutError(CollimateError):  # noqa: A001 - mirrors the TypeScript SDK's class name
     """The client gave up waiting (its own timeout), or the server reported ``exec_timeout``."""
 
@@ -167,6 +190,15 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "too_many_processes": InvalidStateError,
     "command_not_found": ValidationError,
     "spawn_failed": ValidationError,
+    "permission_denied": PermissionDeniedError,
+    "not_a_directory": FileConflictError,
+    "is_a_directory": FileConflictError,
+    "file_exists": FileConflictError,
+    "directory_not_empty": FileConflictError,
+    "file_changed": FileConflictError,
+    "file_operation_failed": FileConflictError,
+    "too_many_watches": ConcurrencyLimitError,
+    "no_space": NoSpaceError,
     "invalid_state": InvalidStateError,
     "conflict": InvalidStateError,
     "network_unavailable": NetworkUnavailableError,

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
-__all__ = ["SandboxInfo", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk"]
+__all__ = ["SandboxInfo", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent"]
 
 T = TypeVar("T")
 
@@ -152,3 +152,42 @@ class ExecChunk:
 
     type: Literal["stdout", "stderr"]
     data: bytes
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file-system entry of a sandbox, as the guest sees it (a symlink itself, not its target)."""
+
+    name: str
+    path: str
+    #: ``file``, ``dir``, ``symlink`` or ``other``.
+    type: str
+    size: int
+    #: Permission bits, e.g. 0o644; ``permissions`` shows them as ls does (``rw-r--r--``).
+    mode: int
+    permissions: str
+    uid: int
+    gid: int
+    owner: str
+    group: str
+    modified_at: str
+    #: Modification time in ns since the epoch.
+    mtime_ns: int
+    symlink_target: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "FileEntry":
+        kw = _known(cls, data)
+        kw["mtime_ns"] = int(kw["mtime_ns"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """An event of ``files.watch()``: ``type`` ``change`` (with ``op`` and ``name``, relative to the
+    watched directory) or, last, ``end`` (with ``reason``: directory_removed, sandbox_suspended…)."""
+
+    type: str
+    op: Optional[str] = None
+    name: Optional[str] = None
+    reason: Optional[str] = None

@@ -83,6 +83,25 @@ export class UrlExpiredError extends AuthenticationError {}
 /** 409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached. */
 export class NetworkUnavailableError extends InvalidStateError {}
 
+/** 403 permission_denied: the guest refused a file operation (the agent runs as root, so: an immutable file or a read-only mount). */
+export class PermissionDeniedError extends CollimateError {
+  static override readonly defaultStatus = 403;
+}
+
+/**
+ * 409: a file operation met something in the way — `file_exists`, `not_a_directory`, `is_a_directory`,
+ * `directory_not_empty`, `file_changed` (a file shrank while it was downloaded) — or the guest's file
+ * system refused it (`file_operation_failed`, 422). `code` says which.
+ */
+export class FileConflictError extends CollimateError {
+  static override readonly defaultStatus = 409;
+}
+
+/** 507 no_space: the sandbox's disk is full; remove files or use a larger disk. */
+export class NoSpaceError extends CollimateError {
+  static override readonly defaultStatus = 507;
+}
+
 /** The client gave up waiting (its own timeout), or the server reported `exec_timeout`. */
 export class TimeoutError extends CollimateError {
   static override readonly defaultStatus = 0;
@@ -132,6 +151,15 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   too_many_processes: InvalidStateError,
   command_not_found: ValidationError,
   spawn_failed: ValidationError,
+  permission_denied: PermissionDeniedError,
+  not_a_directory: FileConflictError,
+  is_a_directory: FileConflictError,
+  file_exists: FileConflictError,
+  directory_not_empty: FileConflictError,
+  file_changed: FileConflictError,
+  file_operation_failed: FileConflictError,
+  too_many_watches: ConcurrencyLimitError,
+  no_space: NoSpaceError,
   invalid_state: InvalidStateError,
   conflict: InvalidStateError,
   network_unavailable: NetworkUnavailableError,

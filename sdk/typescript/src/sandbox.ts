@@ -3,10 +3,17 @@
  * calls refresh `info` from the server's answer.
  */
 import { randomUUID } from 'node:crypto';
-import { errorFromBody, NotFoundError } from './errors.js';
-import type { Transport } from './transport.js';
+import { createReadStream, createWriteStream } from 'node:fs';
+import { rename, rm, stat } from 'node:fs/promises';
+import { Readable, Writable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { ConnectionError, errorFromBody, NotFoundError } from './errors.js';
+import { parseSse as parseSseStream, type Transport } from './transport.js';
 import { SandboxProcesses } from './processes.js';
-import type { EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, ForkParams, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState } from './types.js';
+import type {
+  EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState,
+  WatchEvent,
+} from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
 const EXEC_TIMEOUT_SLACK_MS = 30_000;
@@ -191,23 +198,140 @@ export class Sandbox {
   }
 }
 
+/** Uploads and downloads are bounded by the server's limits, not by this timeout: it covers the wait for an answer. */
+const TRANSFER_TIMEOUT_MS = 600_000;
+
+/**
+ * A sandbox's files and directories. Paths are guest paths: absolute, or relative to /root (read and
+ * write take absolute paths only, as they always have). Directory operations are answered while an
+ * exec runs.
+ */
 export class SandboxFiles {
   constructor(private readonly http: Transport, private readonly id: string) {}
 
-  /** Reads a file (absolute path) from the running sandbox. */
-  read(path: string): Promise<Buffer> {
-    return this.http.bytes({ method: 'GET', path: `/v1/sandboxes/${encodeURIComponent(this.id)}/files`, query: { path }, retry: 'safe' });
+  private path(rest: string): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.id)}${rest}`;
   }
 
-  /** Writes a file (absolute path; parent directories are created); `mode` is octal, e.g. 0o755. */
+  /** Reads a whole file (absolute path) into memory. For large files use download()/downloadTo(). */
+  read(path: string): Promise<Buffer> {
+    return this.http.bytes({ method: 'GET', path: this.path('/files'), query: { path }, retry: 'safe' });
+  }
+
+  /** Writes a file (absolute path; parent directories are created), replacing it whole; `mode` is octal, e.g. 0o755. */
   async write(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<{ path: string; size: number }> {
     return this.http.json({
       method: 'PUT',
-      path: `/v1/sandboxes/${encodeURIComponent(this.id)}/files`,
-      query: { path, mode: opts.mode === undefined ? undefined : opts.mode.toString(8).padStart(3, '0') },
+      path: this.path('/files'),
+      query: { path, mode: octal(opts.mode) },
       raw: typeof data === 'string' ? Buffer.from(data, 'utf8') : data,
     });
   }
+
+  /**
+   * Uploads from a stream (or bytes) without holding it in memory: the server writes it beside
+   * `path` and renames it over `path` once complete, so an interrupted upload leaves nothing.
+   * Over the server's limit: PayloadTooLargeError.
+   */
+  async upload(path: string, source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array> | Uint8Array, opts: { mode?: number; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
+    const body = source instanceof Uint8Array || source instanceof ReadableStream ? source : (Readable.toWeb(Readable.from(source)) as ReadableStream<Uint8Array>);
+    const res = await this.http.open({ method: 'PUT', path: this.path('/files'), query: { path, mode: octal(opts.mode) }, body, signal: opts.signal, timeoutMs: TRANSFER_TIMEOUT_MS });
+    return (await res.json()) as { path: string; size: number };
+  }
+
+  /** Uploads a local file, streamed. */
+  uploadFrom(localPath: string, path: string, opts: { mode?: number; signal?: AbortSignal } = {}): Promise<{ path: string; size: number }> {
+    return this.upload(path, Readable.toWeb(createReadStream(localPath)) as ReadableStream<Uint8Array>, opts);
+  }
+
+  /** Downloads a file as a stream of chunks (any size); `size` is its Content-Length. */
+  async download(path: string, opts: { signal?: AbortSignal } = {}): Promise<{ size: number; mode: number; stream: ReadableStream<Uint8Array> }> {
+    const res = await this.http.open({ method: 'GET', path: this.path('/files'), query: { path }, signal: opts.signal, timeoutMs: TRANSFER_TIMEOUT_MS });
+    if (!res.body) throw new ConnectionError('The server sent no body.', { code: 'stream_ended', status: res.status });
+    return { size: Number(res.headers.get('content-length') ?? -1), mode: parseInt(res.headers.get('x-file-mode') ?? '644', 8), stream: res.body };
+  }
+
+  /**
+   * Downloads a file to `localPath`, streamed, through a temporary file renamed into place once the
+   * whole file arrived (a broken download leaves no partial file). Resolves with its size.
+   */
+  async downloadTo(path: string, localPath: string, opts: { signal?: AbortSignal } = {}): Promise<{ size: number }> {
+    const { size, stream } = await this.download(path, opts);
+    const partial = `${localPath}.partial-${randomUUID().slice(0, 8)}`;
+    try {
+      await pipeline(Readable.fromWeb(stream as import('node:stream/web').ReadableStream<Uint8Array>), createWriteStream(partial) as Writable);
+      const got = (await stat(partial)).size;
+      if (size >= 0 && got !== size) throw new ConnectionError(`The download of ${path} broke off at ${got} of ${size} bytes.`, { code: 'connection_failed', status: 0 });
+      await rename(partial, localPath);
+      return { size: got };
+    } catch (e) {
+      await rm(partial, { force: true });
+      if (e instanceof Error && e.name === 'AbortError') throw e;
+      if (e instanceof ConnectionError) throw e;
+      throw new ConnectionError(`The download of ${path} broke off (${(e as Error).message}).`, { code: 'connection_failed', status: 0, cause: e });
+    }
+  }
+
+  /** The entry at `path` (a symlink is described, not followed). */
+  stat(path: string): Promise<FileEntry> {
+    return this.http.json({ method: 'GET', path: this.path('/fs/stat'), query: { path }, retry: 'safe' });
+  }
+
+  /** Whether anything is at `path`. */
+  async exists(path: string): Promise<boolean> {
+    return (await this.http.json<{ exists: boolean }>({ method: 'GET', path: this.path('/fs/exists'), query: { path }, retry: 'safe' })).exists;
+  }
+
+  /** Entries of directory `path`, `depth` levels down (1: its own; at most 5000, see `truncated`). */
+  list(path: string, opts: { depth?: number } = {}): Promise<FsListing> {
+    return this.http.json({ method: 'GET', path: this.path('/fs/list'), query: { path, depth: opts.depth }, retry: 'safe' });
+  }
+
+  /** mkdir -p with `mode` (octal, e.g. 0o750; default 0o755); `created` is false if it existed. Retried: making it twice is making it. */
+  mkdir(path: string, opts: { mode?: number } = {}): Promise<{ created: boolean; entry: FileEntry }> {
+    return this.http.json({ method: 'POST', path: this.path('/fs/mkdir'), json: { path, ...(opts.mode === undefined ? {} : { mode: octal(opts.mode) }) }, retry: 'safe' });
+  }
+
+  /** Removes a file, or a directory with everything in it (symlinks are not followed). */
+  remove(path: string): Promise<{ path: string; removed: number }> {
+    return this.http.json({ method: 'POST', path: this.path('/fs/remove'), json: { path } });
+  }
+
+  /** Renames (moves) `from` to `to`, replacing a file there; resolves with the entry at `to`. */
+  rename(from: string, to: string): Promise<FileEntry> {
+    return this.http.json({ method: 'POST', path: this.path('/fs/rename'), json: { from, to } });
+  }
+
+  /**
+   * Watches directory `path` (with `recursive`, its subdirectories too). Yields `change` events;
+   * if the watch ends on its own (the directory went, the sandbox was suspended or deleted) one
+   * `end` event with the reason, and the iteration stops. Stopping the iteration (break, or
+   * `signal`) stops the watch.
+   */
+  async *watch(path: string, opts: { recursive?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<WatchEvent> {
+    const res = await this.http.open({ method: 'GET', path: this.path('/fs/watch'), query: { path, recursive: opts.recursive ? 'true' : undefined }, headers: { accept: 'text/event-stream' }, signal: opts.signal });
+    if (!res.body) throw new ConnectionError('The server sent no stream.', { code: 'stream_ended', status: res.status });
+    const reader = res.body;
+    try {
+      for await (const ev of parseSseStream(reader)) {
+        const data = JSON.parse(ev.data);
+        if (ev.event === 'change') yield { type: 'change', ...data };
+        else if (ev.event === 'end') {
+          yield { type: 'end', ...data };
+          return;
+        } else if (ev.event === 'error') throw errorFromBody(undefined, data);
+      }
+    } catch (e) {
+      if (opts.signal?.aborted) return;
+      throw e;
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
+  }
+}
+
+function octal(mode: number | undefined): string | undefined {
+  return mode === undefined ? undefined : mode.toString(8).padStart(3, '0');
 }
 
 function execTimeoutMs(req: ExecRequest): number {

@@ -92,6 +92,43 @@ export class Transport {
     return res;
   }
 
+  /**
+   * A request with a streamed body and/or a streamed response: resolves with the 2xx Response once
+   * its headers arrive (errors are thrown mapped). The client-side timeout covers the wait for the
+   * headers only; `signal` aborts the whole exchange. Never retried.
+   */
+  async open(spec: RequestSpec & { body?: ReadableStream<Uint8Array> | Uint8Array; signal?: AbortSignal }): Promise<Response> {
+    const ctrl = new AbortController();
+    const signal = spec.signal ? AbortSignal.any([spec.signal, ctrl.signal]) : ctrl.signal;
+    const ms = spec.timeoutMs ?? this.timeoutMs;
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      ctrl.abort();
+    }, ms);
+    const url = new URL(this.baseUrl + spec.path);
+    for (const [k, v] of Object.entries(spec.query ?? {})) {
+      if (v === undefined) continue;
+      for (const item of Array.isArray(v) ? v : [v]) url.searchParams.append(k, String(item));
+    }
+    const headers: Record<string, string> = { ...spec.headers };
+    if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    if (spec.body !== undefined) headers['content-type'] = 'application/octet-stream';
+    let res: Response;
+    try {
+      res = await this.fetchImpl(url, { method: spec.method, headers, body: spec.body, signal, ...(spec.body instanceof ReadableStream ? { duplex: 'half' } : {}) } as RequestInit);
+    } catch (e) {
+      if (timedOut) throw timeoutError(spec, ms, e);
+      if (spec.signal?.aborted) throw e;
+      const cause = (e as Error & { cause?: { code?: string; message?: string } }).cause;
+      throw new ConnectionError(`Cannot reach ${this.baseUrl} (${cause?.code ?? cause?.message ?? (e as Error).message}).`, { code: 'connection_failed', status: 0, cause: e });
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!res.ok) throw await responseError(res);
+    return res;
+  }
+
   /** A JSON request; resolves with the parsed body (undefined for 204). */
   json<T>(spec: RequestSpec): Promise<T> {
     return this.request(spec, async (res) => {

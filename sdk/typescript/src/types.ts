@@ -13,6 +13,12 @@ export type ExecFile = Wire.ExecFile;
 export type EgressPolicy = Wire.EgressPolicy;
 /** A TCP port a server listens on inside the sandbox; `url` is where the ports proxy serves it (needs the key). */
 export type OpenPort = Wire.OpenPort;
+export type FileEntry = Wire.FileEntry;
+export type FsListing = Wire.FsListing;
+export type FsChangeEvent = Wire.FsChangeEvent;
+export type FsWatchEndEvent = Wire.FsWatchEndEvent;
+/** What `files.watch()` yields: changes, then (if the watch ends on its own) one `end` with the reason. */
+export type WatchEvent = ({ type: 'change' } & Wire.FsChangeEvent) | ({ type: 'end' } & Wire.FsWatchEndEvent);
 export type PortUrl = Wire.PortUrl;
 /**
  * Exactly one of `command` (a /bin/sh -c string), `code` (run by the template's interpreter) or

@@ -280,6 +280,87 @@ export type ProcessWaitRequest = {
   timeout?: number;
 };
 
+/** One file-system entry as the guest sees it (a symlink itself, not what it points to). */
+export type FileEntry = {
+  /** Last path component. */
+  name: string;
+  /** Absolute guest path. */
+  path: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  /** Permission bits (mode & 0o7777), e.g. 420 for 0644. */
+  mode: number;
+  /** The same bits as ls shows them, e.g. rw-r--r--. */
+  permissions: string;
+  uid: number;
+  gid: number;
+  /** User name of uid in the guest's /etc/passwd; empty if it has none. */
+  owner: string;
+  /** Group name of gid in the guest's /etc/group; empty if it has none. */
+  group: string;
+  /** Modification time, ISO 8601 (ms). */
+  modified_at: string;
+  /** Modification time in ns since the epoch, as a decimal string. */
+  mtime_ns: string;
+  /** Symlinks only: the target, as stored. */
+  symlink_target?: string;
+};
+
+export type FsListing = {
+  path: string;
+  entries: FileEntry[];
+  /** More entries exist than one listing holds (5000, or 1 MiB of them); list deeper directories separately. */
+  truncated: boolean;
+};
+
+export type FsExists = {
+  path: string;
+  exists: boolean;
+};
+
+export type FsMkdirRequest = {
+  /** Guest path: absolute, or relative to /root. No NUL; at most 4095 bytes. */
+  path: string;
+  /** Octal permission bits, e.g. 755. */
+  mode?: string;
+};
+
+export type FsMkdirResponse = {
+  /** False when the directory existed already. */
+  created: boolean;
+  entry: FileEntry;
+};
+
+export type FsRemoveRequest = {
+  /** Guest path: absolute, or relative to /root. No NUL; at most 4095 bytes. */
+  path: string;
+};
+
+export type FsRemoveResponse = {
+  path: string;
+  /** Entries removed (a directory counts with everything in it). */
+  removed: number;
+};
+
+export type FsRenameRequest = {
+  /** Guest path: absolute, or relative to /root. No NUL; at most 4095 bytes. */
+  from: string;
+  /** Guest path: absolute, or relative to /root. No NUL; at most 4095 bytes. */
+  to: string;
+};
+
+/** The data of a watch stream's `change` event. */
+export type FsChangeEvent = {
+  op: "create" | "write" | "remove" | "rename" | "chmod" | "overflow";
+  /** Relative to the watched directory (sub/file); empty for the directory itself. */
+  name: string;
+};
+
+/** The data of a watch stream's last event, `end`. */
+export type FsWatchEndEvent = {
+  reason: "directory_removed" | "directory_moved" | "sandbox_suspended" | "sandbox_deleted" | "sandbox_lost" | "agent_disconnected" | "shutting_down";
+};
+
 export type Template = {
   id: string;
   /** `catalog`: kept warm by the platform; `environment`: your own (Pro). */
