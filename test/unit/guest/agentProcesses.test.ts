@@ -186,7 +186,8 @@ describe('background processes', () => {
     await withHost(async (host) => {
       const { pid } = await host.client.startProcess({ argv: ['sh'], pty: { cols: 100, rows: 30 }, env: { PS1: '$ ' } });
       await host.client.processInput(pid, Buffer.from('echo "answer=$((6*7))"; stty size; [ -t 0 ] && echo tty-yes\n'));
-      const seen = await host.waitOutput(pid, /tty-yes/);
+      // The terminal echoes the typed line, which holds "tty-yes" too: wait for the output line itself.
+      const seen = await host.waitOutput(pid, /(^|\n)tty-yes\r?\n/);
       assert.match(seen, /answer=42/);
       assert.match(seen, /30 100/);
       assert.ok(host.outputs.filter((o) => o.pid === pid).every((o) => o.stream === 'pty'));
