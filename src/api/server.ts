@@ -185,7 +185,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   registerMcp(app, { tenants, authenticate });
   const e2bEnv = new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
-  registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants) });
+  registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
   const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.

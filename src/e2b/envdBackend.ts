@@ -25,7 +25,8 @@ function exitOf(p: ProcessInfo): ProcessExit {
   return p.signal !== null ? { exitCode: p.exit_code ?? 128 + p.signal, signal: p.signal } : { exitCode: p.exit_code ?? 0 };
 }
 
-export function tenantEnvdBackend(tenants: TenantService): EnvdBackend {
+/** `maxUploadBytes`: the server's upload limit (COLLIMATE_MAX_UPLOAD_MIB), as for PUT /v1/sandboxes/{id}/files. */
+export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadBytes: number }): EnvdBackend {
   return {
     async startProcess(scope, id, spec) {
       const p = await tenants.startProcess(scope, id, {
@@ -75,7 +76,7 @@ export function tenantEnvdBackend(tenants: TenantService): EnvdBackend {
       return () => void watch.close();
     },
     readFile: (scope, id, path, sink) => tenants.downloadFile(scope, id, path, sink),
-    writeFile: async (scope, id, path, data) => fsEntry(await tenants.uploadFile(scope, id, path, data)),
+    writeFile: async (scope, id, path, data) => fsEntry(await tenants.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes })),
   };
 }
 
