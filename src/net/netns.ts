@@ -322,13 +322,12 @@ export class NetManager {
     this.applied.delete(rec.ns);
     if (this.byNsIp.get(rec.nsIp)?.ns === rec.ns) this.byNsIp.delete(rec.nsIp);
     if (a) await this.dropResolver(a.key, rec.ns);
-    // The claim passed to the VMM, which is gone: another server may have taken the index over
-    // already (and removed this namespace as it made its own), so only what is ours again goes.
+    // The claim passed to the VMM, which is gone, so the index may have been claimed again since —
+    // by another server, which removed this namespace as it made its own, or by this one, whose new
+    // namespace has this very name. Only what is ours again goes; what someone else holds is theirs.
     if (this.claims.takeOver(rec.index, this.self)) {
       await removeIndex(rec.index);
       releaseClaim(rec.claim, this.self);
-    } else {
-      await sh('/usr/sbin/ip', ['netns', 'del', rec.ns]).catch(() => {});
     }
     if (owner) releaseClaim(rec.claim, owner);
   }

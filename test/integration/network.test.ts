@@ -12,7 +12,7 @@ import { createServer, type Server } from 'node:http';
 import { get } from 'node:http';
 import { networkInterfaces } from 'node:os';
 import { randomBytes } from 'node:crypto';
-import { writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
 import { netSettings } from '../../src/config.ts';
@@ -192,6 +192,33 @@ describe('networking', { timeout: 900_000 }, () => {
       if (hostA) dropHost(hostA);
       if (hostB) dropHost(hostB);
     }
+  });
+
+  it("releasing a gone VMM's namespace leaves the index alone once it is claimed again (the new namespace has the same name)", async () => {
+    const net = (await netFor(engine.cfg))!;
+    const rec = await net.acquire();
+    // Its VMM ran and is gone: a process that has exited holds the claim.
+    const gone = spawn('true');
+    await new Promise((r) => gone.once('exit', r));
+    const deadOwner = { pid: gone.pid!, startTicks: '1' };
+    net.bind(rec, deadOwner);
+    // The index is claimed again (the claim is stale) and its namespace made anew before the old
+    // release runs, as a create or fork does while a delete is still under way.
+    const holder = spawn('sleep', ['60']);
+    await new Promise((r) => holder.once('spawn', r));
+    const holderTicks = readFileSync(`/proc/${holder.pid}/stat`, 'utf8').split(') ')[1].split(' ')[19];
+    execFileSync('/usr/sbin/ip', ['netns', 'del', rec.ns]);
+    execFileSync('/usr/sbin/ip', ['netns', 'add', rec.ns]);
+    net.bind(rec, { pid: holder.pid!, startTicks: holderTicks });
+    try {
+      await net.release(rec, deadOwner);
+      assert.ok(existsSync(`/run/netns/${rec.ns}`), 'the namespace of the index\'s new holder survives the old release');
+    } finally {
+      holder.kill('SIGKILL');
+      await new Promise((r) => holder.once('exit', r));
+      await net.release(rec, { pid: holder.pid!, startTicks: holderTicks });
+    }
+    assert.ok(!existsSync(`/run/netns/${rec.ns}`), 'released by its holder, it goes');
   });
 
   it('"allow" reaches public hosts by name and address, but never the host, metadata or private ranges', async () => {
