@@ -437,7 +437,11 @@ test('MCP: the official client lists the tools and drives create → exec → fo
     const tools = (await mcp.listTools()).tools;
     assert.deepEqual(
       tools.map((t) => t.name).sort(),
-      ['create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_images', 'list_sandboxes', 'read_file', 'resume_sandbox', 'set_sandbox_timeout', 'suspend_sandbox', 'write_file'],
+      [
+        'create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_images', 'list_processes', 'list_sandboxes',
+        'read_file', 'read_process_output', 'resume_sandbox', 'send_process_input', 'set_sandbox_timeout', 'signal_process', 'start_process',
+        'suspend_sandbox', 'wait_process', 'write_file',
+      ],
     );
     for (const t of tools) {
       assert.ok((t.description ?? '').length > 60, `${t.name} has a description an agent can act on`);
