@@ -227,6 +227,12 @@ export class SandboxProcesses {
     return this.synced;
   }
 
+  /** The sandbox is gone: running processes end as lost (their streams and waiters are answered). */
+  close(): void {
+    this.detach();
+    for (const p of [...this.records.values()]) if (p.status === 'running') this.finish(p, 'lost');
+  }
+
   /** Stops listening (suspend, delete); the records stay for a later attach. */
   detach(): void {
     this.agent?.off('event', this.onFrame);
@@ -427,7 +433,7 @@ export class ProcessRegistry {
 
   /** The sandbox is deleted: its processes with it. */
   forget(id: string): void {
-    this.bySandbox.get(id)?.detach();
+    this.bySandbox.get(id)?.close();
     this.bySandbox.delete(id);
   }
 }

@@ -273,6 +273,19 @@ describe('background processes', () => {
     });
   });
 
+  it('lists a process with a huge command line cut short (the table always fits one frame)', async () => {
+    await withHost(async (host) => {
+      const args = Array.from({ length: 3000 }, (_, i) => `a${i}`);
+      const { pid } = await host.client.startProcess({ argv: ['sh', '-c', 'sleep 30', ...args] });
+      const entry = (await host.client.listProcesses()).find((e) => e.pid === pid)!;
+      assert.equal(entry.argvTruncated, true);
+      assert.equal(entry.argv.length, 64);
+      assert.deepEqual(entry.argv.slice(0, 4), ['sh', '-c', 'sleep 30', 'a0']);
+      await host.client.signalProcess(pid, 9);
+      await host.waitExit(pid);
+    });
+  });
+
   it('refuses unknown pids, unknown programs, a bad cwd, and a 65th live process', async () => {
     await withHost(async (host) => {
       await assert.rejects(host.client.signalProcess(999_999, 15), rejectsWith('process_not_found'));

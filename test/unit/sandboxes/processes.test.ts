@@ -132,7 +132,10 @@ describe('SandboxProcesses', () => {
     await procs.attach(new FakeProcessAgent());
     assert.equal(procs.get(p.pid)!.status, 'lost');
     assert.equal(child.get(p.pid)!.status, 'running');
+    // A deleted sandbox's streams end: its running processes are lost.
+    const childSub = listen(child, p.pid, 'now');
     registry.forget('sbx_child');
+    assert.deepEqual(childSub.kinds(), ['exit']);
     assert.equal(registry.of('sbx_child').list().length, 0);
   });
 
