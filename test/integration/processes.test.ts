@@ -127,8 +127,9 @@ test('a shell on a pseudo-terminal is typed into, read, and resized; its output 
   await readUntil(/50 132/);
   assert.ok(replayed().startsWith(out.text().slice(0, 20)), 'the replay starts at the process\'s first output');
   assert.match(raw, /"offset":0[,}]/);
-  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo live-after-reattach\n'), tenant);
-  await readUntil(/live-after-reattach\r?\n/);
+  // The terminal echoes what is typed: wait for what only the shell's answer contains.
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo "live-$((2+3))"\n'), tenant);
+  await readUntil(/live-5\r?\n/);
   // End of input on a terminal: the shell exits.
   await engine.closeProcessStdin(s.id, p.pid, tenant);
   const exited = await engine.waitProcess(s.id, p.pid, 60, tenant);

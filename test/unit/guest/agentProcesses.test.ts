@@ -185,8 +185,9 @@ describe('background processes', () => {
   it('runs a shell on a pseudo-terminal: typed into, read back, resized', async () => {
     await withHost(async (host) => {
       const { pid } = await host.client.startProcess({ argv: ['sh'], pty: { cols: 100, rows: 30 }, env: { PS1: '$ ' } });
-      await host.client.processInput(pid, Buffer.from('echo "answer=$((6*7))"; stty size; [ -t 0 ] && echo tty-yes\n'));
-      const seen = await host.waitOutput(pid, /tty-yes/);
+      // The terminal echoes what is typed: wait for what only the shell's answer contains.
+      await host.client.processInput(pid, Buffer.from('echo "answer=$((6*7))"; stty size; [ -t 0 ] && echo "tty-$((1+1))"\n'));
+      const seen = await host.waitOutput(pid, /tty-2/);
       assert.match(seen, /answer=42/);
       assert.match(seen, /30 100/);
       assert.ok(host.outputs.filter((o) => o.pid === pid).every((o) => o.stream === 'pty'));
