@@ -418,6 +418,8 @@ export class SandboxProcesses {
 /** Every sandbox's processes, by sandbox id (the engine holds one). */
 export class ProcessRegistry {
   private readonly bySandbox = new Map<string, SandboxProcesses>();
+  /** What the host held of a parent's processes when its live fork began (beginFork). */
+  private readonly forkCopies = new Map<string, SandboxProcesses>();
 
   of(id: string): SandboxProcesses {
     let s = this.bySandbox.get(id);
@@ -425,9 +427,27 @@ export class ProcessRegistry {
     return s;
   }
 
-  /** A fork child has its parent's processes: it starts with a copy of what the host holds of them. */
+  /**
+   * A live fork of `id` begins (before its VM stops). What the host holds of its processes now is a
+   * prefix of what every child's guest has — the host only lags its guest — unlike what it holds
+   * once the parent runs on after the snapshot: the children inherit this copy.
+   */
+  beginFork(id: string): void {
+    const s = this.bySandbox.get(id);
+    if (s) this.forkCopies.set(id, s.copy());
+  }
+
+  endFork(id: string): void {
+    this.forkCopies.delete(id);
+  }
+
+  /**
+   * A fork child has its parent's processes: it starts with a copy of what the host held of them
+   * when the fork began (a suspended parent's, as they are). Output between that and the snapshot
+   * shows in the child as a gap; its own continues at its guest's offsets.
+   */
   inherit(parentId: string, childId: string): void {
-    const parent = this.bySandbox.get(parentId);
+    const parent = this.forkCopies.get(parentId) ?? this.bySandbox.get(parentId);
     if (parent) this.bySandbox.set(childId, parent.copy());
   }
 

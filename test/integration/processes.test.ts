@@ -71,7 +71,7 @@ test('a background process takes streamed stdin, runs beside an exec, and dies b
   push(null);
   const r = await posted;
   assert.equal(r.status, 200, await r.clone().text());
-  assert.deepEqual(await r.json(), { pid: p.pid, written: 7 });
+  assert.deepEqual(await r.json(), { pid: p.pid, written: 8 });
 
   // An exec runs (and finishes) while the process keeps running; the process takes input meanwhile.
   const exec = engine.exec(s.id, { command: 'sleep 2; echo exec-done' }, tenant);
