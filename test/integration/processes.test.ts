@@ -94,7 +94,10 @@ test('a background process takes streamed stdin, runs beside an exec, and dies b
 
 test('a shell on a pseudo-terminal is typed into, read, and resized; its output can be read again from the start over SSE', async () => {
   const s = await engine.create({ template: 'base' }, tenant);
-  const p = await engine.startProcess(s.id, { argv: ['/bin/sh'], pty: { cols: 100, rows: 30 } }, tenant);
+  // A line-reading shell loop: the terminal is in canonical mode (echo, ^D is end of input). An
+  // interactive BusyBox ash would put it in raw mode and query the cursor position (ESC [6n),
+  // waiting for the answer a terminal emulator gives, which a test typing blind does not.
+  const p = await engine.startProcess(s.id, { argv: ['/bin/sh', '-c', 'while IFS= read -r line; do eval "$line"; done'], pty: { cols: 100, rows: 30 } }, tenant);
   assert.equal(p.pty, true);
   const out = await collect(s.id, p.pid);
   await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo "answer=$((6*7))"; stty size; tty\n'), tenant);
@@ -133,7 +136,8 @@ test('a shell on a pseudo-terminal is typed into, read, and resized; its output 
   // End of input on a terminal: the shell exits.
   await engine.closeProcessStdin(s.id, p.pid, tenant);
   const exited = await engine.waitProcess(s.id, p.pid, 60, tenant);
-  assert.equal(exited.exit_code, 0);
+  const why = exited.status === 'running' ? (await engine.exec(s.id, { command: 'ps -eo pid,pgid,sid,stat,wchan:20,tty,args; cat /proc/' + p.pid + '/status | head -12' }, tenant)).stdout : '';
+  assert.equal(exited.exit_code, 0, `${JSON.stringify(exited)}\n${why}\n${JSON.stringify(out.text())}`);
   await readUntil(/$^/).catch(() => {});
   assert.match(raw, /event: exit\n/);
   ctl.abort();
@@ -182,4 +186,30 @@ test('a process survives suspend and resume with its output, and runs on in a fo
   assert.equal((await engine.getProcess(s.id, p.pid, tenant)).status, 'running', 'the parent\'s copy runs on');
   await engine.delete(child.id, tenant);
   await engine.delete(s.id, tenant);
+});
+
+test('a live background process keeps a sandbox from the idle pause; once it is gone the sandbox pauses, and a start wakes it', async () => {
+  const idleHome = testHome('processes-idle');
+  const idle = await openEngine(idleHome, { idlePauseSecs: 2 });
+  try {
+    const s = await idle.create({ template: 'base' }, tenant);
+    const p = await idle.startProcess(s.id, { command: 'sleep 1000' }, tenant);
+    await sleep(6000);
+    assert.equal(idle.isIdlePaused(s.id), false, 'its process counts as activity');
+    await idle.signalProcess(s.id, p.pid, 'KILL', tenant);
+    assert.equal((await idle.waitProcess(s.id, p.pid, 60, tenant)).signal, 9);
+    const deadline = Date.now() + 30_000;
+    while (!idle.isIdlePaused(s.id)) {
+      assert.ok(Date.now() < deadline, 'paused once nothing of its own runs');
+      await sleep(200);
+    }
+    const woke = await idle.startProcess(s.id, { command: 'echo "woke $((40+2))"; sleep 1000' }, tenant);
+    assert.equal(idle.isIdlePaused(s.id), false);
+    const out = await collect(s.id, woke.pid, 'start', idle);
+    await out.until(/woke 42\n/, 30_000);
+    out.stop();
+    await idle.delete(s.id, tenant);
+  } finally {
+    await assertNoLeaks(idle, idleHome);
+  }
 });
