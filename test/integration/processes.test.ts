@@ -37,7 +37,11 @@ async function collect(id: string, pid: number, from: 'start' | 'now' | number =
   const until = async (re: RegExp, timeoutMs = 60_000) => {
     const deadline = Date.now() + timeoutMs;
     while (!re.test(text())) {
-      if (Date.now() > deadline) throw new Error(`no ${re} in ${JSON.stringify(text())}`);
+      if (Date.now() > deadline) {
+        // What the guest runs then, to tell a stuck process from lost output.
+        const ps = await eng.exec(id, { command: 'ps -o pid,ppid,stat,args; cat /proc/uptime' }, tenant).then((r) => r.stdout, (e) => String(e));
+        throw new Error(`no ${re} in ${JSON.stringify(text())}; host: ${JSON.stringify(await eng.getProcess(id, pid, tenant))}; guest:\n${ps}`);
+      }
       await sleep(50);
     }
     return text();
@@ -211,5 +215,39 @@ test('a live background process keeps a sandbox from the idle pause; once it is 
     await idle.delete(s.id, tenant);
   } finally {
     await assertNoLeaks(idle, idleHome);
+  }
+});
+
+test('a server that restarts adopts the VM and learns its processes from the guest: counters kept, a gap for the output it never held', async () => {
+  const restartHome = testHome('processes-restart');
+  let first: Engine | undefined = await openEngine(restartHome, { poolSize: 1 });
+  let second: Engine | undefined;
+  try {
+    const s = await first.create({ template: 'base' }, tenant);
+    const p = await first.startProcess(s.id, { command: 'i=0; while :; do i=$((i+1)); echo "n $i"; sleep 0.2; done', tag: 'survivor' }, tenant);
+    const before = await collect(s.id, p.pid, 'start', first);
+    await before.until(/n 3\n/);
+    before.stop();
+    await first.close(); // its VMMs run on for the next server
+    first = undefined;
+    await sleep(1000);
+    second = await openEngine(restartHome, { poolSize: 1 });
+    const listed = (await second.listProcesses(s.id, tenant)).find((x) => x.pid === p.pid);
+    assert.equal(listed?.status, 'running');
+    assert.equal(listed?.tag, 'survivor');
+    assert.ok(listed!.output_bytes >= before.text().length, 'its byte count comes from the guest');
+    assert.ok(listed!.buffered.from >= before.text().length, 'nothing from before the restart is held');
+    const after = await collect(s.id, p.pid, 'start', second);
+    await after.until(/n \d+\n/, 30_000);
+    const [gap, firstOut] = after.events;
+    assert.ok(gap.type === 'gap' && gap.from === 0, 'what the new server never saw is a gap from the start');
+    assert.ok(firstOut.type === 'output' && firstOut.offset === gap.to && gap.to >= before.text().length, 'then output at the guest\'s offsets');
+    after.stop();
+    await second.signalProcess(s.id, p.pid, 'TERM', tenant);
+    assert.equal((await second.waitProcess(s.id, p.pid, 60, tenant)).signal, 15);
+    await second.delete(s.id, tenant);
+  } finally {
+    if (first) await first.close();
+    if (second) await assertNoLeaks(second, restartHome);
   }
 });
