@@ -154,6 +154,26 @@ describe('SandboxProcesses', () => {
     assert.equal(registry.of('sbx_child').list().length, 0);
   });
 
+  test('a process started while the table is on its way is not lost when the (older) table arrives', async () => {
+    const agent = new FakeProcessAgent();
+    // The table is taken when asked, and answered only after the start and its first output.
+    let answer!: () => void;
+    const asked = agent.listProcesses();
+    agent.listProcesses = () => new Promise((resolve) => { answer = () => void asked.then(resolve); });
+    const procs = new SandboxProcesses();
+    const synced = procs.attach(agent);
+    const req = buildProcStart({ command: 'sleep 100' });
+    const p = procs.started(req, await agent.startProcess(req));
+    agent.write(p.pid, 1, 'one\n');
+    const sub = listen(procs, p.pid);
+    answer();
+    await synced;
+    agent.write(p.pid, 1, 'two\n');
+    assert.equal(procs.get(p.pid)!.status, 'running');
+    assert.deepEqual(procs.get(p.pid)!.argv, ['/bin/sh', '-c', 'sleep 100']);
+    assert.deepEqual(sub.events.map((e) => e.type === 'output' && e.data.toString()), ['one\n', 'two\n']);
+  });
+
   test('wait times out with the process still running', async () => {
     const agent = new FakeProcessAgent();
     const procs = new SandboxProcesses();
