@@ -9,6 +9,9 @@ import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
 
+/** Bytes a process output stream may have waiting to be sent before it skips output (as a gap). */
+export const SSE_PENDING_MAX = 4 * 1024 * 1024;
+
 export function wantsSse(accept: string | undefined): boolean {
   return /\btext\/event-stream\b/i.test(accept ?? '');
 }
@@ -101,10 +104,26 @@ export class SseStreams {
     const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
     ping.unref();
     let ended = false;
+    // A client that reads slower than the process writes is not buffered for without bound: output
+    // past SSE_PENDING_MAX unsent is skipped and reported as a gap (it can read it again by offset).
+    let skipped: { from: number; to: number } | undefined;
+    const flushSkipped = () => {
+      if (skipped) send('gap', skipped);
+      skipped = undefined;
+    };
     const unsub = await subscribe((e) => {
-      if (e.type === 'output') send(e.stream, { data: e.data.toString('base64'), offset: e.offset });
-      else if (e.type === 'gap') send('gap', { from: e.from, to: e.to });
-      else {
+      if (e.type === 'output') {
+        if (res.writableLength > SSE_PENDING_MAX) {
+          skipped = { from: skipped?.from ?? e.offset, to: e.offset + e.data.length };
+          return;
+        }
+        flushSkipped();
+        send(e.stream, { data: e.data.toString('base64'), offset: e.offset });
+      } else if (e.type === 'gap') {
+        flushSkipped();
+        send('gap', { from: e.from, to: e.to });
+      } else {
+        flushSkipped();
         send('exit', { process: e.process });
         ended = true;
         // Replayed synchronously inside subscribe: the stream ends once it returned.

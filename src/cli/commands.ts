@@ -22,6 +22,8 @@ export interface Io {
   outBytes(b: Buffer): void;
   errBytes(b: Buffer): void;
   env: Record<string, string | undefined>;
+  /** This command's standard input (`processes send` streams it; default process.stdin). */
+  stdin?(): AsyncIterable<Uint8Array>;
 }
 
 export const processIo: Io = {
@@ -58,6 +60,18 @@ Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7
   collimate sandboxes timeout ID SECS     end the running session SECS seconds from now, sooner or later
                                           (within the tier's maximum session from its start)
   collimate sandboxes port-url ID PORT [--expires SECS]   a signed URL of the port that needs no key (default 1 h)
+  collimate processes start ID (--command STR | -- ARGV...) [--env K=V]... [--cwd DIR] [--stdin] [--pty COLSxROWS] [--tag T]
+                                          a background process: prints its pid; runs beside execs
+  collimate processes list ID
+  collimate processes get ID PID
+  collimate processes output ID PID [--from start|now|OFFSET]   follow its output until it exits
+                                          (exit status: the process's)
+  collimate processes send ID PID [--data STR] [--close]   input: --data, else this command's stdin,
+                                          streamed as it is read
+  collimate processes close-stdin ID PID
+  collimate processes kill ID PID [--signal SIG]     default SIGTERM, to its process group
+  collimate processes resize ID PID COLSxROWS
+  collimate processes wait ID PID [--timeout SECS]
   collimate templates list
   collimate images list
   collimate usage [--from T] [--to T]
@@ -522,6 +536,111 @@ async function sandboxes(sub: string | undefined, args: string[], io: Io): Promi
   }
 }
 
+const PROCESS_COLUMNS = ['pid', 'status', 'exit_code', 'tag', 'output_bytes', 'started_at', 'command'];
+
+function processRow(p: any): Record<string, unknown> {
+  return { ...p, tag: p.tag ?? '', exit_code: p.exit_code ?? '', command: p.argv.join(' ').slice(0, 60) };
+}
+
+function size(v: string): { cols: number; rows: number } {
+  const m = /^(\d+)x(\d+)$/.exec(v);
+  if (!m) throw new UsageError(`size ${v} must be COLSxROWS, e.g. 120x40`);
+  return { cols: Number(m[1]), rows: Number(m[2]) };
+}
+
+async function processes(sub: string | undefined, args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(
+    args,
+    {
+      ...http,
+      command: { type: 'string', short: 'c' },
+      env: { type: 'string', multiple: true },
+      cwd: { type: 'string' },
+      stdin: { type: 'boolean' },
+      pty: { type: 'string' },
+      tag: { type: 'string' },
+      from: { type: 'string' },
+      data: { type: 'string' },
+      close: { type: 'boolean' },
+      signal: { type: 'string' },
+      timeout: { type: 'string' },
+    },
+    sub === 'start' ? Infinity : sub === 'resize' ? 3 : sub === 'list' ? 1 : 2,
+  );
+  const api = client(values, io);
+  const base = `/v1/sandboxes/${encodeURIComponent(need(positionals[0], 'sandbox ID'))}/processes`;
+  const pidPath = () => `${base}/${encodeURIComponent(need(positionals[1], 'PID'))}`;
+  const show = (p: any) => {
+    if (values.json) json(io, p);
+    else io.out(`${p.pid} ${p.status}${p.exit_code !== null ? ` exit ${p.exit_code}` : ''}${p.signal ? ` (signal ${p.signal})` : ''}\n`);
+  };
+  switch (sub) {
+    case 'start': {
+      const argv = positionals.slice(1);
+      if ((values.command !== undefined) === argv.length > 0) throw new UsageError('start needs exactly one of --command or -- ARGV...');
+      const body = {
+        ...(values.command !== undefined ? { command: values.command } : { argv }),
+        env: values.env ? labels(values.env) : undefined, cwd: values.cwd, stdin: values.stdin || undefined,
+        pty: values.pty ? size(values.pty) : undefined, tag: values.tag,
+      };
+      const r = await api.request('POST', base, body);
+      if (values.json) json(io, r.body);
+      else io.out(`${r.body.pid}\n`);
+      return 0;
+    }
+    case 'list': {
+      const r = await api.request('GET', base);
+      if (values.json) json(io, r.body);
+      else io.out(table(r.body.processes.map(processRow), PROCESS_COLUMNS));
+      return 0;
+    }
+    case 'get': {
+      const r = await api.request('GET', pidPath());
+      if (values.json) json(io, r.body);
+      else io.out(Object.entries(r.body).map(([k, v]) => `${k.padEnd(13)} ${typeof v === 'object' && v !== null ? JSON.stringify(v) : v}`).join('\n') + '\n');
+      return 0;
+    }
+    case 'output': {
+      let exit: any;
+      const from = values.from ? `?from=${encodeURIComponent(values.from)}` : '';
+      await api.stream(`${pidPath()}/output${from}`, (event, data) => {
+        if (values.json) io.out(JSON.stringify({ event, ...data }) + '\n');
+        else if (event === 'stdout' || event === 'pty') io.outBytes(Buffer.from(data.data, 'base64'));
+        else if (event === 'stderr') io.errBytes(Buffer.from(data.data, 'base64'));
+        else if (event === 'gap') io.err(`(${data.to - data.from} bytes of output not kept)\n`);
+        if (event === 'exit') exit = data.process;
+      });
+      return typeof exit?.exit_code === 'number' ? Math.min(255, Math.max(0, exit.exit_code)) : 1;
+    }
+    case 'send': {
+      const r = await api.upload(`${pidPath()}/stdin`, values.data !== undefined ? Buffer.from(values.data, 'utf8') : (io.stdin?.() ?? process.stdin));
+      if (values.close) await api.request('POST', `${pidPath()}/close-stdin`);
+      if (values.json) json(io, r.body);
+      else io.out(`wrote ${r.body.written} bytes${values.close ? ', closed stdin' : ''}\n`);
+      return 0;
+    }
+    case 'close-stdin': {
+      show((await api.request('POST', `${pidPath()}/close-stdin`)).body);
+      return 0;
+    }
+    case 'kill': {
+      show((await api.request('POST', `${pidPath()}/signal`, { signal: values.signal ?? 'SIGTERM' })).body);
+      return 0;
+    }
+    case 'resize': {
+      show((await api.request('POST', `${pidPath()}/resize`, size(need(positionals[2], 'COLSxROWS')))).body);
+      return 0;
+    }
+    case 'wait': {
+      const r = await api.request('POST', `${pidPath()}/wait`, { timeout: num(values.timeout, 'timeout') });
+      show(r.body);
+      return r.body.status === 'running' ? 124 : typeof r.body.exit_code === 'number' ? Math.min(255, Math.max(0, r.body.exit_code)) : 1;
+    }
+    default:
+      throw new UsageError(`unknown processes command ${sub ?? ''}`);
+  }
+}
+
 async function templates(kind: 'templates' | 'images', sub: string | undefined, args: string[], io: Io): Promise<number> {
   if (sub !== 'list') throw new UsageError(`unknown ${kind} command ${sub ?? ''}`);
   const { values } = parse(args, http);
@@ -642,6 +761,10 @@ export async function run(argv: string[], io: Io = processIo): Promise<number> {
       case 'sandbox':
       case 'sbx':
         return await sandboxes(sub, rest, io);
+      case 'processes':
+      case 'process':
+      case 'proc':
+        return await processes(sub, rest, io);
       case 'templates':
         return await templates('templates', sub, rest, io);
       case 'images':

@@ -126,6 +126,40 @@ export const INPUTS = {
     duration_secs: z.number().min(0.1).max(60).optional().describe('How long to collect changes (default 5, at most 60).'),
     max_events: z.number().int().min(1).max(1000).optional().describe('Return as soon as this many changes were seen (default 100).'),
   }),
+  start_process: z.strictObject({
+    sandbox_id: sandboxId,
+    command: S.ProcessStartRequest.shape.command.describe('A shell string run by /bin/sh -c, e.g. "python3 -m http.server 8000".'),
+    argv: S.ProcessStartRequest.shape.argv.describe('Or the program and its arguments, e.g. ["python3", "-u", "agent.py"].'),
+    env: S.ProcessStartRequest.shape.env.describe('Extra environment variables.'),
+    cwd: S.ProcessStartRequest.shape.cwd.describe('Working directory (absolute path).'),
+    stdin: S.ProcessStartRequest.shape.stdin.describe('Keep its standard input open for send_process_input (default: no input).'),
+    pty: S.ProcessStartRequest.shape.pty.describe('Run it on a terminal of {cols, rows} (an interactive shell, a REPL); its input is then typed into the terminal.'),
+    tag: S.ProcessStartRequest.shape.tag.describe('A label of yours, shown by list_processes.'),
+  }),
+  list_processes: z.strictObject({ sandbox_id: sandboxId }),
+  read_process_output: z.strictObject({
+    sandbox_id: sandboxId,
+    pid: z.number().int().min(1).describe('The process (from start_process or list_processes).'),
+    from: z.number().int().min(0).optional().describe('Offset to read from: the `next` of the previous call (default: the oldest output still held).'),
+    max_bytes: z.number().int().min(1).max(1024 * 1024).optional().describe('At most this many bytes (default 65536).'),
+    wait_secs: z.number().min(0).max(60).optional().describe('If nothing is there yet, wait up to this long for output or the exit (default 0).'),
+  }),
+  send_process_input: z.strictObject({
+    sandbox_id: sandboxId,
+    pid: z.number().int().min(1).describe('The process.'),
+    input: z.string().describe('Text written to its standard input (include "\\n" to end a line); may be empty with close_stdin.'),
+    close_stdin: z.boolean().optional().describe('Then end its input (on a terminal: ^D).'),
+  }),
+  signal_process: z.strictObject({
+    sandbox_id: sandboxId,
+    pid: z.number().int().min(1).describe('The process.'),
+    signal: S.ProcessSignalRequest.shape.signal.describe('e.g. "SIGTERM" (ask to stop), "SIGINT" (Ctrl-C), "SIGKILL" (force).'),
+  }),
+  wait_process: z.strictObject({
+    sandbox_id: sandboxId,
+    pid: z.number().int().min(1).describe('The process.'),
+    timeout_secs: S.ProcessWaitRequest.shape.timeout.describe('Seconds to wait for it to exit (default 30, max 300); it is returned still running if it has not.'),
+  }),
 } as const;
 
 const WatchResult = z.strictObject({
@@ -133,6 +167,18 @@ const WatchResult = z.strictObject({
   events: z.array(S.FsChangeEvent),
   ended: S.FsWatchEndEvent.shape.reason.nullable(),
 });
+
+const ProcessOutputChunk = z.strictObject({
+  pid: z.number().int(),
+  status: z.enum(['running', 'exited', 'lost']),
+  exit_code: z.number().int().nullable(),
+  output: z.string(),
+  encoding: z.enum(['utf8', 'base64']),
+  from: z.number().int(),
+  next: z.number().int(),
+  dropped_bytes: z.number().int(),
+});
+const ProcessInput = z.strictObject({ pid: z.number().int(), written: z.number().int(), stdin_closed: z.boolean() });
 
 const FileContent = z.strictObject({
   path: z.string(),
@@ -192,6 +238,16 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
   watch_directory:
     'Watch a directory in a running sandbox for `duration_secs` (default 5) and return the changes seen: {path, events: [{op: create|write|remove|rename|chmod|overflow, name}], ended}. ' +
     'Start it, then make the changes with exec in another call, or use it to wait for a background job to write its output. `ended` is why the watch stopped early (directory_removed, sandbox_suspended…), else null.',
+  start_process:
+    'Start a background process in a running sandbox and return at once (a server, a long job, an interactive shell or REPL): exactly one of `command` or `argv`. ' +
+    'Returns {pid, status: "running", ...}; use the pid with read_process_output, send_process_input, signal_process and wait_process. It runs beside exec calls and survives suspend/resume and forks. At most 64 at once.',
+  list_processes: "List a sandbox's background processes, running and recently exited: {processes: [{pid, argv, tag, status, exit_code, output_bytes, ...}]}.",
+  read_process_output:
+    'Read what a background process wrote (stdout and stderr, or its terminal, in order) from offset `from`. Returns {output, encoding, next, status, exit_code, dropped_bytes}: pass `next` as `from` to continue. ' +
+    '`wait_secs` waits for new output (or the exit) when there is none yet. Output older than the last 1 MiB is dropped (dropped_bytes says how much was skipped).',
+  send_process_input: 'Write text to the standard input of a background process started with stdin: true or pty (e.g. a command typed into a shell: "ls\\n"), and optionally close it. Returns {pid, written, stdin_closed}.',
+  signal_process: 'Send a signal to a background process and its children (its process group): "SIGTERM" to ask it to stop, "SIGINT" like Ctrl-C, "SIGKILL" to force. Returns the process.',
+  wait_process: 'Wait for a background process to exit, up to timeout_secs. Returns the process: status "exited" with exit_code (128+N if killed by signal N), or still "running".',
 };
 
 function ok(value: Record<string, unknown>): CallToolResult {
@@ -301,6 +357,68 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     const utf8 = Buffer.from(text, 'utf8').equals(data);
     return { path: a.path, size: data.length, encoding: utf8 ? 'utf8' : 'base64', content: utf8 ? text : data.toString('base64') };
   });
+
+  tool('start_process', S.Process, { readOnlyHint: false, destructiveHint: true }, async (a) => {
+    const { sandbox_id, ...req } = a;
+    return { ...(await tenants.startProcess(scope, sandboxIdOf(sandbox_id), parseWith(S.ProcessStartRequest, req, 'arguments', ''))) };
+  });
+
+  tool('list_processes', S.ProcessList, { readOnlyHint: true }, async (a) => ({ processes: await tenants.listProcesses(scope, sandboxIdOf(a.sandbox_id)) }));
+
+  tool('read_process_output', ProcessOutputChunk, { readOnlyHint: true }, async (a) => {
+    const id = sandboxIdOf(a.sandbox_id);
+    const max = a.max_bytes ?? 64 * 1024;
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let start: number | undefined;
+    let next = a.from ?? 0;
+    let dropped = 0;
+    let wake: (() => void) | undefined;
+    const stop = await tenants.watchProcessOutput(scope, id, a.pid, a.from ?? 'start', (e) => {
+      if (e.type === 'gap') {
+        if (size === 0) { dropped += e.to - e.from; next = e.to; }
+      } else if (e.type === 'output' && size < max && e.offset === next) {
+        const data = e.data.subarray(0, max - size);
+        start ??= e.offset;
+        chunks.push(data);
+        size += data.length;
+        next = e.offset + data.length;
+      }
+      wake?.();
+    });
+    try {
+      if (size === 0 && a.wait_secs) {
+        const info = await tenants.getProcess(scope, id, a.pid);
+        if (info.status === 'running') await new Promise<void>((resolve) => { wake = resolve; setTimeout(resolve, a.wait_secs! * 1000); });
+      }
+    } finally {
+      stop();
+    }
+    const info = await tenants.getProcess(scope, id, a.pid);
+    const data = Buffer.concat(chunks, size);
+    const text = data.toString('utf8');
+    const utf8 = Buffer.from(text, 'utf8').equals(data);
+    return {
+      pid: a.pid, status: info.status, exit_code: info.exit_code, output: utf8 ? text : data.toString('base64'), encoding: utf8 ? 'utf8' : 'base64',
+      from: start ?? next, next, dropped_bytes: dropped,
+    };
+  });
+
+  tool('send_process_input', ProcessInput, { readOnlyHint: false, destructiveHint: true }, async (a) => {
+    const id = sandboxIdOf(a.sandbox_id);
+    const data = Buffer.from(a.input, 'utf8');
+    const written = data.length ? await tenants.writeProcessStdin(scope, id, a.pid, data) : 0;
+    if (a.close_stdin) await tenants.closeProcessStdin(scope, id, a.pid);
+    return { pid: a.pid, written, stdin_closed: !!a.close_stdin };
+  });
+
+  tool('signal_process', S.Process, { readOnlyHint: false, destructiveHint: true }, async (a) => {
+    const id = sandboxIdOf(a.sandbox_id);
+    await tenants.signalProcess(scope, id, a.pid, a.signal);
+    return { ...(await tenants.getProcess(scope, id, a.pid)) };
+  });
+
+  tool('wait_process', S.Process, { readOnlyHint: true }, async (a) => ({ ...(await tenants.waitProcess(scope, sandboxIdOf(a.sandbox_id), a.pid, a.timeout_secs ?? 30)) }));
 
   tool('write_file', S.PutFileResponse, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
     const data = Buffer.from(a.content, a.encoding === 'base64' ? 'base64' : 'utf8');

@@ -59,7 +59,13 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
     return r.queue.run(async () => {
       if (r.deleting) throw sandboxNotFound(id);
       ctx.registry.flushActivity();
-      return ctx.cfg.forkCapture === 'pages' ? forkRunningByPages(ctx, r, opts) : forkRunning(ctx, r, opts);
+      // Its children inherit what the host holds of its processes now, before it stops and runs on.
+      ctx.processes.beginFork(r.id);
+      try {
+        return await (ctx.cfg.forkCapture === 'pages' ? forkRunningByPages(ctx, r, opts) : forkRunning(ctx, r, opts));
+      } finally {
+        ctx.processes.endFork(r.id);
+      }
     });
   });
 }

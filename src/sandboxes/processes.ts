@@ -167,6 +167,8 @@ interface ProcessRecord {
   output: OutputBuffer;
   subscribers: Set<Subscriber>;
   waiters: Set<() => void>;
+  /** When the host first knew of it (SandboxProcesses.known): a table asked for earlier cannot list it. */
+  knownSince: number;
 }
 
 function nsToIso(ns: bigint): string {
@@ -212,6 +214,8 @@ export class SandboxProcesses {
   private readonly records = new Map<number, ProcessRecord>();
   private agent: ProcessAgent | undefined;
   private readonly onFrame = (frame: Frame) => this.event(frame);
+  /** Counts records made: tells a table answered before a record existed from one that lost it. */
+  private known = 0;
   /** Settles once the table learned at the last attach is in (tests; reads wait for it). */
   synced: Promise<void> = Promise.resolve();
 
@@ -220,11 +224,19 @@ export class SandboxProcesses {
     this.agent?.off('event', this.onFrame);
     this.agent = agent;
     agent.on('event', this.onFrame);
+    // A process started while the table is on its way is not in it, and is not lost.
+    const asOf = this.known;
     this.synced = agent.listProcesses().then(
-      (entries) => { if (this.agent === agent) this.reconcile(entries); },
+      (entries) => { if (this.agent === agent) this.reconcile(entries, asOf); },
       () => { /* An agent without background processes, or one gone already: nothing to learn. */ },
     );
     return this.synced;
+  }
+
+  /** The sandbox is gone: running processes end as lost (their streams and waiters are answered). */
+  close(): void {
+    this.detach();
+    for (const p of [...this.records.values()]) if (p.status === 'running') this.finish(p, 'lost');
   }
 
   /** Stops listening (suspend, delete); the records stay for a later attach. */
@@ -236,6 +248,7 @@ export class SandboxProcesses {
   /** A copy of every record with its buffered output, for a fork child (it has the same processes). */
   copy(): SandboxProcesses {
     const c = new SandboxProcesses();
+    c.known = this.known;
     for (const [pid, p] of this.records) {
       c.records.set(pid, { ...p, argv: [...p.argv], output: p.output.copy(), subscribers: new Set(), waiters: new Set() });
     }
@@ -318,7 +331,7 @@ export class SandboxProcesses {
     if (old && old.status === 'running') this.finish(old, 'lost');
     const p: ProcessRecord = {
       pid, argv: [], cwd: '', tag: null, pty: false, stdinOpen: false, startedNs, status: 'running',
-      stdoutBytes: 0, stderrBytes: 0, output: new OutputBuffer(), subscribers: new Set(), waiters: new Set(),
+      stdoutBytes: 0, stderrBytes: 0, output: new OutputBuffer(), subscribers: new Set(), waiters: new Set(), knownSince: this.known++,
     };
     this.records.set(pid, p);
     return p;
@@ -369,12 +382,17 @@ export class SandboxProcesses {
     this.trimExited();
   }
 
-  /** Learns the guest's table: new processes, exits missed, output written while the host was away. */
-  reconcile(entries: ProcEntry[]): void {
+  /**
+   * Learns the guest's table: new processes, exits missed, output written while the host was away.
+   * `asOf`: how many records the host had made when it asked; only those can be lost by the table.
+   */
+  reconcile(entries: ProcEntry[], asOf = this.known): void {
     const listed = new Set<number>();
     for (const e of entries) {
       listed.add(e.pid);
       let p = this.records.get(e.pid);
+      // Known since the table was asked for: the host's record is the newer word (a pid used again).
+      if (p && p.knownSince >= asOf) continue;
       if (p && p.startedNs !== 0n && p.startedNs !== e.startedNs) p = undefined;
       if (!p && e.exit) {
         // An exit the host never knew a start of: kept for the listing, nobody waits on it.
@@ -395,7 +413,7 @@ export class SandboxProcesses {
         this.finish(p, 'exited');
       }
     }
-    for (const p of [...this.records.values()]) if (p.status === 'running' && !listed.has(p.pid)) this.finish(p, 'lost');
+    for (const p of [...this.records.values()]) if (p.status === 'running' && !listed.has(p.pid) && p.knownSince < asOf) this.finish(p, 'lost');
   }
 
   private trimExited(): void {
@@ -412,6 +430,8 @@ export class SandboxProcesses {
 /** Every sandbox's processes, by sandbox id (the engine holds one). */
 export class ProcessRegistry {
   private readonly bySandbox = new Map<string, SandboxProcesses>();
+  /** What the host held of a parent's processes when its live fork began (beginFork). */
+  private readonly forkCopies = new Map<string, SandboxProcesses>();
 
   of(id: string): SandboxProcesses {
     let s = this.bySandbox.get(id);
@@ -419,15 +439,33 @@ export class ProcessRegistry {
     return s;
   }
 
-  /** A fork child has its parent's processes: it starts with a copy of what the host holds of them. */
+  /**
+   * A live fork of `id` begins (before its VM stops). What the host holds of its processes now is a
+   * prefix of what every child's guest has — the host only lags its guest — unlike what it holds
+   * once the parent runs on after the snapshot: the children inherit this copy.
+   */
+  beginFork(id: string): void {
+    const s = this.bySandbox.get(id);
+    if (s) this.forkCopies.set(id, s.copy());
+  }
+
+  endFork(id: string): void {
+    this.forkCopies.delete(id);
+  }
+
+  /**
+   * A fork child has its parent's processes: it starts with a copy of what the host held of them
+   * when the fork began (a suspended parent's, as they are). Output between that and the snapshot
+   * shows in the child as a gap; its own continues at its guest's offsets.
+   */
   inherit(parentId: string, childId: string): void {
-    const parent = this.bySandbox.get(parentId);
+    const parent = this.forkCopies.get(parentId) ?? this.bySandbox.get(parentId);
     if (parent) this.bySandbox.set(childId, parent.copy());
   }
 
   /** The sandbox is deleted: its processes with it. */
   forget(id: string): void {
-    this.bySandbox.get(id)?.detach();
+    this.bySandbox.get(id)?.close();
     this.bySandbox.delete(id);
   }
 }

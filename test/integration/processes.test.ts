@@ -37,7 +37,11 @@ async function collect(id: string, pid: number, from: 'start' | 'now' | number =
   const until = async (re: RegExp, timeoutMs = 60_000) => {
     const deadline = Date.now() + timeoutMs;
     while (!re.test(text())) {
-      if (Date.now() > deadline) throw new Error(`no ${re} in ${JSON.stringify(text())}`);
+      if (Date.now() > deadline) {
+        // What the guest runs then, to tell a stuck process from lost output.
+        const ps = await eng.exec(id, { command: 'ps -o pid,ppid,stat,args; cat /proc/uptime' }, tenant).then((r) => r.stdout, (e) => String(e));
+        throw new Error(`no ${re} in ${JSON.stringify(text())}; host: ${JSON.stringify(await eng.getProcess(id, pid, tenant))}; guest:\n${ps}`);
+      }
       await sleep(50);
     }
     return text();
@@ -71,7 +75,7 @@ test('a background process takes streamed stdin, runs beside an exec, and dies b
   push(null);
   const r = await posted;
   assert.equal(r.status, 200, await r.clone().text());
-  assert.deepEqual(await r.json(), { pid: p.pid, written: 7 });
+  assert.deepEqual(await r.json(), { pid: p.pid, written: 8 });
 
   // An exec runs (and finishes) while the process keeps running; the process takes input meanwhile.
   const exec = engine.exec(s.id, { command: 'sleep 2; echo exec-done' }, tenant);
@@ -94,7 +98,10 @@ test('a background process takes streamed stdin, runs beside an exec, and dies b
 
 test('a shell on a pseudo-terminal is typed into, read, and resized; its output can be read again from the start over SSE', async () => {
   const s = await engine.create({ template: 'base' }, tenant);
-  const p = await engine.startProcess(s.id, { argv: ['/bin/sh'], pty: { cols: 100, rows: 30 } }, tenant);
+  // A line-reading shell loop: the terminal is in canonical mode (echo, ^D is end of input). An
+  // interactive BusyBox ash would put it in raw mode and query the cursor position (ESC [6n),
+  // waiting for the answer a terminal emulator gives, which a test typing blind does not.
+  const p = await engine.startProcess(s.id, { argv: ['/bin/sh', '-c', 'while IFS= read -r line; do eval "$line"; done'], pty: { cols: 100, rows: 30 } }, tenant);
   assert.equal(p.pty, true);
   const out = await collect(s.id, p.pid);
   await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo "answer=$((6*7))"; stty size; tty\n'), tenant);
@@ -127,12 +134,14 @@ test('a shell on a pseudo-terminal is typed into, read, and resized; its output 
   await readUntil(/50 132/);
   assert.ok(replayed().startsWith(out.text().slice(0, 20)), 'the replay starts at the process\'s first output');
   assert.match(raw, /"offset":0[,}]/);
-  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo live-after-reattach\n'), tenant);
-  await readUntil(/live-after-reattach\r?\n/);
+  // The terminal echoes what is typed: wait for what only the shell's answer contains.
+  await engine.writeProcessStdin(s.id, p.pid, Buffer.from('echo "live-$((2+3))"\n'), tenant);
+  await readUntil(/live-5\r?\n/);
   // End of input on a terminal: the shell exits.
   await engine.closeProcessStdin(s.id, p.pid, tenant);
   const exited = await engine.waitProcess(s.id, p.pid, 60, tenant);
-  assert.equal(exited.exit_code, 0);
+  const why = exited.status === 'running' ? (await engine.exec(s.id, { command: 'ps -eo pid,pgid,sid,stat,wchan:20,tty,args; cat /proc/' + p.pid + '/status | head -12' }, tenant)).stdout : '';
+  assert.equal(exited.exit_code, 0, `${JSON.stringify(exited)}\n${why}\n${JSON.stringify(out.text())}`);
   await readUntil(/$^/).catch(() => {});
   assert.match(raw, /event: exit\n/);
   ctl.abort();
@@ -181,4 +190,66 @@ test('a process survives suspend and resume with its output, and runs on in a fo
   assert.equal((await engine.getProcess(s.id, p.pid, tenant)).status, 'running', 'the parent\'s copy runs on');
   await engine.delete(child.id, tenant);
   await engine.delete(s.id, tenant);
+});
+
+test('a live background process keeps a sandbox from the idle pause; once it is gone the sandbox pauses, and a start wakes it', async () => {
+  const idleHome = testHome('processes-idle');
+  const idle = await openEngine(idleHome, { idlePauseSecs: 2 });
+  try {
+    const s = await idle.create({ template: 'base' }, tenant);
+    const p = await idle.startProcess(s.id, { command: 'sleep 1000' }, tenant);
+    await sleep(6000);
+    assert.equal(idle.isIdlePaused(s.id), false, 'its process counts as activity');
+    await idle.signalProcess(s.id, p.pid, 'KILL', tenant);
+    assert.equal((await idle.waitProcess(s.id, p.pid, 60, tenant)).signal, 9);
+    const deadline = Date.now() + 30_000;
+    while (!idle.isIdlePaused(s.id)) {
+      assert.ok(Date.now() < deadline, 'paused once nothing of its own runs');
+      await sleep(200);
+    }
+    const woke = await idle.startProcess(s.id, { command: 'echo "woke $((40+2))"; sleep 1000' }, tenant);
+    assert.equal(idle.isIdlePaused(s.id), false);
+    const out = await collect(s.id, woke.pid, 'start', idle);
+    await out.until(/woke 42\n/, 30_000);
+    out.stop();
+    await idle.delete(s.id, tenant);
+  } finally {
+    await assertNoLeaks(idle, idleHome);
+  }
+});
+
+test('a server that restarts adopts the VM and learns its processes from the guest: counters kept, a gap for the output it never held', async () => {
+  const restartHome = testHome('processes-restart');
+  let first: Engine | undefined = await openEngine(restartHome, { poolSize: 1 });
+  let second: Engine | undefined;
+  try {
+    const s = await first.create({ template: 'base' }, tenant);
+    const p = await first.startProcess(s.id, { command: 'i=0; while :; do i=$((i+1)); echo "n $i"; sleep 0.2; done', tag: 'survivor' }, tenant);
+    const before = await collect(s.id, p.pid, 'start', first);
+    await before.until(/n 3\n/);
+    before.stop();
+    await first.close(); // its VMMs run on for the next server
+    first = undefined;
+    await sleep(1000);
+    second = await openEngine(restartHome, { poolSize: 1 });
+    const listed = (await second.listProcesses(s.id, tenant)).find((x) => x.pid === p.pid);
+    assert.equal(listed?.status, 'running');
+    assert.equal(listed?.tag, 'survivor');
+    assert.ok(listed!.output_bytes >= before.text().length, 'its byte count comes from the guest');
+    assert.ok(listed!.buffered.from >= before.text().length, 'nothing from before the restart is held');
+    const after = await collect(s.id, p.pid, 'start', second);
+    await after.until(/n \d+\n/, 30_000);
+    const [gap, firstOut] = after.events;
+    assert.ok(gap.type === 'gap' && gap.from === 0, 'what the new server never saw is a gap from the start');
+    assert.ok(firstOut.type === 'output' && firstOut.offset === gap.to && gap.to >= before.text().length, 'then output at the guest\'s offsets');
+    after.stop();
+    await second.signalProcess(s.id, p.pid, 'TERM', tenant);
+    assert.equal((await second.waitProcess(s.id, p.pid, 60, tenant)).signal, 15);
+    await second.delete(s.id, tenant);
+  } finally {
+    // A failure before the restart leaves the first server holding the sandbox: it deletes it
+    // (closing it alone would leave its VMM running for a next server that never comes).
+    if (first) await assertNoLeaks(first, restartHome);
+    if (second) await assertNoLeaks(second, restartHome);
+  }
 });

@@ -437,7 +437,12 @@ test('MCP: the official client lists the tools and drives create → exec → fo
     const tools = (await mcp.listTools()).tools;
     assert.deepEqual(
       tools.map((t) => t.name).sort(),
-      ['create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_directory', 'list_images', 'list_sandboxes', 'make_directory', 'path_exists', 'read_file', 'remove_path', 'rename_path', 'resume_sandbox', 'set_sandbox_timeout', 'stat_path', 'suspend_sandbox', 'watch_directory', 'write_file'],
+      [
+        'create_sandbox', 'delete_sandbox', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_directory', 'list_images', 'list_processes',
+        'list_sandboxes', 'make_directory', 'path_exists', 'read_file', 'read_process_output', 'remove_path', 'rename_path', 'resume_sandbox',
+        'send_process_input', 'set_sandbox_timeout', 'signal_process', 'start_process', 'stat_path', 'suspend_sandbox', 'wait_process',
+        'watch_directory', 'write_file',
+      ],
     );
     for (const t of tools) {
       assert.ok((t.description ?? '').length > 60, `${t.name} has a description an agent can act on`);

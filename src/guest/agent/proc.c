@@ -29,6 +29,7 @@
 #define PROC_EXITED_KEPT 64
 /* What the table keeps of a command line and a tag (the process itself gets all of it). */
 #define PROC_ARGV_KEPT 4096
+#define PROC_ARGS_KEPT 64
 #define PROC_TAG_MAX 256
 #define PROC_CWD_KEPT 1024
 /* Input queued for a process's stdin beyond what its pipe holds (one PROC_INPUT at a time). */
@@ -71,7 +72,7 @@ struct proc {
     int exit_code, signal_number;
 
     char argv_text[PROC_ARGV_KEPT]; /* NUL-separated */
-    size_t argv_len;
+    size_t argv_len, argc;
     bool argv_truncated;
     char cwd[PROC_CWD_KEPT];
     char tag[PROC_TAG_MAX + 1];
@@ -335,12 +336,13 @@ static void remember_argv(struct proc *p, char **argv)
 {
     for (size_t i = 0; argv[i]; i++) {
         size_t n = strlen(argv[i]) + 1;
-        if (p->argv_len + n > sizeof p->argv_text) {
+        if (p->argv_len + n > sizeof p->argv_text || p->argc == PROC_ARGS_KEPT) {
             p->argv_truncated = true;
             break;
         }
         memcpy(p->argv_text + p->argv_len, argv[i], n);
         p->argv_len += n;
+        p->argc++;
     }
 }
 
@@ -747,8 +749,11 @@ void proc_handle_resize(uint32_t id, const uint8_t *payload, size_t len)
 void proc_handle_list(uint32_t id, const uint8_t *payload, size_t len)
 {
     if (!tlv_well_formed(payload, len)) reject_request(id, "bad_request", "PROC_LIST payload is not valid TLV");
+    /* Each entry: its argv (a 6-byte field header per argument), cwd, tag and 17 small fields. With
+       at most 64 arguments and 4 KiB of argv kept, 128 entries stay well inside one frame. */
     size_t cap = 64;
-    for (size_t i = 0; i < table_count; i++) cap += 512 + table[i]->argv_len + 6 * 64 + strlen(table[i]->cwd) + strlen(table[i]->tag);
+    for (size_t i = 0; i < table_count; i++)
+        cap += 512 + table[i]->argv_len + 6 * table[i]->argc + strlen(table[i]->cwd) + strlen(table[i]->tag);
     struct frame_builder b;
     if (!frame_begin(&b, MSG_PROC_TABLE, id, cap)) reject_request(id, "busy", "out of memory listing processes");
     for (size_t i = 0; i < table_count; i++) {

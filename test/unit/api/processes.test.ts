@@ -3,6 +3,8 @@
  * over a fake agent, test/support/fakeProcessAgent.ts).
  */
 import assert from 'node:assert/strict';
+import net from 'node:net';
+import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { assertErrorBody, fixture, type Fixture } from './helpers.js';
@@ -140,5 +142,32 @@ describe('processes over REST', () => {
     assert.equal(listed[0].pid, p.pid);
     assertErrorBody(await f.req('startProcess', { url: `/v1/sandboxes/${s.id}/processes`, key, body: { command: 'true' } }), 'invalid_state');
     assertErrorBody(await f.req('signalProcess', { url: `/v1/sandboxes/${s.id}/processes/${p.pid}/signal`, key, body: { signal: 9 } }), 'invalid_state');
+  });
+
+  test('a client that does not read its output stream is not buffered for: the skipped output is a gap', async () => {
+    const p = (await f.req('startProcess', { url: url(), key, body: { command: 'sleep 100' } })).json();
+    const base = new URL(await f.api.app.listen({ host: '127.0.0.1', port: 0 }));
+    const socket = net.connect(Number(base.port), '127.0.0.1');
+    await once(socket, 'connect');
+    socket.pause();
+    socket.write(`GET ${url(`/${p.pid}/output?from=now`)} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nAccept: text/event-stream\r\n\r\n`);
+    await sleep(100);
+    const agent = f.svc.agentOf(id);
+    const chunk = Buffer.alloc(64 * 1024, 'y');
+    for (let i = 0; i < 32 * 16; i++) agent.write(p.pid, 1, chunk); // 32 MiB while the client reads nothing
+    agent.exit(p.pid, 0);
+    socket.resume();
+    let text = '';
+    socket.on('data', (d: Buffer) => (text += d.toString()));
+    const deadline = Date.now() + 20_000;
+    while (!text.includes('event: exit') && Date.now() < deadline) await sleep(50);
+    socket.destroy();
+    const ev = events(text.slice(text.indexOf('\r\n\r\n') + 4).replace(/\r\n[0-9a-f]+\r\n/g, ''));
+    const sent = ev.filter(([e]) => e === 'stdout').reduce((n, [, d]) => n + Buffer.from(d.data, 'base64').length, 0);
+    const gaps = ev.filter(([e]) => e === 'gap');
+    assert.ok(gaps.length >= 1, 'a gap says what was skipped');
+    assert.equal(sent + gaps.reduce((n, [, d]) => n + d.to - d.from, 0), 32 * 1024 * 1024, 'sent and skipped account for every byte');
+    assert.ok(sent < 24 * 1024 * 1024, `only a bounded amount was queued for the client (${sent})`);
+    assert.equal(ev.at(-1)?.[0], 'exit');
   });
 });

@@ -185,9 +185,9 @@ describe('background processes', () => {
   it('runs a shell on a pseudo-terminal: typed into, read back, resized', async () => {
     await withHost(async (host) => {
       const { pid } = await host.client.startProcess({ argv: ['sh'], pty: { cols: 100, rows: 30 }, env: { PS1: '$ ' } });
-      await host.client.processInput(pid, Buffer.from('echo "answer=$((6*7))"; stty size; [ -t 0 ] && echo tty-yes\n'));
-      // The terminal echoes the typed line, which holds "tty-yes" too: wait for the output line itself.
-      const seen = await host.waitOutput(pid, /(^|\n)tty-yes\r?\n/);
+      // The terminal echoes what is typed: wait for what only the shell's answer contains.
+      await host.client.processInput(pid, Buffer.from('echo "answer=$((6*7))"; stty size; [ -t 0 ] && echo "tty-$((1+1))"\n'));
+      const seen = await host.waitOutput(pid, /tty-2/);
       assert.match(seen, /answer=42/);
       assert.match(seen, /30 100/);
       assert.ok(host.outputs.filter((o) => o.pid === pid).every((o) => o.stream === 'pty'));
@@ -271,6 +271,19 @@ describe('background processes', () => {
       host.socket.resume();
       await host.client.signalProcess(pid, 9);
       await host.waitExit(pid, 30_000);
+    });
+  });
+
+  it('lists a process with a huge command line cut short (the table always fits one frame)', async () => {
+    await withHost(async (host) => {
+      const args = Array.from({ length: 3000 }, (_, i) => `a${i}`);
+      const { pid } = await host.client.startProcess({ argv: ['sh', '-c', 'sleep 30', ...args] });
+      const entry = (await host.client.listProcesses()).find((e) => e.pid === pid)!;
+      assert.equal(entry.argvTruncated, true);
+      assert.equal(entry.argv.length, 64);
+      assert.deepEqual(entry.argv.slice(0, 4), ['sh', '-c', 'sleep 30', 'a0']);
+      await host.client.signalProcess(pid, 9);
+      await host.waitExit(pid);
     });
   });
 

@@ -67,7 +67,7 @@ test('tools carry input and output schemas; results are JSON text and structured
   const c = await connect(f.key('tools-t', 'pro'));
   try {
     const { tools } = await c.listTools();
-    assert.equal(tools.length, 20);
+    assert.equal(tools.length, 26);
     for (const t of tools) {
       assert.ok(t.outputSchema, `${t.name} has an output schema`);
       assert.equal(t.inputSchema.additionalProperties, false, `${t.name} rejects unknown arguments`);
@@ -295,5 +295,43 @@ test('create_sandbox takes egress; get_sandbox reads ports live; expose_port sig
     await c.close();
     app.closeAllConnections();
     await new Promise((r) => app.close(r));
+  }
+});
+
+test('background processes over MCP: start, input, output read by offset (waiting for more), signal, wait, list', async () => {
+  const key = f.key('proc-mcp', 'pro');
+  const c = await connect(key);
+  try {
+    const sb = JSON.parse(text(await c.callTool({ name: 'create_sandbox', arguments: { template: 'base' } })));
+    const started = await c.callTool({ name: 'start_process', arguments: { sandbox_id: sb.id, argv: ['cat'], stdin: true, tag: 'mcp' } });
+    assert.ok(!started.isError, text(started));
+    const p = started.structuredContent as { pid: number; status: string };
+    assert.equal(p.status, 'running');
+    const sent = await c.callTool({ name: 'send_process_input', arguments: { sandbox_id: sb.id, pid: p.pid, input: 'hello\n' } });
+    assert.deepEqual(sent.structuredContent, { pid: p.pid, written: 6, stdin_closed: false });
+    const first = (await c.callTool({ name: 'read_process_output', arguments: { sandbox_id: sb.id, pid: p.pid } })).structuredContent as any;
+    assert.equal(first.output, 'hello\n');
+    assert.equal(first.next, 6);
+    // Nothing new yet: waits, and returns what arrives meanwhile.
+    const later = c.callTool({ name: 'read_process_output', arguments: { sandbox_id: sb.id, pid: p.pid, from: first.next, wait_secs: 5 } });
+    await new Promise((r) => setTimeout(r, 100));
+    await c.callTool({ name: 'send_process_input', arguments: { sandbox_id: sb.id, pid: p.pid, input: 'again\n' } });
+    const second = (await later).structuredContent as any;
+    assert.equal(second.output, 'again\n');
+    assert.equal(second.from, 6);
+    assert.equal(second.next, 12);
+    const listed = (await c.callTool({ name: 'list_processes', arguments: { sandbox_id: sb.id } })).structuredContent as any;
+    assert.deepEqual(listed.processes.map((x: any) => x.tag), ['mcp']);
+    await c.callTool({ name: 'signal_process', arguments: { sandbox_id: sb.id, pid: p.pid, signal: 'SIGTERM' } });
+    const done = (await c.callTool({ name: 'wait_process', arguments: { sandbox_id: sb.id, pid: p.pid, timeout_secs: 5 } })).structuredContent as any;
+    assert.equal(done.status, 'exited');
+    assert.equal(done.signal, 15);
+    const gone = await c.callTool({ name: 'send_process_input', arguments: { sandbox_id: sb.id, pid: p.pid, input: 'x' } });
+    assert.ok(gone.isError);
+    assert.match(text(gone), /^process_exited: /);
+    const unknown = await c.callTool({ name: 'wait_process', arguments: { sandbox_id: sb.id, pid: 4242 } });
+    assert.match(text(unknown), /^process_not_found: /);
+  } finally {
+    await c.close();
   }
 });

@@ -124,16 +124,54 @@ describe('SandboxProcesses', () => {
     const req = buildProcStart({ command: 'sleep 100' });
     const p = procs.started(req, await agent.startProcess(req));
     agent.write(p.pid, 1, 'from the parent\n');
+    registry.beginFork('sbx_parent');
+    // The parent runs on while the fork is made: the child must not inherit what it writes now.
+    agent.write(p.pid, 1, 'parent only\n');
     registry.inherit('sbx_parent', 'sbx_child');
+    registry.endFork('sbx_parent');
     const child = registry.of('sbx_child');
-    await child.attach(agent); // the child's guest has the same table
-    assert.equal(Buffer.concat(listen(child, p.pid).events.flatMap((e) => (e.type === 'output' ? [e.data] : []))).toString(), 'from the parent\n');
+    // The child's guest: the parent's table as of the snapshot, then output of its own.
+    const childAgent = new FakeProcessAgent();
+    const cp = await childAgent.startProcess(req);
+    assert.equal(cp.pid, p.pid);
+    type Procs = { procs: Map<number, { startedNs: bigint }> };
+    (childAgent as unknown as Procs).procs.get(p.pid)!.startedNs = (agent as unknown as Procs).procs.get(p.pid)!.startedNs;
+    childAgent.connected = false;
+    childAgent.write(p.pid, 1, 'from the parent\n');
+    childAgent.connected = true;
+    await child.attach(childAgent);
+    childAgent.write(p.pid, 1, 'child only\n');
+    const seen = listen(child, p.pid).events.flatMap((e) => (e.type === 'output' ? [e.data.toString()] : []));
+    assert.deepEqual(seen, ['from the parent\n', 'child only\n'], 'no byte of what the parent wrote after the fork began');
     // A guest without the process (its table was replaced): lost, with its waiters answered.
     await procs.attach(new FakeProcessAgent());
     assert.equal(procs.get(p.pid)!.status, 'lost');
     assert.equal(child.get(p.pid)!.status, 'running');
+    // A deleted sandbox's streams end: its running processes are lost.
+    const childSub = listen(child, p.pid, 'now');
     registry.forget('sbx_child');
+    assert.deepEqual(childSub.kinds(), ['exit']);
     assert.equal(registry.of('sbx_child').list().length, 0);
+  });
+
+  test('a process started while the table is on its way is not lost when the (older) table arrives', async () => {
+    const agent = new FakeProcessAgent();
+    // The table is taken when asked, and answered only after the start and its first output.
+    let answer!: () => void;
+    const asked = agent.listProcesses();
+    agent.listProcesses = () => new Promise((resolve) => { answer = () => void asked.then(resolve); });
+    const procs = new SandboxProcesses();
+    const synced = procs.attach(agent);
+    const req = buildProcStart({ command: 'sleep 100' });
+    const p = procs.started(req, await agent.startProcess(req));
+    agent.write(p.pid, 1, 'one\n');
+    const sub = listen(procs, p.pid);
+    answer();
+    await synced;
+    agent.write(p.pid, 1, 'two\n');
+    assert.equal(procs.get(p.pid)!.status, 'running');
+    assert.deepEqual(procs.get(p.pid)!.argv, ['/bin/sh', '-c', 'sleep 100']);
+    assert.deepEqual(sub.events.map((e) => e.type === 'output' && e.data.toString()), ['one\n', 'two\n']);
   });
 
   test('wait times out with the process still running', async () => {
