@@ -271,7 +271,7 @@ test('a watch stream sees changes while an exec runs, and ends when the sandbox 
   const w = await Watch.open(id, '/root/w', true);
   let execDone = false;
   const exec = call('execSandbox', 'POST', `/v1/sandboxes/${id}/exec`, {
-    command: 'sleep 1; mkdir -p /root/w/sub/deep; echo hi > /root/w/sub/deep/f; chmod 600 /root/w/sub/deep/f; mv /root/w/sub/deep/f /root/w/g; rm /root/w/g; sleep 8',
+    command: 'sleep 1; mkdir -p /root/w/sub/deep; sleep 0.5; echo hi > /root/w/sub/deep/f; chmod 600 /root/w/sub/deep/f; mv /root/w/sub/deep/f /root/w/g; rm /root/w/g; sleep 8',
     timeout: 60,
   }).then((r) => { execDone = true; return r; });
   await w.change('create', 'sub');
