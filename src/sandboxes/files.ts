@@ -137,6 +137,8 @@ export async function fsWatch(ctx: EngineContext, id: string, path: string, recu
   await beside(ctx, id, scope, 'watching a directory', async (r) => {
     running = r;
     watchId = await r.live.agent.watch(path, recursive, onEvent);
+    // One listener per watch (the agent allows 32), beside the engine's own.
+    if (r.live.agent.getMaxListeners() < 64) r.live.agent.setMaxListeners(64);
     r.live.agent.on('close', onClose);
   }, path);
   return {
