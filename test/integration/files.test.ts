@@ -197,10 +197,11 @@ test('directory operations: mkdir, stat, exists, list, rename, remove, and their
   await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`);
 });
 
-test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memory bounded; an aborted upload leaves nothing', async () => {
+test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memory bounded; an aborted upload leaves nothing', async (t) => {
   const id = await createSandbox();
   await sh(id, 'echo previous > /root/big.bin');
   const sent = createHash('sha256');
+  const upStart = Date.now();
   const up = await peakBufferMemory(async () => {
     const req = http.request(`${base}/v1/sandboxes/${id}/files?path=/root/big.bin&mode=600`, { method: 'PUT', headers: { authorization: `Bearer ${key}` } });
     randomSource(BIG, sent).pipe(req);
@@ -212,11 +213,13 @@ test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memor
   assert.equal(up.result.status, 200, up.result.body);
   assert.deepEqual(JSON.parse(up.result.body), { path: '/root/big.bin', size: BIG });
   const sentHex = sent.digest('hex');
+  t.diagnostic(`upload: ${BIG / MiB} MiB in ${((Date.now() - upStart) / 1000).toFixed(1)} s, buffer memory +${up.peakMiB.toFixed(1)} MiB at most`);
   assert.ok(up.peakMiB < 48, `buffer memory grew by ${up.peakMiB.toFixed(1)} MiB during a ${BIG / MiB} MiB upload`);
   assert.equal((await sh(id, 'sha256sum /root/big.bin')).split(' ')[0], sentHex, 'the guest holds exactly the bytes sent');
   assert.equal((await sh(id, 'stat -c %a /root/big.bin; ls -a /root | grep -c upload || true')).trim(), '600\n0');
 
   const received = createHash('sha256');
+  const downStart = Date.now();
   const down = await peakBufferMemory(async () => {
     const req = http.request(`${base}/v1/sandboxes/${id}/files?path=/root/big.bin`, { headers: { authorization: `Bearer ${key}` } });
     req.end();
@@ -228,6 +231,7 @@ test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memor
     }
     return { status: res.statusCode, length: res.headers['content-length'], bytes };
   });
+  t.diagnostic(`download: ${BIG / MiB} MiB in ${((Date.now() - downStart) / 1000).toFixed(1)} s, buffer memory +${down.peakMiB.toFixed(1)} MiB at most`);
   assert.equal(down.result.status, 200);
   assert.equal(down.result.length, String(BIG));
   assert.equal(down.result.bytes, BIG);
