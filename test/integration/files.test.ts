@@ -190,6 +190,12 @@ test('directory operations: mkdir, stat, exists, list, rename, remove, and their
   assert.equal((await call('listDirectory', 'GET', `/v1/sandboxes/${id}/fs/list?path=/root/proj/app.py`)).json().error.code, 'not_a_directory');
   assert.equal((await call('renamePath', 'POST', `/v1/sandboxes/${id}/fs/rename`, { from: '/root/proj/app.py', to: '/root/proj/src' })).json().error.code, 'is_a_directory');
 
+  // A pseudo-file states size 0: it is read to its end, sent without a Content-Length.
+  const version = await fetch(`${base}/v1/sandboxes/${id}/files?path=/proc/version`, { headers: { authorization: `Bearer ${key}` } });
+  assert.equal(version.status, 200);
+  assert.equal(version.headers.get('content-length'), null);
+  assert.equal(await version.text(), await sh(id, 'cat /proc/version'));
+
   r = await call('removePath', 'POST', `/v1/sandboxes/${id}/fs/remove`, { path: '/root/proj' });
   assert.equal(r.json().removed, 5);
   assert.equal((await sh(id, 'test -e /root/proj && echo present || echo gone')).trim(), 'gone');

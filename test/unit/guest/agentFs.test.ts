@@ -382,6 +382,18 @@ describe('streamed transfers', () => {
     });
   });
 
+  it('reads a pseudo-file that states size 0 (/proc) to its end, its size unknown', async () => {
+    await withClient(async (client) => {
+      const chunks: Buffer[] = [];
+      let started: { size: number; mode: number } | undefined;
+      const r = await client.downloadFile('/proc/version', { start: (info) => void (started = info), chunk: (c) => void chunks.push(c) });
+      assert.equal(started?.size, -1);
+      assert.equal(Buffer.concat(chunks).toString(), readFileSync('/proc/version', 'utf8'));
+      assert.equal(r.size, Buffer.concat(chunks).length);
+      assert.ok(r.size > 0);
+    });
+  });
+
   it('fails with file_changed when the file shrinks while it is read', async () => {
     const dir = scratch('download-shrinks');
     writeFileSync(join(dir, 'f'), Buffer.alloc(2 * 1024 * 1024, 1));
