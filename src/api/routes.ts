@@ -198,7 +198,7 @@ export const ROUTE_TABLE = [
     description:
       'Streams the file chunk by chunk, whatever its size (up to the server\'s download limit, COLLIMATE_MAX_DOWNLOAD_MIB, default 1 TiB); ' +
       'Content-Length is the size the file had when the read began. A file that shrinks while it is sent ends the response early (the connection is closed); ' +
-      'one that grows is sent up to that size. Errors found before the first byte (no such file, a directory) are JSON errors with their status.',
+      'one that grows is sent up to that size; a /proc or /sys file, which states size 0, is read to its end and sent without Content-Length. Errors found before the first byte (no such file, a directory) are JSON errors with their status.',
     tag: 'sandboxes',
     auth: true,
     params: sandbox,

@@ -159,6 +159,8 @@ export class SseStreams {
       'cache-control': 'no-cache',
       'x-accel-buffering': 'no',
     });
+    // Sent now, not with the first event: the client learns at once that the watch is in place.
+    res.flushHeaders();
     live = true;
     const ping = setInterval(() => !res.destroyed && res.write(': ping\n\n'), 15_000);
     ping.unref();

@@ -14,6 +14,8 @@ import { CollimateError } from '../errors.js';
 import { homePaths } from '../host/paths.js';
 import { ApiClient, CliHttpError } from './client.js';
 import { duration, table } from './format.js';
+import { CollimateError as SdkError, SandboxFiles } from '../sdk/index.js';
+import { Transport } from '../../sdk/typescript/src/transport.js';
 
 export interface Io {
   out(s: string): void;
@@ -74,6 +76,18 @@ Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7
   collimate processes wait ID PID [--timeout SECS]
   collimate templates list
   collimate images list
+
+Files in a running sandbox (paths absolute, or relative to /root; answered while an exec runs)
+  collimate files ls ID PATH [--depth N]
+  collimate files stat ID PATH
+  collimate files exists ID PATH          prints true/false; exit 0 if something is there, 1 if not
+  collimate files mkdir ID PATH [--mode 755]   with its parents; an existing directory is no error
+  collimate files rm ID PATH              a directory goes with everything in it
+  collimate files mv ID FROM TO           replaces a file at TO
+  collimate files upload ID LOCAL PATH [--mode 644]   streamed; PATH is replaced whole or not at all
+  collimate files download ID PATH LOCAL  streamed; LOCAL - writes to stdout
+  collimate files watch ID PATH [--recursive]   one line per change (OP NAME) until interrupted or the
+                                          watch ends (directory removed, sandbox suspended or deleted)
   collimate usage [--from T] [--to T]
 
 Host and service
@@ -409,6 +423,97 @@ async function keys(sub: string | undefined, args: string[], io: Io): Promise<nu
     }
   } finally {
     db.close();
+  }
+}
+
+const FILE_COLUMNS = ['type', 'permissions', 'owner', 'size', 'modified_at', 'path'];
+
+/** `collimate files`: a sandbox's files through the SDK's SandboxFiles (streamed transfers). */
+async function files(sub: string | undefined, args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(
+    args,
+    { ...http, depth: { type: 'string' }, mode: { type: 'string' }, recursive: { type: 'boolean' } },
+    sub === 'mv' || sub === 'upload' || sub === 'download' ? 3 : 2,
+  );
+  const url = values.url ?? io.env.COLLIMATE_BASE_URL ?? 'http://127.0.0.1:7070';
+  const key = values.key ?? io.env.COLLIMATE_API_KEY;
+  if (!key) throw new UsageError('no API key: pass --key or set COLLIMATE_API_KEY (create one with `collimate keys create`)');
+  const id = need(positionals[0], 'sandbox ID');
+  const arg = (i: number, what: string) => need(positionals[i], what);
+  const mode = values.mode === undefined ? undefined : /^0?[0-7]{3,4}$/.test(values.mode) ? parseInt(values.mode, 8) : (() => { throw new UsageError('--mode must be octal permission bits, e.g. 755'); })();
+  const fs = new SandboxFiles(new Transport({ baseUrl: url, apiKey: key, timeoutMs: 120_000 }), id);
+  // /files takes absolute paths; the others resolve relative ones under /root themselves.
+  const absolute = (p: string) => (p.startsWith('/') ? p : `/root/${p}`);
+  const show = (value: unknown, text: () => string) => io.out(values.json ? JSON.stringify(value, null, 2) + '\n' : text());
+  try {
+    switch (sub) {
+      case 'ls': {
+        const r = await fs.list(arg(1, 'PATH'), { depth: num(values.depth, 'depth') });
+        show(r, () => table(r.entries as unknown as Record<string, unknown>[], FILE_COLUMNS) + (r.truncated ? '(truncated: more entries than one listing holds)\n' : ''));
+        return 0;
+      }
+      case 'stat': {
+        const e = await fs.stat(arg(1, 'PATH'));
+        show(e, () => Object.entries(e).map(([k, v]) => `${k.padEnd(15)} ${v}`).join('\n') + '\n');
+        return 0;
+      }
+      case 'exists': {
+        const exists = await fs.exists(arg(1, 'PATH'));
+        show({ exists }, () => `${exists}\n`);
+        return exists ? 0 : 1;
+      }
+      case 'mkdir': {
+        const r = await fs.mkdir(arg(1, 'PATH'), { mode });
+        show(r, () => `${r.created ? 'created' : 'exists'} ${r.entry.path}\n`);
+        return 0;
+      }
+      case 'rm': {
+        const r = await fs.remove(arg(1, 'PATH'));
+        show(r, () => `removed ${r.path} (${r.removed} ${r.removed === 1 ? 'entry' : 'entries'})\n`);
+        return 0;
+      }
+      case 'mv': {
+        const e = await fs.rename(arg(1, 'FROM'), arg(2, 'TO'));
+        show(e, () => `${e.path}\n`);
+        return 0;
+      }
+      case 'upload': {
+        const r = await fs.uploadFrom(arg(1, 'LOCAL'), absolute(arg(2, 'PATH')), { mode });
+        show(r, () => `uploaded ${r.size} bytes to ${r.path}\n`);
+        return 0;
+      }
+      case 'download': {
+        const local = arg(2, 'LOCAL');
+        if (local === '-') {
+          const { stream } = await fs.download(absolute(arg(1, 'PATH')));
+          for await (const chunk of stream as unknown as AsyncIterable<Uint8Array>) io.outBytes(Buffer.from(chunk));
+          return 0;
+        }
+        const r = await fs.downloadTo(absolute(arg(1, 'PATH')), local);
+        show(r, () => `downloaded ${r.size} bytes to ${local}\n`);
+        return 0;
+      }
+      case 'watch': {
+        const stop = new AbortController();
+        const onSignal = () => stop.abort();
+        process.once('SIGINT', onSignal);
+        try {
+          for await (const ev of fs.watch(arg(1, 'PATH'), { recursive: values.recursive, signal: stop.signal })) {
+            if (values.json) io.out(JSON.stringify(ev) + '\n');
+            else if (ev.type === 'change') io.out(`${ev.op.padEnd(8)} ${ev.name}\n`);
+            else io.err(`watch ended: ${ev.reason}\n`);
+          }
+        } finally {
+          process.off('SIGINT', onSignal);
+        }
+        return 0;
+      }
+      default:
+        throw new UsageError(`unknown files command ${sub ?? ''}`);
+    }
+  } catch (e) {
+    if (e instanceof SdkError) throw new CliHttpError(e.status, e.code, e.message);
+    throw e;
   }
 }
 
@@ -765,6 +870,8 @@ export async function run(argv: string[], io: Io = processIo): Promise<number> {
       case 'process':
       case 'proc':
         return await processes(sub, rest, io);
+      case 'files':
+        return await files(sub, rest, io);
       case 'templates':
         return await templates('templates', sub, rest, io);
       case 'images':

@@ -111,7 +111,7 @@ export interface ReadFileOptions {
 
 /** Where a streamed download's bytes go; awaiting `chunk` paces the reads (memory stays one chunk). */
 export interface FileSink {
-  /** Called once, before any chunk, with the size the file has when the read begins. */
+  /** Called once, before any chunk, with the size the file has when the read begins (-1: unknown, a /proc or /sys file). */
   start?(info: { size: number; mode: number }): void | Promise<void>;
   chunk(data: Buffer): void | Promise<void>;
 }
@@ -336,13 +336,14 @@ export class AgentClient extends EventEmitter {
   /**
    * Streams `path` to `sink` chunk by chunk, in one turn of the queue: exactly the size the file had
    * when the read began (a file that grows meanwhile is cut there; one that shrinks fails with
-   * file_changed). Files over `maxBytes` are refused before `start`.
+   * file_changed). Files over `maxBytes` are refused before `start`. A file that reports size 0 but
+   * has content (/proc, /sys) is read to its end: `start` gets size -1.
    */
   async downloadFile(path: string, sink: FileSink, options: ReadFileOptions = {}): Promise<{ size: number }> {
     const maxBytes = options.maxBytes ?? Number.MAX_SAFE_INTEGER;
     return this.serialized(async () => {
       let offset = 0;
-      let size = -1;
+      let size = -2; // not known yet; -1: unknown (a pseudo-file), read to its end
       for (;;) {
         const payload = encodeOrThrow(() => encodeFileRead({ path, offset, length: FILE_CHUNK_MAX }));
         const chunk = await this.request<FileData>(MessageType.FileRead, payload, undefined, (frame, done) => {
@@ -350,10 +351,17 @@ export class AgentClient extends EventEmitter {
           done(decodeFileData(frame.payload));
           return true;
         });
-        if (size < 0) {
-          size = chunk.size;
+        if (size === -2) {
+          size = chunk.size === 0 && chunk.data.length > 0 ? -1 : chunk.size;
           if (size > maxBytes) throw new AgentError(ClientErrorCode.FileTooLarge, `${path} is ${size} bytes, over the ${maxBytes}-byte limit`);
           await sink.start?.({ size, mode: chunk.mode });
+        }
+        if (size === -1) {
+          if (chunk.data.length === 0) return { size: offset };
+          if (offset + chunk.data.length > maxBytes) throw new AgentError(ClientErrorCode.FileTooLarge, `${path} is over the ${maxBytes}-byte limit`);
+          await sink.chunk(chunk.data);
+          offset += chunk.data.length;
+          continue;
         }
         const data = chunk.data.length > size - offset ? chunk.data.subarray(0, size - offset) : chunk.data;
         if (data.length > 0) await sink.chunk(data);

@@ -70,12 +70,12 @@ async function beside<T>(ctx: EngineContext, id: string, scope: Scope | undefine
   }
 }
 
-export function fsStat(ctx: EngineContext, id: string, path: string, scope?: Scope): Promise<FileEntry> {
+export async function fsStat(ctx: EngineContext, id: string, path: string, scope?: Scope): Promise<FileEntry> {
   checkFsPath(path);
   return beside(ctx, id, scope, 'reading a path', async (r) => toFileEntry(await r.live.agent.stat(path)), path);
 }
 
-export function fsList(ctx: EngineContext, id: string, path: string, depth = 1, scope?: Scope): Promise<DirListing> {
+export async function fsList(ctx: EngineContext, id: string, path: string, depth = 1, scope?: Scope): Promise<DirListing> {
   checkFsPath(path);
   if (!Number.isInteger(depth) || depth < 1 || depth > 32) throw new CollimateError('validation_error', `depth must be a whole number from 1 to 32 (1: the directory's own entries), not ${depth}.`);
   return beside(ctx, id, scope, 'listing a directory', async (r) => {
@@ -84,7 +84,7 @@ export function fsList(ctx: EngineContext, id: string, path: string, depth = 1, 
   }, path);
 }
 
-export function fsMkdir(ctx: EngineContext, id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+export async function fsMkdir(ctx: EngineContext, id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
   checkFsPath(path);
   checkMode(mode);
   return beside(ctx, id, scope, 'making a directory', async (r) => {
@@ -93,12 +93,12 @@ export function fsMkdir(ctx: EngineContext, id: string, path: string, mode?: num
   }, path);
 }
 
-export function fsRemove(ctx: EngineContext, id: string, path: string, scope?: Scope): Promise<{ removed: number }> {
+export async function fsRemove(ctx: EngineContext, id: string, path: string, scope?: Scope): Promise<{ removed: number }> {
   checkFsPath(path);
   return beside(ctx, id, scope, 'removing a path', (r) => r.live.agent.remove(path), path);
 }
 
-export function fsRename(ctx: EngineContext, id: string, from: string, to: string, scope?: Scope): Promise<FileEntry> {
+export async function fsRename(ctx: EngineContext, id: string, from: string, to: string, scope?: Scope): Promise<FileEntry> {
   checkFsPath(from, 'from');
   checkFsPath(to, 'to');
   return beside(ctx, id, scope, 'renaming a path', async (r) => toFileEntry(await r.live.agent.rename(from, to)), from);
@@ -137,6 +137,8 @@ export async function fsWatch(ctx: EngineContext, id: string, path: string, recu
   await beside(ctx, id, scope, 'watching a directory', async (r) => {
     running = r;
     watchId = await r.live.agent.watch(path, recursive, onEvent);
+    // One listener per watch (the agent allows 32), beside the engine's own.
+    if (r.live.agent.getMaxListeners() < 64) r.live.agent.setMaxListeners(64);
     r.live.agent.on('close', onClose);
   }, path);
   return {

@@ -222,7 +222,7 @@ export interface DirWatch {
 
 /** Where a streamed download goes; awaiting `chunk` paces it (memory stays about one chunk). */
 export interface FileSink {
-  /** Once, before any chunk, with the size the file had when the read began. */
+  /** Once, before any chunk, with the size the file had when the read began (-1: unknown, a /proc or /sys file read to its end). */
   start?(info: { size: number; mode: number }): void | Promise<void>;
   chunk(data: Buffer): void | Promise<void>;
 }

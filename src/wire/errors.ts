@@ -48,7 +48,7 @@ export function toClientError(err: unknown, log?: ErrorLog, requestId?: string):
     // The HTTP framework's own 4xx (body too large, bad content length, bad URL, ...).
     switch (e.statusCode) {
       case 413:
-        return new CollimateError('payload_too_large', 'Request body too large. Bodies are limited to 16 MiB (64 MiB for PUT /files).');
+        return new CollimateError('payload_too_large', 'Request body too large. JSON bodies are limited to 16 MiB; PUT /files streams up to the server\'s upload limit (COLLIMATE_MAX_UPLOAD_MIB).');
       case 415:
         return new CollimateError('unsupported_media_type', 'Unsupported Content-Type; send application/json.');
       case 404:

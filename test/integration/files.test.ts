@@ -190,6 +190,12 @@ test('directory operations: mkdir, stat, exists, list, rename, remove, and their
   assert.equal((await call('listDirectory', 'GET', `/v1/sandboxes/${id}/fs/list?path=/root/proj/app.py`)).json().error.code, 'not_a_directory');
   assert.equal((await call('renamePath', 'POST', `/v1/sandboxes/${id}/fs/rename`, { from: '/root/proj/app.py', to: '/root/proj/src' })).json().error.code, 'is_a_directory');
 
+  // A pseudo-file states size 0: it is read to its end, sent without a Content-Length.
+  const version = await fetch(`${base}/v1/sandboxes/${id}/files?path=/proc/version`, { headers: { authorization: `Bearer ${key}` } });
+  assert.equal(version.status, 200);
+  assert.equal(version.headers.get('content-length'), null);
+  assert.equal(await version.text(), await sh(id, 'cat /proc/version'));
+
   r = await call('removePath', 'POST', `/v1/sandboxes/${id}/fs/remove`, { path: '/root/proj' });
   assert.equal(r.json().removed, 5);
   assert.equal((await sh(id, 'test -e /root/proj && echo present || echo gone')).trim(), 'gone');
@@ -197,10 +203,11 @@ test('directory operations: mkdir, stat, exists, list, rename, remove, and their
   await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`);
 });
 
-test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memory bounded; an aborted upload leaves nothing', async () => {
+test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memory bounded; an aborted upload leaves nothing', async (t) => {
   const id = await createSandbox();
   await sh(id, 'echo previous > /root/big.bin');
   const sent = createHash('sha256');
+  const upStart = Date.now();
   const up = await peakBufferMemory(async () => {
     const req = http.request(`${base}/v1/sandboxes/${id}/files?path=/root/big.bin&mode=600`, { method: 'PUT', headers: { authorization: `Bearer ${key}` } });
     randomSource(BIG, sent).pipe(req);
@@ -212,11 +219,13 @@ test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memor
   assert.equal(up.result.status, 200, up.result.body);
   assert.deepEqual(JSON.parse(up.result.body), { path: '/root/big.bin', size: BIG });
   const sentHex = sent.digest('hex');
+  t.diagnostic(`upload: ${BIG / MiB} MiB in ${((Date.now() - upStart) / 1000).toFixed(1)} s, buffer memory +${up.peakMiB.toFixed(1)} MiB at most`);
   assert.ok(up.peakMiB < 48, `buffer memory grew by ${up.peakMiB.toFixed(1)} MiB during a ${BIG / MiB} MiB upload`);
   assert.equal((await sh(id, 'sha256sum /root/big.bin')).split(' ')[0], sentHex, 'the guest holds exactly the bytes sent');
   assert.equal((await sh(id, 'stat -c %a /root/big.bin; ls -a /root | grep -c upload || true')).trim(), '600\n0');
 
   const received = createHash('sha256');
+  const downStart = Date.now();
   const down = await peakBufferMemory(async () => {
     const req = http.request(`${base}/v1/sandboxes/${id}/files?path=/root/big.bin`, { headers: { authorization: `Bearer ${key}` } });
     req.end();
@@ -228,6 +237,7 @@ test('200 MiB up and down, streamed: identical bytes, the server\'s buffer memor
     }
     return { status: res.statusCode, length: res.headers['content-length'], bytes };
   });
+  t.diagnostic(`download: ${BIG / MiB} MiB in ${((Date.now() - downStart) / 1000).toFixed(1)} s, buffer memory +${down.peakMiB.toFixed(1)} MiB at most`);
   assert.equal(down.result.status, 200);
   assert.equal(down.result.length, String(BIG));
   assert.equal(down.result.bytes, BIG);
@@ -271,7 +281,7 @@ test('a watch stream sees changes while an exec runs, and ends when the sandbox 
   const w = await Watch.open(id, '/root/w', true);
   let execDone = false;
   const exec = call('execSandbox', 'POST', `/v1/sandboxes/${id}/exec`, {
-    command: 'sleep 1; mkdir -p /root/w/sub/deep; echo hi > /root/w/sub/deep/f; chmod 600 /root/w/sub/deep/f; mv /root/w/sub/deep/f /root/w/g; rm /root/w/g; sleep 8',
+    command: 'sleep 1; mkdir -p /root/w/sub/deep; sleep 0.5; echo hi > /root/w/sub/deep/f; chmod 600 /root/w/sub/deep/f; mv /root/w/sub/deep/f /root/w/g; rm /root/w/g; sleep 8',
     timeout: 60,
   }).then((r) => { execDone = true; return r; });
   await w.change('create', 'sub');

@@ -345,7 +345,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
 
   // ---- files and directories: a small tree over `files` and `dirs` ------------------------------
   // Paths resolve like the guest's (relative to /root). A directory exists if made, or if anything
-  // lies under it; / always does.
+  // lies under it; /, /root and /tmp always do.
 
   private fsBox(id: string, scope: Scope | undefined, what: string): Box {
     const box = this.find(id, scope);
@@ -354,7 +354,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   }
 
   private isDir(box: Box, path: string): boolean {
-    if (path === '/' || box.dirs.has(path)) return true;
+    if (path === '/' || path === '/root' || path === '/tmp' || box.dirs.has(path)) return true;
     const prefix = `${path}/`;
     for (const k of box.files.keys()) if (k.startsWith(prefix)) return true;
     for (const k of box.dirs.keys()) if (k.startsWith(prefix)) return true;

@@ -11,7 +11,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { CollimateError } from '../../src/errors.js';
-import type { SandboxService, Scope } from '../../src/sandboxes/types.js';
+import { Readable } from 'node:stream';
+import type { FileChange, SandboxService, Scope, WatchEndReason } from '../../src/sandboxes/types.js';
 
 export interface ContractTarget {
   service: SandboxService;
@@ -55,6 +56,42 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       assert.deepEqual(svc.template('base', a).id, 'base');
       await rejectsWith(() => svc.template('no-such-template', a), 'template_not_found');
       await rejectsWith(svc.create({ template: 'no-such-template' }, a), 'template_not_found');
+    });
+
+    test('files and directories: mkdir, transfers, stat, list, rename, watch, remove, with the same codes', async () => {
+      const s = await svc.create({ template: 'base' }, a);
+      const made = await svc.fsMkdir(s.id, '/root/c/d', 0o750, a);
+      assert.deepEqual([made.created, made.entry.type, made.entry.mode, made.entry.path], [true, 'dir', 0o750, '/root/c/d']);
+      assert.equal((await svc.fsMkdir(s.id, 'c/d', undefined, a)).created, false, 'relative paths are under /root');
+      const up = await svc.uploadFile(s.id, '/root/c/d/f.txt', Readable.from([Buffer.from('hel'), Buffer.from('lo')]), { mode: 0o600 }, a);
+      assert.deepEqual([up.bytes, up.size, up.mode, up.type], [5, 5, 0o600, 'file']);
+      assert.equal((await svc.fsStat(s.id, '/root/c/d/f.txt', a)).size, 5);
+      assert.deepEqual((await svc.fsList(s.id, '/root/c', 2, a)).entries.map((e) => e.path), ['/root/c/d', '/root/c/d/f.txt']);
+      assert.equal((await svc.fsRename(s.id, '/root/c/d/f.txt', '/root/c/g.txt', a)).path, '/root/c/g.txt');
+      const chunks: Buffer[] = [];
+      assert.deepEqual(await svc.downloadFile(s.id, '/root/c/g.txt', { chunk: (c) => void chunks.push(c) }, a), { size: 5 });
+      assert.equal(Buffer.concat(chunks).toString(), 'hello');
+      await rejectsWith(svc.fsStat(s.id, '/root/c/d/f.txt', a), 'file_not_found');
+      await rejectsWith(svc.fsMkdir(s.id, '/root/c/g.txt', undefined, a), 'file_exists');
+      await rejectsWith(svc.fsList(s.id, '/root/c/g.txt', 1, a), 'not_a_directory');
+      await rejectsWith(svc.fsStat(s.id, '/root/c', b), 'sandbox_not_found');
+      await rejectsWith(svc.uploadFile(s.id, '/root/c/big', Readable.from([Buffer.alloc(2048)]), { maxBytes: 1024 }, a), 'payload_too_large');
+      await rejectsWith(svc.fsStat(s.id, '/root/c/big', a), 'file_not_found');
+
+      const changes: FileChange[] = [];
+      const ends: WatchEndReason[] = [];
+      await svc.fsWatch(s.id, '/root/c', false, { onChange: (c) => changes.push(c), onEnd: (r) => ends.push(r) }, a);
+      await svc.writeFile(s.id, '/root/c/new', Buffer.from('x'), a);
+      for (let i = 0; i < 200 && !changes.some((c) => c.op === 'create' && c.name === 'new'); i++) await new Promise((r) => setTimeout(r, 25));
+      assert.ok(changes.some((c) => c.op === 'create' && c.name === 'new'), JSON.stringify(changes));
+      await svc.suspend(s.id, a);
+      for (let i = 0; i < 200 && ends.length === 0; i++) await new Promise((r) => setTimeout(r, 25));
+      assert.deepEqual(ends, ['sandbox_suspended']);
+      await rejectsWith(svc.fsStat(s.id, '/root/c', a), 'invalid_state');
+      await svc.resume(s.id, a);
+      assert.deepEqual(await svc.fsRemove(s.id, '/root/c', a), { removed: 4 });
+      assert.equal((await svc.fsList(s.id, '/root', 1, a)).entries.some((e) => e.name === 'c'), false);
+      await svc.delete(s.id, a);
     });
 
     test('lifecycle: create, exec, files, fork a running and a suspended parent, resume, delete', async () => {

@@ -48,7 +48,12 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
         await tenants.downloadFile(scope, params.id, query.path, {
           start: ({ size, mode }) => {
             reply.hijack();
-            res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(size), 'x-file-mode': mode.toString(8).padStart(3, '0') });
+            // A pseudo-file (/proc, /sys) states no size: it goes out chunked, to its end.
+            res.writeHead(200, {
+              'content-type': 'application/octet-stream',
+              ...(size >= 0 ? { 'content-length': String(size) } : {}),
+              'x-file-mode': mode.toString(8).padStart(3, '0'),
+            });
             started = true;
           },
           chunk: (data) => writeChunk(res, data, stallMs),

@@ -231,7 +231,10 @@ describe('watch', () => {
     assert.equal(bad.status, 400);
 
     await f.req('makeDirectory', { url: `/v1/sandboxes/${id}/fs/mkdir`, key, body: { path: '/w2' } });
-    const w = await openWatch(id, 'path=/w2');
+    // The stream opens at once, before any change: a client knows the watch is in place.
+    const opened = await Promise.race([openWatch(id, 'path=/w2'), sleep(2000).then(() => null)]);
+    assert.ok(opened, 'no response headers before the first event');
+    const w = opened;
     assert.equal(w.status, 200);
     const box = (f.svc as any).boxes.get(id);
     assert.equal(box.watchers.size, 1);

@@ -23,6 +23,7 @@ import {
   Tag,
   TlvWriter,
   decodeError,
+  decodeFsEvent,
   decodeFsRemoved,
   encodeFrame,
   encodeFsRemove,
@@ -381,6 +382,18 @@ describe('streamed transfers', () => {
     });
   });
 
+  it('reads a pseudo-file that states size 0 (/proc) to its end, its size unknown', async () => {
+    await withClient(async (client) => {
+      const chunks: Buffer[] = [];
+      let started: { size: number; mode: number } | undefined;
+      const r = await client.downloadFile('/proc/version', { start: (info) => void (started = info), chunk: (c) => void chunks.push(c) });
+      assert.equal(started?.size, -1);
+      assert.equal(Buffer.concat(chunks).toString(), readFileSync('/proc/version', 'utf8'));
+      assert.equal(r.size, Buffer.concat(chunks).length);
+      assert.ok(r.size > 0);
+    });
+  });
+
   it('fails with file_changed when the file shrinks while it is read', async () => {
     const dir = scratch('download-shrinks');
     writeFileSync(join(dir, 'f'), Buffer.alloc(2 * 1024 * 1024, 1));
@@ -532,6 +545,41 @@ describe('FS_WATCH', () => {
     await withClient(async (client) => {
       await assert.rejects(client.watch(join(dir, 'file'), false, () => {}), rejectsWithCode('not_a_directory'));
     });
+  });
+});
+
+describe('FS_WATCH under backpressure', () => {
+  it('stops reading events while the host does not read, and reports the kernel queue\'s overflow', async () => {
+    const dir = scratch('watch-overflow');
+    const queueMax = Number(readFileSync('/proc/sys/fs/inotify/max_queued_events', 'utf8'));
+    const socket = await connectSocket(socketPath);
+    const decoder = new FrameDecoder();
+    const frames: Frame[] = [];
+    socket.on('data', (chunk: Buffer) => {
+      for (const event of decoder.push(chunk)) if (event.kind === 'frame') frames.push(event.frame);
+    });
+    try {
+      socket.write(encodeFrame(MessageType.FsWatch, 1, new TlvWriter().str(Tag.FsPath, dir).finish()));
+      for (let i = 0; i < 100 && !frames.some((f) => f.id === 1); i++) await sleep(10);
+      assert.equal(frames.find((f) => f.id === 1)?.type, MessageType.FsWatching);
+      // An exec floods output the host does not read: the agent's queue passes its high-water mark.
+      socket.pause();
+      socket.write(encodeFrame(MessageType.Exec, 2, new TlvWriter().empty(Tag.ArgvBegin).str(Tag.Arg, 'head').str(Tag.Arg, '-c').str(Tag.Arg, '16000000').str(Tag.Arg, '/dev/zero').u32(Tag.MaxOutput, 32 * 1024 * 1024).finish()));
+      await sleep(1000);
+      for (let i = 0; i < queueMax + 500; i++) writeFileSync(join(dir, `f${i}`), '');
+      socket.resume();
+      const deadline = Date.now() + 60_000;
+      const isOverflow = (f: Frame) => f.type === MessageType.FsEvent && decodeFsEvent(f.payload).op === 'overflow';
+      while (!frames.some(isOverflow) || !frames.some((f) => f.type === MessageType.ExecResult)) {
+        assert.ok(Date.now() < deadline, `no overflow event among ${frames.filter((f) => f.type === MessageType.FsEvent).length} events`);
+        await sleep(50);
+      }
+      const creates = frames.filter((f) => f.type === MessageType.FsEvent && decodeFsEvent(f.payload).op === 'create').length;
+      assert.ok(creates <= queueMax, `${creates} creates: more than the kernel queues, so the agent read them while backpressured`);
+    } finally {
+      socket.destroy();
+      await sleep(50);
+    }
   });
 });
 
