@@ -391,8 +391,10 @@ export class SandboxProcesses {
     for (const e of entries) {
       listed.add(e.pid);
       let p = this.records.get(e.pid);
-      // Known since the table was asked for: the host's record is the newer word (a pid used again).
-      if (p && p.knownSince >= asOf) continue;
+      // Started by this host since the table was asked for: its record is the newer word (a pid
+      // used again). A record only output events made (startedNs 0: the host never saw its start,
+      // as after a restart) learns its argv, tag and the rest from the table.
+      if (p && p.knownSince >= asOf && p.startedNs !== 0n) continue;
       if (p && p.startedNs !== 0n && p.startedNs !== e.startedNs) p = undefined;
       if (!p && e.exit) {
         // An exit the host never knew a start of: kept for the listing, nobody waits on it.

@@ -174,6 +174,25 @@ describe('SandboxProcesses', () => {
     assert.deepEqual(sub.events.map((e) => e.type === 'output' && e.data.toString()), ['one\n', 'two\n']);
   });
 
+  test("output that arrives before the table, for a process this host never started, takes the table's argv and tag", async () => {
+    // As after a server restart: the guest runs a process; the new host hears its output first.
+    const guest = new FakeProcessAgent();
+    const req = buildProcStart({ command: 'sleep 100', tag: 'survivor' });
+    const started = await guest.startProcess(req);
+    let answer!: () => void;
+    const asked = guest.listProcesses();
+    guest.listProcesses = () => new Promise((resolve) => { answer = () => void asked.then(resolve); });
+    const procs = new SandboxProcesses();
+    const synced = procs.attach(guest);
+    guest.write(started.pid, 1, 'tick\n');
+    answer();
+    await synced;
+    const p = procs.get(started.pid)!;
+    assert.equal(p.status, 'running');
+    assert.equal(p.tag, 'survivor');
+    assert.deepEqual(p.argv, ['/bin/sh', '-c', 'sleep 100']);
+  });
+
   test('wait times out with the process still running', async () => {
     const agent = new FakeProcessAgent();
     const procs = new SandboxProcesses();
