@@ -427,6 +427,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
           case 'environment': return r.pick(['fuzz-env', 'nope', 'UPPER', '..', '%00', 'x'.repeat(100)]);
           case 'port': return String(r.pick([0, 1, 22, 80, 8080, 65535, 65536, -1, 'abc', '1e3', '0x50']));
           case 'token': return r.pick(['x', 'a.b', 'a'.repeat(400), '..', '%00', 'eyJ.eyJ.sig']);
+          case 'pid': return String(r.pick([1, 2, 999999, 0, -1, 'abc', '1e3', 'x'.repeat(20), '%00']));
           default: return 'x';
         }
       })
@@ -491,7 +492,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
     const jsonRoute = r.pick(jsonRoutes);
     // A well-formed path of a JSON route (so that the body is what gets judged), never one that runs
     // for real but an exec: other sandbox routes get the victim's id (404).
-    const jsonPath = (route: RouteSpec) => route.path.replace(':id', route.operationId === 'execSandbox' ? lane.main : t.victimSandbox).replace(':name', 'fuzz-env');
+    const jsonPath = (route: RouteSpec) => route.path.replace(':id', route.operationId === 'execSandbox' ? lane.main : t.victimSandbox).replace(':name', 'fuzz-env').replace(':pid', '1');
     switch (r.int(13)) {
       case 0: {
         // A body over the limit: JSON routes and file uploads.
