@@ -19,7 +19,7 @@
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../host/claims.js';
+import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, sameOwner, type ClaimOwner } from '../host/claims.js';
 import { cidrOf, intToIpv4, ipInCidr, ipv4ToInt, policyKey, type EgressPolicy } from './policy.js';
 import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
@@ -328,6 +328,11 @@ export class NetManager {
     if (this.claims.takeOver(rec.index, this.self)) {
       await removeIndex(rec.index);
       releaseClaim(rec.claim, this.self);
+    } else {
+      // Not taken over: the VMM is still exiting (its claim, not stale yet), or someone else holds
+      // the index now. Only in the first case is the namespace of this name still this VMM's.
+      const cur = readClaim(rec.claim);
+      if (!cur || (owner && sameOwner(cur, owner))) await sh('/usr/sbin/ip', ['netns', 'del', rec.ns]).catch(() => {});
     }
     if (owner) releaseClaim(rec.claim, owner);
   }
