@@ -19,7 +19,7 @@
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, sameOwner, type ClaimOwner } from '../host/claims.js';
+import { ClaimPool, ownStartTicks, processMatches, readClaim, releaseClaim, type ClaimOwner } from '../host/claims.js';
 import { cidrOf, intToIpv4, ipInCidr, ipv4ToInt, policyKey, type EgressPolicy } from './policy.js';
 import {
   GATEWAY_IP, GUEST_PREFIX, HOST_IF_PREFIX, NS_IFNAME, TAP_MAC, TAP_NAME, dnsElements, hostRuleset, sandboxRuleset,
@@ -118,6 +118,8 @@ export class NetManager {
   /** Namespace → its policy key and transit address (the resolver tells sandboxes apart by source). */
   private readonly applied = new Map<string, { key: string; rec: NetRecord }>();
   private readonly byNsIp = new Map<string, NetRecord>();
+  /** Namespaces this manager made and has not released, by name: a release of an older record of the same index leaves them. */
+  private readonly made = new Map<string, NetRecord>();
   private hostAddrs: string[] = [];
   private closed = false;
 
@@ -223,6 +225,7 @@ export class NetManager {
       await inNs(ns, '/usr/sbin/sysctl', ['-q', '-w', 'net.ipv4.ip_forward=1', 'net.ipv6.conf.all.disable_ipv6=1']);
       // Until a policy is applied, nothing gets in or out.
       await inNs(ns, '/usr/sbin/nft', ['-f', '-'], sandboxRuleset({ policy: 'none', hostIp, nsIp, transitCidr: this.settings.transitCidr, hostAddrs: this.hostAddrs }));
+      this.made.set(ns, rec);
       return rec;
     } catch (e) {
       await removeIndex(index).catch(() => {});
@@ -318,6 +321,7 @@ export class NetManager {
 
   /** Removes the namespace (its veth and tap go with it), its resolver reference and its claim. */
   async release(rec: NetRecord, owner?: ClaimOwner): Promise<void> {
+    if (this.made.get(rec.ns) === rec) this.made.delete(rec.ns);
     const a = this.applied.get(rec.ns);
     this.applied.delete(rec.ns);
     if (this.byNsIp.get(rec.nsIp)?.ns === rec.ns) this.byNsIp.delete(rec.nsIp);
@@ -328,12 +332,13 @@ export class NetManager {
     if (this.claims.takeOver(rec.index, this.self)) {
       await removeIndex(rec.index);
       releaseClaim(rec.claim, this.self);
-    } else {
-      // Not taken over: the VMM is still exiting (its claim, not stale yet), or someone else holds
-      // the index now. Only in the first case is the namespace of this name still this VMM's.
-      const cur = readClaim(rec.claim);
-      if (!cur || (owner && sameOwner(cur, owner))) await sh('/usr/sbin/ip', ['netns', 'del', rec.ns]).catch(() => {});
+    } else if (this.made.get(rec.ns) === undefined) {
+      // Not taken over (its VMM is still exiting, or another server holds the index now and has
+      // removed this namespace already): this name is still this record's.
+      await sh('/usr/sbin/ip', ['netns', 'del', rec.ns]).catch(() => {});
     }
+    // Else this manager has made the index's namespace anew since (the claim went stale when the
+    // VMM exited, and a create or fork took it): the name is the newer record's, and stays.
     if (owner) releaseClaim(rec.claim, owner);
   }
 

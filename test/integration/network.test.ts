@@ -209,6 +209,8 @@ describe('networking', { timeout: 900_000 }, () => {
     const holderTicks = readFileSync(`/proc/${holder.pid}/stat`, 'utf8').split(') ')[1].split(' ')[19];
     execFileSync('/usr/sbin/ip', ['netns', 'del', rec.ns]);
     execFileSync('/usr/sbin/ip', ['netns', 'add', rec.ns]);
+    const newer = { ...rec };
+    (net as unknown as { made: Map<string, object> }).made.set(rec.ns, newer); // as make() records it
     net.bind(rec, { pid: holder.pid!, startTicks: holderTicks });
     try {
       await net.release(rec, deadOwner);
@@ -216,7 +218,7 @@ describe('networking', { timeout: 900_000 }, () => {
     } finally {
       holder.kill('SIGKILL');
       await new Promise((r) => holder.once('exit', r));
-      await net.release(rec, { pid: holder.pid!, startTicks: holderTicks });
+      await net.release(newer, { pid: holder.pid!, startTicks: holderTicks });
     }
     assert.ok(!existsSync(`/run/netns/${rec.ns}`), 'released by its holder, it goes');
   });
