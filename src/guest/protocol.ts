@@ -508,6 +508,29 @@ function assertU32(name: string, value: number): void {
   }
 }
 
+/** One command's argv, as EXEC and PROC_START carry it: ARGV_BEGIN, then an ARG per argument. */
+function writeCommand(w: TlvWriter, argv: ReadonlyArray<string | Buffer>): void {
+  w.empty(Tag.ArgvBegin);
+  for (const arg of argv) {
+    if (hasNul(arg)) throw new ProtocolError('arguments cannot contain NUL');
+    w.bytes(Tag.Arg, typeof arg === 'string' ? Buffer.from(arg, 'utf8') : arg);
+  }
+}
+
+/** ENV (KEY=VALUE each) and CWD, as EXEC and PROC_START carry them. */
+function writeEnvAndCwd(w: TlvWriter, env: Record<string, string> | undefined, cwd: string | undefined): void {
+  for (const [key, value] of Object.entries(env ?? {})) {
+    if (key.length === 0 || key.includes('=') || hasNul(key) || hasNul(value)) {
+      throw new ProtocolError(`invalid environment variable ${JSON.stringify(key)}`);
+    }
+    w.str(Tag.Env, `${key}=${value}`);
+  }
+  if (cwd !== undefined) {
+    if (cwd.length === 0 || hasNul(cwd)) throw new ProtocolError('invalid cwd');
+    w.str(Tag.Cwd, cwd);
+  }
+}
+
 /** EXEC payload. Throws ProtocolError for requests the guest would reject or that exceed one frame. */
 export function encodeExec(req: ExecRequest): Buffer {
   if (req.commands.length === 0) throw new ProtocolError('exec needs at least one command');
@@ -523,22 +546,9 @@ export function encodeExec(req: ExecRequest): Buffer {
   }
   for (const argv of req.commands) {
     if (argv.length === 0) throw new ProtocolError('a command needs at least the program name');
-    w.empty(Tag.ArgvBegin);
-    for (const arg of argv) {
-      if (hasNul(arg)) throw new ProtocolError('arguments cannot contain NUL');
-      w.bytes(Tag.Arg, typeof arg === 'string' ? Buffer.from(arg, 'utf8') : arg);
-    }
+    writeCommand(w, argv);
   }
-  for (const [key, value] of Object.entries(req.env ?? {})) {
-    if (key.length === 0 || key.includes('=') || hasNul(key) || hasNul(value)) {
-      throw new ProtocolError(`invalid environment variable ${JSON.stringify(key)}`);
-    }
-    w.str(Tag.Env, `${key}=${value}`);
-  }
-  if (req.cwd !== undefined) {
-    if (req.cwd.length === 0 || hasNul(req.cwd)) throw new ProtocolError('invalid cwd');
-    w.str(Tag.Cwd, req.cwd);
-  }
+  writeEnvAndCwd(w, req.env, req.cwd);
   if (req.stdin !== undefined) w.bytes(Tag.Stdin, req.stdin);
   if (req.timeoutMs !== undefined) {
     assertU32('timeoutMs', req.timeoutMs);
@@ -737,21 +747,9 @@ export interface ProcStartRequest {
 
 export function encodeProcStart(req: ProcStartRequest): Buffer {
   if (req.argv.length === 0) throw new ProtocolError('a process needs at least the program name');
-  const w = new TlvWriter().empty(Tag.ArgvBegin);
-  for (const arg of req.argv) {
-    if (hasNul(arg)) throw new ProtocolError('arguments cannot contain NUL');
-    w.bytes(Tag.Arg, typeof arg === 'string' ? Buffer.from(arg, 'utf8') : arg);
-  }
-  for (const [key, value] of Object.entries(req.env ?? {})) {
-    if (key.length === 0 || key.includes('=') || hasNul(key) || hasNul(value)) {
-      throw new ProtocolError(`invalid environment variable ${JSON.stringify(key)}`);
-    }
-    w.str(Tag.Env, `${key}=${value}`);
-  }
-  if (req.cwd !== undefined) {
-    if (req.cwd.length === 0 || hasNul(req.cwd)) throw new ProtocolError('invalid cwd');
-    w.str(Tag.Cwd, req.cwd);
-  }
+  const w = new TlvWriter();
+  writeCommand(w, req.argv);
+  writeEnvAndCwd(w, req.env, req.cwd);
   if (req.seed !== undefined) w.u64(Tag.Seed, req.seed);
   if (req.pty) {
     for (const [name, v] of [['cols', req.pty.cols], ['rows', req.pty.rows]] as const) {
