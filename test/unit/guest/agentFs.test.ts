@@ -16,6 +16,7 @@ import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { buildAgent } from '../../../src/guest/agentBuild.js';
+import { connectSocket } from '../../support/agentSocket.js';
 import { AgentClient, AgentError } from '../../../src/guest/agentClient.js';
 import {
   FrameDecoder,
@@ -35,20 +36,6 @@ let workDir: string;
 let home: string;
 let socketPath: string;
 let agent: ChildProcess;
-
-async function connectSocket(path: string): Promise<net.Socket> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    try {
-      const socket = net.createConnection(path);
-      await once(socket, 'connect');
-      return socket;
-    } catch (e) {
-      if (Date.now() > deadline) throw e;
-      await sleep(20);
-    }
-  }
-}
 
 async function withClient<T>(use: (client: AgentClient) => Promise<T>): Promise<T> {
   const client = new AgentClient(await connectSocket(socketPath));

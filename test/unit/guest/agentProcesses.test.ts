@@ -4,7 +4,6 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
 import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -13,26 +12,13 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { buildAgent } from '../../../src/guest/agentBuild.js';
+import { connectSocket } from '../../support/agentSocket.js';
 import { AgentClient, AgentError } from '../../../src/guest/agentClient.js';
 import { MessageType, decodeProcExit, decodeProcOutput, type Frame, type ProcExit, type ProcOutput } from '../../../src/guest/protocol.js';
 
 let workDir: string;
 let socketPath: string;
 let agent: ChildProcess;
-
-async function connectSocket(path: string): Promise<net.Socket> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    try {
-      const socket = net.createConnection(path);
-      await once(socket, 'connect');
-      return socket;
-    } catch (e) {
-      if (Date.now() > deadline) throw e;
-      await sleep(20);
-    }
-  }
-}
 
 /** A client and the process events it received. */
 class Host {
