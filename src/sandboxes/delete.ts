@@ -52,6 +52,23 @@ export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
 }
 
 /**
+ * Ends a fork's hold on its fork point (`forking`), whether the fork succeeded or not. When the
+ * fork point was removed under the fork (its owner deleted meanwhile, so gcForkPoints found it
+ * unreferenced), the fork may still have given it files after that: the RAM seed renamed into
+ * place, pages copied by path. Those go now. Then what the fork kept and nothing maps goes too
+ * (a failed fork's RAM file, which the undo's collection had to keep while the fork held it).
+ */
+export function endFork(ctx: EngineContext, fp: { id: string; dir: string; mem: string }): void {
+  ctx.forking.delete(fp.id);
+  if (!ctx.repo.forkPoint(fp.id)) {
+    rmSync(fp.dir, { recursive: true, force: true });
+    void ctx.seeds.drop(fp.mem);
+    rmSync(fp.mem, { force: true });
+  }
+  gcForkPoints(ctx);
+}
+
+/**
  * Removes fork points nothing depends on, repeatedly (removing one can free its ancestors), and the
  * RAM files of fork points no running sandbox maps. A fork point lives as long as its disk layer
  * is under someone's disk — its parent's, for as long as the parent lives — but its RAM is read only

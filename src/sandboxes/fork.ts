@@ -15,7 +15,7 @@ import { toInfo, type SandboxRow } from './repo.js';
 import { Phases } from './phases.js';
 import { attachDisk, attachMemory } from './forkReceivers.js';
 import type { Running } from './registry.js';
-import { gcForkPoints } from './delete.js';
+import { endFork } from './delete.js';
 import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { ForkOptions, SandboxInfo, Scope } from './types.js';
 
@@ -94,18 +94,21 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
   let children: Promise<SandboxInfo[]> | undefined;
   try {
     // A share=off parent's RAM is its backing file plus what it wrote: the file is copied now.
+    await ctx.fault('fork:before-seed');
     if (!rec.memShared) {
       const t0 = performance.now();
       const spare = await ctx.seeds.take(rec.memPath, fp.mem, memBytes);
       phases.since(spare ? 'memory_seed_spare' : 'memory_seed', t0);
     }
     unowned.disk = newDiskPath(dirs(ctx.cfg).disks, r.id);
-    await Promise.all([
+    // allSettled, not all: when one fails, the undo must not run before the other has made its file.
+    const prepared = await Promise.allSettled([
       phases.time('disk_prepare', () => prepareUpperDisk(ctx.cfg, r.live, unowned.disk!)),
       // While the parent still runs, the fork point gets its blocks under the pages the parent
       // wrote: the copy it is stopped for then writes into pages that exist (half its cost).
       rec.memShared ? null : phases.time('memory_prealloc', () => preallocPrivatePages(vmm.pid, rec.memPath, fp.mem, ctx.cfg.cacheDir)),
     ]);
+    for (const p of prepared) if (p.status === 'rejected') throw p.reason;
     await ctx.fault('fork:before-stop');
     stoppedAt = performance.now();
     await phases.time('stop', () => vmm.qmp.execute('stop'));
@@ -145,7 +148,7 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     await undoLiveFork(ctx, r, unowned, parentStopped, children);
     throw vmmFailure('fork', e, r);
   } finally {
-    ctx.forking.delete(fp.id);
+    endFork(ctx, fp);
     if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
   }
 }
@@ -188,21 +191,20 @@ async function forkRunning(ctx: EngineContext, r: Running, opts: ForkOptions): P
     await undoLiveFork(ctx, r, unowned, parentStopped);
     throw vmmFailure('fork', e, r);
   } finally {
-    ctx.forking.delete(fp.id);
+    endFork(ctx, fp);
   }
 }
 
 /**
  * A live fork that failed: the parent runs again if it was stopped, what the fork made and nobody
- * owns goes (once `settling`, the children still being spawned, has settled), and so does the
- * fork point unless something refers to it.
+ * owns goes (once `settling`, the children still being spawned, has settled). The fork point
+ * goes at the fork's end (endFork) unless something refers to it.
  */
 async function undoLiveFork(ctx: EngineContext, r: Running, unowned: Unowned, parentStopped: boolean, settling?: Promise<unknown>): Promise<void> {
   if (parentStopped) await runAgain(r.live).catch(() => {});
   await settling?.catch(() => {});
   await destroyUnowned(unowned);
   ctx.repo.update(r.id, { pending_op: null });
-  gcForkPoints(ctx);
 }
 
 /**
@@ -255,10 +257,9 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
       return out;
     } catch (e) {
       await destroyUnowned(unowned);
-      gcForkPoints(ctx);
       throw vmmFailure('fork', e);
     } finally {
-      ctx.forking.delete(fp.id);
+      endFork(ctx, fp);
     }
   });
 }

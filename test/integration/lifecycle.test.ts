@@ -516,6 +516,27 @@ test('a resume whose VMM fails while starting leaves the sandbox suspended with 
   }
 });
 
+test('a parent deleted while its fork is under way: the fork fails saying it is gone, and nothing of the fork is left; the engine forks again', async () => {
+  const delHome = testHome('fork-parent-deleted');
+  let parent = '';
+  // The delete lands after the fork recorded its fork point and before it made its RAM file, so
+  // the delete's collection removes the fork point first and the fork makes files for it after.
+  const e2: Engine = await openEngine(delHome, { poolSize: 1, faultPoint: async (name) => { if (parent && name === 'fork:before-seed') await e2.delete(parent); } });
+  try {
+    const sb = await e2.create({ template: 'base' }, tenant);
+    parent = sb.id;
+    await assert.rejects(e2.fork(sb.id, { count: 2 }), (e: any) => e.code === 'sandbox_not_found');
+    parent = '';
+    assert.deepEqual(readdirSync(e2.cfg.ramDir).filter((f) => f.startsWith('fp_')), [], 'no fork point RAM file is left');
+    assert.deepEqual(readdirSync(join(delHome, 'forkpoints')), [], 'no fork point directory is left');
+    const again = await e2.create({ template: 'base' }, tenant);
+    const [child] = await e2.fork(again.id, { count: 1 });
+    assert.equal(await sh(child.id, 'echo forked', e2), 'forked');
+  } finally {
+    await assertNoLeaks(e2, delHome);
+  }
+});
+
 test('a VMM of a home that no record names (a record torn by the crash) is stopped at the next start', async () => {
   const crashHome = testHome('crash-torn');
   const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
