@@ -4,7 +4,8 @@
 //   by migration and with children spawned at fork time as baselines, and of a 2 GiB guest with the
 //   same dirty set; the memory each child adds before it writes; the replay tax (reaching
 //   a 20-step episode's state by replaying it in a fresh sandbox vs forking it); suspend and resume.
-// Usage: node --import tsx bench/lifecycle.ts [--runs 5]
+// Usage: node --import tsx bench/lifecycle.ts [--runs 5] [--suspend-resume-only]
+//   --suspend-resume-only: only the suspend / resume runs and their phases (minutes less).
 import { readFileSync, rmSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { summary, fmt, timed, pssMiB, rssMiB } from './stats.ts';
@@ -100,6 +101,21 @@ async function withoutReceivers<T>(eng: Engine, fn: () => Promise<T>): Promise<T
 log('parent: 512 MiB guest, dirtying ~100 MB');
 const parent = await dirtyParent(engine).then((id) => ({ id }));
 const parentRss = rssMiB(pid(parent.id), read);
+if (process.argv.includes('--suspend-resume-only')) {
+  const { suspendMs, resumeMs } = await suspendResumeRuns();
+  await engine.deleteAll();
+  await engine.close();
+  rmSync(home, { recursive: true, force: true });
+  const [su, re] = [summary(suspendMs), summary(resumeMs)];
+  console.log([
+    `## Suspend / resume (accel ${engine.cfg.accel.accel}; 512 MiB guest with ~100 MB dirtied)`, '',
+    '| measure | n | p50 | p99 |', '|---|---|---|---|',
+    `| suspend | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
+    `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`, '',
+    ...phaseTable(),
+  ].join('\n'));
+  process.exit(0);
+}
 // The same dirty set in a 2 GiB guest (its own engine: the catalog's guest size is per engine).
 log('parent: 2 GiB guest, dirtying ~100 MB');
 const big = await Engine.open({
@@ -190,16 +206,7 @@ for (let r = 0; r < Math.max(3, Math.ceil(RUNS / 2)); r++) {
   await engine.delete(kids[0].id);
 }
 
-log('suspend / resume of the 512 MiB sandbox');
-const suspendMs: number[] = [];
-const resumeMs: number[] = [];
-for (let r = 0; r < RUNS; r++) {
-  measuring = 'suspend';
-  suspendMs.push((await timed(() => engine.suspend(parent.id)))[0]);
-  measuring = 'resume';
-  resumeMs.push((await timed(() => engine.resume(parent.id)))[0]);
-  measuring = '';
-}
+const { suspendMs, resumeMs } = await suspendResumeRuns();
 
 await big.deleteAll();
 await big.close();
@@ -246,6 +253,20 @@ console.log([
   '',
   ...phaseTable(),
 ].join('\n'));
+
+async function suspendResumeRuns(): Promise<{ suspendMs: number[]; resumeMs: number[] }> {
+  log('suspend / resume of the 512 MiB sandbox');
+  const suspendMs: number[] = [];
+  const resumeMs: number[] = [];
+  for (let r = 0; r < RUNS; r++) {
+    measuring = 'suspend';
+    suspendMs.push((await timed(() => engine.suspend(parent.id)))[0]);
+    measuring = 'resume';
+    resumeMs.push((await timed(() => engine.resume(parent.id)))[0]);
+    measuring = '';
+  }
+  return { suspendMs, resumeMs };
+}
 
 function phaseTable(): string[] {
   const out = ['| operation | phase | n | p50 | p99 |', '|---|---|---|---|---|'];

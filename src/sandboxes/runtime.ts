@@ -103,6 +103,8 @@ export async function spawnIncoming(
      * place: 20–30 ms of `nft` off the critical path); the spawn waits for it and fails with it.
      */
     whileStarting?: (net: NonNullable<VmmRecord['net']>) => Promise<void>;
+    /** Records the launch's steps (launchVmm). */
+    phases?: { record(name: string, ms: number): void };
   },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
@@ -130,6 +132,7 @@ export async function spawnIncoming(
       jail: { name: opts.id, shape, diskPath, disksDir: homePaths(cfg.home).disks, trustedLayers: opts.trustedLayers, remapDir: opts.remapDir },
       net: netm,
       record,
+      phases: opts.phases,
       // Kept in the record, so that a later server can adopt or remove the namespace.
       onNetwork: (net) => {
         record.net = net;

@@ -128,7 +128,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
         const start = async (): Promise<PendingVm> => {
           pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
             id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
-            trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true,
+            trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true, phases,
             whileStarting: async (net) => {
               await ctx.fault('resume:vmm-starting');
               await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));

@@ -1,4 +1,5 @@
 import { chmodSync, writeFileSync } from 'node:fs';
+import { performance } from 'node:perf_hooks';
 import { Vmm } from './vmm.js';
 import { vmmFiles } from './machine.js';
 import type { VmSpec } from './argv.js';
@@ -30,6 +31,11 @@ export interface LaunchRequest<R extends LaunchRecord> {
   record: R;
   /** Called once the namespace and its tap are ready, before the VMM starts: record it, apply a policy. */
   onNetwork?: (net: NetRecord) => void | Promise<void>;
+  /**
+   * Records the launch's steps (ms): `spawn_netns` (a pooled namespace), `spawn_jail` (uid, cgroups,
+   * the VMM's view), `spawn_tap`, `spawn_qemu` (QEMU's exec until its QMP greeting).
+   */
+  phases?: { record(name: string, ms: number): void };
 }
 
 export type SpawnVmm = typeof Vmm.spawn;
@@ -44,8 +50,15 @@ export async function launchVmm<R extends LaunchRecord>(req: LaunchRequest<R>, s
   const { spec, dir, record } = req;
   let jail: JailLaunch | undefined;
   let net: VmmNet | undefined;
+  let t = performance.now();
+  const step = (name: string) => {
+    const now = performance.now();
+    req.phases?.record(name, now - t);
+    t = now;
+  };
   try {
     if (req.net) net = req.net.forVmm(await req.net.acquire());
+    step('spawn_netns');
     jail = req.jailer
       ? await req.jailer.prepare({
         ...req.jail, dir, accel: spec.accel, qemuBinary: spec.qemuBinary, memPath: spec.memPath, memShared: spec.memShared,
@@ -53,12 +66,15 @@ export async function launchVmm<R extends LaunchRecord>(req: LaunchRequest<R>, s
       })
       : undefined;
     if (jail) record.jail = jail.record;
+    step('spawn_jail');
     if (req.net && net) {
       await req.net.attachTap(net.rec, jail?.uid);
+      step('spawn_tap');
       await req.onNetwork?.(net.rec);
     }
     const vmmJson = vmmFiles(dir).vmmJson;
-    return await spawn(spec, {
+    t = performance.now();
+    const vmm = await spawn(spec, {
       logPath: vmmFiles(dir).qemuLog,
       jail,
       netns: net?.netns,
@@ -72,6 +88,8 @@ export async function launchVmm<R extends LaunchRecord>(req: LaunchRequest<R>, s
         chmodSync(vmmJson, 0o600);
       },
     });
+    step('spawn_qemu');
+    return vmm;
   } catch (e) {
     await jail?.release();
     await net?.release().catch(() => {});
