@@ -4,7 +4,9 @@
  * under TCG, instead of ~10 ms), so the pool grows to the largest burst seen: the number of VMMs
  * taken within any `burstWindowMs`. It does not shrink while the template is in use — it is ready
  * for the next burst, and a VMM destroyed now would cost a restore to make again — and shrinks to
- * `min` once nothing was taken for `idleMs`, freeing the VMMs' memory. It starts at `initial`.
+ * `min` once no create was asked for or served for `idleMs`, freeing the VMMs' memory. A create
+ * still being served (a slow-path restore on a loaded host can take longer than `idleMs`) keeps the
+ * template in use. It starts at `initial`.
  * Always within [min, max]. Pure: the clock is passed in.
  *
  * A burst is what arrives before the pool can make a VMM again: the window is `burstWindowMs` or,
@@ -32,7 +34,10 @@ export class PoolSizer {
   private takes: number[] = [];
   /** The largest burst since the pool was last idle (the initial size until the first create). */
   private peak: number;
+  /** When a create last arrived or was served. */
   private lastTake = -Infinity;
+  /** Creates asked of the pool and not yet served. */
+  private inFlight = 0;
   private used = false;
   /** Moving average of the time to make one VMM (spawn, restore, warm), once one was made. */
   private refillMs: number | undefined;
@@ -51,9 +56,10 @@ export class PoolSizer {
     return Math.max(this.bounds.burstWindowMs, this.refillMs ?? 0);
   }
 
-  /** A VMM was asked of the pool at `now` (a create); the size to hold from now on. */
+  /** A VMM was asked of the pool at `now` (a create); the size to hold from now on. `onServed` follows. */
   onTake(now: number): PoolSize {
     this.used = true;
+    this.inFlight++;
     this.lastTake = now;
     this.takes.push(now);
     const window = this.window();
@@ -62,13 +68,19 @@ export class PoolSizer {
     return this.size(now);
   }
 
+  /** The create asked for by an `onTake` got its VMM (or failed) at `now`. */
+  onServed(now: number): void {
+    this.inFlight = Math.max(0, this.inFlight - 1);
+    this.lastTake = Math.max(this.lastTake, now);
+  }
+
   /** The size to hold at `now`. */
   size(now: number): PoolSize {
     const { initial, min, max, idleMs } = this.bounds;
     const window = this.window();
     const clamp = (n: number) => Math.max(min, Math.min(max, n));
     if (!this.used) return { target: clamp(initial), reason: `initial size (no create yet), within [${min}, ${max}]` };
-    if (now - this.lastTake >= idleMs) {
+    if (this.inFlight === 0 && now - this.lastTake >= idleMs) {
       this.peak = 0;
       this.takes = [];
       return { target: min, reason: `no create for ${Math.round(idleMs / 1000)} s: shrunk to the minimum (${min})` };

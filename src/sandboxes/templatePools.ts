@@ -101,8 +101,12 @@ export class TemplatePools {
     const count = this.takes.get(key) ?? { hit: 0, miss: 0 };
     if (pool.size > 0) count.hit++; else count.miss++;
     this.takes.set(key, count);
-    this.sizers.get(key)?.onTake(Date.now());
+    const sizer = this.sizers.get(key);
+    sizer?.onTake(Date.now());
     const p = pool.take();
+    // Until it is served the template is in use, however long a slow-path restore takes.
+    const served = () => sizer?.onServed(Date.now());
+    p.then(served, served);
     this.resize();
     return p;
   }
