@@ -201,9 +201,7 @@ export class Engine extends EventEmitter implements SandboxService {
     const deadline = Date.now() + timeoutMs;
     await this.ctx.seeds.idle();
     await Promise.all(this.ctx.removals);
-    while (Object.values(this.ctx.receivers.sizes()).some((s) => s.ready < s.target) && Date.now() < deadline) {
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await this.ctx.receivers.settled(deadline);
   }
 
   /** Warm pools by template: ready, the size held and why, creates served from the pool or not. */

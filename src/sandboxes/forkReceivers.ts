@@ -1,5 +1,6 @@
 import { existsSync, linkSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { EngineConfig } from '../config.js';
 import type { NetManager } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
@@ -39,6 +40,8 @@ interface Slot {
  */
 export class ForkReceivers {
   private readonly pools = new Map<string, Slot>();
+  /** Forks whose pool size is not set yet (`forked` until its `setTarget`). */
+  private readonly growing = new Set<Promise<void>>();
   private sweeper?: NodeJS.Timeout;
   private closed = false;
 
@@ -83,9 +86,25 @@ export class ForkReceivers {
 
   /**
    * After a fork of `count` children of a sandbox on `artifactKey`: the pool keeps as many as the
-   * largest fork (capped), refilled in the background once the children have settled.
+   * largest fork (capped), refilled in the background once the children have settled. Until the
+   * new size is set, `settled` waits for it.
    */
-  async forked(artifactKey: string, count: number, egress?: EgressPolicy): Promise<void> {
+  forked(artifactKey: string, count: number, egress?: EgressPolicy): Promise<void> {
+    const growth = this.grow(artifactKey, count, egress);
+    this.growing.add(growth);
+    return growth.finally(() => this.growing.delete(growth));
+  }
+
+  /**
+   * Resolves once every fork's new pool size is set and the pools hold that many ready receivers
+   * (or at `deadline`): a descriptor or process count taken then does not change under a fill.
+   */
+  async settled(deadline: number): Promise<void> {
+    await Promise.allSettled([...this.growing]);
+    while (Object.values(this.sizes()).some((s) => s.ready < s.target) && Date.now() < deadline) await sleep(50);
+  }
+
+  private async grow(artifactKey: string, count: number, egress?: EgressPolicy): Promise<void> {
     if (this.closed || !(await this.available())) return;
     let artifact: Artifact;
     try {
@@ -108,11 +127,12 @@ export class ForkReceivers {
     }
     slot.lastFork = Date.now();
     slot.egress = egress;
-    const target = Math.min(this.cfg.forkPoolMax, Math.max(slot.pool.targetSize, count));
-    const ready = slot;
-    setTimeout(() => { if (!this.closed && this.pools.get(artifactKey) === ready) ready.pool.setTarget(target); }, 500).unref();
     this.sweeper ??= setInterval(() => void this.sweepIdle(), 30_000);
     this.sweeper.unref();
+    const target = Math.min(this.cfg.forkPoolMax, Math.max(slot.pool.targetSize, count));
+    // The children's first steps go before the refill.
+    await sleep(500);
+    if (!this.closed && this.pools.get(artifactKey) === slot) slot.pool.setTarget(target);
   }
 
   /** Ready receivers and the target, per artifact (metrics, /healthz). */

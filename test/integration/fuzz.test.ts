@@ -12,6 +12,7 @@
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { dirname, basename, join } from 'node:path';
@@ -47,23 +48,43 @@ function countBy(xs: string[]): Record<string, number> {
   return out;
 }
 
-/** What a socket descriptor is connected to (TCP ports or a unix socket's path), for the leak report. */
+/**
+ * What a socket descriptor is connected to, for the leak report: TCP ports, or for a unix socket its
+ * path and the process holding its other end (`ss` pairs the two inodes), so that a leak names
+ * whether it was a VMM's channel, a helper's pipe or nothing any more.
+ */
 function describe(target: string): string {
   const inode = /^socket:\[(\d+)\]$/.exec(target)?.[1];
   if (!inode) return target;
-  for (const table of ['tcp', 'tcp6', 'unix']) {
+  for (const table of ['tcp', 'tcp6']) {
     let lines: string[] = [];
     try { lines = readFileSync(`/proc/net/${table}`, 'utf8').split('\n').slice(1); } catch { continue; }
     for (const l of lines) {
       const f = l.trim().split(/\s+/);
-      if (table === 'unix' ? f[6] === inode : f[9] === inode) {
-        if (table === 'unix') return `${target} unix ${f[7] ?? '(unnamed)'}`;
-        const port = (a: string) => parseInt(a.split(':')[1], 16);
-        return `${target} ${table} ${port(f[1])} → ${port(f[2])} state ${f[3]}`;
-      }
+      if (f[9] !== inode) continue;
+      const port = (a: string) => parseInt(a.split(':')[1], 16);
+      return `${target} ${table} ${port(f[1])} → ${port(f[2])} state ${f[3]}`;
     }
   }
-  return target;
+  const unix = unixSockets();
+  const me = unix.get(inode);
+  if (!me) return target;
+  const peer = unix.get(me.peer);
+  const processes = (owners: string) => [...owners.matchAll(/\("([^"]+)",pid=(\d+)/g)].map((m) => `${m[1]} ${m[2]}${m[2] === String(process.pid) ? ' (this process)' : ''}`).join(', ') || 'no process';
+  return `${target} unix ${me.path} ${me.state}, peer ${me.peer}${peer ? ` ${peer.path} held by ${processes(peer.owners)}` : ' (gone)'}`;
+}
+
+/** Unix sockets by inode: path, state, peer inode and the processes holding each (`ss -xpna`). */
+function unixSockets(): Map<string, { path: string; state: string; peer: string; owners: string }> {
+  const out = new Map<string, { path: string; state: string; peer: string; owners: string }>();
+  let text = '';
+  try { text = execFileSync('ss', ['-xpnaH'], { encoding: 'utf8' }); } catch { return out; }
+  for (const line of text.split('\n')) {
+    // netid state recv-q send-q local-path local-inode peer-path peer-inode [users:(...)]
+    const m = /^\S+\s+(\S+)\s+\d+\s+\d+\s+(\S+)\s+(\d+)\s+\S+\s+(\d+)\s*(.*)$/.exec(line.trim());
+    if (m) out.set(m[3], { state: m[1], path: m[2] === '*' ? '(unnamed)' : m[2], peer: m[4], owners: m[5] });
+  }
+  return out;
 }
 
 /** One request on a connection of its own, closed after the answer (no pooled sockets skew the descriptor count). */

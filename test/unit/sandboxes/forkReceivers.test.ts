@@ -78,3 +78,13 @@ test('close destroys every ready receiver', async () => {
   assert.equal(destroyed.length, 2);
   assert.deepEqual(r.take('a', 1), []);
 });
+
+test('settled waits for a fork\'s receivers even before their pool size is set, so a count taken then is stable', async () => {
+  const { r, made } = fakes();
+  // As a fork does: announced without waiting (the size is set a moment later, then filled).
+  void r.forked('a', 2);
+  await r.settled(Date.now() + 5000);
+  assert.deepEqual(r.sizes().a, { ready: 2, target: 2 });
+  assert.equal(made.length, 2);
+  await r.close();
+});
