@@ -31,10 +31,10 @@ export interface RouteSpec {
   path: string;
   summary: string;
   description?: string;
-  tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
+  tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'account' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid'>>;
+  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key'>>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files); `stream`: any bytes, unread, for the handler to stream. */
   bodyKind?: 'json' | 'raw' | 'stream';
@@ -647,6 +647,66 @@ export const ROUTE_TABLE = [
     auth: true,
     query: S.UsageQuery,
     responses: { 200: { description: 'Usage in [from, to).', schema: S.UsageResponse } },
+    errors: [],
+  },
+  {
+    operationId: 'streamEvents',
+    method: 'GET',
+    path: '/v1/events',
+    summary: "Stream the tenant's sandbox changes (SSE)",
+    description:
+      'An SSE stream of `sandbox` events (SandboxEvent), one per change of state once it is persisted: created, forked, suspended, resumed, deleted or lost. ' +
+      'Only the tenant\'s own sandboxes. Nothing is replayed: list the sandboxes once the stream is open, then follow it. A comment every 15 s keeps proxies from closing it.',
+    tag: 'sandboxes',
+    auth: true,
+    responses: { 200: { description: 'Event stream: `sandbox` events.', contentType: 'text/event-stream', events: [S.SandboxEvent] } },
+    errors: [],
+  },
+  {
+    operationId: 'listKeys',
+    method: 'GET',
+    path: '/v1/keys',
+    summary: "List the tenant's API keys",
+    description: 'Keys not revoked, oldest first; never the keys themselves, only their prefixes.',
+    tag: 'account',
+    auth: true,
+    responses: { 200: { description: 'The keys.', schema: S.ApiKeyList } },
+    errors: [],
+  },
+  {
+    operationId: 'createKey',
+    method: 'POST',
+    path: '/v1/keys',
+    summary: 'Create an API key for the tenant',
+    description: 'The new key has the same tenant and tier as the key that asks. The key is in this answer only.',
+    tag: 'account',
+    auth: true,
+    bodyKind: 'json',
+    body: S.CreateKeyRequest,
+    bodyOptional: true,
+    responses: { 201: { description: 'Created.', schema: S.CreatedKey } },
+    errors: [],
+  },
+  {
+    operationId: 'revokeKey',
+    method: 'DELETE',
+    path: '/v1/keys/:id',
+    summary: 'Revoke one of the tenant\'s API keys',
+    description: 'At once: the key gets 401 unauthorized from then on. A key may revoke itself.',
+    tag: 'account',
+    auth: true,
+    params: { id: 'key' },
+    responses: { 204: { description: 'Revoked.' } },
+    errors: ['not_found'],
+  },
+  {
+    operationId: 'getLimits',
+    method: 'GET',
+    path: '/v1/limits',
+    summary: "The tier's limits and current concurrency",
+    tag: 'account',
+    auth: true,
+    responses: { 200: { description: 'The limits.', schema: S.Limits } },
     errors: [],
   },
   {

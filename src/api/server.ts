@@ -16,6 +16,8 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import { registerMcp } from '../mcp/index.js';
 import { toClientError } from '../wire/errors.js';
 import { bearerKey, bindRoutes, sendError } from './binder.js';
+import { accountHandlers } from './handlers/account.js';
+import { registerConsole } from './console.js';
 import { imageHandlers } from './handlers/images.js';
 import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js';
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
@@ -60,6 +62,8 @@ export interface BuildServerOptions {
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
+  /** The console bundle served at /console (default dist/console of this checkout). */
+  consoleDir?: string;
   /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
 }
@@ -177,10 +181,12 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       ...processHandlers(tenants, streams),
       ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
       ...imageHandlers(tenants),
+      ...accountHandlers(tenants, streams),
       ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
     },
     { tenants, maxJsonBytes: maxJson, maxFileBytes: maxFile },
   );
+  registerConsole(app, opts.consoleDir);
   const authenticate = (headers: IncomingHttpHeaders): Scope => tenants.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
   const e2bEnv = new SandboxEnvStore(tenants.db);

@@ -23,12 +23,12 @@ import type { PhaseReport } from '../sandboxes/phases.js';
 import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
-  SandboxInfo, SandboxService, TemplateInfo,
+  SandboxInfo, SandboxService, SandboxTransition, TemplateInfo,
   DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
-import { KeyStore } from './keys.js';
+import { KeyStore, type KeyRecord } from './keys.js';
 import { Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
 import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
@@ -117,7 +117,12 @@ export class TenantService {
   private readonly forkSeconds: Histogram;
   private readonly execSeconds: Histogram;
   private readonly timers: NodeJS.Timeout[] = [];
-  private readonly onTransition = (ev: Transition) => this.meterTransition(ev);
+  /** Listeners of watchSandboxes: one engine subscription fans out to every open event stream. */
+  private readonly sandboxWatchers = new Set<(t: SandboxTransition) => void>();
+  private readonly onTransition = (ev: Transition) => {
+    this.meterTransition(ev);
+    for (const watcher of this.sandboxWatchers) watcher(ev as SandboxTransition);
+  };
   private readonly onPhases: (r: PhaseReport) => void;
   private closed = false;
 
@@ -272,6 +277,45 @@ export class TenantService {
     const p = this.keys.authenticate(key);
     if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
     return { tenant: p.tenant, tier: p.tier };
+  }
+
+  // ---- the tenant's account ----------------------------------------------------------------------
+
+  /** The tenant's keys that are not revoked (records only; the keys themselves are never kept). */
+  ownKeys(scope: Scope): KeyRecord[] {
+    return this.keys.list({ tenant: scope.tenant });
+  }
+
+  /** A new key of the same tenant, under its current tier (a key cannot change its own tier). */
+  createOwnKey(scope: Scope, name?: string): { key: string; record: KeyRecord } {
+    const { key, record } = this.keys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
+    return { key, record };
+  }
+
+  /** Revokes one of the tenant's keys by id; another tenant's key is as unknown as one that never was. */
+  revokeOwnKey(scope: Scope, keyId: string): void {
+    const rec = this.keys.get(keyId);
+    if (!rec || rec.tenant !== scope.tenant || rec.revoked_at !== null) {
+      throw new CollimateError('not_found', `No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them with GET /v1/keys.`);
+    }
+    this.keys.revoke(keyId);
+  }
+
+  /** The tier's limits and how many of the tenant's sandboxes run now. */
+  limits(scope: Scope): { tier: Tier; running: number } {
+    return { tier: scope.tier, running: this.engine.countRunning(scope.tenant) };
+  }
+
+  /**
+   * Calls `listener` with every persisted change of state of the tenant's own sandboxes, until the
+   * returned unsubscribe is called. An engine without events (a fake) never calls it.
+   */
+  watchSandboxes(scope: Scope, listener: (t: SandboxTransition) => void): () => void {
+    const watcher = (t: SandboxTransition) => {
+      if (t.tenant === scope.tenant) listener(t);
+    };
+    this.sandboxWatchers.add(watcher);
+    return () => this.sandboxWatchers.delete(watcher);
   }
 
   // ---- templates and images --------------------------------------------------------------------

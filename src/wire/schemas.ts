@@ -705,6 +705,60 @@ export const UsageResponse = named(
 );
 
 // ---------------------------------------------------------------------------------------------
+// Account: the tenant's own keys, its tier's limits, and the stream of its sandboxes' changes
+
+export const KEY_NAME_MAX = 100;
+
+export const ApiKey = named(
+  'ApiKey',
+  z.strictObject({
+    id: described(z.string(), 'Key id (key_…): what DELETE /v1/keys/{id} takes. The key itself is shown once, when created.'),
+    prefix: described(z.string(), 'The first 12 characters of the key, to tell keys apart.'),
+    name: z.string().nullable(),
+    created_at: IsoTime,
+    last_used_at: described(IsoTime.nullable(), 'Updated at most once a minute.'),
+  }),
+);
+
+export const ApiKeyList = named('ApiKeyList', z.strictObject({ keys: z.array(ApiKey) }));
+
+export const CreateKeyRequest = named(
+  'CreateKeyRequest',
+  z.strictObject({ name: described(z.string().min(1).max(KEY_NAME_MAX), 'A name to recognise the key by.').optional() }),
+);
+
+export const CreatedKey = named(
+  'CreatedKey',
+  z.strictObject({ key: described(z.string(), 'The new key (clm_…). Shown only in this answer; store it now.'), record: ApiKey }),
+);
+
+export const Limits = named(
+  'Limits',
+  z.strictObject({
+    tier: z.string(),
+    max_running: described(z.number().int().nullable(), 'Running sandboxes at once (suspended ones do not count); null: no cap.'),
+    running: described(z.number().int(), 'Running now.'),
+    own_images: described(z.boolean(), 'May bake environments from its own images.'),
+    max_session_secs: z.number().int(),
+    default_session_secs: z.number().int().nullable(),
+    max_vcpus: z.number().int(),
+    max_memory_mib: z.number().int(),
+  }),
+  "The tier's limits and current concurrency against its cap.",
+);
+
+export const SandboxEvent = named(
+  'SandboxEvent',
+  z.strictObject({
+    sandbox_id: SandboxId,
+    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored).'),
+    state: SandboxState,
+    at: IsoTime,
+  }),
+  'The data of a `sandbox` event on GET /v1/events.',
+);
+
+// ---------------------------------------------------------------------------------------------
 // Operations
 
 
