@@ -27,6 +27,7 @@ import type {
   DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
+import { ExecLog, type ExecLogEntry } from './execLog.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
 import { KeyStore, type KeyRecord } from './keys.js';
 import { Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
@@ -105,6 +106,8 @@ export class TenantService {
   readonly idempotency: IdempotencyStore;
   readonly meter: Meter;
   readonly signer: PortUrlSigner;
+  /** Each sandbox's recent execs (what ran, exit code, duration), for GET /v1/sandboxes/{id}/execs. */
+  readonly execLog: ExecLog;
   /** The service's database; a front door with state of its own (the E2B envVars) keeps it here too. */
   readonly db: Db;
   /** The service's instruments; front doors register theirs in the same registry. */
@@ -121,6 +124,7 @@ export class TenantService {
   private readonly sandboxWatchers = new Set<(t: SandboxTransition) => void>();
   private readonly onTransition = (ev: Transition) => {
     this.meterTransition(ev);
+    if (ev.state === 'deleted') this.execLog.forget(ev.id);
     for (const watcher of this.sandboxWatchers) watcher(ev as SandboxTransition);
   };
   private readonly onPhases: (r: PhaseReport) => void;
@@ -135,6 +139,7 @@ export class TenantService {
     applyApiMigrations(opts.db);
     this.keys = new KeyStore(opts.db);
     this.idempotency = new IdempotencyStore(opts.db);
+    this.execLog = new ExecLog(opts.db);
     this.meter = new Meter(opts.db, this.now);
     this.admission = new Admission(this.engine, opts.admissionWaitMs);
     const dbFile = (opts.db as { name?: string }).name;
@@ -492,9 +497,18 @@ export class TenantService {
 
   async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
     const stop = this.execSeconds.startTimer();
+    const started = this.now();
+    const t0 = performance.now();
     const r = await this.engine.exec(id, req, scope, stream);
     stop();
+    this.execLog.record(scope.tenant, id, req, started, performance.now() - t0, r);
     return r;
+  }
+
+  /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */
+  recentExecs(scope: Scope, id: string, limit?: number): ExecLogEntry[] {
+    this.get(scope, id);
+    return this.execLog.recent(scope.tenant, id, limit);
   }
 
   /**

@@ -704,6 +704,23 @@ export const UsageResponse = named(
   'Metered time in [from, to): running seconds × vCPUs / RAM MiB / disk MiB, and suspended seconds × snapshot MiB.',
 );
 
+export const ExecLogEntry = named(
+  'ExecLogEntry',
+  z.strictObject({
+    command: described(z.string(), 'What ran, on one line (at most 200 characters): the command, the first line of `code` as `[code] …`, or the argv lists joined by &&. Never stdin, files or env.'),
+    exit_code: z.number().int(),
+    timed_out: z.boolean(),
+    duration_ms: described(z.number().int(), 'From the request reaching the service to the result, queueing included.'),
+    started_at: IsoTime,
+  }),
+);
+
+export const ExecLogList = named('ExecLogList', z.strictObject({ execs: z.array(ExecLogEntry) }));
+
+export const ExecLogQuery = z.strictObject({
+  limit: described(z.coerce.number().int().min(1).max(50), 'At most this many, newest first (default and maximum 50).').optional(),
+});
+
 // ---------------------------------------------------------------------------------------------
 // Account: the tenant's own keys, its tier's limits, and the stream of its sandboxes' changes
 

@@ -533,6 +533,21 @@ export type Usage = {
   sandboxes: SandboxUsage[];
 };
 
+export type ExecLogEntry = {
+  /** What ran, on one line (at most 200 characters): the command, the first line of `code` as `[code] …`, or the argv lists joined by &&. Never stdin, files or env. */
+  command: string;
+  exit_code: number;
+  timed_out: boolean;
+  /** From the request reaching the service to the result, queueing included. */
+  duration_ms: number;
+  /** ISO 8601. */
+  started_at: string;
+};
+
+export type ExecLogList = {
+  execs: ExecLogEntry[];
+};
+
 export type ApiKey = {
   /** Key id (key_…): what DELETE /v1/keys/{id} takes. The key itself is shown once, when created. */
   id: string;

@@ -9,10 +9,7 @@ import type { Page } from '../app.js';
 import { followSandboxes } from './live.js';
 import { openTerminal, type WebTerminal } from './terminal.js';
 
-interface ExecRecord { command: string; exit_code: number; duration_ms: number; stdout: string; stderr: string; at: string }
-
-/** Execs run from this page, kept for the browser session (the API keeps only their count). */
-const recentExecs = new Map<string, ExecRecord[]>();
+interface ExecEntry { command: string; exit_code: number; timed_out: boolean; duration_ms: number; started_at: string }
 
 export const sandboxPage: Page = (main, id) => {
   const sandboxId = id!;
@@ -66,6 +63,7 @@ export const sandboxPage: Page = (main, id) => {
       renderDetails(s);
       renderActions(s);
       renderPorts(s);
+      void loadExecs();
     } catch (e) {
       if ((e as { code?: string }).code === 'sandbox_not_found') {
         gone = true;
@@ -159,6 +157,7 @@ export const sandboxPage: Page = (main, id) => {
 
   // ---- exec ------------------------------------------------------------------------------------
 
+
   function execForm(): HTMLFormElement {
     const input = h('input', { id: 'exec-command', placeholder: 'uname -a', size: 50, 'aria-label': 'Command' });
     const run = h('button', { type: 'submit' }, 'Run');
@@ -168,15 +167,11 @@ export const sandboxPage: Page = (main, id) => {
       if (!command) return;
       run.disabled = true;
       err.clear();
-      const t0 = performance.now();
       try {
         const r = await api<{ stdout: string; stderr: string; stdout_encoding: string; exit_code: number }>('POST', `/v1/sandboxes/${sandboxId}/exec`, { command });
         const stdout = r.stdout_encoding === 'utf8' ? r.stdout : `(${r.stdout.length} base64 characters)`;
-        const rec = { command, exit_code: r.exit_code, duration_ms: performance.now() - t0, stdout, stderr: r.stderr, at: new Date().toISOString() };
-        recentExecs.set(sandboxId, [rec, ...(recentExecs.get(sandboxId) ?? [])].slice(0, 20));
         execOut.textContent = stdout + (r.stderr ? `\n[stderr]\n${r.stderr}` : '');
         execOut.dataset.exit = String(r.exit_code);
-        renderExecs();
         void load();
       } catch (e2) {
         err.show(e2);
@@ -186,11 +181,15 @@ export const sandboxPage: Page = (main, id) => {
     } }, input, run);
   }
 
-  function renderExecs(): void {
-    fill(execList, ...(recentExecs.get(sandboxId) ?? []).map((r) =>
-      h('tr', {}, h('td', {}, h('code', {}, r.command)), h('td', {}, r.exit_code), h('td', {}, `${Math.round(r.duration_ms)} ms`), h('td', {}, new Date(r.at).toLocaleTimeString()))));
+  /** The recent execs the server keeps: from this page, the API, the SDKs or MCP alike. */
+  async function loadExecs(): Promise<void> {
+    if (gone) return;
+    try {
+      const r = await api<{ execs: ExecEntry[] }>('GET', `/v1/sandboxes/${sandboxId}/execs?limit=20`);
+      fill(execList, ...r.execs.map((e) =>
+        h('tr', {}, h('td', {}, h('code', {}, e.command)), h('td', {}, e.timed_out ? 'timed out' : e.exit_code), h('td', {}, `${e.duration_ms} ms`), h('td', {}, new Date(e.started_at).toLocaleTimeString()))));
+    } catch { /* the sandbox went: load() says so */ }
   }
-  renderExecs();
 
   // ---- terminal --------------------------------------------------------------------------------
 
