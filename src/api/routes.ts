@@ -471,6 +471,28 @@ export const ROUTE_TABLE = [
     errors: [...PROCESS_ERRORS],
   },
   {
+    operationId: 'processTerminal',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/processes/:pid/terminal',
+    summary: 'Attach to a PTY process over a WebSocket (the web terminal)',
+    description:
+      'A WebSocket upgrade; a plain GET answers the process it would attach to (a check before connecting). Browsers cannot set Authorization on a WebSocket: offer the subprotocols ' +
+      '`collimate.terminal` and `bearer.<key>`; the server selects `collimate.terminal` (the key is never echoed, and never in the URL). ' +
+      'Server → client: binary frames are the terminal\'s output (what the server still holds, then live); a text frame ' +
+      '`{"type":"exit","process":Process}` precedes a normal close, `{"type":"error","error":{code,message}}` an abnormal one. ' +
+      'Client → server: binary frames are keystrokes, written in order; a text frame `{"type":"resize","cols":N,"rows":N}` resizes. ' +
+      'Refusals before the upgrade are ordinary JSON errors: 401, 404 sandbox_not_found / process_not_found, 409 not_a_terminal (started without `pty`). ' +
+      'Closing the socket leaves the process running.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    responses: {
+      101: { description: 'Switching Protocols: the WebSocket (see description).' },
+      200: { description: 'Without Upgrade: the PTY process a WebSocket would attach to.', schema: S.Process },
+    },
+    errors: [...PROCESS_ERRORS, 'not_a_terminal'],
+  },
+  {
     operationId: 'createPortUrl',
     method: 'POST',
     path: '/v1/sandboxes/:id/port-urls',

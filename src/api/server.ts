@@ -18,6 +18,7 @@ import { toClientError } from '../wire/errors.js';
 import { bearerKey, bindRoutes, sendError } from './binder.js';
 import { accountHandlers } from './handlers/account.js';
 import { registerConsole } from './console.js';
+import { terminalBridge } from './terminal.js';
 import { imageHandlers } from './handlers/images.js';
 import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js';
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
@@ -192,10 +193,14 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   const e2bEnv = new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
-  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
+  const terminals = terminalBridge(tenants, app.log);
+  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
-    if (!draining) proxy.closeTunnels();
+    if (!draining) {
+      proxy.closeTunnels();
+      terminals.closeAll();
+    }
   });
 
   let shutdownPromise: Promise<void> | null = null;
@@ -207,6 +212,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       while (inflight.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
       streams.abortAll(shuttingDown());
       proxy.closeTunnels();
+      terminals.closeAll();
       for (const reply of [...inflight]) {
         if (!reply.sent && !reply.raw.headersSent) {
           reply.header('connection', 'close');

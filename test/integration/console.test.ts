@@ -156,6 +156,8 @@ test('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeo
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator('#state').waitFor();
+  const sockets: string[] = [];
+  page.on('websocket', (ws) => sockets.push(ws.url()));
   await page.locator('#open-terminal').click();
   await page.locator('#terminal .xterm-rows').waitFor();
   // The shell's prompt first, so that what is typed is read by the shell.
@@ -164,6 +166,10 @@ test('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeo
   await page.keyboard.type('echo $((6*7))');
   await page.keyboard.press('Enter');
   await terminalShows(page, /^42$/, 'the answer');
+  // Over the terminal WebSocket, with the key out of its URL (it goes as a subprotocol).
+  assert.equal(sockets.length, 1, String(sockets));
+  assert.match(sockets[0], /^ws:\/\/127\.0\.0\.1:\d+\/v1\/sandboxes\/sbx_[0-9a-f]{12}\/processes\/\d+\/terminal$/);
+  assert.ok(!sockets[0].includes(acmeKey.slice(4)));
   await shot(page, 'terminal');
   await page.locator('#open-terminal').click(); // closes it: the shell is hung up
 });
@@ -179,7 +185,10 @@ test('a file uploaded from the page reads back through an exec', { timeout: SLOW
   await page.locator('#exec-command').press('Enter');
   await page.waitForFunction(() => (document.querySelector('#exec-output') as HTMLElement | null)?.dataset.exit === '0', null, { timeout: 60_000 });
   assert.equal(await page.locator('#exec-output').textContent(), content);
-  assert.match(await page.locator('#execs').innerText(), /cat \/root\/hello\.txt\s+0\s+\d+ ms/);
+  // The server's record of it: command, exit code, duration.
+  const recorded = page.locator('#execs tr', { hasText: 'cat /root/hello.txt' });
+  await recorded.waitFor();
+  assert.match(await recorded.innerText(), /^cat \/root\/hello\.txt\s+0\s+\d+ ms/);
   // And the API agrees, byte for byte.
   const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
   assert.equal(r.stdout, content);

@@ -1,18 +1,22 @@
 /**
- * A web terminal on a sandbox: a shell started as a PTY process (POST …/processes with `pty`), its
- * output streamed from GET …/processes/{pid}/output (SSE), keystrokes sent to …/stdin in order, the
- * size kept in step with …/resize. Closing it hangs the shell up.
+ * A web terminal on a sandbox: a shell started as a PTY process (POST …/processes with `pty`), then
+ * attached over the terminal WebSocket (…/processes/{pid}/terminal): output arrives as binary
+ * frames, keystrokes leave as binary frames in the order typed, resizes as text frames. The key
+ * goes as the subprotocol `bearer.<key>` (a browser cannot set Authorization on a WebSocket), never
+ * in the URL. Closing the terminal hangs the shell up.
  */
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { api, apiBytes, fromBase64, streamEvents } from '../api.js';
+import { api, storedKey } from '../api.js';
 
 export interface WebTerminal {
   close(): void;
 }
 
+const TERMINAL_SUBPROTOCOL = 'collimate.terminal';
+
 export async function openTerminal(el: HTMLElement, sandboxId: string, onExit: (code: number | null) => void): Promise<WebTerminal> {
-  const term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000, convertEol: false });
+  const term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000 });
   const fit = new FitAddon();
   term.loadAddon(fit);
   term.open(el);
@@ -25,38 +29,40 @@ export async function openTerminal(el: HTMLElement, sandboxId: string, onExit: (
     tag: 'console-terminal',
   });
   const path = `${base}/${proc.pid}`;
-  const abort = new AbortController();
   let closed = false;
 
-  // Keystrokes go one request at a time, so they arrive in the order typed.
-  let typing = Promise.resolve();
-  const encoder = new TextEncoder();
-  const typed = term.onData((data) => {
-    const bytes = encoder.encode(data);
-    typing = typing.then(() => apiBytes('POST', `${path}/stdin`, bytes)).then(() => {}, (err) => {
-      if (!closed) term.write(`\r\n[input refused: ${(err as Error).message}]\r\n`);
-    });
+  const url = new URL(`${path}/terminal`, location.href);
+  url.protocol = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const ws = new WebSocket(url, [TERMINAL_SUBPROTOCOL, `bearer.${storedKey()}`]);
+  ws.binaryType = 'arraybuffer';
+  ws.addEventListener('message', (e) => {
+    if (e.data instanceof ArrayBuffer) return term.write(new Uint8Array(e.data));
+    const msg = JSON.parse(String(e.data));
+    if (msg.type === 'exit') {
+      term.write(`\r\n[process exited with ${msg.process.exit_code}]\r\n`);
+      onExit(msg.process.exit_code);
+    } else if (msg.type === 'error') term.write(`\r\n[${msg.error.code}: ${msg.error.message}]\r\n`);
   });
-  const resized = term.onResize(({ cols, rows }) => void api('POST', `${path}/resize`, { cols, rows }).catch(() => {}));
+  ws.addEventListener('close', () => {
+    if (!closed) term.write('\r\n[disconnected]\r\n');
+  });
+  await new Promise<void>((resolve, reject) => {
+    ws.addEventListener('open', () => resolve(), { once: true });
+    ws.addEventListener('error', () => reject(new Error('The terminal connection was refused.')), { once: true });
+  });
+
+  const encoder = new TextEncoder();
+  const typed = term.onData((data) => ws.readyState === WebSocket.OPEN && ws.send(encoder.encode(data)));
+  const resized = term.onResize(({ cols, rows }) => ws.readyState === WebSocket.OPEN && ws.send(JSON.stringify({ type: 'resize', cols, rows })));
   const observer = new ResizeObserver(() => fit.fit());
   observer.observe(el);
-
-  void streamEvents(`${path}/output`, (event, data) => {
-    if (event === 'pty' || event === 'stdout' || event === 'stderr') term.write(fromBase64(data.data));
-    else if (event === 'exit') {
-      term.write(`\r\n[process exited with ${data.process.exit_code}]\r\n`);
-      onExit(data.process.exit_code);
-    }
-  }, { signal: abort.signal }).catch((err) => {
-    if (!abort.signal.aborted) term.write(`\r\n[output stream ended: ${(err as Error).message}]\r\n`);
-  });
   term.focus();
 
   return {
     close() {
       if (closed) return;
       closed = true;
-      abort.abort();
+      ws.close(1000);
       observer.disconnect();
       typed.dispose();
       resized.dispose();
