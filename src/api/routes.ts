@@ -633,7 +633,10 @@ export const ROUTE_TABLE = [
     method: 'GET',
     path: '/v1/environments/:name/log',
     summary: 'The bake log of an environment',
-    description: 'Progress lines (prefixed #) and the output of the ready command and probe; the last 256 KiB.',
+    description:
+      'Progress lines (prefixed #) and the output of the ready command and probe; the last 256 KiB. ' +
+      'With `Accept: text/event-stream`, the log as it grows while the environment bakes: `log` events `{"text"}` with what was appended ' +
+      '(`{"text", "reset": true}`: the whole kept log, when its tail moved on), then `end` `{"state", "error"}` once it is ready or failed (at once if it already is).',
     tag: 'environments',
     auth: true,
     params: { name: 'environment' },

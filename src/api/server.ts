@@ -181,7 +181,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       ...sandboxHandlers(tenants, streams),
       ...processHandlers(tenants, streams),
       ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
-      ...imageHandlers(tenants),
+      ...imageHandlers(tenants, streams),
       ...accountHandlers(tenants, streams),
       ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
     },

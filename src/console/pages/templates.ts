@@ -1,18 +1,15 @@
 /**
  * Templates and environments: the catalog, the tenant's own images, its environments with their bake
- * state and bake log (followed while baking), and a form to create an environment from an image
+ * state and bake log (streamed while baking), and a form to create an environment from an image
  * with an egress policy and write-only secrets.
  */
-import { api, apiText } from '../api.js';
+import { api, streamEvents } from '../api.js';
 import { errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
 
 interface Template { id: string; kind: string; description: string; ready: boolean; vcpus: number; memory_mib: number; runtimes: Record<string, string> }
 interface Image { id: string; ref: string; state: string; error: string | null }
 interface Environment { name: string; image: string; state: string; error: string | null; progress: string | null; secret_names: string[]; vcpus: number; memory_mib: number }
-
-/** How often the log of an environment being baked is read again (the log endpoint is a plain-text tail). */
-const BAKE_LOG_EVERY_MS = 1000;
 
 export const templatesPage: Page = (main) => {
   const err = errorBox();
@@ -21,29 +18,30 @@ export const templatesPage: Page = (main) => {
   const envs = h('tbody', { id: 'environments' });
   const log = h('pre', { class: 'output log', id: 'bake-log', 'aria-live': 'polite', tabindex: 0 });
   const logTitle = h('h3', { id: 'bake-log-title' }, 'Bake log');
-  let following: string | null = null;
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  let closed = false;
+  let following: AbortController | null = null;
 
+  /** Streams the environment's bake log into the page until the bake is over (or another is followed). */
   const follow = async (name: string) => {
-    following = name;
-    clearTimeout(timer);
+    following?.abort();
+    const abort = new AbortController();
+    following = abort;
     logTitle.textContent = `Bake log: ${name}`;
-    const tick = async () => {
-      if (closed || following !== name) return;
-      try {
-        const [text, env] = await Promise.all([apiText(`/v1/environments/${encodeURIComponent(name)}/log`), api<Environment>('GET', `/v1/environments/${encodeURIComponent(name)}`)]);
-        const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-        log.textContent = text;
-        log.dataset.state = env.state;
-        if (atEnd) log.scrollTop = log.scrollHeight;
-        if (env.state === 'pending' || env.state === 'baking') timer = setTimeout(tick, BAKE_LOG_EVERY_MS);
-        else void load();
-      } catch (e) {
-        err.show(e);
-      }
-    };
-    await tick();
+    log.textContent = '';
+    delete log.dataset.state;
+    try {
+      await streamEvents(`/v1/environments/${encodeURIComponent(name)}/log`, (event, data) => {
+        if (event === 'log') {
+          const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+          log.textContent = data.reset ? data.text : (log.textContent ?? '') + data.text;
+          if (atEnd) log.scrollTop = log.scrollHeight;
+        } else if (event === 'end') {
+          log.dataset.state = data.state;
+          void load();
+        }
+      }, { signal: abort.signal });
+    } catch (e) {
+      if (!abort.signal.aborted) err.show(e);
+    }
   };
 
   const load = async () => {
@@ -122,8 +120,5 @@ export const templatesPage: Page = (main) => {
     form,
   );
   void load();
-  return () => {
-    closed = true;
-    clearTimeout(timer);
-  };
+  return () => following?.abort();
 };
