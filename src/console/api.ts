@@ -72,12 +72,6 @@ export async function apiBlob(path: string): Promise<Blob> {
   return res.blob();
 }
 
-export async function apiText(path: string): Promise<string> {
-  const res = await fetch(path, { headers: headers() });
-  if (!res.ok) throw await failure(res);
-  return res.text();
-}
-
 /**
  * Reads an SSE stream with fetch (EventSource cannot send the Authorization header): calls
  * `onEvent` per event until the stream ends or `signal` aborts. Resolves when it ends.
@@ -149,12 +143,4 @@ export interface Sandbox {
   memory_mib: number;
   disk_mib: number;
   ports: Array<{ port: number; url: string }>;
-}
-
-/** base64 → bytes, for SSE payloads. */
-export function fromBase64(b64: string): Uint8Array {
-  const bin = atob(b64);
-  const out = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
-  return out;
 }

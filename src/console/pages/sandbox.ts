@@ -149,7 +149,7 @@ export const sandboxPage: Page = (main, id) => {
         );
       };
       const rootNode = all.get(rootId)!;
-      fill(tree, rootNode.parent ? h('p', { class: 'muted' }, `(forked from ${rootNode.parent}, since deleted)`) : null, h('ul', { role: 'tree' }, node(rootNode)));
+      fill(tree, rootNode.parent ? h('p', { class: 'muted' }, `(forked from ${rootNode.parent}, since deleted)`) : null, h('ul', {}, node(rootNode)));
     } catch (e) {
       err.show(e);
     }
