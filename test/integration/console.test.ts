@@ -4,7 +4,8 @@
  * through the API appear within 2 s without a reload; forks it into 3 from the page and sees the tree
  * grow to 4 nodes; types into the web terminal and reads the answer on screen; uploads a file and reads
  * it back with an exec; suspends and resumes from the page; a second tenant sees none of the first's
- * sandboxes; a key revoked from the keys page is signed out. Each test saves a screenshot under
+ * sandboxes; a key revoked from the keys page is signed out; an environment created from the page
+ * streams its bake log until it is ready. Each test saves a screenshot under
  * COLLIMATE_TEST_OUTPUT (default test-output/console).
  */
 import { test, before, after } from 'node:test';
@@ -17,6 +18,8 @@ import { promisify } from 'node:util';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
+import { ImageService } from '../../src/images/service.ts';
+import { busyboxEntries, image, layer, writeLayout } from '../support/oci.ts';
 import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
 
 // Functions given to page.evaluate / waitForFunction run in the browser, where these exist (this
@@ -32,6 +35,7 @@ const OUTPUT = process.env.COLLIMATE_TEST_OUTPUT ?? join(ROOT, 'test-output', 'c
 const SLOW = 180_000;
 
 let engine: Engine;
+let images: ImageService;
 let api: Served;
 let home: string;
 let base: string;
@@ -89,7 +93,9 @@ before(async () => {
   await promisify(execFile)(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts/build-console.ts')], { cwd: ROOT });
   home = testHome('console');
   engine = await openEngine(home, { poolSize: 2 });
-  api = await serveEngine(engine, { logger: false });
+  images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
+  await images.restore();
+  api = await serveEngine(engine, { images, logger: false });
   base = (await api.app.listen({ host: '127.0.0.1', port: 0 })).replace('localhost', '127.0.0.1');
   acmeKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
   otherKey = api.keys.create({ tenant: 'other', tier: 'pro' }).key;
@@ -103,6 +109,7 @@ after(async () => {
   for (const c of contexts) await c.close().catch(() => {});
   await browser?.close();
   await api?.close(1000);
+  await images?.close();
   if (engine) await assertNoLeaks(engine, home);
 });
 
@@ -240,4 +247,41 @@ test('a key revoked from the keys page is signed out', async () => {
   const res = await fetch(new URL('/v1/sandboxes', base), { headers: { authorization: `Bearer ${second.key}` } });
   assert.equal(res.status, 401);
   await rest('DELETE', `/v1/sandboxes/${sandboxId}`, acmeKey);
+});
+
+test('an environment created from the page streams its bake log until it is ready', { timeout: 600_000 }, async () => {
+  // An image of the tenant's own (a busybox layer), registered through the API as a program would.
+  const marker = `${Date.now()}-${process.pid}`;
+  const img = image([layer([...busyboxEntries(), { name: 'etc/console-marker', data: `console ${marker}\n` }], 'gzip')], { Env: ['PATH=/usr/sbin:/usr/bin:/sbin:/bin'] });
+  const registered = await rest('POST', '/v1/images', acmeKey, { source: { kind: 'oci-layout', path: writeLayout(join(home, 'imports', 'console'), img) } });
+  const deadline = Date.now() + 300_000;
+  while ((await rest('GET', `/v1/images/${registered.id}`, acmeKey)).state === 'pulling') {
+    assert.ok(Date.now() < deadline, 'the image was not registered within 5 minutes');
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  assert.equal((await rest('GET', `/v1/images/${registered.id}`, acmeKey)).state, 'ready');
+
+  const page = await signedIn(acmeKey);
+  await page.locator('nav a[href="#/templates"]').click();
+  await page.locator(`#env-image option[value="${registered.id}"]`).waitFor({ state: 'attached' });
+  await page.locator('#env-name').fill('console-env');
+  await page.locator('#env-image').selectOption(registered.id);
+  await page.locator('#env-ready').fill('echo ready-from-the-console; cat /etc/console-marker');
+  await page.locator('#env-egress').selectOption('none');
+  await page.locator('#env-secrets').fill('API_TOKEN=never-shown-again');
+  await page.locator('#create-environment button[type="submit"]').click();
+  // The log grows on the page while it bakes, and the stream ends with the bake.
+  await page.locator('#bake-log', { hasText: 'ready-from-the-console' }).waitFor({ timeout: 540_000 });
+  await page.waitForFunction(() => (document.querySelector('#bake-log') as HTMLElement | null)?.dataset.state !== undefined, null, { timeout: 540_000 });
+  assert.equal(await page.locator('#bake-log').getAttribute('data-state'), 'ready', await page.locator('#bake-log').textContent() ?? '');
+  assert.match(await page.locator('#bake-log').textContent() ?? '', new RegExp(`console ${marker}`));
+  assert.equal(await page.locator('#env-secrets').inputValue(), '', 'the secret left the form with the request');
+  const env = await rest('GET', '/v1/environments/console-env', acmeKey);
+  assert.deepEqual(env.secret_names, ['API_TOKEN']);
+  assert.equal(env.egress, 'none');
+  assert.ok(!(await page.content()).includes('never-shown-again'), 'the secret value is not on the page');
+  await page.locator('tr[data-environment="console-env"]', { hasText: 'ready' }).waitFor();
+  await shot(page, 'environment-baked');
+  await rest('DELETE', '/v1/environments/console-env', acmeKey);
+  await rest('DELETE', `/v1/images/${registered.id}`, acmeKey);
 });
