@@ -213,6 +213,58 @@ test('suspend and resume from the page', { timeout: SLOW }, async () => {
   await page.locator('#state', { hasText: 'running' }).waitFor({ timeout: SLOW });
   const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
   assert.match(r.stdout, /uploaded from the console/, 'the file survived suspend and resume');
+  // Its time extended from the page: the session now ends about 20 minutes from now.
+  await page.locator('#extend-secs').fill('1200');
+  await page.locator('#extend').click();
+  await page.locator('#details dd', { hasText: /^in 19m|^in 20m/ }).waitFor();
+  const remaining = (await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).remaining_secs;
+  assert.ok(remaining > 1100 && remaining <= 1200, `remaining ${remaining}`);
+});
+
+test('a server in the sandbox shows among its ports, with a signed URL that needs no key', { timeout: SLOW }, async () => {
+  await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'mkdir -p /root/www && echo served-by-busybox > /root/www/index.html' });
+  await rest('POST', `/v1/sandboxes/${sandboxId}/processes`, acmeKey, { argv: ['busybox', 'httpd', '-f', '-p', '8000', '-h', '/root/www'] });
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  // The page reads the ports when it loads the sandbox: reload it until the server listens.
+  const deadline = Date.now() + 60_000;
+  while (!(await page.locator('#ports li', { hasText: '8000/tcp' }).count())) {
+    assert.ok(Date.now() < deadline, 'port 8000 never showed');
+    await page.reload();
+    await page.locator('#state').waitFor();
+  }
+  await page.locator('#ports li', { hasText: '8000/tcp' }).locator('button').click();
+  const link = page.locator('#ports a[href*="/v1/p/"]');
+  await link.waitFor();
+  const href = (await link.getAttribute('href'))!;
+  const res = await fetch(href);
+  assert.equal(res.status, 200);
+  assert.equal(await res.text(), 'served-by-busybox\n');
+  await shot(page, 'ports');
+});
+
+test('usage shows the tier, its cap and concurrency, and a chart per day', async () => {
+  const page = await signedIn(acmeKey);
+  await page.locator('nav a[href="#/usage"]').click();
+  const limits = await rest('GET', '/v1/limits', acmeKey);
+  await page.locator('#limits dd', { hasText: `${limits.running} of no cap` }).waitFor();
+  assert.match(await page.locator('#limits').innerText(), /Tier\s+pro/);
+  await page.locator('#chart-days canvas').waitFor();
+  await page.locator('#per-template tr', { hasText: 'base' }).waitFor();
+  await shot(page, 'usage');
+});
+
+test('delete from the page is confirmed first', async () => {
+  const doomed = (await rest('POST', '/v1/sandboxes', acmeKey, { template: 'base' })).id;
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${doomed}`);
+  await page.locator('#delete').click();
+  assert.equal((await rest('GET', `/v1/sandboxes/${doomed}`, acmeKey)).state, 'running', 'not deleted before the confirmation');
+  await page.locator('#delete-confirm').click();
+  await page.locator('table#sandboxes').waitFor();
+  await page.locator(`tr[data-sandbox="${doomed}"]`).waitFor({ state: 'detached' });
+  const res = await fetch(new URL(`/v1/sandboxes/${doomed}`, base), { headers: { authorization: `Bearer ${acmeKey}` } });
+  assert.equal(res.status, 404);
 });
 
 test("a second tenant's key never shows the first tenant's sandboxes", async () => {
