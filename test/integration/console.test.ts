@@ -43,6 +43,8 @@ let browser: Browser;
 let acmeKey: string;
 let otherKey: string;
 const contexts: BrowserContext[] = [];
+/** What the console's pages threw, and what the browser refused under the Content-Security-Policy: none may happen. */
+const pageFaults: string[] = [];
 
 /** A REST call as a program would make it, with a tenant key. */
 async function rest(method: string, path: string, key: string, body?: unknown): Promise<any> {
@@ -61,7 +63,10 @@ async function signedIn(key: string): Promise<Page> {
   const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
   contexts.push(context);
   const page = await context.newPage();
-  page.on('pageerror', (err) => console.error(`[console page error] ${err.message}`));
+  page.on('pageerror', (err) => pageFaults.push(`page error: ${err.message}`));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error' && /Content Security Policy/i.test(msg.text())) pageFaults.push(`CSP: ${msg.text()}`);
+  });
   await page.goto(`${base}/console/`);
   await page.locator('#key').fill(key);
   await page.locator('#key').press('Enter');
@@ -111,6 +116,7 @@ after(async () => {
   await api?.close(1000);
   await images?.close();
   if (engine) await assertNoLeaks(engine, home);
+  assert.deepEqual(pageFaults, [], 'the console threw or broke its CSP');
 });
 
 let sandboxId: string;
