@@ -257,6 +257,7 @@ test('usage shows the tier, its cap and concurrency, and a chart per day', async
   assert.match(await page.locator('#limits').innerText(), /Tier\s+pro/);
   await page.locator('#chart-days canvas').waitFor();
   await page.locator('#per-template tr', { hasText: 'base' }).waitFor();
+  await page.locator('#chart-templates canvas').waitFor();
   await shot(page, 'usage');
 });
 

@@ -51,6 +51,15 @@ export async function openTerminal(el: HTMLElement, sandboxId: string, onExit: (
     ws.addEventListener('error', () => reject(new Error('The terminal connection was refused.')), { once: true });
   });
 
+  // Ctrl+Shift+C copies the selection (Ctrl+C is the shell's interrupt); Ctrl+Shift+V and the
+  // browser's own paste reach xterm.js as a paste.
+  term.attachCustomKeyEventHandler((e) => {
+    if (e.type === 'keydown' && e.ctrlKey && e.shiftKey && e.code === 'KeyC' && term.hasSelection()) {
+      void navigator.clipboard?.writeText(term.getSelection()).catch(() => {});
+      return false;
+    }
+    return true;
+  });
   const encoder = new TextEncoder();
   const typed = term.onData((data) => ws.readyState === WebSocket.OPEN && ws.send(encoder.encode(data)));
   const resized = term.onResize(({ cols, rows }) => ws.readyState === WebSocket.OPEN && ws.send(JSON.stringify({ type: 'resize', cols, rows })));

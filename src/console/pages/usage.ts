@@ -19,6 +19,7 @@ export const usagePage: Page = (main) => {
   const limits = h('dl', { class: 'details', id: 'limits' });
   const perDay = h('div', { class: 'chart', id: 'chart-days', role: 'img', 'aria-label': 'Running and snapshot seconds per day' });
   const perTemplate = h('tbody', { id: 'per-template' });
+  const perTemplateChart = h('div', { class: 'chart', id: 'chart-templates', role: 'img', 'aria-label': 'Running seconds per template this month' });
   const charts: uPlot[] = [];
 
   fill(main,
@@ -27,6 +28,7 @@ export const usagePage: Page = (main) => {
     h('h2', {}, 'Tier and limits'), limits,
     h('h2', {}, `Per day, last ${DAYS} days`), perDay,
     h('h2', {}, 'Per template, this month'),
+    perTemplateChart,
     h('table', { class: 'list' }, h('thead', {}, h('tr', {}, ...['Template', 'Sandboxes', 'Running s', 'vCPU s', 'Snapshot MiB·s'].map((c) => h('th', { scope: 'col' }, c)))), perTemplate),
   );
 
@@ -60,6 +62,16 @@ export const usagePage: Page = (main) => {
       for (const s of month.sandboxes) {
         const t = byTemplate.get(s.template) ?? { n: 0, running: 0, vcpu: 0, snap: 0 };
         byTemplate.set(s.template, { n: t.n + 1, running: t.running + s.running_secs, vcpu: t.vcpu + s.vcpu_secs, snap: t.snap + s.snapshot_mib_secs });
+      }
+      const names = [...byTemplate.keys()];
+      if (names.length) {
+        charts.push(new uPlot({
+          width: Math.min(900, main.clientWidth || 900),
+          height: 220,
+          scales: { x: { time: false, range: [-0.5, names.length - 0.5] } },
+          series: [{}, { label: 'Running s', stroke: '#2563eb', fill: 'rgba(37,99,235,0.35)', paths: uPlot.paths.bars!({ size: [0.6, 80] }), points: { show: false } }],
+          axes: [{ values: (_u, splits) => splits.map((i) => names[i] ?? ''), splits: () => names.map((_, i) => i) }, { size: 70 }],
+        }, [names.map((_, i) => i), names.map((n) => byTemplate.get(n)!.running)], perTemplateChart));
       }
       fill(perTemplate, ...[...byTemplate].map(([t, v]) => h('tr', {}, h('td', {}, t), h('td', {}, v.n), h('td', {}, Math.round(v.running)), h('td', {}, Math.round(v.vcpu)), h('td', {}, Math.round(v.snap)))));
     } catch (e) {
