@@ -701,6 +701,17 @@ export const ROUTE_TABLE = [
     errors: [],
   },
   {
+    operationId: 'getLiveStats',
+    method: 'GET',
+    path: '/v1/stats',
+    summary: "Live CPU and memory of the tenant's running sandboxes",
+    description: 'One reading of every running sandbox at once (so a list need not ask per row): resident memory now, CPU since the previous reading of this endpoint.',
+    tag: 'sandboxes',
+    auth: true,
+    responses: { 200: { description: 'One entry per running sandbox.', schema: S.LiveStats } },
+    errors: [],
+  },
+  {
     operationId: 'listKeys',
     method: 'GET',
     path: '/v1/keys',

@@ -120,11 +120,14 @@ export class TenantService {
   private readonly forkSeconds: Histogram;
   private readonly execSeconds: Histogram;
   private readonly timers: NodeJS.Timeout[] = [];
+  /** The last CPU reading of each running sandbox's VMM, for liveStats' percentages. */
+  private readonly cpuSamples = new Map<string, { atMs: number; cpuSecs: number }>();
   /** Listeners of watchSandboxes: one engine subscription fans out to every open event stream. */
   private readonly sandboxWatchers = new Set<(t: SandboxTransition) => void>();
   private readonly onTransition = (ev: Transition) => {
     this.meterTransition(ev);
     if (ev.state === 'deleted') this.execLog.forget(ev.id);
+    if (ev.state !== 'running') this.cpuSamples.delete(ev.id);
     for (const watcher of this.sandboxWatchers) watcher(ev as SandboxTransition);
   };
   private readonly onPhases: (r: PhaseReport) => void;
@@ -304,6 +307,28 @@ export class TenantService {
       throw new CollimateError('not_found', `No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them with GET /v1/keys.`);
     }
     this.keys.revoke(keyId);
+  }
+
+  /**
+   * Live use of the tenant's running sandboxes on the host: their VMM's resident memory, and CPU as
+   * a percentage of one core since the previous reading (null on the first, or after a resume
+   * started a new VMM). An engine that cannot tell (a fake) reports none.
+   */
+  liveStats(scope: Scope): Array<{ id: string; cpuPercent: number | null; memoryMib: number }> {
+    const engine = this.engine as { vmmUsage?: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> };
+    if (typeof engine.vmmUsage !== 'function') return [];
+    const running = this.engine.list({ state: 'running', limit: 1000 }, scope).sandboxes.filter((s) => s.tenant === scope.tenant);
+    const usage = engine.vmmUsage(running.map((s) => s.id));
+    const now = this.now();
+    const out: Array<{ id: string; cpuPercent: number | null; memoryMib: number }> = [];
+    for (const [id, u] of usage) {
+      const prev = this.cpuSamples.get(id);
+      this.cpuSamples.set(id, { atMs: now, cpuSecs: u.cpuSecs });
+      const dt = prev ? (now - prev.atMs) / 1000 : 0;
+      const used = prev ? u.cpuSecs - prev.cpuSecs : -1;
+      out.push({ id, cpuPercent: dt > 0 && used >= 0 ? Math.round((used / dt) * 1000) / 10 : null, memoryMib: Math.round(u.rssBytes / 1048576) });
+    }
+    return out;
   }
 
   /** The tier's limits and how many of the tenant's sandboxes run now. */

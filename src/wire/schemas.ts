@@ -721,6 +721,20 @@ export const ExecLogQuery = z.strictObject({
   limit: described(z.coerce.number().int().min(1).max(50), 'At most this many, newest first (default and maximum 50).').optional(),
 });
 
+export const LiveStats = named(
+  'LiveStats',
+  z.strictObject({
+    sandboxes: z.array(
+      z.strictObject({
+        id: SandboxId,
+        cpu_percent: described(z.number().nullable(), "The sandbox's VMM's CPU use since the previous reading, in % of one core; null on the first reading."),
+        memory_mib: described(z.number().int(), "Host memory the sandbox's VMM holds now (resident set)."),
+      }),
+    ),
+  }),
+  'Live use of the host by each running sandbox.',
+);
+
 // ---------------------------------------------------------------------------------------------
 // Account: the tenant's own keys, its tier's limits, and the stream of its sandboxes' changes
 

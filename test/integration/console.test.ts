@@ -136,6 +136,8 @@ test('a sandbox created through the API shows in the list within 2 s, without a 
   const row = page.locator(`tr[data-sandbox="${sandboxId}"]`);
   assert.equal(await row.getAttribute('data-state'), 'running');
   assert.match(await row.innerText(), /team=console/);
+  // Live memory from the host: the VMM of a running sandbox holds some.
+  await row.locator('td.mem', { hasText: /^[1-9]\d* MiB$/ }).waitFor();
   // The state filter hides it; the label filter keeps it.
   await page.locator('#filter-state').selectOption('suspended');
   await page.locator('text=0 sandboxes').waitFor();

@@ -548,6 +548,18 @@ export type ExecLogList = {
   execs: ExecLogEntry[];
 };
 
+/** Live use of the host by each running sandbox. */
+export type LiveStats = {
+  sandboxes: Array<{
+    /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
+    id: string;
+    /** The sandbox's VMM's CPU use since the previous reading, in % of one core; null on the first reading. */
+    cpu_percent: number | null;
+    /** Host memory the sandbox's VMM holds now (resident set). */
+    memory_mib: number;
+  }>;
+};
+
 export type ApiKey = {
   /** Key id (key_…): what DELETE /v1/keys/{id} takes. The key itself is shown once, when created. */
   id: string;

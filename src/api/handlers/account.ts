@@ -1,10 +1,10 @@
-/** Handlers of the tenant's own account (keys, limits) and its event stream: parse → one tenant-service call → render. */
+/** Handlers of the tenant's own account (keys, limits), its event stream and live stats: parse → one tenant-service call → render. */
 import type { KeyRecord } from '../../service/keys.js';
 import type { TenantService } from '../../service/tenantService.js';
 import type { Handlers } from '../binder.js';
 import type { SseStreams } from '../sse.js';
 
-type AccountOps = 'listKeys' | 'createKey' | 'revokeKey' | 'getLimits' | 'streamEvents';
+type AccountOps = 'listKeys' | 'createKey' | 'revokeKey' | 'getLimits' | 'streamEvents' | 'getLiveStats';
 
 /** What a tenant sees of a key: never its hash, nor the tenant and tier it already knows. */
 export function keyView(r: KeyRecord) {
@@ -42,6 +42,10 @@ export function accountHandlers(tenants: TenantService, streams: SseStreams): Pi
           max_memory_mib: tier.maxMemoryMib,
         },
       };
+    },
+
+    getLiveStats({ scope }) {
+      return { status: 200, body: { sandboxes: tenants.liveStats(scope).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
     },
 
     streamEvents({ scope, reply }) {

@@ -1,4 +1,4 @@
-/** The sandboxes list: state, template, age, idle, execs, size, labels; filtered by state and label; live from /v1/events. */
+/** The sandboxes list: state, template, age, idle, execs, live CPU and memory, size, labels; filtered by state and label; live from /v1/events. */
 import { allSandboxes, api, type Sandbox } from '../api.js';
 import { duration, errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
@@ -24,11 +24,26 @@ export const sandboxesPage: Page = (main) => {
       if (mine !== generation) return; // a later load is on its way
       err.clear();
       fill(body, ...list.map(row));
+      void loadStats();
       count.textContent = `${list.length} sandbox${list.length === 1 ? '' : 'es'}`;
     } catch (e) {
       err.show(e);
     }
   };
+
+  /** Live CPU and memory of every running sandbox, one request for the whole list. */
+  const loadStats = async () => {
+    try {
+      const r = await api<{ sandboxes: Array<{ id: string; cpu_percent: number | null; memory_mib: number }> }>('GET', '/v1/stats');
+      for (const s of r.sandboxes) {
+        const tr = body.querySelector(`tr[data-sandbox="${s.id}"]`);
+        if (!tr) continue;
+        tr.querySelector('.cpu')!.textContent = s.cpu_percent === null ? '…' : `${s.cpu_percent}%`;
+        tr.querySelector('.mem')!.textContent = `${s.memory_mib} MiB`;
+      }
+    } catch { /* the list says what is wrong */ }
+  };
+  const statsTimer = setInterval(() => void loadStats(), 5000);
 
   const filters = h(
     'form',
@@ -63,14 +78,17 @@ export const sandboxesPage: Page = (main) => {
     count,
     h(
       'table', { class: 'list', id: 'sandboxes' },
-      h('thead', {}, h('tr', {}, ...['Id', 'State', 'Template', 'Age', 'Idle', 'Execs', 'Size', 'Labels', 'Parent'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('thead', {}, h('tr', {}, ...['Id', 'State', 'Template', 'Age', 'Idle', 'Execs', 'CPU', 'Memory', 'Size', 'Labels', 'Parent'].map((c) => h('th', { scope: 'col' }, c)))),
       body,
     ),
   );
 
   // The stream first, then the list: nothing that changes in between is missed.
   const stop = followSandboxes(() => void load(), () => void load());
-  return stop;
+  return () => {
+    stop();
+    clearInterval(statsTimer);
+  };
 };
 
 function row(s: Sandbox): HTMLTableRowElement {
@@ -82,6 +100,8 @@ function row(s: Sandbox): HTMLTableRowElement {
     h('td', {}, duration(s.age_secs)),
     h('td', {}, duration(s.idle_secs)),
     h('td', {}, s.exec_count),
+    h('td', { class: 'cpu' }, '—'),
+    h('td', { class: 'mem' }, '—'),
     h('td', {}, `${s.vcpus} vCPU · ${s.memory_mib} MiB`),
     h('td', {}, ...Object.entries(s.labels).map(([k, v]) => h('span', { class: 'label' }, `${k}=${v}`))),
     h('td', {}, s.parent ? h('a', { href: `#/sandboxes/${s.parent}` }, s.parent) : '—'),

@@ -160,3 +160,34 @@ describe('events', () => {
     assertErrorBody(await f.req('streamEvents', { url: '/v1/events' }), 'unauthorized');
   });
 });
+
+describe('live stats', () => {
+  let f: Fixture;
+  let now = 1_000_000;
+  before(async () => (f = await fixture({ server: { now: () => now } })));
+  after(() => f.close());
+
+  test("memory now and CPU since the previous reading, of the caller's running sandboxes only", async () => {
+    const key = f.key('acme', 'pro');
+    const mine = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+    const theirs = (await f.req('createSandbox', { url: '/v1/sandboxes', key: f.key('other', 'pro'), body: { template: 'python' } })).json().id;
+    // An engine that cannot tell reports nothing.
+    assert.deepEqual((await f.req('getLiveStats', { url: '/v1/stats', key })).json(), { sandboxes: [] });
+    let cpu = 10;
+    const asked: string[][] = [];
+    (f.svc as unknown as { vmmUsage: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> }).vmmUsage = (ids) => {
+      asked.push([...ids]);
+      return new Map(ids.map((id) => [id, { cpuSecs: cpu, rssBytes: 300 * 1048576 }]));
+    };
+    let r = await f.req('getLiveStats', { url: '/v1/stats', key });
+    assert.deepEqual(r.json(), { sandboxes: [{ id: mine, cpu_percent: null, memory_mib: 300 }] });
+    now += 2000;
+    cpu += 1;
+    r = await f.req('getLiveStats', { url: '/v1/stats', key });
+    assert.deepEqual(r.json(), { sandboxes: [{ id: mine, cpu_percent: 50, memory_mib: 300 }] });
+    assert.ok(asked.every((ids) => !ids.includes(theirs)), "another tenant's sandbox is never read");
+    // Suspended: not running, not listed; a resumed VMM starts its count again.
+    await f.req('suspendSandbox', { url: `/v1/sandboxes/${mine}/suspend`, key });
+    assert.deepEqual((await f.req('getLiveStats', { url: '/v1/stats', key })).json(), { sandboxes: [] });
+  });
+});
