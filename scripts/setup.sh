@@ -21,6 +21,7 @@ DEBIAN_PACKAGES=(
   nftables                          # the egress policy in each sandbox's namespace (src/net/nft.ts)
   python3-venv python3-pip python3-setuptools python3-wheel  # the SDK tests build the Python SDK's wheel offline and install it into a fresh venv
   ca-certificates
+  chromium                          # the web console's browser tests drive it headless (playwright-core, never a downloaded browser)
 )
 
 missing=()
@@ -42,3 +43,6 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
   echo "collimate setup: installing npm dependencies" >&2
   npm ci --no-audit --no-fund --loglevel=error
 fi
+
+# The web console's bundle (dist/console, served at /console): rebuilt only when its sources changed.
+node --import tsx scripts/build-console.ts

@@ -7,6 +7,7 @@ bash scripts/setup.sh
 export COLLIMATE_CACHE_DIR="${COLLIMATE_CACHE_DIR:-/var/tmp/collimate-test-cache}"
 echo "== type check" >&2
 node_modules/.bin/tsc -p tsconfig.json --noEmit
+node_modules/.bin/tsc -p src/console/tsconfig.json --noEmit   # the web console: browser code, its own settings
 echo "== unit tests" >&2
 # Node 20's --test does not expand globs itself.
 mapfile -t unit < <(find test/unit -name '*.test.ts' | sort)

@@ -55,6 +55,7 @@ const PARAM_DESCRIPTIONS: Record<string, string> = {
   port: 'A TCP port inside the sandbox, 1..65535 (anything else is 400).',
   token: 'The signed token of a port URL (from POST /v1/sandboxes/{id}/port-urls).',
   pid: 'A background process: its guest pid (from POST /v1/sandboxes/{id}/processes).',
+  key: 'An API key id (key_…, from GET /v1/keys).',
   path: 'The rest of the path, forwarded as sent (may be empty and may contain slashes); the query string follows it.',
 };
 
@@ -160,7 +161,8 @@ function operation(route: RouteSpec, method: string = route.method): Json {
         };
       }
     } else if (spec.contentType && spec.events) {
-      r.content = { [spec.contentType]: { schema: { description: 'SSE: the JSON of each event\'s data.', oneOf: spec.events.map((e) => schemaOf(e)) } } };
+      const events = spec.events.map((e) => schemaOf(e));
+      r.content = { [spec.contentType]: { schema: { description: 'SSE: the JSON of each event\'s data.', ...(events.length === 1 ? { allOf: events } : { oneOf: events }) } } };
     } else if (spec.contentType) {
       const binary = spec.contentType.startsWith('application/octet') || spec.contentType === '*/*';
       r.content = { [spec.contentType]: { schema: { type: 'string', ...(binary ? { format: 'binary' } : {}) } } };
@@ -201,6 +203,7 @@ export function buildOpenApi(): Json {
       { name: 'images', description: 'Catalog images, and your own OCI images (Pro): OCI layout, docker save / OCI archive, or a registry.' },
       { name: 'environments', description: 'Your named configurations of an image: ready command and probe, secrets, VM size. A ready environment is a template.' },
       { name: 'usage', description: 'Metering.' },
+      { name: 'account', description: "The tenant's own API keys and its tier's limits." },
       { name: 'operations', description: 'Health, metrics, this document.' },
     ],
     paths,

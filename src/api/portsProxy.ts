@@ -21,6 +21,7 @@ import type { PortTarget } from '../sandboxes/types.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
+import { isTerminalPath, type TerminalBridge } from './terminal.js';
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
 /** E2B's header for a sandbox's traffic token: a sandbox access token (PortUrlSigner.sandboxToken) instead of a key. */
@@ -46,6 +47,8 @@ export interface PortsProxyOptions {
   authenticate: (headers: IncomingHttpHeaders) => Scope;
   /** True once the server is shutting down: new requests and upgrades get 503. */
   draining: () => boolean;
+  /** WebSocket upgrades of the web terminal's path go here (the one `upgrade` listener serves both). */
+  terminals?: TerminalBridge;
 }
 
 export interface PortsProxy {
@@ -321,6 +324,11 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
     socket.on('error', () => socket.destroy());
     req.url = hostRoutedUrl(req.headers.host, req.url ?? '/');
     const websocket = /^websocket$/i.test(String(req.headers.upgrade ?? '').trim());
+    if (websocket && opts.terminals && isTerminalPath(req.url ?? '')) {
+      if (opts.draining()) socketError(socket, new CollimateError('shutting_down', 'The server is shutting down; retry shortly.', { retryAfterSecs: 5 }));
+      else opts.terminals.handleUpgrade(req, socket, head, socketError);
+      return;
+    }
     if (!websocket || !proxyPathOf(req.url ?? '')) {
       // Node sends every request with an Upgrade header here once someone listens; those that are
       // not WebSocket upgrades of a proxy path are ordinary requests (e.g. curl's `Upgrade: h2c`).

@@ -31,10 +31,10 @@ export interface RouteSpec {
   path: string;
   summary: string;
   description?: string;
-  tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'operations';
+  tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'account' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid'>>;
+  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key'>>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files); `stream`: any bytes, unread, for the handler to stream. */
   bodyKind?: 'json' | 'raw' | 'stream';
@@ -113,6 +113,19 @@ export const ROUTE_TABLE = [
       200: { description: 'The result (or an SSE stream, see description).', schema: S.ExecResult },
     },
     errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable'],
+  },
+  {
+    operationId: 'listExecs',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/execs',
+    summary: "A sandbox's recent execs",
+    description: 'The last 50 execs that ran (through REST or MCP), newest first, with exit codes and durations; kept across server restarts, gone with the sandbox.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.ExecLogQuery,
+    responses: { 200: { description: 'Newest first.', schema: S.ExecLogList } },
+    errors: ['sandbox_not_found'],
   },
   {
     operationId: 'forkSandbox',
@@ -458,6 +471,28 @@ export const ROUTE_TABLE = [
     errors: [...PROCESS_ERRORS],
   },
   {
+    operationId: 'processTerminal',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/processes/:pid/terminal',
+    summary: 'Attach to a PTY process over a WebSocket (the web terminal)',
+    description:
+      'A WebSocket upgrade; a plain GET answers the process it would attach to (a check before connecting). Browsers cannot set Authorization on a WebSocket: offer the subprotocols ' +
+      '`collimate.terminal` and `bearer.<key>`; the server selects `collimate.terminal` (the key is never echoed, and never in the URL). ' +
+      'Server → client: binary frames are the terminal\'s output (what the server still holds, then live); a text frame ' +
+      '`{"type":"exit","process":Process}` precedes a normal close, `{"type":"error","error":{code,message}}` an abnormal one. ' +
+      'Client → server: binary frames are keystrokes, written in order; a text frame `{"type":"resize","cols":N,"rows":N}` resizes. ' +
+      'Refusals before the upgrade are ordinary JSON errors: 401, 404 sandbox_not_found / process_not_found, 409 not_a_terminal (started without `pty`). ' +
+      'Closing the socket leaves the process running.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxProcess,
+    responses: {
+      101: { description: 'Switching Protocols: the WebSocket (see description).' },
+      200: { description: 'Without Upgrade: the PTY process a WebSocket would attach to.', schema: S.Process },
+    },
+    errors: [...PROCESS_ERRORS, 'not_a_terminal'],
+  },
+  {
     operationId: 'createPortUrl',
     method: 'POST',
     path: '/v1/sandboxes/:id/port-urls',
@@ -598,7 +633,10 @@ export const ROUTE_TABLE = [
     method: 'GET',
     path: '/v1/environments/:name/log',
     summary: 'The bake log of an environment',
-    description: 'Progress lines (prefixed #) and the output of the ready command and probe; the last 256 KiB.',
+    description:
+      'Progress lines (prefixed #) and the output of the ready command and probe; the last 256 KiB. ' +
+      'With `Accept: text/event-stream`, the log as it grows while the environment bakes: `log` events `{"text"}` with what was appended ' +
+      '(`{"text", "reset": true}`: the whole kept log, when its tail moved on), then `end` `{"state", "error"}` once it is ready or failed (at once if it already is).',
     tag: 'environments',
     auth: true,
     params: { name: 'environment' },
@@ -647,6 +685,77 @@ export const ROUTE_TABLE = [
     auth: true,
     query: S.UsageQuery,
     responses: { 200: { description: 'Usage in [from, to).', schema: S.UsageResponse } },
+    errors: [],
+  },
+  {
+    operationId: 'streamEvents',
+    method: 'GET',
+    path: '/v1/events',
+    summary: "Stream the tenant's sandbox changes (SSE)",
+    description:
+      'An SSE stream of `sandbox` events (SandboxEvent), one per change of state once it is persisted: created, forked, suspended, resumed, deleted or lost. ' +
+      'Only the tenant\'s own sandboxes. Nothing is replayed: list the sandboxes once the stream is open, then follow it. A comment every 15 s keeps proxies from closing it.',
+    tag: 'sandboxes',
+    auth: true,
+    responses: { 200: { description: 'Event stream: `sandbox` events.', contentType: 'text/event-stream', events: [S.SandboxEvent] } },
+    errors: [],
+  },
+  {
+    operationId: 'getLiveStats',
+    method: 'GET',
+    path: '/v1/stats',
+    summary: "Live CPU and memory of the tenant's running sandboxes",
+    description: 'One reading of every running sandbox at once (so a list need not ask per row): resident memory now, CPU since the previous reading of this endpoint.',
+    tag: 'sandboxes',
+    auth: true,
+    responses: { 200: { description: 'One entry per running sandbox.', schema: S.LiveStats } },
+    errors: [],
+  },
+  {
+    operationId: 'listKeys',
+    method: 'GET',
+    path: '/v1/keys',
+    summary: "List the tenant's API keys",
+    description: 'Keys not revoked, oldest first; never the keys themselves, only their prefixes.',
+    tag: 'account',
+    auth: true,
+    responses: { 200: { description: 'The keys.', schema: S.ApiKeyList } },
+    errors: [],
+  },
+  {
+    operationId: 'createKey',
+    method: 'POST',
+    path: '/v1/keys',
+    summary: 'Create an API key for the tenant',
+    description: 'The new key has the same tenant and tier as the key that asks. The key is in this answer only.',
+    tag: 'account',
+    auth: true,
+    bodyKind: 'json',
+    body: S.CreateKeyRequest,
+    bodyOptional: true,
+    responses: { 201: { description: 'Created.', schema: S.CreatedKey } },
+    errors: [],
+  },
+  {
+    operationId: 'revokeKey',
+    method: 'DELETE',
+    path: '/v1/keys/:id',
+    summary: 'Revoke one of the tenant\'s API keys',
+    description: 'At once: the key gets 401 unauthorized from then on. A key may revoke itself.',
+    tag: 'account',
+    auth: true,
+    params: { id: 'key' },
+    responses: { 204: { description: 'Revoked.' } },
+    errors: ['not_found'],
+  },
+  {
+    operationId: 'getLimits',
+    method: 'GET',
+    path: '/v1/limits',
+    summary: "The tier's limits and current concurrency",
+    tag: 'account',
+    auth: true,
+    responses: { 200: { description: 'The limits.', schema: S.Limits } },
     errors: [],
   },
   {

@@ -16,6 +16,9 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import { registerMcp } from '../mcp/index.js';
 import { toClientError } from '../wire/errors.js';
 import { bearerKey, bindRoutes, sendError } from './binder.js';
+import { accountHandlers } from './handlers/account.js';
+import { registerConsole } from './console.js';
+import { terminalBridge } from './terminal.js';
 import { imageHandlers } from './handlers/images.js';
 import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js';
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
@@ -60,6 +63,8 @@ export interface BuildServerOptions {
   /** How long shutdown lets in-flight requests finish before failing them with 503. Default 5 s. */
   shutdownGraceMs?: number;
   now?: () => number;
+  /** The console bundle served at /console (default dist/console of this checkout). */
+  consoleDir?: string;
   /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
 }
@@ -176,20 +181,26 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       ...sandboxHandlers(tenants, streams),
       ...processHandlers(tenants, streams),
       ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
-      ...imageHandlers(tenants),
+      ...imageHandlers(tenants, streams),
+      ...accountHandlers(tenants, streams),
       ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
     },
     { tenants, maxJsonBytes: maxJson, maxFileBytes: maxFile },
   );
+  registerConsole(app, opts.consoleDir);
   const authenticate = (headers: IncomingHttpHeaders): Scope => tenants.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
   const e2bEnv = new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
-  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining });
+  const terminals = terminalBridge(tenants, app.log);
+  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
-    if (!draining) proxy.closeTunnels();
+    if (!draining) {
+      proxy.closeTunnels();
+      terminals.closeAll();
+    }
   });
 
   let shutdownPromise: Promise<void> | null = null;
@@ -201,6 +212,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       while (inflight.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
       streams.abortAll(shuttingDown());
       proxy.closeTunnels();
+      terminals.closeAll();
       for (const reply of [...inflight]) {
         if (!reply.sent && !reply.raw.headersSent) {
           reply.header('connection', 'close');

@@ -5,7 +5,7 @@
  */
 import type { FastifyReply } from 'fastify';
 import type { CollimateError } from '../errors.js';
-import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
+import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, SandboxTransition, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
 
@@ -187,5 +187,102 @@ export class SseStreams {
     });
     for (const c of early) write('change', c);
     if (endedEarly) finish(endedEarly);
+  }
+
+  /**
+   * The tenant's sandbox changes as an event stream: one `sandbox` event per change, until the client
+   * goes away or the server shuts down. `subscribe` is called with the listener and returns the unsubscribe.
+   */
+  streamSandboxEvents(reply: FastifyReply, subscribe: (listener: (t: SandboxTransition) => void) => () => void): void {
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+    });
+    // Sent now, with a first comment: the client knows the stream is in place before anything
+    // changes (it lists the sandboxes after that), and a reader waiting for bytes gets some.
+    res.write(': open\n\n');
+    const write = (event: string, data: unknown) => {
+      if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    const unsubscribe = subscribe((t) =>
+      write('sandbox', { sandbox_id: t.id, op: t.op, state: t.state, at: new Date().toISOString() }),
+    );
+    const ping = setInterval(() => !res.destroyed && res.write(': ping\n\n'), 15_000);
+    ping.unref();
+    let done = false;
+    const finish = () => {
+      if (done) return;
+      done = true;
+      clearInterval(ping);
+      unsubscribe();
+      this.open.delete(abort);
+    };
+    const abort = (err: CollimateError) => {
+      write('error', err.toJSON());
+      finish();
+      res.end();
+    };
+    this.open.add(abort);
+    res.once('close', finish);
+  }
+
+  /**
+   * An environment's bake log as it grows: `log` events `{text}` with what was appended (or
+   * `{text, reset: true}` with the whole log when its kept tail moved on), until the bake is over:
+   * then `end` `{state, error}`. `read` gives the environment now, or null once it is gone. The log
+   * lives in the database row the bake writes, so it is read again every `periodMs`.
+   */
+  streamBakeLog(reply: FastifyReply, read: () => { log: string; state: string; error: string | null } | null, periodMs = 500): void {
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      'x-accel-buffering': 'no',
+    });
+    const write = (event: string, data: unknown) => {
+      if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    let sent = '';
+    let done = false;
+    const finish = () => {
+      if (done) return;
+      done = true;
+      clearInterval(timer);
+      this.open.delete(abort);
+      res.end();
+    };
+    const tick = () => {
+      const env = read();
+      if (!env) {
+        write('end', { state: 'deleted', error: null });
+        return finish();
+      }
+      if (env.log !== sent) {
+        if (env.log.startsWith(sent)) write('log', { text: env.log.slice(sent.length) });
+        else write('log', { text: env.log, reset: true });
+        sent = env.log;
+      }
+      if (env.state === 'ready' || env.state === 'failed') {
+        write('end', { state: env.state, error: env.error });
+        finish();
+      }
+    };
+    const abort = (err: CollimateError) => {
+      write('error', err.toJSON());
+      finish();
+    };
+    this.open.add(abort);
+    const timer = setInterval(tick, periodMs);
+    timer.unref();
+    res.once('close', () => {
+      done = true;
+      clearInterval(timer);
+      this.open.delete(abort);
+    });
+    tick();
   }
 }

@@ -16,7 +16,7 @@ import { downloadFile, fsList, fsMkdir, fsRemove, fsRename, fsStat, fsWatch, upl
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { deleteSandbox } from './delete.js';
-import { isAlive, procStartTicks } from '../vmm/vmm.js';
+import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
 import { setSessionEnd } from './session.js';
 import { reconcile } from './reconcile.js';
@@ -280,6 +280,20 @@ export class Engine extends EventEmitter implements SandboxService {
 
   countRunning(tenant: string): number {
     return this.repo.countRunning(tenant);
+  }
+
+  /**
+   * What each of these sandboxes' VMM process uses of the host now: CPU seconds so far and resident
+   * memory. Sandboxes not running in this process are left out. The caller checks the tenant.
+   */
+  vmmUsage(ids: readonly string[]): Map<string, { cpuSecs: number; rssBytes: number }> {
+    const out = new Map<string, { cpuSecs: number; rssBytes: number }>();
+    for (const id of ids) {
+      const r = this.registry.get(id);
+      const usage = r && !r.deleting ? processUsage(r.live.record.pid) : undefined;
+      if (usage) out.set(id, usage);
+    }
+    return out;
   }
 
   // ---- lifecycle -------------------------------------------------------------------------------

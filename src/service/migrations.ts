@@ -66,6 +66,23 @@ export const API_MIGRATIONS: Migration[] = [
       CREATE UNIQUE INDEX usage_intervals_open ON usage_intervals (sandbox) WHERE end_ms IS NULL;
     `,
   },
+  {
+    version: 16,
+    name: 'api_execs',
+    sql: `
+      CREATE TABLE api_execs (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant       TEXT NOT NULL,
+        sandbox      TEXT NOT NULL,
+        command      TEXT NOT NULL,
+        exit_code    INTEGER NOT NULL,
+        timed_out    INTEGER NOT NULL,
+        started_ms   INTEGER NOT NULL,
+        duration_ms  INTEGER NOT NULL
+      );
+      CREATE INDEX api_execs_sandbox ON api_execs (sandbox, id);
+    `,
+  },
 ];
 
 registerMigrations(API_MIGRATIONS);

@@ -23,12 +23,13 @@ import type { PhaseReport } from '../sandboxes/phases.js';
 import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
-  SandboxInfo, SandboxService, TemplateInfo,
+  SandboxInfo, SandboxService, SandboxTransition, TemplateInfo,
   DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
+import { ExecLog, type ExecLogEntry } from './execLog.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
-import { KeyStore } from './keys.js';
+import { KeyStore, type KeyRecord } from './keys.js';
 import { Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
 import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
@@ -105,6 +106,8 @@ export class TenantService {
   readonly idempotency: IdempotencyStore;
   readonly meter: Meter;
   readonly signer: PortUrlSigner;
+  /** Each sandbox's recent execs (what ran, exit code, duration), for GET /v1/sandboxes/{id}/execs. */
+  readonly execLog: ExecLog;
   /** The service's database; a front door with state of its own (the E2B envVars) keeps it here too. */
   readonly db: Db;
   /** The service's instruments; front doors register theirs in the same registry. */
@@ -117,7 +120,16 @@ export class TenantService {
   private readonly forkSeconds: Histogram;
   private readonly execSeconds: Histogram;
   private readonly timers: NodeJS.Timeout[] = [];
-  private readonly onTransition = (ev: Transition) => this.meterTransition(ev);
+  /** The last CPU reading of each running sandbox's VMM, for liveStats' percentages. */
+  private readonly cpuSamples = new Map<string, { atMs: number; cpuSecs: number }>();
+  /** Listeners of watchSandboxes: one engine subscription fans out to every open event stream. */
+  private readonly sandboxWatchers = new Set<(t: SandboxTransition) => void>();
+  private readonly onTransition = (ev: Transition) => {
+    this.meterTransition(ev);
+    if (ev.state === 'deleted') this.execLog.forget(ev.id);
+    if (ev.state !== 'running') this.cpuSamples.delete(ev.id);
+    for (const watcher of this.sandboxWatchers) watcher(ev as SandboxTransition);
+  };
   private readonly onPhases: (r: PhaseReport) => void;
   private closed = false;
 
@@ -130,6 +142,7 @@ export class TenantService {
     applyApiMigrations(opts.db);
     this.keys = new KeyStore(opts.db);
     this.idempotency = new IdempotencyStore(opts.db);
+    this.execLog = new ExecLog(opts.db);
     this.meter = new Meter(opts.db, this.now);
     this.admission = new Admission(this.engine, opts.admissionWaitMs);
     const dbFile = (opts.db as { name?: string }).name;
@@ -272,6 +285,67 @@ export class TenantService {
     const p = this.keys.authenticate(key);
     if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
     return { tenant: p.tenant, tier: p.tier };
+  }
+
+  // ---- the tenant's account ----------------------------------------------------------------------
+
+  /** The tenant's keys that are not revoked (records only; the keys themselves are never kept). */
+  ownKeys(scope: Scope): KeyRecord[] {
+    return this.keys.list({ tenant: scope.tenant });
+  }
+
+  /** A new key of the same tenant, under its current tier (a key cannot change its own tier). */
+  createOwnKey(scope: Scope, name?: string): { key: string; record: KeyRecord } {
+    const { key, record } = this.keys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
+    return { key, record };
+  }
+
+  /** Revokes one of the tenant's keys by id; another tenant's key is as unknown as one that never was. */
+  revokeOwnKey(scope: Scope, keyId: string): void {
+    const rec = this.keys.get(keyId);
+    if (!rec || rec.tenant !== scope.tenant || rec.revoked_at !== null) {
+      throw new CollimateError('not_found', `No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them with GET /v1/keys.`);
+    }
+    this.keys.revoke(keyId);
+  }
+
+  /**
+   * Live use of the tenant's running sandboxes on the host: their VMM's resident memory, and CPU as
+   * a percentage of one core since the previous reading (null on the first, or after a resume
+   * started a new VMM). An engine that cannot tell (a fake) reports none.
+   */
+  liveStats(scope: Scope): Array<{ id: string; cpuPercent: number | null; memoryMib: number }> {
+    const engine = this.engine as { vmmUsage?: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> };
+    if (typeof engine.vmmUsage !== 'function') return [];
+    const running = this.engine.list({ state: 'running', limit: 1000 }, scope).sandboxes.filter((s) => s.tenant === scope.tenant);
+    const usage = engine.vmmUsage(running.map((s) => s.id));
+    const now = this.now();
+    const out: Array<{ id: string; cpuPercent: number | null; memoryMib: number }> = [];
+    for (const [id, u] of usage) {
+      const prev = this.cpuSamples.get(id);
+      this.cpuSamples.set(id, { atMs: now, cpuSecs: u.cpuSecs });
+      const dt = prev ? (now - prev.atMs) / 1000 : 0;
+      const used = prev ? u.cpuSecs - prev.cpuSecs : -1;
+      out.push({ id, cpuPercent: dt > 0 && used >= 0 ? Math.round((used / dt) * 1000) / 10 : null, memoryMib: Math.round(u.rssBytes / 1048576) });
+    }
+    return out;
+  }
+
+  /** The tier's limits and how many of the tenant's sandboxes run now. */
+  limits(scope: Scope): { tier: Tier; running: number } {
+    return { tier: scope.tier, running: this.engine.countRunning(scope.tenant) };
+  }
+
+  /**
+   * Calls `listener` with every persisted change of state of the tenant's own sandboxes, until the
+   * returned unsubscribe is called. An engine without events (a fake) never calls it.
+   */
+  watchSandboxes(scope: Scope, listener: (t: SandboxTransition) => void): () => void {
+    const watcher = (t: SandboxTransition) => {
+      if (t.tenant === scope.tenant) listener(t);
+    };
+    this.sandboxWatchers.add(watcher);
+    return () => this.sandboxWatchers.delete(watcher);
   }
 
   // ---- templates and images --------------------------------------------------------------------
@@ -448,9 +522,18 @@ export class TenantService {
 
   async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
     const stop = this.execSeconds.startTimer();
+    const started = this.now();
+    const t0 = performance.now();
     const r = await this.engine.exec(id, req, scope, stream);
     stop();
+    this.execLog.record(scope.tenant, id, req, started, performance.now() - t0, r);
     return r;
+  }
+
+  /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */
+  recentExecs(scope: Scope, id: string, limit?: number): ExecLogEntry[] {
+    this.get(scope, id);
+    return this.execLog.recent(scope.tenant, id, limit);
   }
 
   /**

@@ -488,6 +488,22 @@ export function isAlive(pid: number): boolean {
   }
 }
 
+/** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on every Linux this runs on). */
+const USER_HZ = 100;
+
+/** A process's CPU time so far (user + system, seconds) and resident memory (bytes), from /proc; undefined once it is gone. */
+export function processUsage(pid: number): { cpuSecs: number; rssBytes: number } | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    const rssKib = Number(/^VmRSS:\s+(\d+) kB/m.exec(status)?.[1] ?? 0);
+    return { cpuSecs: (Number(fields[11]) + Number(fields[12])) / USER_HZ, rssBytes: rssKib * 1024 };
+  } catch {
+    return undefined;
+  }
+}
+
 export function procStartTicks(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');

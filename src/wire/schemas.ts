@@ -704,6 +704,91 @@ export const UsageResponse = named(
   'Metered time in [from, to): running seconds × vCPUs / RAM MiB / disk MiB, and suspended seconds × snapshot MiB.',
 );
 
+export const ExecLogEntry = named(
+  'ExecLogEntry',
+  z.strictObject({
+    command: described(z.string(), 'What ran, on one line (at most 200 characters): the command, the first line of `code` as `[code] …`, or the argv lists joined by &&. Never stdin, files or env.'),
+    exit_code: z.number().int(),
+    timed_out: z.boolean(),
+    duration_ms: described(z.number().int(), 'From the request reaching the service to the result, queueing included.'),
+    started_at: IsoTime,
+  }),
+);
+
+export const ExecLogList = named('ExecLogList', z.strictObject({ execs: z.array(ExecLogEntry) }));
+
+export const ExecLogQuery = z.strictObject({
+  limit: described(z.coerce.number().int().min(1).max(50), 'At most this many, newest first (default and maximum 50).').optional(),
+});
+
+export const LiveStats = named(
+  'LiveStats',
+  z.strictObject({
+    sandboxes: z.array(
+      z.strictObject({
+        id: SandboxId,
+        cpu_percent: described(z.number().nullable(), "The sandbox's VMM's CPU use since the previous reading, in % of one core; null on the first reading."),
+        memory_mib: described(z.number().int(), "Host memory the sandbox's VMM holds now (resident set)."),
+      }),
+    ),
+  }),
+  'Live use of the host by each running sandbox.',
+);
+
+// ---------------------------------------------------------------------------------------------
+// Account: the tenant's own keys, its tier's limits, and the stream of its sandboxes' changes
+
+export const KEY_NAME_MAX = 100;
+
+export const ApiKey = named(
+  'ApiKey',
+  z.strictObject({
+    id: described(z.string(), 'Key id (key_…): what DELETE /v1/keys/{id} takes. The key itself is shown once, when created.'),
+    prefix: described(z.string(), 'The first 12 characters of the key, to tell keys apart.'),
+    name: z.string().nullable(),
+    created_at: IsoTime,
+    last_used_at: described(IsoTime.nullable(), 'Updated at most once a minute.'),
+  }),
+);
+
+export const ApiKeyList = named('ApiKeyList', z.strictObject({ keys: z.array(ApiKey) }));
+
+export const CreateKeyRequest = named(
+  'CreateKeyRequest',
+  z.strictObject({ name: described(z.string().min(1).max(KEY_NAME_MAX), 'A name to recognise the key by.').optional() }),
+);
+
+export const CreatedKey = named(
+  'CreatedKey',
+  z.strictObject({ key: described(z.string(), 'The new key (clm_…). Shown only in this answer; store it now.'), record: ApiKey }),
+);
+
+export const Limits = named(
+  'Limits',
+  z.strictObject({
+    tier: z.string(),
+    max_running: described(z.number().int().nullable(), 'Running sandboxes at once (suspended ones do not count); null: no cap.'),
+    running: described(z.number().int(), 'Running now.'),
+    own_images: described(z.boolean(), 'May bake environments from its own images.'),
+    max_session_secs: z.number().int(),
+    default_session_secs: z.number().int().nullable(),
+    max_vcpus: z.number().int(),
+    max_memory_mib: z.number().int(),
+  }),
+  "The tier's limits and current concurrency against its cap.",
+);
+
+export const SandboxEvent = named(
+  'SandboxEvent',
+  z.strictObject({
+    sandbox_id: SandboxId,
+    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored).'),
+    state: SandboxState,
+    at: IsoTime,
+  }),
+  'The data of a `sandbox` event on GET /v1/events.',
+);
+
 // ---------------------------------------------------------------------------------------------
 // Operations
 

@@ -481,6 +481,8 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
       if (r.chance(0.9)) headers['content-type'] = r.chance(0.8) ? 'application/json' : r.pick(['text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'application/json; charset=latin1', 'application/merge-patch+json', 'application/octet-stream']);
     }
     const may502 = route.method === 'ANY' || route.operationId === 'createImage';
+    // The event stream never ends by itself: read its first bytes, then hang up.
+    if (route.operationId === 'streamEvents') return { kind, method, path, headers, body, may502, abortStream: true };
     return { kind, method, path, headers, body, may502 };
   };
 

@@ -533,6 +533,86 @@ export type Usage = {
   sandboxes: SandboxUsage[];
 };
 
+export type ExecLogEntry = {
+  /** What ran, on one line (at most 200 characters): the command, the first line of `code` as `[code] …`, or the argv lists joined by &&. Never stdin, files or env. */
+  command: string;
+  exit_code: number;
+  timed_out: boolean;
+  /** From the request reaching the service to the result, queueing included. */
+  duration_ms: number;
+  /** ISO 8601. */
+  started_at: string;
+};
+
+export type ExecLogList = {
+  execs: ExecLogEntry[];
+};
+
+/** Live use of the host by each running sandbox. */
+export type LiveStats = {
+  sandboxes: Array<{
+    /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
+    id: string;
+    /** The sandbox's VMM's CPU use since the previous reading, in % of one core; null on the first reading. */
+    cpu_percent: number | null;
+    /** Host memory the sandbox's VMM holds now (resident set). */
+    memory_mib: number;
+  }>;
+};
+
+export type ApiKey = {
+  /** Key id (key_…): what DELETE /v1/keys/{id} takes. The key itself is shown once, when created. */
+  id: string;
+  /** The first 12 characters of the key, to tell keys apart. */
+  prefix: string;
+  name: string | null;
+  /** ISO 8601. */
+  created_at: string;
+  /** Updated at most once a minute. */
+  last_used_at: string | null;
+};
+
+export type ApiKeyList = {
+  keys: ApiKey[];
+};
+
+export type CreateKeyRequest = {
+  /** A name to recognise the key by. */
+  name?: string;
+};
+
+export type CreatedKey = {
+  /** The new key (clm_…). Shown only in this answer; store it now. */
+  key: string;
+  record: ApiKey;
+};
+
+/** The tier's limits and current concurrency against its cap. */
+export type Limits = {
+  tier: string;
+  /** Running sandboxes at once (suspended ones do not count); null: no cap. */
+  max_running: number | null;
+  /** Running now. */
+  running: number;
+  /** May bake environments from its own images. */
+  own_images: boolean;
+  max_session_secs: number;
+  default_session_secs: number | null;
+  max_vcpus: number;
+  max_memory_mib: number;
+};
+
+/** The data of a `sandbox` event on GET /v1/events. */
+export type SandboxEvent = {
+  /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
+  sandbox_id: string;
+  /** What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored). */
+  op: "create" | "fork" | "suspend" | "resume" | "delete" | "lost";
+  state: SandboxState;
+  /** ISO 8601. */
+  at: string;
+};
+
 export type Health = {
   status: "ok" | "starting" | "shutting_down";
   accel: string;

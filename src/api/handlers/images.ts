@@ -4,6 +4,7 @@ import type { TenantService } from '../../service/tenantService.js';
 import * as S from '../../wire/schemas.js';
 import { environmentView, imageView, templateView } from '../../wire/views.js';
 import type { Handlers } from '../binder.js';
+import { wantsSse, type SseStreams } from '../sse.js';
 
 type ImageOps =
   | 'listImages' | 'createImage' | 'getImage' | 'deleteImage'
@@ -16,7 +17,7 @@ function checkImageId(id: string): void {
   if (!IMAGE_ID_RE.test(id)) throw new CollimateError('image_not_found', `No image ${id.slice(0, 80)}; image ids are sha256:<64 hex>.`);
 }
 
-export function imageHandlers(tenants: TenantService): Pick<Handlers, ImageOps> {
+export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, ImageOps> {
   return {
     listImages({ scope }) {
       return { status: 200, body: { images: tenants.catalog(scope).map(templateView), own: tenants.ownImages(scope).map(imageView) } };
@@ -54,8 +55,19 @@ export function imageHandlers(tenants: TenantService): Pick<Handlers, ImageOps> 
       return { status: 200, body: environmentView(tenants.environment(scope, params.name)) };
     },
 
-    getEnvironmentLog({ scope, params, reply }) {
-      reply.code(200).type('text/plain; charset=utf-8').send(tenants.environment(scope, params.name).log);
+    getEnvironmentLog({ scope, params, req, reply }) {
+      const env = tenants.environment(scope, params.name);
+      if (!wantsSse(req.headers.accept)) {
+        reply.code(200).type('text/plain; charset=utf-8').send(env.log);
+        return null;
+      }
+      streams.streamBakeLog(reply, () => {
+        try {
+          return tenants.environment(scope, params.name);
+        } catch {
+          return null; // deleted while followed
+        }
+      });
       return null;
     },
 

@@ -1,11 +1,12 @@
 /** Handlers of /v1/sandboxes/{id}/processes: parse → one tenant-service call → render. */
 import type { TenantService } from '../../service/tenantService.js';
+import { notATerminal } from '../terminal.js';
 import type { Handlers } from '../binder.js';
 import type { SseStreams } from '../sse.js';
 
 type ProcessOps =
   | 'startProcess' | 'listProcesses' | 'getProcess' | 'processOutput' | 'writeProcessStdin' | 'closeProcessStdin'
-  | 'signalProcess' | 'resizeProcess' | 'waitProcess';
+  | 'signalProcess' | 'resizeProcess' | 'waitProcess' | 'processTerminal';
 
 const DEFAULT_WAIT_SECS = 30;
 
@@ -54,6 +55,13 @@ export function processHandlers(tenants: TenantService, streams: SseStreams): Pi
       const pid = Number(params.pid);
       await tenants.resizeProcess(scope, params.id, pid, body.cols, body.rows);
       return { status: 200, body: await tenants.getProcess(scope, params.id, pid) };
+    },
+
+    async processTerminal({ scope, params }) {
+      // Only a plain GET reaches here: a WebSocket upgrade goes to terminal.ts (via portsProxy.ts).
+      const proc = await tenants.getProcess(scope, params.id, Number(params.pid));
+      if (!proc.pty) throw notATerminal(proc.pid);
+      return { status: 200, body: proc };
     },
 
     async waitProcess({ scope, params, body }) {

@@ -8,7 +8,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox' | 'listExecs';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -53,6 +53,10 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       tenants.requireRunning(scope, params.id, 'exec');
       await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.exec(scope, params.id, body, handlers));
       return null;
+    },
+
+    listExecs({ scope, params, query }) {
+      return { status: 200, body: { execs: tenants.recentExecs(scope, params.id, query.limit) } };
     },
 
     async forkSandbox({ scope, params, body }) {

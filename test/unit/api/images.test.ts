@@ -67,7 +67,20 @@ describe('REST /v1/images and /v1/environments', () => {
     assert.equal(c.statusCode, 202, c.body);
     assert.deepEqual(c.json().secret_names, ['TOKEN']);
     assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'app', image: id } }), 'conflict');
+    // Followed while it bakes: the stream ends by itself once the environment is ready.
+    const followed = f.api.app.inject({ url: '/v1/environments/app/log', headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream' } });
     await images.idle();
+    const stream = await followed;
+    assert.match(String(stream.headers['content-type']), /^text\/event-stream/);
+    const events = stream.body.split('\n\n').filter(Boolean).map((block) => ({ event: /^event: (.*)$/m.exec(block)![1], data: JSON.parse(/^data: (.*)$/m.exec(block)![1]) }));
+    assert.deepEqual(events.at(-1), { event: 'end', data: { state: 'ready', error: null } });
+    let followedLog = '';
+    for (const e of events.slice(0, -1)) {
+      assert.equal(e.event, 'log');
+      followedLog = e.data.reset ? e.data.text : followedLog + e.data.text;
+    }
+    assert.equal(followedLog, (await f.req('getEnvironmentLog', { url: '/v1/environments/app/log', key })).body, 'the pieces add up to the log');
+    assert.ok(!stream.body.includes(secret));
     const bodies = [
       (await f.req('getEnvironment', { url: '/v1/environments/app', key })).body,
       (await f.req('listEnvironments', { url: '/v1/environments', key })).body,

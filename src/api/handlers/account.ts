@@ -1,0 +1,56 @@
+/** Handlers of the tenant's own account (keys, limits), its event stream and live stats: parse → one tenant-service call → render. */
+import type { KeyRecord } from '../../service/keys.js';
+import type { TenantService } from '../../service/tenantService.js';
+import type { Handlers } from '../binder.js';
+import type { SseStreams } from '../sse.js';
+
+type AccountOps = 'listKeys' | 'createKey' | 'revokeKey' | 'getLimits' | 'streamEvents' | 'getLiveStats';
+
+/** What a tenant sees of a key: never its hash, nor the tenant and tier it already knows. */
+export function keyView(r: KeyRecord) {
+  return { id: r.id, prefix: r.prefix, name: r.name, created_at: r.created_at, last_used_at: r.last_used_at };
+}
+
+export function accountHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, AccountOps> {
+  return {
+    listKeys({ scope }) {
+      return { status: 200, body: { keys: tenants.ownKeys(scope).map(keyView) } };
+    },
+
+    createKey({ scope, body }) {
+      const { key, record } = tenants.createOwnKey(scope, body.name);
+      return { status: 201, body: { key, record: keyView(record) } };
+    },
+
+    revokeKey({ scope, params }) {
+      tenants.revokeOwnKey(scope, params.id);
+      return { status: 204 };
+    },
+
+    getLimits({ scope }) {
+      const { tier, running } = tenants.limits(scope);
+      return {
+        status: 200,
+        body: {
+          tier: tier.name,
+          max_running: tier.maxRunning,
+          running,
+          own_images: tier.ownImages,
+          max_session_secs: tier.maxSessionSecs,
+          default_session_secs: tier.defaultSessionSecs,
+          max_vcpus: tier.maxVcpus,
+          max_memory_mib: tier.maxMemoryMib,
+        },
+      };
+    },
+
+    getLiveStats({ scope }) {
+      return { status: 200, body: { sandboxes: tenants.liveStats(scope).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
+    },
+
+    streamEvents({ scope, reply }) {
+      streams.streamSandboxEvents(reply, (listener) => tenants.watchSandboxes(scope, listener));
+      return null;
+    },
+  };
+}

@@ -1,0 +1,348 @@
+/**
+ * The web console in a real browser (issue 16): Debian's Chromium, headless, driven by playwright-core,
+ * against `collimate serve`'s /console on a real engine. Signs in with a key; sees a sandbox created
+ * through the API appear within 2 s without a reload; forks it into 3 from the page and sees the tree
+ * grow to 4 nodes; types into the web terminal and reads the answer on screen; uploads a file and reads
+ * it back with an exec; suspends and resumes from the page; a second tenant sees none of the first's
+ * sandboxes; a key revoked from the keys page is signed out; an environment created from the page
+ * streams its bake log until it is ready. Each test saves a screenshot under
+ * COLLIMATE_TEST_OUTPUT (default test-output/console).
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import '../../src/service/migrations.ts';
+import type { Engine } from '../../src/sandboxes/engine.ts';
+import { ImageService } from '../../src/images/service.ts';
+import { busyboxEntries, image, layer, writeLayout } from '../support/oci.ts';
+import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
+
+// Functions given to page.evaluate / waitForFunction run in the browser, where these exist (this
+// project's type check has no DOM library).
+declare const window: any;
+declare const document: any;
+declare const sessionStorage: any;
+type HTMLElement = { dataset: Record<string, string | undefined> };
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const OUTPUT = process.env.COLLIMATE_TEST_OUTPUT ?? join(ROOT, 'test-output', 'console');
+/** Lifecycle work on TCG (a fork of three, a resume) takes tens of seconds on a loaded two-core host. */
+const SLOW = 180_000;
+
+let engine: Engine;
+let images: ImageService;
+let api: Served;
+let home: string;
+let base: string;
+let browser: Browser;
+let acmeKey: string;
+let otherKey: string;
+const contexts: BrowserContext[] = [];
+/** What the console's pages threw, and what the browser refused under the Content-Security-Policy: none may happen. */
+const pageFaults: string[] = [];
+
+/** A REST call as a program would make it, with a tenant key. */
+async function rest(method: string, path: string, key: string, body?: unknown): Promise<any> {
+  const res = await fetch(new URL(path, base), {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  assert.ok(res.ok, `${method} ${path} → ${res.status} ${text}`);
+  return text ? JSON.parse(text) : undefined;
+}
+
+/** A fresh browser session (its own sessionStorage) signed in with `key` by typing it and pressing Enter. */
+async function signedIn(key: string): Promise<Page> {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+  contexts.push(context);
+  const page = await context.newPage();
+  page.on('pageerror', (err) => pageFaults.push(`page error: ${err.message}`));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error' && /Content Security Policy/i.test(msg.text())) pageFaults.push(`CSP: ${msg.text()}`);
+  });
+  await page.goto(`${base}/console/`);
+  await page.locator('#key').fill(key);
+  await page.locator('#key').press('Enter');
+  await page.locator('table#sandboxes').waitFor();
+  return page;
+}
+
+/** Waits until a line on the terminal's screen (trimmed) matches `line`; on timeout, says what the screen shows. */
+async function terminalShows(page: Page, line: RegExp, what: string): Promise<void> {
+  const rows = () => page.locator('#terminal .xterm-rows > div').evaluateAll((els) => els.map((e: any) => String(e.textContent ?? '').trim()));
+  try {
+    await page.waitForFunction(
+      (src: string) => [...document.querySelectorAll('#terminal .xterm-rows > div')].some((row: any) => new RegExp(src).test(String(row.textContent ?? '').trim())),
+      line.source,
+      { timeout: 60_000 },
+    );
+  } catch (err) {
+    await shot(page, 'terminal-failed');
+    assert.fail(`the terminal never showed ${what} (${line}); its screen:\n${(await rows()).filter(Boolean).join('\n')}\n${(err as Error).message}`);
+  }
+}
+
+async function shot(page: Page, name: string): Promise<void> {
+  await page.screenshot({ path: join(OUTPUT, `${name}.png`), fullPage: false });
+}
+
+before(async () => {
+  mkdirSync(OUTPUT, { recursive: true });
+  await promisify(execFile)(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts/build-console.ts')], { cwd: ROOT });
+  home = testHome('console');
+  engine = await openEngine(home, { poolSize: 2 });
+  images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
+  await images.restore();
+  api = await serveEngine(engine, { images, logger: false });
+  base = (await api.app.listen({ host: '127.0.0.1', port: 0 })).replace('localhost', '127.0.0.1');
+  acmeKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
+  otherKey = api.keys.create({ tenant: 'other', tier: 'pro' }).key;
+  browser = await chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update'],
+  });
+});
+
+after(async () => {
+  for (const c of contexts) await c.close().catch(() => {});
+  await browser?.close();
+  await api?.close(1000);
+  await images?.close();
+  if (engine) await assertNoLeaks(engine, home);
+  assert.deepEqual(pageFaults, [], 'the console threw or broke its CSP');
+});
+
+let sandboxId: string;
+
+test('a sandbox created through the API shows in the list within 2 s, without a reload', async () => {
+  const page = await signedIn(acmeKey);
+  // The list is live once its event stream is open; the page shows the (empty) list first.
+  await page.locator('text=0 sandboxes').waitFor();
+  await page.evaluate(() => ((window as unknown as { marker: number }).marker = 1));
+  const created = await rest('POST', '/v1/sandboxes', acmeKey, { template: 'base', labels: { team: 'console' } });
+  sandboxId = created.id;
+  const t0 = Date.now();
+  await page.locator(`tr[data-sandbox="${sandboxId}"]`).waitFor({ timeout: 2000 });
+  const waited = Date.now() - t0;
+  assert.ok(waited <= 2000, `appeared after ${waited} ms`);
+  assert.equal(await page.evaluate(() => (window as unknown as { marker?: number }).marker), 1, 'the page was not reloaded');
+  const row = page.locator(`tr[data-sandbox="${sandboxId}"]`);
+  assert.equal(await row.getAttribute('data-state'), 'running');
+  assert.match(await row.innerText(), /team=console/);
+  // Live memory from the host: the VMM of a running sandbox holds some.
+  await row.locator('td.mem', { hasText: /^[1-9]\d* MiB$/ }).waitFor();
+  // The state filter hides it; the label filter keeps it.
+  await page.locator('#filter-state').selectOption('suspended');
+  await page.locator('text=0 sandboxes').waitFor();
+  await page.locator('#filter-state').selectOption('');
+  await page.locator('#filter-label').fill('team=console');
+  await page.locator('#filter-label').press('Enter');
+  await page.locator('text=1 sandbox').waitFor();
+  await shot(page, 'sandboxes-list');
+});
+
+test('forking into 3 from the page grows the lineage tree to 4 nodes', { timeout: SLOW }, async () => {
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator(`#lineage [data-tree-node="${sandboxId}"]`).waitFor();
+  assert.equal(await page.locator('#lineage [data-tree-node]').count(), 1);
+  await page.locator('#fork-count').fill('3');
+  await page.locator('#fork').click();
+  await page.waitForFunction(() => document.querySelectorAll('#lineage [data-tree-node]').length === 4, null, { timeout: SLOW });
+  const children = (await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).children as string[];
+  assert.equal(children.length, 3);
+  for (const c of children) assert.equal(await page.locator(`#lineage [data-tree-node="${sandboxId}"] ul [data-tree-node="${c}"]`).count(), 1, `${c} under its parent`);
+  await shot(page, 'fork-tree');
+  // Click through the tree: a child's page shows the same whole tree, itself marked current.
+  await page.locator(`#lineage a[href="#/sandboxes/${children[0]}"]`).click();
+  await page.locator(`#lineage a[aria-current="page"][href="#/sandboxes/${children[0]}"]`).waitFor();
+  assert.equal(await page.locator('#lineage [data-tree-node]').count(), 4);
+  for (const c of children) await rest('DELETE', `/v1/sandboxes/${c}`, acmeKey);
+});
+
+test('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeout: SLOW }, async () => {
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator('#state').waitFor();
+  const sockets: string[] = [];
+  page.on('websocket', (ws) => sockets.push(ws.url()));
+  await page.locator('#open-terminal').click();
+  await page.locator('#terminal .xterm-rows').waitFor();
+  // The shell's prompt first, so that what is typed is read by the shell.
+  await terminalShows(page, /[#$>]$/, 'a prompt');
+  await page.locator('#terminal .xterm-helper-textarea').focus();
+  await page.keyboard.type('echo $((6*7))');
+  await page.keyboard.press('Enter');
+  await terminalShows(page, /^42$/, 'the answer');
+  // Over the terminal WebSocket, with the key out of its URL (it goes as a subprotocol).
+  assert.equal(sockets.length, 1, String(sockets));
+  assert.match(sockets[0], /^ws:\/\/127\.0\.0\.1:\d+\/v1\/sandboxes\/sbx_[0-9a-f]{12}\/processes\/\d+\/terminal$/);
+  assert.ok(!sockets[0].includes(acmeKey.slice(4)));
+  await shot(page, 'terminal');
+  await page.locator('#open-terminal').click(); // closes it: the shell is hung up
+});
+
+test('a file uploaded from the page reads back through an exec', { timeout: SLOW }, async () => {
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator('#files table').waitFor();
+  const content = `uploaded from the console ${Date.now()}\n`;
+  await page.locator('#upload').setInputFiles({ name: 'hello.txt', mimeType: 'text/plain', buffer: Buffer.from(content) });
+  await page.locator('#files tr[data-file="hello.txt"]').waitFor({ timeout: 60_000 });
+  await page.locator('#exec-command').fill('cat /root/hello.txt');
+  await page.locator('#exec-command').press('Enter');
+  await page.waitForFunction(() => (document.querySelector('#exec-output') as HTMLElement | null)?.dataset.exit === '0', null, { timeout: 60_000 });
+  assert.equal(await page.locator('#exec-output').textContent(), content);
+  // The server's record of it: command, exit code, duration.
+  const recorded = page.locator('#execs tr', { hasText: 'cat /root/hello.txt' });
+  await recorded.waitFor();
+  assert.match(await recorded.innerText(), /^cat \/root\/hello\.txt\s+0\s+\d+ ms/);
+  // And the API agrees, byte for byte.
+  const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
+  assert.equal(r.stdout, content);
+  await shot(page, 'files');
+});
+
+test('suspend and resume from the page', { timeout: SLOW }, async () => {
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator('#suspend').click();
+  await page.locator('#state', { hasText: 'suspended' }).waitFor({ timeout: SLOW });
+  assert.equal((await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).state, 'suspended');
+  await shot(page, 'suspended');
+  await page.locator('#resume').click();
+  await page.locator('#state', { hasText: 'running' }).waitFor({ timeout: SLOW });
+  const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
+  assert.match(r.stdout, /uploaded from the console/, 'the file survived suspend and resume');
+  // Its time extended from the page: the session now ends about 20 minutes from now.
+  await page.locator('#extend-secs').fill('1200');
+  await page.locator('#extend').click();
+  await page.locator('#details dd', { hasText: /^in 19m|^in 20m/ }).waitFor();
+  const remaining = (await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).remaining_secs;
+  assert.ok(remaining > 1100 && remaining <= 1200, `remaining ${remaining}`);
+});
+
+test('a server in the sandbox shows among its ports, with a signed URL that needs no key', { timeout: SLOW }, async () => {
+  await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'mkdir -p /root/www && echo served-by-busybox > /root/www/index.html' });
+  await rest('POST', `/v1/sandboxes/${sandboxId}/processes`, acmeKey, { argv: ['busybox', 'httpd', '-f', '-p', '8000', '-h', '/root/www'] });
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  // The page reads the ports when it loads the sandbox: reload it until the server listens.
+  const deadline = Date.now() + 60_000;
+  while (!(await page.locator('#ports li', { hasText: '8000/tcp' }).count())) {
+    assert.ok(Date.now() < deadline, 'port 8000 never showed');
+    await page.reload();
+    await page.locator('#state').waitFor();
+  }
+  await page.locator('#ports li', { hasText: '8000/tcp' }).locator('button').click();
+  const link = page.locator('#ports a[href*="/v1/p/"]');
+  await link.waitFor();
+  const href = (await link.getAttribute('href'))!;
+  const res = await fetch(href);
+  assert.equal(res.status, 200);
+  assert.equal(await res.text(), 'served-by-busybox\n');
+  await shot(page, 'ports');
+});
+
+test('usage shows the tier, its cap and concurrency, and a chart per day', async () => {
+  const page = await signedIn(acmeKey);
+  await page.locator('nav a[href="#/usage"]').click();
+  const limits = await rest('GET', '/v1/limits', acmeKey);
+  await page.locator('#limits dd', { hasText: `${limits.running} of no cap` }).waitFor();
+  assert.match(await page.locator('#limits').innerText(), /Tier\s+pro/);
+  await page.locator('#chart-days canvas').waitFor();
+  await page.locator('#per-template tr', { hasText: 'base' }).waitFor();
+  await page.locator('#chart-templates canvas').waitFor();
+  await shot(page, 'usage');
+});
+
+test('delete from the page is confirmed first', async () => {
+  const doomed = (await rest('POST', '/v1/sandboxes', acmeKey, { template: 'base' })).id;
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${doomed}`);
+  await page.locator('#delete').click();
+  assert.equal((await rest('GET', `/v1/sandboxes/${doomed}`, acmeKey)).state, 'running', 'not deleted before the confirmation');
+  await page.locator('#delete-confirm').click();
+  await page.locator('table#sandboxes').waitFor();
+  await page.locator(`tr[data-sandbox="${doomed}"]`).waitFor({ state: 'detached' });
+  const res = await fetch(new URL(`/v1/sandboxes/${doomed}`, base), { headers: { authorization: `Bearer ${acmeKey}` } });
+  assert.equal(res.status, 404);
+});
+
+test("a second tenant's key never shows the first tenant's sandboxes", async () => {
+  const page = await signedIn(otherKey);
+  await page.locator('text=0 sandboxes').waitFor();
+  assert.equal(await page.locator('tr[data-sandbox]').count(), 0);
+  // A change to acme's sandbox reaches acme's stream only: the other list stays empty.
+  await rest('POST', `/v1/sandboxes/${sandboxId}/timeout`, acmeKey, { timeout_secs: 1200 });
+  const created = await rest('POST', '/v1/sandboxes', otherKey, { template: 'base' });
+  await page.locator(`tr[data-sandbox="${created.id}"]`).waitFor({ timeout: 2000 });
+  assert.deepEqual(await page.locator('tr[data-sandbox]').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-sandbox'))), [created.id]);
+  // Asking for acme's sandbox by id is as if it did not exist.
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator('text=This sandbox no longer exists.').waitFor();
+  assert.equal(await page.locator(`#lineage [data-tree-node="${sandboxId}"]`).count(), 0);
+  await shot(page, 'other-tenant');
+  await rest('DELETE', `/v1/sandboxes/${created.id}`, otherKey);
+});
+
+test('a key revoked from the keys page is signed out', async () => {
+  const second = await rest('POST', '/v1/keys', acmeKey, { name: 'browser' });
+  const page = await signedIn(second.key);
+  await page.locator('nav a[href="#/keys"]').click();
+  await page.locator(`tr[data-key="${second.record.id}"]`).waitFor();
+  await page.locator(`button[data-revoke="${second.record.id}"]`).click();
+  await page.locator(`button[data-revoke-confirm="${second.record.id}"]`).click();
+  await page.locator('form.signin').waitFor();
+  assert.match(await page.locator('form.signin').innerText(), /refused/);
+  assert.equal(await page.evaluate(() => sessionStorage.length), 0, 'the key is gone from the session');
+  await shot(page, 'signed-out');
+  // Revoked for programs too, and the first key still works.
+  const res = await fetch(new URL('/v1/sandboxes', base), { headers: { authorization: `Bearer ${second.key}` } });
+  assert.equal(res.status, 401);
+  await rest('DELETE', `/v1/sandboxes/${sandboxId}`, acmeKey);
+});
+
+test('an environment created from the page streams its bake log until it is ready', { timeout: 600_000 }, async () => {
+  // An image of the tenant's own (a busybox layer), registered through the API as a program would.
+  const marker = `${Date.now()}-${process.pid}`;
+  const img = image([layer([...busyboxEntries(), { name: 'etc/console-marker', data: `console ${marker}\n` }], 'gzip')], { Env: ['PATH=/usr/sbin:/usr/bin:/sbin:/bin'] });
+  const registered = await rest('POST', '/v1/images', acmeKey, { source: { kind: 'oci-layout', path: writeLayout(join(home, 'imports', 'console'), img) } });
+  const deadline = Date.now() + 300_000;
+  while ((await rest('GET', `/v1/images/${registered.id}`, acmeKey)).state === 'pulling') {
+    assert.ok(Date.now() < deadline, 'the image was not registered within 5 minutes');
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  assert.equal((await rest('GET', `/v1/images/${registered.id}`, acmeKey)).state, 'ready');
+
+  const page = await signedIn(acmeKey);
+  await page.locator('nav a[href="#/templates"]').click();
+  await page.locator(`#env-image option[value="${registered.id}"]`).waitFor({ state: 'attached' });
+  await page.locator('#env-name').fill('console-env');
+  await page.locator('#env-image').selectOption(registered.id);
+  await page.locator('#env-ready').fill('echo ready-from-the-console; cat /etc/console-marker');
+  await page.locator('#env-egress').selectOption('none');
+  await page.locator('#env-secrets').fill('API_TOKEN=never-shown-again');
+  await page.locator('#create-environment button[type="submit"]').click();
+  // The log grows on the page while it bakes, and the stream ends with the bake.
+  await page.locator('#bake-log', { hasText: 'ready-from-the-console' }).waitFor({ timeout: 540_000 });
+  await page.waitForFunction(() => (document.querySelector('#bake-log') as HTMLElement | null)?.dataset.state !== undefined, null, { timeout: 540_000 });
+  assert.equal(await page.locator('#bake-log').getAttribute('data-state'), 'ready', await page.locator('#bake-log').textContent() ?? '');
+  assert.match(await page.locator('#bake-log').textContent() ?? '', new RegExp(`console ${marker}`));
+  assert.equal(await page.locator('#env-secrets').inputValue(), '', 'the secret left the form with the request');
+  const env = await rest('GET', '/v1/environments/console-env', acmeKey);
+  assert.deepEqual(env.secret_names, ['API_TOKEN']);
+  assert.equal(env.egress, 'none');
+  assert.ok(!(await page.content()).includes('never-shown-again'), 'the secret value is not on the page');
+  await page.locator('tr[data-environment="console-env"]', { hasText: 'ready' }).waitFor();
+  await shot(page, 'environment-baked');
+  await rest('DELETE', '/v1/environments/console-env', acmeKey);
+  await rest('DELETE', `/v1/images/${registered.id}`, acmeKey);
+});

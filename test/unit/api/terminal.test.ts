@@ -1,0 +1,124 @@
+/**
+ * The web terminal's WebSocket (src/api/terminal.ts) over a real socket, on the fake service's PTY
+ * processes (a pty `sh` echoes what it is sent; a resize prints `size ROWS COLS`).
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { after, before, describe, test } from 'node:test';
+import WebSocket from 'ws';
+import { TERMINAL_SUBPROTOCOL, keyFromSubprotocols } from '../../../src/api/terminal.js';
+import { fixture, type Fixture } from './helpers.js';
+
+let f: Fixture;
+let key: string;
+let id: string;
+let base: string;
+
+before(async () => {
+  f = await fixture();
+  key = f.key('term-tenant', 'pro');
+  id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+  base = (await f.api.app.listen({ host: '127.0.0.1', port: 0 })).replace('http:', 'ws:');
+});
+after(() => f.close());
+
+async function startPty(): Promise<number> {
+  return (await f.req('startProcess', { url: `/v1/sandboxes/${id}/processes`, key, body: { argv: ['sh'], pty: { cols: 80, rows: 24 } } })).json().pid;
+}
+
+/** Connects; resolves with the socket once open, or with the HTTP status it was refused with. */
+function connect(path: string, protocols: string[]): Promise<{ ws?: WebSocket; status?: number; body?: string }> {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(base + path, protocols);
+    ws.once('open', () => resolve({ ws }));
+    ws.once('unexpected-response', (_req, res) => {
+      let body = '';
+      res.on('data', (c: Buffer) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode, body }));
+    });
+    ws.once('error', reject);
+  });
+}
+
+/** Collects binary output until `want` shows up in it. */
+function outputUntil(ws: WebSocket, want: string): Promise<string> {
+  return new Promise((resolve) => {
+    let seen = '';
+    const on = (data: Buffer, binary: boolean) => {
+      if (!binary) return;
+      seen += data.toString();
+      if (seen.includes(want)) {
+        ws.off('message', on);
+        resolve(seen);
+      }
+    };
+    ws.on('message', on);
+  });
+}
+
+describe('terminal WebSocket', () => {
+  test('keystrokes in, output out, resize; the key is taken from the subprotocol and never echoed', async () => {
+    const pid = await startPty();
+    const { ws } = await connect(`/v1/sandboxes/${id}/processes/${pid}/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
+    assert.ok(ws);
+    assert.equal(ws.protocol, TERMINAL_SUBPROTOCOL);
+    const echoed = outputUntil(ws, 'hello');
+    ws.send(Buffer.from('hello\n'));
+    await echoed;
+    const resized = outputUntil(ws, 'size 30 90');
+    ws.send(JSON.stringify({ type: 'resize', cols: 90, rows: 30 }));
+    await resized;
+    // The process ends: an exit message, then a normal close.
+    const exit = new Promise<any>((resolve) => ws.on('message', (d: Buffer, binary: boolean) => !binary && resolve(JSON.parse(d.toString()))));
+    const closed = once(ws, 'close');
+    await f.req('signalProcess', { url: `/v1/sandboxes/${id}/processes/${pid}/signal`, key, body: { signal: 'SIGKILL' } });
+    const msg = await exit;
+    assert.equal(msg.type, 'exit');
+    assert.equal(msg.process.pid, pid);
+    const [code] = await closed;
+    assert.equal(code, 1000);
+  });
+
+  test('refusals are HTTP errors before the upgrade', async () => {
+    const pid = await startPty();
+    const path = `/v1/sandboxes/${id}/processes/${pid}/terminal`;
+    const cases: Array<[string, string[], number, string]> = [
+      ['no key', [TERMINAL_SUBPROTOCOL], 401, 'unauthorized'],
+      ['a wrong key', [TERMINAL_SUBPROTOCOL, `bearer.clm_${'A'.repeat(40)}`], 401, 'unauthorized'],
+      ["another tenant's key", [TERMINAL_SUBPROTOCOL, `bearer.${f.key('someone-else', 'pro')}`], 404, 'sandbox_not_found'],
+      ['no terminal subprotocol', [`bearer.${key}`], 400, 'validation_error'],
+    ];
+    for (const [what, protocols, status, code] of cases) {
+      const r = await connect(path, protocols);
+      assert.equal(r.status, status, what);
+      assert.equal(JSON.parse(r.body!).error.code, code, what);
+    }
+    const pipe = (await f.req('startProcess', { url: `/v1/sandboxes/${id}/processes`, key, body: { argv: ['cat'], stdin: true } })).json().pid;
+    const r = await connect(`/v1/sandboxes/${id}/processes/${pipe}/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
+    assert.equal(r.status, 409);
+    assert.equal(JSON.parse(r.body!).error.code, 'not_a_terminal');
+    const missing = await connect(`/v1/sandboxes/${id}/processes/999999/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
+    assert.equal(missing.status, 404);
+  });
+
+  test('a text frame that is not a resize ends the socket with an error', async () => {
+    const pid = await startPty();
+    const { ws } = await connect(`/v1/sandboxes/${id}/processes/${pid}/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
+    const msg = new Promise<any>((resolve) => ws!.on('message', (d: Buffer, binary: boolean) => !binary && resolve(JSON.parse(d.toString()))));
+    const closed = once(ws!, 'close');
+    ws!.send('ls\n');
+    assert.equal((await msg).error.code, 'validation_error');
+    assert.equal((await closed)[0], 1011);
+  });
+
+  test('a plain GET answers the process; the key is read from bearer.<key> only', async () => {
+    const pid = await startPty();
+    const r = await f.req('processTerminal', { url: `/v1/sandboxes/${id}/processes/${pid}/terminal`, key });
+    assert.equal(r.statusCode, 200);
+    assert.equal(r.json().pty, true);
+    assert.equal(keyFromSubprotocols('collimate.terminal, bearer.clm_x'), 'clm_x');
+    assert.equal(keyFromSubprotocols(['collimate.terminal', 'bearer.k']), 'k');
+    assert.equal(keyFromSubprotocols('collimate.terminal'), undefined);
+    assert.equal(keyFromSubprotocols('bearer.'), undefined);
+  });
+});
