@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { mkdirSync, rmdirSync } from 'node:fs';
 import { EventEmitter } from 'node:events';
 import { CollimateError } from '../errors.js';
@@ -53,6 +54,8 @@ export interface EngineOptions extends Partial<EngineConfig> {
 const RAM_SWEEP_MS = 30_000;
 /** How often template RAM files nobody uses are looked for (artifactGc.ts). */
 const ARTIFACT_GC_MS = 600_000;
+/** How long a sandbox whose agent link closed is watched for its QEMU's exit before the link is taken for a glitch. */
+const LINK_CHECK_MS = 2000;
 
 /**
  * The engine: owns microVMs. Creates sandboxes by restoring a warm template checkpoint, live-forks
@@ -495,10 +498,22 @@ export class Engine extends EventEmitter implements SandboxService {
     r.live.agent.once('close', () => {
       if (this.closing || this.registry.get(r.id) !== r || r.deleting) return;
       const rec = r.live.record;
-      if (isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks) return;
-      r.lost = `its VM exited unexpectedly at ${new Date().toISOString()} (QEMU process ${rec.pid} is gone: killed, or out of memory)`;
-      this.ctx.progress?.(`sandbox ${r.id}: ${r.lost}; deleting it`);
-      void deleteSandbox(this.ctx, r.id, undefined, r.lost).catch((e) => this.ctx.progress?.(`sandbox ${r.id}: deleting it failed: ${(e as Error).message}`));
+      const running = () => isAlive(rec.pid) && procStartTicks(rec.pid) === rec.startTicks;
+      const lost = () => {
+        if (this.closing || this.registry.get(r.id) !== r || r.deleting) return;
+        r.lost = `its VM exited unexpectedly at ${new Date().toISOString()} (QEMU process ${rec.pid} is gone: killed, or out of memory)`;
+        this.ctx.progress?.(`sandbox ${r.id}: ${r.lost}; deleting it`);
+        void deleteSandbox(this.ctx, r.id, undefined, r.lost).catch((e) => this.ctx.progress?.(`sandbox ${r.id}: deleting it failed: ${(e as Error).message}`));
+      };
+      if (!running()) return lost();
+      // The process may be exiting still: its descriptors (the agent's link) go before it is gone,
+      // and on a busy host the gap is long enough to be seen. Judged once it is gone or has stayed.
+      r.linkCheck = (async () => {
+        for (const until = Date.now() + LINK_CHECK_MS; Date.now() < until;) {
+          await sleep(10);
+          if (!running()) return lost();
+        }
+      })();
     });
   }
 

@@ -3,7 +3,7 @@ import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import { listeningPorts } from '../net/ports.js';
 import type { ReadyTemplate } from '../images/templates.js';
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
-import type { Running } from './registry.js';
+import { settledLink, type Running } from './registry.js';
 import { networkReason, rowFor, runningFor, type EngineContext } from './context.js';
 import type { ExecRequest, ExecResult, ExecStreamHandlers, OpenPort, PortTarget, Scope } from './types.js';
 
@@ -34,6 +34,7 @@ export async function execIn(ctx: EngineContext, id: string, req: ExecRequest, s
       ctx.registry.touch(id, true);
       return toExecResult({ ...out, oomKilled }, { queuedAt, startedAt, finishedAt }, agentReq.seed);
     } catch (e) {
+      await settledLink(r);
       throw agentFailure(r, e);
     }
   });
@@ -49,6 +50,7 @@ export async function readFileIn(ctx: EngineContext, id: string, path: string, s
       ctx.registry.touch(id, false);
       return data;
     } catch (e) {
+      await settledLink(r);
       throw agentFailure(r, e, path);
     }
   });
@@ -63,6 +65,7 @@ export async function writeFileIn(ctx: EngineContext, id: string, path: string, 
       await r.live.agent.writeFile(path, data, mode);
       ctx.registry.touch(id, false);
     } catch (e) {
+      await settledLink(r);
       throw agentFailure(r, e, path);
     }
   });

@@ -5,7 +5,7 @@ import { AgentError } from '../guest/agentClient.js';
 import type { FsEntry, FsEvent } from '../guest/protocol.js';
 import { FS_PATH_MAX } from '../guest/protocol.js';
 import { agentFailure } from './execFiles.js';
-import type { Running } from './registry.js';
+import { settledLink, type Running } from './registry.js';
 import { runningFor, type EngineContext } from './context.js';
 import type { DirListing, DirWatch, FileEntry, FileSink, Scope, UploadOptions, WatchEndReason, WatchHandlers } from './types.js';
 
@@ -63,6 +63,7 @@ async function beside<T>(ctx: EngineContext, id: string, scope: Scope | undefine
   try {
     return await fn(r);
   } catch (e) {
+    await settledLink(r);
     throw agentFailure(r, e, path);
   } finally {
     r.besides -= 1;
@@ -165,6 +166,7 @@ export async function downloadFile(ctx: EngineContext, id: string, path: string,
     try {
       return await r.live.agent.downloadFile(abs, sink, { maxBytes });
     } catch (e) {
+      await settledLink(r);
       throw agentFailure(r, e, abs);
     } finally {
       ctx.registry.touch(id, false);
@@ -196,6 +198,7 @@ export async function uploadFile(ctx: EngineContext, id: string, path: string, s
         // The source failed (the client went away mid-body): nothing was written; say so plainly.
         throw new CollimateError('validation_error', `The upload to ${abs} did not arrive whole (${(e as Error).message}); nothing was written.`, { cause: e });
       }
+      await settledLink(r);
       throw agentFailure(r, e, abs);
     } finally {
       ctx.registry.touch(id, false);

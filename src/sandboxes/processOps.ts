@@ -4,7 +4,7 @@ import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import type { ProcStartRequest } from '../guest/protocol.js';
 import { execSeed } from './exec.js';
 import { rowFor, runningFor, type EngineContext } from './context.js';
-import type { Running } from './registry.js';
+import { settledLink, type Running } from './registry.js';
 import type { ProcessEvent, ProcessInfo, SandboxProcesses } from './processes.js';
 import type { ProcessStartRequest, Scope } from './types.js';
 
@@ -138,6 +138,7 @@ export async function startProcess(ctx: EngineContext, id: string, req: ProcessS
       ctx.registry.touch(id, false);
       return ctx.processes.of(id).started(agentReq, started);
     } catch (e) {
+      await settledLink(r);
       throw processFailure(ctx, r, undefined, e);
     }
   });
@@ -215,6 +216,7 @@ export async function writeProcessStdin(ctx: EngineContext, id: string, pid: num
       }
     }
   } catch (e) {
+    await settledLink(r);
     throw processFailure(ctx, r, pid, e);
   }
   ctx.registry.touch(id, false);
@@ -227,6 +229,7 @@ export async function closeProcessStdin(ctx: EngineContext, id: string, pid: num
     await r.live.agent.closeProcessStdin(pid);
     ctx.processes.of(id).stdinClosed(pid);
   } catch (e) {
+    await settledLink(r);
     throw processFailure(ctx, r, pid, e);
   }
 }
@@ -238,6 +241,7 @@ export async function signalProcess(ctx: EngineContext, id: string, pid: number,
     await r.live.agent.signalProcess(pid, n);
     ctx.registry.touch(id, false);
   } catch (e) {
+    await settledLink(r);
     throw processFailure(ctx, r, pid, e);
   }
 }
@@ -248,6 +252,7 @@ export async function resizeProcess(ctx: EngineContext, id: string, pid: number,
   try {
     await r.live.agent.resizeProcess(pid, cols, rows);
   } catch (e) {
+    await settledLink(r);
     throw processFailure(ctx, r, pid, e);
   }
 }

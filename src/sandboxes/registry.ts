@@ -20,6 +20,17 @@ export interface Running {
   quiesceCheckAt?: number;
   /** Why it is going other than by a delete (its VM died): requests under way fail saying so. */
   lost?: string;
+  /**
+   * Set while a closed agent link is being told apart from a VM that died (engine.ts watchVmm):
+   * the link closes as QEMU's descriptors go, a moment before the process is gone. A request that
+   * failed on the link waits for it before saying why (`settledLink`).
+   */
+  linkCheck?: Promise<void>;
+}
+
+/** Resolves once a closed agent link has been judged: `lost` is set by then if the VM died. */
+export async function settledLink(r: Running): Promise<void> {
+  await r.linkCheck;
 }
 
 /** Activity not yet written to the database. */
