@@ -17,6 +17,17 @@ export function wantsSse(accept: string | undefined): boolean {
 }
 
 /** The streams open now, so that shutdown can end them. */
+/** Takes `reply` over from Fastify and starts a 200 event stream on it (no caching, no proxy buffering). */
+function openEventStream(reply: FastifyReply): FastifyReply['raw'] {
+  reply.hijack();
+  reply.raw.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    'x-accel-buffering': 'no',
+  });
+  return reply.raw;
+}
+
 export class SseStreams {
   private readonly open = new Set<(err: CollimateError) => void>();
 
@@ -29,13 +40,7 @@ export class SseStreams {
    * The caller has checked everything that should still get its own status code.
    */
   async streamExec(reply: FastifyReply, log: ErrorLog, requestId: string, exec: (h: ExecStreamHandlers) => Promise<ExecResult>): Promise<void> {
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      'x-accel-buffering': 'no',
-    });
+    const res = openEventStream(reply);
     let live = true;
     const send = (event: string, data: unknown) => {
       // A client that went away just stops receiving; the exec itself runs to completion.
@@ -75,13 +80,7 @@ export class SseStreams {
    * the unsubscribe. A client that goes away unsubscribes; the process runs on.
    */
   async streamProcess(reply: FastifyReply, subscribe: (listener: (e: ProcessEvent) => void) => Promise<() => void>): Promise<void> {
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      'x-accel-buffering': 'no',
-    });
+    const res = openEventStream(reply);
     let live = true;
     let unsubscribe: (() => void) | undefined;
     const send = (event: string, data: unknown) => {
@@ -153,12 +152,7 @@ export class SseStreams {
       onChange: (c) => (live ? write('change', c) : early.push(c)),
       onEnd: (reason) => (live ? finish(reason) : (endedEarly = reason)),
     });
-    reply.hijack();
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      'x-accel-buffering': 'no',
-    });
+    openEventStream(reply);
     // Sent now, not with the first event: the client learns at once that the watch is in place.
     res.flushHeaders();
     live = true;
@@ -194,13 +188,7 @@ export class SseStreams {
    * goes away or the server shuts down. `subscribe` is called with the listener and returns the unsubscribe.
    */
   streamSandboxEvents(reply: FastifyReply, subscribe: (listener: (t: SandboxTransition) => void) => () => void): void {
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      'x-accel-buffering': 'no',
-    });
+    const res = openEventStream(reply);
     // Sent now, with a first comment: the client knows the stream is in place before anything
     // changes (it lists the sandboxes after that), and a reader waiting for bytes gets some.
     res.write(': open\n\n');
@@ -236,13 +224,7 @@ export class SseStreams {
    * lives in the database row the bake writes, so it is read again every `periodMs`.
    */
   streamBakeLog(reply: FastifyReply, read: () => { log: string; state: string; error: string | null } | null, periodMs = 500): void {
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      'x-accel-buffering': 'no',
-    });
+    const res = openEventStream(reply);
     const write = (event: string, data: unknown) => {
       if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
     };
