@@ -38,6 +38,21 @@ async function counter(id: string, eng: Engine = engine): Promise<number> {
   return Number(await sh(id, 'cat /root/counter', eng));
 }
 
+/**
+ * The counter process counts on past `from`: waited for rather than timed (a step is a `sleep 0.2`
+ * and two processes, which a loaded TCG host can stretch past any fixed wait), failing only if it
+ * never moves.
+ */
+async function countsOn(id: string, eng: Engine, from: number, msg = 'the counter process counts on'): Promise<void> {
+  const deadline = Date.now() + 20_000;
+  let now = await counter(id, eng);
+  while (now <= from && Date.now() < deadline) {
+    await sleep(250);
+    now = await counter(id, eng);
+  }
+  assert.ok(now > from, `${msg} (${from} then ${now} after 20 s)`);
+}
+
 test('live fork: every child runs the parent\'s process with its memory; files are private; identities differ', async () => {
   const parent = await engine.create({ template: 'base', labels: { run: 'fork-test' } }, tenant);
   const pid = await sh(parent.id, COUNTER);
@@ -323,8 +338,7 @@ test('a snapshot from before RAM images (one migration stream) still forks and r
   assert.equal(engine.get(p.id).state, 'suspended');
   await engine.resume(p.id);
   assert.equal(await sh(p.id, `kill -0 ${pid} && cat /root/legacy`), 'legacy');
-  await sleep(500);
-  assert.ok((await counter(p.id)) > atSuspend, 'the counter goes on from where it was');
+  await countsOn(p.id, engine, atSuspend, 'the counter goes on from where it was');
   // A resumed sandbox runs on a RAM file of its own (share=on): a fork copies it whole, and
   // children spawned at fork time (no receivers) open it only once it has its full size.
   const max = engine.cfg.forkPoolMax;
@@ -409,8 +423,7 @@ async function resumesIntact(id: string, e: Engine): Promise<void> {
   await e.resume(id);
   assert.equal(await sh(id, 'cat /root/marker', e), 'kept');
   const c = await counter(id, e);
-  await sleep(500);
-  assert.ok((await counter(id, e)) > c, 'its counter process counts on');
+  await countsOn(id, e, c, 'its counter process counts on');
 }
 
 test('SIGKILL while suspended, restart, resume: intact', async () => {
@@ -446,8 +459,7 @@ for (const point of ['fork:before-stop', 'fork:after-disk', 'fork:after-migrate'
       assert.equal(parent.state, 'running');
       assert.equal(await sh(id, 'cat /root/marker', e2), 'before');
       const c = await counter(id, e2);
-      await sleep(500);
-      assert.ok((await counter(id, e2)) > c, 'the parent runs on after the crash');
+      await countsOn(id, e2, c, 'the parent runs on after the crash');
       const kids = all.filter((s) => s.parent === id);
       assert.equal(kids.length, 0, 'children of an unacknowledged fork are rolled back');
       // The rolled-back fork did not break the parent: it can fork again.
@@ -473,8 +485,7 @@ for (const point of ['suspend:before-save', 'suspend:after-save']) {
       if (s.state === 'suspended') await e2.resume(id);
       assert.equal(await sh(id, 'cat /root/marker', e2), 'before');
       const c = await counter(id, e2);
-      await sleep(500);
-      assert.ok((await counter(id, e2)) > c);
+      await countsOn(id, e2, c);
     } finally {
       await assertNoLeaks(e2, crashHome);
     }
