@@ -124,23 +124,6 @@ export async function allSandboxes(query = ''): Promise<Sandbox[]> {
   return out;
 }
 
-export interface Sandbox {
-  id: string;
-  template: string;
-  state: 'running' | 'suspended' | 'deleted';
-  labels: Record<string, string>;
-  created_at: string;
-  age_secs: number;
-  idle_secs: number;
-  exec_count: number;
-  parent: string | null;
-  forked_at: string | null;
-  children: string[];
-  timeout_secs: number;
-  expires_at: string;
-  remaining_secs: number | null;
-  vcpus: number;
-  memory_mib: number;
-  disk_mib: number;
-  ports: Array<{ port: number; url: string }>;
-}
+/** A sandbox as the API returns it: the SDK's wire type, generated from the API's schemas. */
+import type { Sandbox } from '../../sdk/typescript/src/wire.generated.js';
+export type { Sandbox };
