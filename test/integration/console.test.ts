@@ -67,6 +67,14 @@ async function signedIn(key: string): Promise<Page> {
   page.on('console', (msg) => {
     if (msg.type() === 'error' && /Content Security Policy/i.test(msg.text())) pageFaults.push(`CSP: ${msg.text()}`);
   });
+  const pending = new Set<string>();
+  const refused: string[] = [];
+  const name = (r: { method(): string; url(): string }) => `${r.method()} ${new URL(r.url()).pathname}${new URL(r.url()).search}`;
+  page.on('request', (r) => pending.add(name(r)));
+  page.on('requestfinished', (r) => pending.delete(name(r)));
+  page.on('requestfailed', (r) => (pending.delete(name(r)), refused.push(`${name(r)}: ${r.failure()?.errorText}`)));
+  page.on('response', (r) => void (r.status() >= 400 && refused.push(`${name(r.request())} → ${r.status()}`)));
+  current = { page, pending, refused };
   await page.goto(`${base}/console/`);
   await page.locator('#key').fill(key);
   await page.locator('#key').press('Enter');
@@ -87,6 +95,33 @@ async function terminalShows(page: Page, line: RegExp, what: string): Promise<vo
     await shot(page, 'terminal-failed');
     assert.fail(`the terminal never showed ${what} (${line}); its screen:\n${(await rows()).filter(Boolean).join('\n')}\n${(err as Error).message}`);
   }
+}
+
+/** The page the running test signed in last, with what it still waits for and what the server refused. */
+let current: { page: Page; pending: Set<string>; refused: string[] } | undefined;
+const lastPage = () => current;
+
+/**
+ * A browser test: when it fails, its error also says what the page showed, which of its requests
+ * never finished and which failed, with a screenshot, so a failure on a loaded CI host explains itself.
+ */
+function browserTest(name: string, opts: { timeout?: number }, fn: () => Promise<void>): void {
+  test(name, opts, async () => {
+    current = undefined;
+    try {
+      await fn();
+    } catch (err) {
+      const last = lastPage();
+      if (!last) throw err;
+      const { page, pending, refused } = last;
+      const shown = await page.locator('#main').innerText({ timeout: 2000 }).catch((e: Error) => `(unreadable: ${e.message})`);
+      await page.screenshot({ path: join(OUTPUT, 'failed.png') }).catch(() => {});
+      (err as Error).message +=
+        `\n--- the page (${page.url()}) showed:\n${shown}\n--- requests never finished: ${[...pending].join(', ') || 'none'}` +
+        `\n--- requests refused or failed: ${refused.join(', ') || 'none'}`;
+      throw err;
+    }
+  });
 }
 
 async function shot(page: Page, name: string): Promise<void> {
@@ -121,7 +156,7 @@ after(async () => {
 
 let sandboxId: string;
 
-test('a sandbox created through the API shows in the list within 2 s, without a reload', async () => {
+browserTest('a sandbox created through the API shows in the list within 2 s, without a reload', {}, async () => {
   const page = await signedIn(acmeKey);
   // The list is live once its event stream is open; the page shows the (empty) list first.
   await page.locator('text=0 sandboxes').waitFor();
@@ -148,7 +183,7 @@ test('a sandbox created through the API shows in the list within 2 s, without a 
   await shot(page, 'sandboxes-list');
 });
 
-test('forking into 3 from the page grows the lineage tree to 4 nodes', { timeout: SLOW }, async () => {
+browserTest('forking into 3 from the page grows the lineage tree to 4 nodes', { timeout: SLOW }, async () => {
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator(`#lineage [data-tree-node="${sandboxId}"]`).waitFor();
@@ -167,7 +202,7 @@ test('forking into 3 from the page grows the lineage tree to 4 nodes', { timeout
   for (const c of children) await rest('DELETE', `/v1/sandboxes/${c}`, acmeKey);
 });
 
-test('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeout: SLOW }, async () => {
+browserTest('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeout: SLOW }, async () => {
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator('#state').waitFor();
@@ -189,7 +224,7 @@ test('the web terminal runs a shell: echo $((6*7)) prints 42 on screen', { timeo
   await page.locator('#open-terminal').click(); // closes it: the shell is hung up
 });
 
-test('a file uploaded from the page reads back through an exec', { timeout: SLOW }, async () => {
+browserTest('a file uploaded from the page reads back through an exec', { timeout: SLOW }, async () => {
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator('#files table').waitFor();
@@ -210,7 +245,7 @@ test('a file uploaded from the page reads back through an exec', { timeout: SLOW
   await shot(page, 'files');
 });
 
-test('suspend and resume from the page', { timeout: SLOW }, async () => {
+browserTest('suspend and resume from the page', { timeout: SLOW }, async () => {
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator('#suspend').click();
@@ -229,7 +264,7 @@ test('suspend and resume from the page', { timeout: SLOW }, async () => {
   assert.ok(remaining > 1100 && remaining <= 1200, `remaining ${remaining}`);
 });
 
-test('a server in the sandbox shows among its ports, with a signed URL that needs no key', { timeout: SLOW }, async () => {
+browserTest('a server in the sandbox shows among its ports, with a signed URL that needs no key', { timeout: SLOW }, async () => {
   await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'mkdir -p /root/www && echo served-by-busybox > /root/www/index.html' });
   await rest('POST', `/v1/sandboxes/${sandboxId}/processes`, acmeKey, { argv: ['busybox', 'httpd', '-f', '-p', '8000', '-h', '/root/www'] });
   const page = await signedIn(acmeKey);
@@ -251,7 +286,7 @@ test('a server in the sandbox shows among its ports, with a signed URL that need
   await shot(page, 'ports');
 });
 
-test('usage shows the tier, its cap and concurrency, and a chart per day', async () => {
+browserTest('usage shows the tier, its cap and concurrency, and a chart per day', {}, async () => {
   const page = await signedIn(acmeKey);
   await page.locator('nav a[href="#/usage"]').click();
   const limits = await rest('GET', '/v1/limits', acmeKey);
@@ -263,7 +298,7 @@ test('usage shows the tier, its cap and concurrency, and a chart per day', async
   await shot(page, 'usage');
 });
 
-test('delete from the page is confirmed first', async () => {
+browserTest('delete from the page is confirmed first', {}, async () => {
   const doomed = (await rest('POST', '/v1/sandboxes', acmeKey, { template: 'base' })).id;
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${doomed}`);
@@ -276,7 +311,7 @@ test('delete from the page is confirmed first', async () => {
   assert.equal(res.status, 404);
 });
 
-test("a second tenant's key never shows the first tenant's sandboxes", async () => {
+browserTest("a second tenant's key never shows the first tenant's sandboxes", {}, async () => {
   const page = await signedIn(otherKey);
   await page.locator('text=0 sandboxes').waitFor();
   assert.equal(await page.locator('tr[data-sandbox]').count(), 0);
@@ -293,7 +328,7 @@ test("a second tenant's key never shows the first tenant's sandboxes", async () 
   await rest('DELETE', `/v1/sandboxes/${created.id}`, otherKey);
 });
 
-test('a key revoked from the keys page is signed out', async () => {
+browserTest('a key revoked from the keys page is signed out', {}, async () => {
   const second = await rest('POST', '/v1/keys', acmeKey, { name: 'browser' });
   const page = await signedIn(second.key);
   await page.locator('nav a[href="#/keys"]').click();
@@ -310,7 +345,7 @@ test('a key revoked from the keys page is signed out', async () => {
   await rest('DELETE', `/v1/sandboxes/${sandboxId}`, acmeKey);
 });
 
-test('an environment created from the page streams its bake log until it is ready', { timeout: 600_000 }, async () => {
+browserTest('an environment created from the page streams its bake log until it is ready', { timeout: 600_000 }, async () => {
   // An image of the tenant's own (a busybox layer), registered through the API as a program would.
   const marker = `${Date.now()}-${process.pid}`;
   const img = image([layer([...busyboxEntries(), { name: 'etc/console-marker', data: `console ${marker}\n` }], 'gzip')], { Env: ['PATH=/usr/sbin:/usr/bin:/sbin:/bin'] });
