@@ -88,7 +88,7 @@ Files in a running sandbox (paths absolute, or relative to /root; answered while
   collimate files download ID PATH LOCAL  streamed; LOCAL - writes to stdout
   collimate files watch ID PATH [--recursive]   one line per change (OP NAME) until interrupted or the
                                           watch ends (directory removed, sandbox suspended or deleted)
-  collimate usage [--from T] [--to T]
+  collimate usage [--from T] [--to T] [--per day]
 
 Host and service
   collimate doctor [--home DIR]       checks this host for serve (accelerator, cgroups, uid range, nftables,
@@ -756,15 +756,20 @@ async function templates(kind: 'templates' | 'images', sub: string | undefined, 
 }
 
 async function usage(args: string[], io: Io): Promise<number> {
-  const { values } = parse(args, { ...http, from: { type: 'string' }, to: { type: 'string' } });
+  const { values } = parse(args, { ...http, from: { type: 'string' }, to: { type: 'string' }, per: { type: 'string' } });
   const q = new URLSearchParams();
   if (values.from) q.set('from', values.from);
   if (values.to) q.set('to', values.to);
+  if (values.per) q.set('per', values.per);
   const r = await client(values, io).request('GET', `/v1/usage${q.size ? '?' + q : ''}`);
   if (values.json) json(io, r.body);
   else {
     io.out(`usage ${r.body.from} .. ${r.body.to}\n`);
     io.out(table([{ id: 'TOTAL', template: '', ...r.body.totals }, ...r.body.sandboxes], ['id', 'template', 'running_secs', 'vcpu_secs', 'memory_mib_secs', 'suspended_secs', 'snapshot_mib_secs']));
+    if (r.body.days) {
+      io.out('\nper day (UTC)\n');
+      io.out(table(r.body.days.map((d: { from: string; totals: object }) => ({ day: d.from.slice(0, 10), ...d.totals })), ['day', 'running_secs', 'vcpu_secs', 'memory_mib_secs', 'suspended_secs', 'snapshot_mib_secs']));
+    }
   }
   return 0;
 }

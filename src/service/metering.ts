@@ -32,6 +32,8 @@ export interface UsageReport {
   to: string;
   totals: UsageTotals;
   sandboxes: Array<{ id: string; template: string } & UsageTotals>;
+  /** With `per=day`: each UTC day's totals, oldest first. */
+  days?: Array<{ from: string; to: string; totals: UsageTotals }>;
 }
 
 interface IntervalRow {
@@ -51,6 +53,33 @@ interface IntervalRow {
 
 const zero = (): UsageTotals => ({ running_secs: 0, vcpu_secs: 0, memory_mib_secs: 0, disk_mib_secs: 0, suspended_secs: 0, snapshot_mib_secs: 0 });
 const round3 = (x: number) => Math.round(x * 1000) / 1000;
+const rounded = (t: UsageTotals): UsageTotals =>
+  Object.fromEntries(Object.keys(zero()).map((k) => [k, round3(t[k as keyof UsageTotals])])) as unknown as UsageTotals;
+const DAY_MS = 86_400_000;
+/** The most days one report may split into (a year and a day). */
+export const MAX_USAGE_DAYS = 366;
+
+/** What `secs` of an interval in its state cost. */
+function charge(r: IntervalRow, secs: number): UsageTotals {
+  return r.state === 'running'
+    ? { ...zero(), running_secs: secs, vcpu_secs: secs * r.vcpus, memory_mib_secs: secs * r.memory_mib, disk_mib_secs: secs * r.disk_mib }
+    : { ...zero(), suspended_secs: secs, snapshot_mib_secs: (secs * r.snapshot_bytes) / MiB };
+}
+
+function addTo(into: UsageTotals[], add: UsageTotals): void {
+  for (const t of into) for (const k of Object.keys(add) as (keyof UsageTotals)[]) t[k] += add[k];
+}
+
+/** [fromMs, toMs) cut at UTC midnights: the first and last days are clipped to the range. */
+function dayBuckets(fromMs: number, toMs: number): Array<{ fromMs: number; toMs: number; totals: UsageTotals }> {
+  const out: Array<{ fromMs: number; toMs: number; totals: UsageTotals }> = [];
+  for (let a = fromMs; a < toMs; ) {
+    const b = Math.min(toMs, (Math.floor(a / DAY_MS) + 1) * DAY_MS);
+    out.push({ fromMs: a, toMs: b, totals: zero() });
+    a = b;
+  }
+  return out;
+}
 
 export class Meter {
   constructor(private readonly db: Db, private readonly now: () => number = Date.now) {
@@ -86,33 +115,39 @@ export class Meter {
     })();
   }
 
-  usage(tenant: string, fromMs: number, toMs: number): UsageReport {
+  /**
+   * Usage in [fromMs, toMs): totals and per sandbox, and with `perDay` the totals of each UTC day
+   * (the first and last days clipped to the range) in one pass over the intervals.
+   */
+  usage(tenant: string, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): UsageReport {
     const at = this.now();
     const rows = this.db
       .prepare('SELECT * FROM usage_intervals WHERE tenant = ? AND start_ms < ? AND (end_ms IS NULL OR end_ms > ?) ORDER BY sandbox, start_ms')
       .all(tenant, toMs, fromMs) as IntervalRow[];
     const per = new Map<string, { id: string; template: string } & UsageTotals>();
     const totals = zero();
+    const days = opts.perDay ? dayBuckets(fromMs, toMs) : undefined;
     for (const r of rows) {
-      const secs = Math.max(0, Math.min(r.end_ms ?? at, toMs, at) - Math.max(r.start_ms, fromMs)) / 1000;
-      if (secs === 0) continue;
+      const end = Math.min(r.end_ms ?? at, toMs, at);
+      const start = Math.max(r.start_ms, fromMs);
+      if (end <= start) continue;
       let s = per.get(r.sandbox);
       if (!s) per.set(r.sandbox, (s = { id: r.sandbox, template: r.template, ...zero() }));
-      const add: UsageTotals =
-        r.state === 'running'
-          ? { ...zero(), running_secs: secs, vcpu_secs: secs * r.vcpus, memory_mib_secs: secs * r.memory_mib, disk_mib_secs: secs * r.disk_mib }
-          : { ...zero(), suspended_secs: secs, snapshot_mib_secs: (secs * r.snapshot_bytes) / MiB };
-      for (const k of Object.keys(add) as (keyof UsageTotals)[]) {
-        s[k] += add[k];
-        totals[k] += add[k];
+      addTo([s, totals], charge(r, (end - start) / 1000));
+      if (!days) continue;
+      for (let i = Math.floor(start / DAY_MS) - Math.floor(fromMs / DAY_MS); i < days.length && days[i].fromMs < end; i++) {
+        const secs = (Math.min(end, days[i].toMs) - Math.max(start, days[i].fromMs)) / 1000;
+        if (secs > 0) addTo([days[i].totals], charge(r, secs));
       }
     }
-    const sandboxes = [...per.values()].map((s) => {
-      for (const k of Object.keys(zero()) as (keyof UsageTotals)[]) s[k] = round3(s[k]);
-      return s;
-    });
-    for (const k of Object.keys(totals) as (keyof UsageTotals)[]) totals[k] = round3(totals[k]);
-    return { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString(), totals, sandboxes };
+    const sandboxes = [...per.values()].map((s) => Object.assign(s, rounded(s)));
+    return {
+      from: new Date(fromMs).toISOString(),
+      to: new Date(toMs).toISOString(),
+      totals: rounded(totals),
+      sandboxes,
+      ...(days ? { days: days.map((d) => ({ from: new Date(d.fromMs).toISOString(), to: new Date(d.toMs).toISOString(), totals: rounded(d.totals) })) } : {}),
+    };
   }
 
   private observeTx(info: MeteredSandboxInfo, at: number): void {

@@ -30,7 +30,7 @@ import { Admission } from './admission.js';
 import { ExecLog, type ExecLogEntry } from './execLog.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
 import { KeyStore, type KeyRecord } from './keys.js';
-import { Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
+import { MAX_USAGE_DAYS, Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
 import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
 import { PortUrlSigner } from './portUrls.js';
@@ -765,9 +765,12 @@ export class TenantService {
     return this.idempotency.run(scope.tenant, key, fingerprint, exec);
   }
 
-  usage(scope: Scope, fromMs: number, toMs: number): UsageReport {
+  usage(scope: Scope, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): UsageReport {
     if (!(fromMs < toMs)) throw new CollimateError('validation_error', '`from` must be before `to`.');
-    return this.meter.usage(scope.tenant, fromMs, toMs);
+    if (opts.perDay && Math.floor((toMs - 1) / 86_400_000) - Math.floor(fromMs / 86_400_000) >= MAX_USAGE_DAYS) {
+      throw new CollimateError('validation_error', `per=day covers at most ${MAX_USAGE_DAYS} days: narrow \`from\` and \`to\`, or ask without per=day.`);
+    }
+    return this.meter.usage(scope.tenant, fromMs, toMs, opts);
   }
 
   /** Brings the meter in line with the engine's current sandboxes. */

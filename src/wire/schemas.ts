@@ -691,6 +691,7 @@ export const SandboxUsage = named(
 export const UsageQuery = z.strictObject({
   from: described(z.string().max(64), 'ISO 8601 or epoch seconds; default: start of the current UTC month.').optional(),
   to: described(z.string().max(64), 'ISO 8601 or epoch seconds; default: now.').optional(),
+  per: described(z.enum(['day']), '`day`: also the totals of each UTC day in [from, to) (`days`), at most 366 days.').optional(),
 });
 
 export const UsageResponse = named(
@@ -700,6 +701,10 @@ export const UsageResponse = named(
     to: z.string(),
     totals: UsageTotals,
     sandboxes: z.array(SandboxUsage),
+    days: described(
+      z.array(z.strictObject({ from: z.string(), to: z.string(), totals: UsageTotals })),
+      'With per=day: each UTC day\'s totals, oldest first; the first and last days clipped to [from, to).',
+    ).optional(),
   }),
   'Metered time in [from, to): running seconds × vCPUs / RAM MiB / disk MiB, and suspended seconds × snapshot MiB.',
 );

@@ -531,6 +531,12 @@ export type Usage = {
   to: string;
   totals: UsageTotals;
   sandboxes: SandboxUsage[];
+  /** With per=day: each UTC day's totals, oldest first; the first and last days clipped to [from, to). */
+  days?: Array<{
+    from: string;
+    to: string;
+    totals: UsageTotals;
+  }>;
 };
 
 export type ExecLogEntry = {

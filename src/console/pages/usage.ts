@@ -1,6 +1,6 @@
 /**
  * Usage: the tier, its limits and concurrency against the cap (GET /v1/limits); metered seconds per
- * day for the last 14 days (one GET /v1/usage per day) and per template this month, as charts.
+ * day for the last 14 days (one GET /v1/usage?per=day) and per template this month, as charts.
  */
 import uPlot from 'uplot';
 import { api } from '../api.js';
@@ -8,7 +8,7 @@ import { errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
 
 interface Totals { running_secs: number; vcpu_secs: number; memory_mib_secs: number; suspended_secs: number; snapshot_mib_secs: number }
-interface Usage { from: string; to: string; totals: Totals; sandboxes: Array<Totals & { id: string; template: string }> }
+interface Usage { from: string; to: string; totals: Totals; sandboxes: Array<Totals & { id: string; template: string }>; days?: Array<{ from: string; totals: Totals }> }
 interface Limits { tier: string; max_running: number | null; running: number; own_images: boolean; max_session_secs: number; max_vcpus: number; max_memory_mib: number }
 
 const DAYS = 14;
@@ -43,8 +43,9 @@ export const usagePage: Page = (main) => {
 
       const today = new Date();
       const midnight = Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate());
-      const days = Array.from({ length: DAYS }, (_, i) => midnight - (DAYS - 1 - i) * DAY_MS);
-      const reports = await Promise.all(days.map((d) => api<Usage>('GET', `/v1/usage?from=${new Date(d).toISOString()}&to=${new Date(d + DAY_MS).toISOString()}`)));
+      const first = midnight - (DAYS - 1) * DAY_MS;
+      const report = await api<Usage>('GET', `/v1/usage?per=day&from=${new Date(first).toISOString()}&to=${new Date(midnight + DAY_MS).toISOString()}`);
+      const days = report.days ?? [];
       const chart = new uPlot({
         width: Math.min(900, main.clientWidth || 900),
         height: 260,
@@ -54,7 +55,7 @@ export const usagePage: Page = (main) => {
           { label: 'Snapshot MiB·s / 1000', stroke: '#d97706' },
         ],
         axes: [{}, { size: 70 }],
-      }, [days.map((d) => d / 1000), reports.map((r) => r.totals.running_secs), reports.map((r) => r.totals.snapshot_mib_secs / 1000)], perDay);
+      }, [days.map((d) => Date.parse(d.from) / 1000), days.map((d) => d.totals.running_secs), days.map((d) => d.totals.snapshot_mib_secs / 1000)], perDay);
       charts.push(chart);
 
       const month = await api<Usage>('GET', '/v1/usage');

@@ -105,12 +105,47 @@ describe('metering', () => {
   test('usage query validation', async () => {
     const { f, key } = await meteredFixture();
     try {
-      for (const q of ['?from=yesterday', '?to=abc', '?to=9007199254740991', '?from=-99999999999999', `?from=${T0 / 1000}&to=${T0 / 1000}`, `?from=${T0 / 1000 + 10}&to=${T0 / 1000}`, '?window=1']) {
+      for (const q of ['?per=week', `?per=day&from=${T0 / 1000 - 366 * 86400}&to=${T0 / 1000}`, '?from=yesterday', '?to=abc', '?to=9007199254740991', '?from=-99999999999999', `?from=${T0 / 1000}&to=${T0 / 1000}`, `?from=${T0 / 1000 + 10}&to=${T0 / 1000}`, '?window=1']) {
         assertErrorBody(await f.req('getUsage', { url: `/v1/usage${q}`, key }), 'validation_error');
       }
       const u = await usage(f, key, '');
       assert.equal(u.from, new Date(Date.UTC(2026, 0, 1)).toISOString(), 'defaults to the start of the month');
       assert.equal(u.to, new Date(T0).toISOString());
+    } finally {
+      await f.close();
+    }
+  });
+
+  test('per=day splits the totals at UTC midnights, clipping the first and last days to the range', async () => {
+    const { f, clock, key } = await meteredFixture();
+    try {
+      // T0 is 12:00 UTC: the sandbox runs 12 h into the next day, then is suspended for 30 h.
+      const s = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json(); // 1 vCPU, 512 MiB
+      clock.advance(36 * 3600);
+      await f.req('suspendSandbox', { url: `/v1/sandboxes/${s.id}/suspend`, key });
+      clock.advance(30 * 3600);
+      await f.req('deleteSandbox', { url: `/v1/sandboxes/${s.id}`, key });
+      const from = T0 - 6 * 3600_000; // 06:00 on day 1
+      const u = await usage(f, key, `?per=day&from=${from / 1000}&to=${(T0 + 100 * 3600_000) / 1000}`);
+      const day1 = Date.UTC(2026, 0, 10);
+      assert.deepEqual(u.days.map((d: any) => [d.from, d.to]), [
+        [new Date(from).toISOString(), new Date(day1 + 86_400_000).toISOString()],
+        ...[1, 2, 3].map((i) => [new Date(day1 + i * 86_400_000).toISOString(), new Date(day1 + (i + 1) * 86_400_000).toISOString()]),
+        [new Date(day1 + 4 * 86_400_000).toISOString(), new Date(T0 + 100 * 3600_000).toISOString()], // ends at 16:00 on day 5
+      ]);
+      const h = 3600;
+      assert.deepEqual(u.days.map((d: any) => [d.totals.running_secs, d.totals.suspended_secs]), [
+        [12 * h, 0], // day 1: 12:00–24:00
+        [24 * h, 0], // day 2
+        [0, 24 * h], // day 3: suspended from day 3 00:00 …
+        [0, 6 * h], // day 4: … until 06:00, deleted
+        [0, 0],
+      ]);
+      assert.equal(u.days[2].totals.snapshot_mib_secs, 24 * h * 512);
+      // The days add up to the totals.
+      for (const k of Object.keys(u.totals)) assert.equal(u.days.reduce((a: number, d: any) => a + d.totals[k], 0), u.totals[k], k);
+      // Without per=day there are no days.
+      assert.equal((await usage(f, key, `?from=${from / 1000}`)).days, undefined);
     } finally {
       await f.close();
     }
