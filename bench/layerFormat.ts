@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { run } from '../src/host/run.ts';
 import { readTar } from '../src/images/tar.ts';
 import { newBudget, unpackLayer } from '../src/images/unpack.ts';
-import { LAYER_MKFS_ARGS } from '../src/images/layerStore.ts';
+import { LAYER_MKFS_ARGS } from '../src/images/erofs.ts';
 
 const cache = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
 const src = process.argv[2] ?? (() => {

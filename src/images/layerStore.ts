@@ -1,13 +1,13 @@
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, chmodSync } from 'node:fs';
+import { createReadStream, existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, utimesSync, writeFileSync, chmodSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import { spawn } from 'node:child_process';
 import { CollimateError } from '../errors.js';
-import { run } from '../host/run.js';
 import { invalid, type Descriptor } from './oci.js';
+import { buildErofs } from './erofs.js';
 import { readTar, TarError } from './tar.js';
 import { LayerRejected, unpackLayer, type LayerFacts, type UnpackBudget } from './unpack.js';
 
@@ -30,7 +30,6 @@ import { LayerRejected, unpackLayer, type LayerFacts, type UnpackBudget } from '
  * lz4hc erofs, like the Debian layers: lz4 decompression is cheap even under TCG. --preserve-mtime
  * keeps Python's .pyc checks valid; xattrs (opaque markers, capabilities) are kept by default.
  */
-export const LAYER_MKFS_ARGS = ['--quiet', '-zlz4hc', '--preserve-mtime'];
 
 export interface StoredLayer {
   diffId: string;
@@ -39,6 +38,12 @@ export interface StoredLayer {
   size: number;
   unpackedBytes: number;
   facts: LayerFacts;
+  /**
+   * sha256 of the erofs image's bytes: what a template's checkpoint is keyed by (never the diff id
+   * alone: a checkpoint must not be restored over other bytes of its layers, which another mkfs or
+   * an earlier build of ours would make). Layers stored before it was recorded get it on first use.
+   */
+  erofsDigest?: string;
 }
 
 export interface StagedLayer {
@@ -80,6 +85,20 @@ export class LayerStore {
     } catch {
       return undefined;
     }
+  }
+
+  /** The sha256 of a held layer's erofs bytes (see StoredLayer.erofsDigest), hashed and recorded now if it never was. */
+  async erofsDigestOf(diffId: string): Promise<string> {
+    const l = this.get(diffId);
+    if (!l) throw new Error(`layer ${diffId} is not in the store`);
+    if (l.erofsDigest) return l.erofsDigest;
+    const erofsDigest = await fileDigest(l.path);
+    const json = join(this.dir, `${hex(diffId)}.json`);
+    const { path: _, ...meta } = l;
+    const tmp = `${json}.tmp-${process.pid}`;
+    writeFileSync(tmp, JSON.stringify({ ...meta, erofsDigest }));
+    renameSync(tmp, json);
+    return erofsDigest;
   }
 
   /**
@@ -222,9 +241,9 @@ export class LayerStore {
     const diffId = `sha256:${diffHash.digest('hex')}`;
     if (diffId !== desc.diffId) throw invalid(`${name} unpacks to diff id ${diffId}, but the image config says ${desc.diffId}`);
     const erofs = join(stageDir, `${hex(diffId)}.erofs`);
-    await run('mkfs.erofs', [...LAYER_MKFS_ARGS, erofs, tree], { timeoutMs: 1_800_000 });
+    await buildErofs(erofs, tree, diffId);
     rmSync(tree, { recursive: true, force: true });
-    const meta = { diffId, size: statSync(erofs).size, unpackedBytes: facts.unpackedBytes, facts };
+    const meta = { diffId, size: statSync(erofs).size, unpackedBytes: facts.unpackedBytes, facts, erofsDigest: await fileDigest(erofs) };
     const json = join(stageDir, `${hex(diffId)}.json`);
     writeFileSync(json, JSON.stringify(meta));
     return { diffId, blobDigest: desc.digest, erofs, json, meta };
@@ -252,4 +271,11 @@ export class LayerStore {
     writeFileSync(tmp, diffId + '\n');
     renameSync(tmp, f);
   }
+}
+
+/** sha256 of a file's bytes, streamed. */
+async function fileDigest(path: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const c of createReadStream(path)) h.update(c as Buffer);
+  return `sha256:${h.digest('hex')}`;
 }

@@ -378,6 +378,13 @@ export class ImageService {
     if (!img || img.state !== 'ready' || !img.runtime) return fail(`its image ${env.image} is ${img ? img.state : 'gone'}${img?.error ? `: ${img.error}` : ''}`);
     const layers = img.layers.map((l) => this.layers.get(l.diffId));
     if (layers.some((l) => !l)) return fail(`a layer of image ${env.image} is missing from the layer store; pull the image again`);
+    // The checkpoint is keyed by the bytes the guest will read, not by the tars they came from.
+    let layerDigests: string[];
+    try {
+      layerDigests = await Promise.all(layers.map((l) => this.layers.erofsDigestOf(l!.diffId)));
+    } catch (e) {
+      return fail(`a layer of image ${env.image} could not be read from the layer store (${(e as Error).message}); pull the image again`);
+    }
     let secrets: Record<string, string> = {};
     if (env.secrets) {
       try { secrets = JSON.parse(this.secrets.open(env.secrets, secretAad(tenant, name)).toString('utf8')); } catch {
@@ -392,7 +399,7 @@ export class ImageService {
     const rt = img.runtime;
     const recipe: TemplateRecipe = {
       id: name, tenant, description: env.description, interpreter: env.interpreter,
-      layers: layers.map((l) => ({ path: l!.path, digest: l!.diffId })),
+      layers: layers.map((l, i) => ({ path: l!.path, digest: layerDigests[i] })),
       vcpus: env.vcpus, memoryMib: env.memory_mib, diskMib: env.disk_mib,
       // Ready steps run as root with the image's Env and WorkingDir (a build step); secrets are exec-only.
       ready: env.ready_command || env.ready_probe

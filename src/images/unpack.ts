@@ -87,6 +87,8 @@ export async function unpackLayer(entries: AsyncIterable<TarEntry>, root: string
   const fifos: { rel: string; mode: number; uid: number; gid: number }[] = [];
   const xattrs = new Map<string, Record<string, Buffer>>();
   const dirTimes = new Map<string, number>();
+  /** Directories made for members whose parents the tar does not list: they get a fixed mtime (epoch), not the time of the unpack. */
+  const madeDirs = new Set<string>(['']);
   const abs = (rel: string) => (rel === '' ? root : join(root, rel));
 
   /** Makes every parent of `rel` a real directory of this layer; refuses symlinks and files on the way. */
@@ -96,7 +98,7 @@ export async function unpackLayer(entries: AsyncIterable<TarEntry>, root: string
     for (let i = 0; i < parts.length - 1; i++) {
       cur = cur ? `${cur}/${parts[i]}` : parts[i];
       const st = lstatOrNull(abs(cur));
-      if (!st) { mkdirSync(abs(cur), { mode: 0o755 }); continue; }
+      if (!st) { mkdirSync(abs(cur), { mode: 0o755 }); madeDirs.add(cur); continue; }
       if (!st.isDirectory()) throw new LayerRejected(`member ${JSON.stringify(rel)} passes through ${st.isSymbolicLink() ? 'a symlink' : 'a non-directory'} (${cur})`);
     }
   };
@@ -116,7 +118,10 @@ export async function unpackLayer(entries: AsyncIterable<TarEntry>, root: string
     // OCI whiteouts.
     if (base.startsWith('.wh.')) {
       if (base === '.wh..wh..opq') {
-        if (parent !== '') { ensureParents(`${parent}/x`); if (!lstatOrNull(abs(parent))) mkdirSync(abs(parent), { mode: 0o755 }); }
+        if (parent !== '') {
+          ensureParents(`${parent}/x`);
+          if (!lstatOrNull(abs(parent))) { mkdirSync(abs(parent), { mode: 0o755 }); madeDirs.add(parent); }
+        }
         opaque.add(parent);
         if (depth(parent) <= 3) facts.opaque.push(parent);
       } else if (!base.startsWith('.wh..wh.')) {
@@ -270,7 +275,10 @@ export async function unpackLayer(entries: AsyncIterable<TarEntry>, root: string
     writeFileSync(file, dump.join('\n') + '\n');
     try { await run('setfattr', ['-h', `--restore=${file}`], { cwd: root }); } finally { rmSync(file, { force: true }); }
   }
-  // Directory mtimes last, deepest first: creating their children changed them.
+  // Directory mtimes last, deepest first: creating their children changed them. The layer's root
+  // and directories no member listed get the epoch, so the same layer always unpacks to the same
+  // tree (layerStore.ts builds the same erofs bytes from it).
+  for (const rel of madeDirs) if (!dirTimes.has(rel)) dirTimes.set(rel, 0);
   for (const [rel, t] of [...dirTimes].sort((a, b) => depth(b[0]) - depth(a[0]))) {
     try { lutimesSync(abs(rel), t, t); } catch { /* removed by a later member */ }
   }
