@@ -34,6 +34,19 @@ export function claimArtifact(root: string): void {
 }
 const claimed = new Set<string>();
 
+/**
+ * This process no longer uses the artifact in `root` (its template was deleted or replaced): its
+ * claim goes, and `claimed-at` is touched, so the collector takes the RAM file once the grace
+ * period has passed since this last use, unless another process claims it or maps it by then.
+ */
+export function releaseArtifact(root: string): void {
+  const path = join(root, 'users', `${process.pid}-${ownStartTicks()}`);
+  claimed.delete(path);
+  if (!existsSync(path)) return;
+  rmSync(path, { force: true });
+  writeFileSync(join(root, 'claimed-at'), '');
+}
+
 /** Live claims on the artifact in `root`; claims of processes that are gone are removed. */
 export function liveClaims(root: string): number {
   const users = join(root, 'users');

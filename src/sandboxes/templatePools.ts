@@ -4,7 +4,7 @@ import { CollimateError } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
-import { claimArtifact } from '../images/artifactGc.js';
+import { claimArtifact, releaseArtifact } from '../images/artifactGc.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
@@ -52,25 +52,41 @@ export class TemplatePools {
   async add(recipe: TemplateRecipe, opts: { progress?: (m: string) => void; log?: (c: string) => void; poolSize?: number } = {}): Promise<TemplateInfo> {
     const t = await bakeRecipe(this.cfg, recipe, opts.progress ?? (() => {}), opts.log);
     const key = envKey(recipe.tenant, recipe.id);
-    await this.removeKey(key);
+    const replaced = await this.removeKey(key);
     this.byKey.set(key, t);
     this.artifacts.set(t.artifact.key, t.artifact);
+    if (replaced) this.release(replaced.artifact.key);
     // Prewarmed right after its bake: its first creates find VMMs waiting.
     this.newPool(key, t, opts.poolSize ?? this.cfg.environmentPoolSize);
     return this.infoOf(t);
   }
 
   async remove(tenant: string, id: string): Promise<void> {
-    await this.removeKey(envKey(tenant, id));
+    const removed = await this.removeKey(envKey(tenant, id));
+    if (removed) this.release(removed.artifact.key);
   }
 
-  private async removeKey(key: string): Promise<void> {
+  /** Takes a template and its pool out; the template removed, if there was one. */
+  private async removeKey(key: string): Promise<ReadyTemplate | undefined> {
     const pool = this.pools.get(key);
+    const t = this.byKey.get(key);
     this.pools.delete(key);
     this.sizers.delete(key);
     this.sized.delete(key);
     this.byKey.delete(key);
     await pool?.close();
+    return t;
+  }
+
+  /**
+   * Lets an artifact no template here uses any more be collected (artifactGc.ts): it leaves the
+   * files this server keeps and this process's claim on it goes. A sandbox still running on it maps
+   * its RAM file, which keeps it; one restored later finds its manifest again (artifactFor).
+   */
+  private release(artifactKey: string): void {
+    if ([...this.byKey.values()].some((t) => t.artifact.key === artifactKey)) return;
+    this.artifacts.delete(artifactKey);
+    releaseArtifact(join(homePaths(this.cfg.cacheDir).artifacts, artifactKey.slice(0, 24)));
   }
 
   /** A self-sizing pool for `t` under `key`, starting at `initial` (within the bounds). */

@@ -5,8 +5,8 @@
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import '../../src/service/migrations.ts';
 import { ImageService } from '../../src/images/service.ts';
@@ -380,7 +380,15 @@ describe('own images on real VMs and a real registry', () => {
     const r = await sh(id, 'cat /opt/venv/marker; echo $API_TOKEN');
     assert.equal(r.stdout, `ok\n${SECRET}\n`);
     await call('DELETE', `/v1/sandboxes/${id}`);
+    // A deleted environment's RAM file is this server's no longer: past the grace it is collected,
+    // though this process made and claimed it (a long-running server must not keep every one).
+    const { memPath: ram, dir } = engine.templatePools.get('acme/variant10')!.artifact;
     assert.equal((await call('DELETE', '/v1/environments/variant10')).status, 204);
+    // As if the grace (an hour since its last use) had passed.
+    const anHourAgo = new Date(Date.now() - 3700_000);
+    utimesSync(join(dirname(dir), 'claimed-at'), anHourAgo, anHourAgo);
+    assert.ok(engine.collectArtifacts().includes(ram) && !existsSync(ram), 'the deleted environment\'s RAM file is collected');
+    assert.ok(existsSync(engine.templatePools.get('acme/app')!.artifact.memPath), 'an environment still there keeps its RAM file');
   });
 
   test('layers nobody uses are collected; a suspended sandbox keeps its layers after its environment and image are gone', async () => {

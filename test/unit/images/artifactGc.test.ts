@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { claimArtifact, collectArtifactRam, liveClaims } from '../../../src/images/artifactGc.ts';
+import { claimArtifact, collectArtifactRam, liveClaims, releaseArtifact } from '../../../src/images/artifactGc.ts';
 
 /** A cache and a tmpfs RAM directory with artifacts `keys` (24 hex digits), each with one build's RAM file. */
 function layout(keys: string[]) {
@@ -67,6 +67,28 @@ test('template RAM files nobody claims or maps go; claimed, mapped, kept, recent
     assert.ok(existsSync(files[key('b')].mem) && existsSync(files[key('d')].mem));
   } finally {
     mapper?.kill('SIGKILL');
+    rmSync(base, { recursive: true, force: true });
+  }
+});
+
+test('an artifact this process stops using is collected once the grace has passed since then, not kept by its old claim', () => {
+  const { base, cache, ram, files } = layout([key('a')]);
+  try {
+    const { root, mem } = files[key('a')];
+    claimArtifact(root);
+    assert.deepEqual(collectArtifactRam(cache, ram, new Set(), 0), [], 'claimed by this live process: stays');
+    const old = new Date(Date.now() - 7200_000);
+    utimesSync(join(root, 'claimed-at'), old, old);
+    releaseArtifact(root);
+    assert.equal(liveClaims(root), 0, 'the claim is gone');
+    assert.deepEqual(collectArtifactRam(cache, ram, new Set(), 3600_000), [], 'released a moment ago: within the grace');
+    assert.deepEqual(collectArtifactRam(cache, ram, new Set(), 0), [mem], 'past the grace: collected');
+    // Claiming it again after a release claims it for real (the process remembered nothing stale).
+    writeFileSync(mem, Buffer.alloc(4096, 1));
+    claimArtifact(root);
+    assert.equal(liveClaims(root), 1);
+    assert.deepEqual(collectArtifactRam(cache, ram, new Set(), 0), []);
+  } finally {
     rmSync(base, { recursive: true, force: true });
   }
 });
