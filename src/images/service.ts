@@ -424,6 +424,8 @@ export class ImageService {
     } catch (e) {
       clearInterval(timer);
       if (e instanceof BakeError) buf += `\n${e.logTail}\n`;
+      // The first line is the error; the rest (a guest's console when its agent never answered) goes to the log.
+      else if (!(e instanceof CollimateError) && (e as Error).message.includes('\n')) buf += `\n${(e as Error).message}\n`;
       flush();
       const msg = e instanceof BakeError ? `the bake failed: ${e.message.split('\n')[0]}` : e instanceof CollimateError ? e.message : `the bake failed: ${(e as Error).message.split('\n')[0]}`;
       fail(msg);

@@ -54,6 +54,8 @@ export interface EngineOptions extends Partial<EngineConfig> {
 const RAM_SWEEP_MS = 30_000;
 /** How often template RAM files nobody uses are looked for (artifactGc.ts). */
 const ARTIFACT_GC_MS = 600_000;
+/** How long a bake waits for the host to have room for it before it fails. */
+const BAKE_ADMISSION_WAIT_MS = 600_000;
 /** How long a sandbox whose agent link closed is watched for its QEMU's exit before the link is taken for a glitch. */
 const LINK_CHECK_MS = 2000;
 
@@ -255,9 +257,19 @@ export class Engine extends EventEmitter implements SandboxService {
    * configuration. Replaces an earlier one of the same name; sandboxes already made from it keep
    * running on their own artifact.
    */
+  /**
+   * Bakes (or finds) a tenant's template. Admitted like a sandbox of its size (hostCapacity.ts): a
+   * bake boots a VMM and writes a RAM file of the guest's memory on tmpfs, and a host without room
+   * for them must not find out from the kernel's OOM killer. A bake is queued work, so it waits
+   * for room (saying so in its progress) for up to `BAKE_ADMISSION_WAIT_MS`, then fails with the
+   * reason.
+   */
   async addTemplate(recipe: TemplateRecipe, opts: { progress?: (m: string) => void; log?: (c: string) => void; poolSize?: number } = {}): Promise<TemplateInfo> {
     this.assertOpen();
-    return this.templatePools.add(recipe, opts);
+    return this.ctx.capacity.withinWaiting('bake', { vmms: 1, memoryMib: recipe.memoryMib, tmpfsMib: recipe.memoryMib }, () => this.templatePools.add(recipe, opts), {
+      waitMs: BAKE_ADMISSION_WAIT_MS,
+      onWait: (why) => opts.progress?.(`waiting for room on the host: ${why}`),
+    });
   }
 
   async removeTemplate(tenant: string, id: string): Promise<void> {

@@ -223,6 +223,33 @@ export class HostCapacity {
     }
   }
 
+  /**
+   * `within` for queued work nobody waits on with a retry of their own (a bake): while the host is
+   * short, waits the Retry-After delay and asks again (telling `onWait` why), until `waitMs` has
+   * gone by; then the refusal is the answer.
+   */
+  async withinWaiting<T>(operation: string, needs: Needs, op: () => Promise<T>, opts: { waitMs: number; onWait?: (why: string) => void; sleep?: (ms: number) => Promise<void> }): Promise<T> {
+    const deadline = Date.now() + opts.waitMs;
+    const pause = opts.sleep ?? ((ms: number) => new Promise<void>((r) => setTimeout(r, ms)));
+    for (;;) {
+      let r: { release(): void };
+      try {
+        r = this.admit(operation, needs);
+      } catch (e) {
+        const retryMs = e instanceof CollimateError && e.code === 'host_at_capacity' ? (e.retryAfterSecs ?? 5) * 1000 : undefined;
+        if (retryMs === undefined || Date.now() + retryMs > deadline) throw e;
+        opts.onWait?.((e as Error).message);
+        await pause(retryMs);
+        continue;
+      }
+      try {
+        return await op();
+      } finally {
+        r.release();
+      }
+    }
+  }
+
   /** The budgets and what is used of them (/healthz, /metrics). */
   status(): CapacityStatus {
     return {

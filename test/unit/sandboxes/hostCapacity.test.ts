@@ -129,3 +129,33 @@ test('claims: an operation that starts more VMMs than uids or network indexes ar
   cap.admit('suspend', { vmms: 0, memoryMib: 0, diskMib: 1 }).release();
   assert.deepEqual(cap.status().claims, { vmm_uids: { free: 100, total: 8 }, net_indexes: { free: 0, total: 16 } });
 });
+
+test('queued work waits for room: a bake on a full tmpfs waits, says why, and runs once there is room; past its wait it gets the refusal', async () => {
+  const { cap, free } = host({ avail: 100_000 });
+  free['/shm/ram'] = 150; // 50 MiB over the reserve: a 256 MiB RAM file does not fit
+  const waits: string[] = [];
+  let slept = 0;
+  const ran = await cap.withinWaiting('bake', { vmms: 1, memoryMib: 256, tmpfsMib: 256 }, async () => 'baked', {
+    waitMs: 600_000,
+    onWait: (why) => waits.push(why),
+    sleep: async (ms) => {
+      slept += ms;
+      if (waits.length === 2) free['/shm/ram'] = 10_000; // room is made (a RAM file collected) during the second wait
+    },
+  });
+  assert.equal(ran, 'baked');
+  assert.equal(waits.length, 2);
+  assert.match(waits[0], /tmpfs.*150 MiB free/);
+  assert.ok(slept > 0);
+  assert.equal(cap.status().tmpfs.startingMib, 0, 'its reservation ended with it');
+
+  free['/shm/ram'] = 150;
+  let calls = 0;
+  await assert.rejects(
+    cap.withinWaiting('bake', { vmms: 1, memoryMib: 256, tmpfsMib: 256 }, async () => { calls++; }, { waitMs: 1000, sleep: async () => {} }),
+    (e: any) => e.code === 'host_at_capacity' && e.details.resource === 'tmpfs',
+  );
+  assert.equal(calls, 0, 'refused work never ran');
+  // Any other failure of the work is not waited on.
+  await assert.rejects(cap.withinWaiting('bake', { vmms: 0, memoryMib: 0 }, async () => { throw new Error('boom'); }, { waitMs: 600_000 }), /boom/);
+});
