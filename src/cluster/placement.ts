@@ -48,6 +48,11 @@ export interface Placement {
   address: string;
 }
 
+/** A host's capacity left (alias h): capacity − running sandboxes − leased reservations. */
+const FREE_OF_H = `h.capacity
+  - (SELECT count(*) FROM sandboxes s WHERE s.host_id = h.id AND s.state = 'running')
+  - (SELECT coalesce(sum(slots), 0) FROM reservations r WHERE r.host_id = h.id AND r.lease_until > now())`;
+
 export class ClusterPlacement {
   constructor(private readonly pool: pg.Pool) {}
 
@@ -96,12 +101,10 @@ export class ClusterPlacement {
   }
 
   private async pickHost(tx: pg.PoolClient, req: PlaceRequest): Promise<{ id: string; address: string }> {
+    const exclude = [...(req.exclude ?? [])];
     const query = (skipLocked: boolean) =>
-      tx.query<{ id: string; address: string; free: number }>(
-        `SELECT h.id, h.address, free FROM hosts h,
-           LATERAL (SELECT h.capacity
-             - (SELECT count(*) FROM sandboxes s WHERE s.host_id = h.id AND s.state = 'running')
-             - (SELECT coalesce(sum(slots), 0) FROM reservations r WHERE r.host_id = h.id AND r.lease_until > now()) AS free) f
+      tx.query<{ id: string; address: string }>(
+        `SELECT h.id, h.address FROM hosts h, LATERAL (SELECT ${FREE_OF_H} AS free) f
          WHERE h.state = 'alive' AND h.lease_until > now() AND h.capacity > 0
            AND ($1::text IS NULL OR h.id = $1)
            AND ($2::text IS NULL OR $2 = ANY(h.templates))
@@ -111,12 +114,19 @@ export class ClusterPlacement {
          ORDER BY (coalesce((h.warm_pools ->> $2)::int, 0) > 0) DESC, free DESC, random()
          LIMIT 1
          FOR UPDATE OF h ${skipLocked ? 'SKIP LOCKED' : ''}`,
-        [req.host ?? null, req.template ?? null, req.compat ?? null, req.exclude ?? [], req.slots],
+        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots],
       );
-    // Skipping locked rows spreads concurrent placements; if every fitting host is locked, wait for one.
-    const picked = (await query(true)).rows[0] ?? (await query(false)).rows[0];
-    if (picked) return picked;
-    throw await this.noHost(tx, req);
+    for (;;) {
+      // Skipping locked rows spreads concurrent placements; if every fitting host is locked, wait for one.
+      const picked = (await query(true)).rows[0] ?? (await query(false)).rows[0];
+      if (!picked) throw await this.noHost(tx, req);
+      // The choice was counted on the statement's snapshot, which may predate a placement that
+      // committed on this host while we waited for its lock. Holding the lock now, a new statement
+      // sees every reservation made on it: count again.
+      const free = Number((await tx.query<{ free: string }>(`SELECT ${FREE_OF_H} AS free FROM hosts h WHERE h.id = $1`, [picked.id])).rows[0].free);
+      if (free >= req.slots) return picked;
+      exclude.push(picked.id);
+    }
   }
 
   /** Why no host fits, as the error the client gets. */
