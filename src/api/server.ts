@@ -67,6 +67,11 @@ export interface BuildServerOptions {
   consoleDir?: string;
   /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
+  /**
+   * Hooks to install before any route (cluster mode's front, src/api/clusterFront.ts): they see every
+   * request first and may answer it themselves.
+   */
+  beforeRoutes?: (app: FastifyInstance) => void;
 }
 
 export interface ApiServer {
@@ -175,6 +180,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     sendError(reply, new CollimateError('not_found', `No endpoint ${req.method} ${path.slice(0, 200)}. See GET /v1/openapi.json.`));
   });
 
+  opts.beforeRoutes?.(app);
   bindRoutes(
     app,
     {

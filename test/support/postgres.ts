@@ -104,11 +104,18 @@ export async function startPostgres(): Promise<ThrowawayPostgres> {
 function handle(dir: string, port: number, pid: number): ThrowawayPostgres {
   const url = `postgres://${SUPERUSER}@127.0.0.1:${port}/postgres`;
   let stopped: Promise<void> | null = null;
-  // A test process that dies without stop() must not leave the server behind.
+  // A test process that ends without stop() (a failure, or the runner's timeout signalling it)
+  // must not leave the server behind: SIGQUIT is PostgreSQL's immediate shutdown.
   const onExit = () => {
     if (alive(pid)) process.kill(pid, 'SIGQUIT');
   };
+  const onSignal = (signal: NodeJS.Signals) => {
+    onExit();
+    process.kill(process.pid, signal); // the handler was once: this signal now does what it would have
+  };
   process.once('exit', onExit);
+  process.once('SIGTERM', onSignal);
+  process.once('SIGINT', onSignal);
   return {
     url,
     port,
@@ -123,6 +130,8 @@ function handle(dir: string, port: number, pid: number): ThrowawayPostgres {
     stop() {
       stopped ??= (async () => {
         process.off('exit', onExit);
+        process.off('SIGTERM', onSignal);
+        process.off('SIGINT', onSignal);
         // SIGINT is PostgreSQL's fast shutdown: clients are disconnected, the server exits cleanly.
         if (alive(pid)) process.kill(pid, 'SIGINT');
         const deadline = Date.now() + 10_000;
