@@ -24,6 +24,7 @@ import { fingerprint, type StoredResponse } from '../service/idempotency.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
 import { toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
+import { clusterDatabaseUnavailable } from '../cluster/db.js';
 import { compatKey } from '../cluster/hosts.js';
 import type { KeyCache } from '../cluster/keys.js';
 import { PEER_HEADER, REFUSED_HEADER, type ClusterNode } from '../cluster/node.js';
@@ -104,7 +105,10 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (!entry.hostAlive) throw hostUnavailable(`Sandbox ${id} is on a host that is not answering`);
       await proxy(req, reply, entry.hostAddress);
     } catch (err) {
-      sendError(reply, toClientError(err, req.log, req.id));
+      // Anything but a CollimateError here came from the cluster database (the peers' failures are
+      // turned into errors where they happen): logged with its cause, answered 503.
+      if (!(err instanceof CollimateError)) req.log.error({ err }, 'cluster database request failed');
+      sendError(reply, toClientError(err instanceof CollimateError ? err : clusterDatabaseUnavailable(err), req.log, req.id));
       return reply;
     }
   });
