@@ -16,8 +16,11 @@
  * forwards it again, so a stale directory can cost a 404, never a loop.
  */
 import { request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http';
+import { connect } from 'node:net';
+import type { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { bearerKey, sendError } from './binder.js';
+import { socketError, type UpgradeInterceptor } from './portsProxy.js';
 import { keyView } from './handlers/account.js';
 import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
 import { fingerprint, type StoredResponse } from '../service/idempotency.js';
@@ -316,3 +319,78 @@ function endToEnd(raw: string[]): string[] {
   return out;
 }
 
+
+/** The key of an upgrade: Authorization: Bearer, or the web terminal's `bearer.<key>` subprotocol. */
+function upgradeKey(req: IncomingMessage): string | undefined {
+  const bearer = bearerKey(req.headers.authorization);
+  if (bearer) return bearer;
+  const protocols = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((p) => p.trim());
+  return protocols.find((p) => p.startsWith('bearer.'))?.slice('bearer.'.length);
+}
+
+/**
+ * WebSocket upgrades about a sandbox another host owns (the web terminal, WebSockets on its ports)
+ * become a TCP tunnel to that host: the request head goes on as it came (Host and the peer secret
+ * set), then bytes flow both ways untouched. Anything else — this host's sandboxes, an unknown
+ * key, an unknown sandbox — is handed back to this server, which answers as on a single host.
+ */
+export function clusterUpgrades(node: ClusterNode, tenants: TenantService): { intercept: UpgradeInterceptor; closeAll(): void } {
+  const keys = tenants.keys as KeyCache;
+  const tunnels = new Set<Duplex>();
+  const intercept: UpgradeInterceptor = (req, socket, head, handleHere) => {
+    const m = /^\/v1\/sandboxes\/([^/?]+)\//.exec(req.url ?? '');
+    if (!m || !S.SANDBOX_ID_RE.test(m[1]) || node.isPeer(req.headers[PEER_HEADER])) return false;
+    const id = m[1];
+    void (async () => {
+      const key = upgradeKey(req);
+      await keys.load(key);
+      let scope: Scope;
+      try {
+        scope = tenants.authenticate(key);
+      } catch {
+        return handleHere(); // answered 401 here
+      }
+      const entry = await node.directory.lookup(scope.tenant, id);
+      if (!entry || entry.hostId === node.hostId || entry.state === 'lost') return handleHere();
+      if (!entry.hostAlive) return socketError(socket, hostUnavailable(`Sandbox ${id} is on a host that is not answering`));
+      const target = new URL(entry.hostAddress);
+      const upstream = connect({ host: target.hostname, port: Number(target.port) });
+      let open = false;
+      upstream.once('connect', () => {
+        open = true;
+        tunnels.add(socket);
+        let head0 = `${req.method} ${req.url} HTTP/1.1\r\n`;
+        const raw = req.rawHeaders;
+        for (let i = 0; i < raw.length; i += 2) {
+          const name = raw[i].toLowerCase();
+          if (name === 'host' || name === PEER_HEADER) continue;
+          head0 += `${raw[i]}: ${raw[i + 1].replace(/[\r\n]/g, '')}\r\n`;
+        }
+        head0 += `Host: ${target.host}\r\n${PEER_HEADER}: ${node.secret}\r\n\r\n`;
+        upstream.write(head0);
+        if (head.length) upstream.write(head);
+        upstream.pipe(socket);
+        socket.pipe(upstream);
+      });
+      upstream.on('error', () => {
+        if (!open) socketError(socket, hostUnavailable(`The host that holds sandbox ${id} does not answer`));
+        else socket.destroy();
+      });
+      const end = () => {
+        tunnels.delete(socket);
+        upstream.destroy();
+        socket.destroy();
+      };
+      upstream.on('close', () => open && end());
+      socket.on('close', end);
+    })().catch((err) => socketError(socket, err instanceof CollimateError ? err : clusterDatabaseUnavailable(err)));
+    return true;
+  };
+  return {
+    intercept,
+    closeAll() {
+      for (const s of [...tunnels]) s.destroy();
+      tunnels.clear();
+    },
+  };
+}

@@ -26,7 +26,7 @@ import { sandboxHandlers } from './handlers/sandboxes.js';
 import { processHandlers } from './handlers/processes.js';
 import { fileHandlers } from './handlers/files.js';
 import { registerHttpMetrics } from './httpMetrics.js';
-import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
+import { hostRoutedUrl, registerPortsProxy, type UpgradeInterceptor } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
@@ -72,6 +72,8 @@ export interface BuildServerOptions {
    * request first and may answer it themselves.
    */
   beforeRoutes?: (app: FastifyInstance) => void;
+  /** Sees every HTTP upgrade (WebSocket) first; cluster mode tunnels those of other hosts' sandboxes. */
+  interceptUpgrade?: UpgradeInterceptor;
 }
 
 export interface ApiServer {
@@ -200,7 +202,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
   const terminals = terminalBridge(tenants, app.log);
-  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals });
+  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals, ...(opts.interceptUpgrade ? { interceptUpgrade: opts.interceptUpgrade } : {}) });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
     if (!draining) {

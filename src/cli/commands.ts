@@ -422,12 +422,21 @@ async function serve(args: string[], io: Io): Promise<number> {
   const { TenantService } = await import('../service/tenantService.js');
   const tenants = new TenantService({ engine, images, db: engine.db, ...(node ? { keys: node.keyCache(engine.db) } : {}) });
   const { serverLoggerOptions } = await import('../api/logging.js');
-  const { registerClusterFront } = node ? await import('../api/clusterFront.js') : { registerClusterFront: undefined };
+  const front = node ? await import('../api/clusterFront.js') : undefined;
+  const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
     tls,
-    ...(node && registerClusterFront ? { beforeRoutes: (app: import('fastify').FastifyInstance) => registerClusterFront(app, node!, tenants) } : {}),
+    ...(node && front && upgrades
+      ? {
+        beforeRoutes: (app: import('fastify').FastifyInstance) => {
+          front.registerClusterFront(app, node!, tenants);
+          app.addHook('preClose', async () => upgrades.closeAll());
+        },
+        interceptUpgrade: upgrades.intercept,
+      }
+      : {}),
     health: () => ({
       ready: engine.isReady(),
       accel: engine.accel,

@@ -14,6 +14,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
+import { WebSocket, WebSocketServer } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
@@ -191,6 +192,56 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     assert.equal((await call(others[1], pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
     assert.equal(await ownerOf(id), undefined);
     for (const h of hosts) assert.equal((await call(h.url, pro, 'GET', `/v1/sandboxes/${id}`)).status, 404);
+  });
+
+  test('WebSockets (a sandbox port, the web terminal) through a non-owning node are tunnelled to the owner, bytes unchanged; another tenant is refused', async () => {
+    // The fake engine's sandbox ports are this machine's ports: an echo server stands in for one.
+    const echo = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+    await new Promise((r) => echo.once('listening', r));
+    echo.on('connection', (ws) => ws.on('message', (data, isBinary) => ws.send(data, { binary: isBinary })));
+    const port = (echo.address() as { port: number }).port;
+    try {
+      const c = await call(hosts[0].url, pro, 'POST', '/v1/sandboxes', { template: 'python' });
+      const id = c.json.id as string;
+      const owner = await ownerOf(id);
+      const ownerUrl = hosts.find((h) => idOf.get(h.url) === owner)?.url;
+      const open = (base: string, key: string) =>
+        new Promise<WebSocket>((resolve, reject) => {
+          const ws = new WebSocket(`${base.replace('http', 'ws')}/v1/sandboxes/${id}/ports/${port}/`, { headers: { authorization: `Bearer ${key}` } });
+          ws.once('open', () => resolve(ws));
+          ws.once('unexpected-response', (_req, res) => reject(Object.assign(new Error(`refused ${res.statusCode}`), { status: res.statusCode })));
+          ws.once('error', reject);
+        });
+      const payload = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 31) % 256));
+      for (const h of hosts) {
+        const ws = await open(h.url, pro);
+        const back = new Promise<Buffer>((r) => ws.once('message', (d) => r(d as Buffer)));
+        ws.send(payload);
+        assert.deepEqual(await back, payload, `echo through ${h.url === ownerUrl ? 'the owner' : 'a non-owner'}`);
+        ws.close();
+        await assert.rejects(open(h.url, other), (e: { status?: number }) => e.status === 404, `another tenant through ${h.url}`);
+      }
+      // The web terminal (its key in the subprotocol) through the API-only node, onto the owner's PTY.
+      const pid = (await call(hosts[2].url, pro, 'POST', `/v1/sandboxes/${id}/processes`, { argv: ['sh'], pty: { cols: 80, rows: 24 } })).json.pid;
+      const term = await new Promise<WebSocket>((resolve, reject) => {
+        const ws = new WebSocket(`${hosts[2].url.replace('http', 'ws')}/v1/sandboxes/${id}/processes/${pid}/terminal`, ['collimate.terminal', `bearer.${pro}`]);
+        ws.once('open', () => resolve(ws));
+        ws.once('error', reject);
+      });
+      assert.equal(term.protocol, 'collimate.terminal');
+      const seen = new Promise<void>((resolve) => {
+        let out = '';
+        term.on('message', (d: Buffer, binary: boolean) => {
+          if (binary && (out += d.toString()).includes('over-the-tunnel')) resolve();
+        });
+      });
+      term.send(Buffer.from('over-the-tunnel\n'));
+      await seen;
+      term.close();
+      assert.equal((await call(hosts[1].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    } finally {
+      await new Promise((r) => echo.close(r));
+    }
   });
 
   test('a Demo tenant firing 50 concurrent creates through three nodes gets exactly 2, round after round', async () => {
