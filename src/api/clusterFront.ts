@@ -99,7 +99,8 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (entry.state === 'lost') throw sandboxEnded(id, 'the host it ran on stopped answering and the cluster marked it lost');
       const fork = url === '/v1/sandboxes/:id/fork' && req.method === 'POST';
       const resume = url === '/v1/sandboxes/:id/resume' && req.method === 'POST';
-      if (fork || resume) {
+      // A resume of a sandbox that is not suspended is invalid_state (its owner says so), not a cap matter.
+      if (fork || (resume && entry.state === 'suspended')) {
         const count = fork ? Number(jsonBody(req)?.count ?? 1) : 1;
         const slots = Number.isInteger(count) && count > 0 ? count : 1;
         return await placed(req, reply, scope, { tenant: scope.tenant, tier: scope.tier, slots, operation: fork ? `fork of ${slots}` : 'resume', host: entry.hostId });

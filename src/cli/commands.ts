@@ -332,6 +332,20 @@ export function advertiseUrl(v: string | undefined): string {
   return `${u.protocol}//${u.host}`;
 }
 
+/**
+ * COLLIMATE_CLUSTER_TIMINGS=HEARTBEAT,LEASE,DEAD_AFTER in ms (default 1000,4000,5000): shorter for
+ * tests that kill hosts; heartbeat < lease < dead-after, so a host fences itself before peers act.
+ */
+function clusterTimings(env: Record<string, string | undefined>): { heartbeatMs: number; leaseMs: number; deadAfterMs: number } | undefined {
+  const v = env.COLLIMATE_CLUSTER_TIMINGS;
+  if (!v) return undefined;
+  const n = v.split(',').map(Number);
+  if (n.length !== 3 || !n.every((x) => Number.isInteger(x) && x > 0) || !(n[0] < n[1] && n[1] < n[2])) {
+    throw new UsageError(`COLLIMATE_CLUSTER_TIMINGS must be HEARTBEAT,LEASE,DEAD_AFTER in ms with heartbeat < lease < dead-after (default 1000,4000,5000), not ${JSON.stringify(v)}`);
+  }
+  return { heartbeatMs: n[0], leaseMs: n[1], deadAfterMs: n[2] };
+}
+
 /** A database URL without its password, for messages. */
 function redactUrl(url: string): string {
   try {
@@ -370,6 +384,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const advertise = cluster ? advertiseUrl(values.advertise) : undefined;
   const capacity = num(values.capacity, 'capacity') ?? 16;
   if (!Number.isInteger(capacity) || capacity < 0) throw new UsageError('--capacity must be a whole number of running sandboxes, 0 or more (0: an API-only node)');
+  const timings = cluster ? clusterTimings(io.env) : undefined;
   const logLevel = values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info';
   if (!LOG_LEVELS.includes(logLevel)) throw new UsageError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, not ${JSON.stringify(logLevel)}`);
   const tls = tlsFiles(values['tls-cert'], values['tls-key']);
@@ -411,7 +426,7 @@ async function serve(args: string[], io: Io): Promise<number> {
     const { ClusterNode } = await import('../cluster/node.js');
     io.err(`collimate: joining the cluster at ${redactUrl(cluster)} as ${advertise} (capacity ${capacity})...\n`);
     try {
-      node = await ClusterNode.join({ url: cluster, advertise: advertise!, capacity, home: dir, log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }, engine);
+      node = await ClusterNode.join({ url: cluster, advertise: advertise!, capacity, home: dir, ...(timings ? { timings } : {}), log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }, engine);
     } catch (err) {
       io.err(`collimate: cannot join the cluster: ${(err as Error).message}\n`);
       await images?.close();

@@ -39,8 +39,7 @@ interface Host {
   stderr: () => string;
 }
 
-async function startHost(cluster: string, capacity: number, env: Record<string, string> = {}): Promise<Host> {
-  const home = mkdtempSync(join(tmpdir(), 'collimate-cluster-host-'));
+async function startHost(cluster: string, capacity: number, env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), 'collimate-cluster-host-'))): Promise<Host> {
   for (let attempt = 1; ; attempt++) {
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
@@ -72,6 +71,16 @@ async function stopHost(h: Host, signal: NodeJS.Signals = 'SIGTERM'): Promise<vo
     await exited;
   }
   rmSync(h.home, { recursive: true, force: true });
+}
+
+async function until<T>(what: string, probe: () => Promise<T | undefined | false>, ms = 60_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await probe();
+    if (v) return v;
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 function keyFor(cluster: string, tenant: string, tier = 'demo'): string {
@@ -293,5 +302,78 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     assert.match(run('--cluster', cluster, '--advertise', 'http://127.0.0.1').stderr, /--advertise must be http:\/\/ADDR:PORT/);
     assert.match(run('--cluster', cluster, '--advertise', 'http://127.0.0.1:9', '--capacity=1.5').stderr, /--capacity must be a whole number/);
     assert.match(run('--advertise', 'http://127.0.0.1:9').stderr, /belong to cluster mode/);
+  });
+});
+
+describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', { skip }, () => {
+  let server: ThrowawayPostgres;
+  let db: pg.Pool;
+  const hosts: Host[] = [];
+
+  before(async () => {
+    server = await startPostgres();
+    db = new pg.Pool({ connectionString: server.url });
+    db.on('error', () => {});
+  });
+  after(async () => {
+    await Promise.all(hosts.map((h) => stopHost(h)));
+    await db?.end();
+    await server?.stop();
+  });
+
+  test('its running sandboxes become lost and stop counting, creates go elsewhere, and on restart it drops them', async () => {
+    const cluster = server.url;
+    const key = keyFor(cluster, 'pro2', 'pro');
+    const demoKey = keyFor(cluster, 'demo2', 'demo');
+    // Short timings (heartbeat 200 ms, lease 1.5 s, dead after 2 s) so the test waits seconds, not minutes.
+    const env = { COLLIMATE_CLUSTER_TIMINGS: '200,1500,2000' };
+    const [h1, h2] = await Promise.all([startHost(cluster, 5, env), startHost(cluster, 5, env)]);
+    hosts.push(h1, h2);
+    const ids = new Map<string, string>(); // sandbox → host id
+    const h2id = (await db.query('SELECT id FROM hosts WHERE address = $1', [h2.url])).rows[0].id as string;
+    let onH2: string | undefined;
+    for (let i = 0; i < 10 && !onH2; i++) {
+      const r = await call(h1.url, key, 'POST', '/v1/sandboxes', { template: 'base' });
+      assert.equal(r.status, 201, r.bytes.toString());
+      const owner = (await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [r.json.id])).rows[0].host_id;
+      ids.set(r.json.id, owner);
+      if (owner === h2id) onH2 = r.json.id;
+    }
+    assert.ok(onH2, 'a sandbox landed on h2');
+    // The Demo tenant fills its cap of 2 (wherever placement puts them).
+    const demoIds: string[] = [];
+    for (;;) {
+      const r = await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' });
+      assert.equal(r.status, 201);
+      demoIds.push(r.json.id);
+      if (demoIds.length === 2) break;
+    }
+    assert.equal((await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' })).status, 429);
+
+    h2.child.kill('SIGKILL');
+    await new Promise((r) => h2.child.once('exit', r));
+    const lost = await until('h2\'s sandbox to be reported lost through h1', async () => {
+      const r = await call(h1.url, key, 'GET', `/v1/sandboxes/${onH2}`);
+      return r.status === 404 && /marked it lost/.test(r.json.error.message) ? r : undefined;
+    });
+    assert.equal(lost.json.error.code, 'sandbox_not_found');
+    const listed = await call(h1.url, key, 'GET', '/v1/sandboxes');
+    assert.ok(!listed.json.sandboxes.some((s: { id: string }) => s.id === onH2), 'a lost sandbox is not listed');
+    // Creates go to h1 (the only host alive), and lost sandboxes no longer count against the Demo cap.
+    const again = await until('a create after the kill', async () => {
+      const r = await call(h1.url, key, 'POST', '/v1/sandboxes', { template: 'base' });
+      return r.status === 201 ? r : undefined;
+    });
+    assert.notEqual((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [again.json.id])).rows[0].host_id, h2id);
+    const demoOnH2 = (await db.query(`SELECT count(*)::int AS n FROM sandboxes WHERE id = ANY($1) AND host_id = $2`, [demoIds, h2id])).rows[0].n as number;
+    const demoAgain = await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' });
+    assert.equal(demoAgain.status, demoOnH2 > 0 ? 201 : 429, `the Demo tenant had ${demoOnH2} sandbox(es) on h2`);
+
+    // h2 restarts under the same home: it rejoins as itself and drops what the cluster marked lost.
+    const back = await startHost(cluster, 5, env, h2.home);
+    hosts.splice(hosts.indexOf(h2), 1, back);
+    const rows = await db.query(`SELECT id, state FROM sandboxes WHERE host_id = $1`, [h2id]);
+    assert.deepEqual(rows.rows.filter((r) => r.state === 'lost'), [], 'no lost row left for the rejoined host');
+    assert.equal((await db.query('SELECT state FROM hosts WHERE id = $1', [h2id])).rows[0].state, 'alive');
   });
 });
