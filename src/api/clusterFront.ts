@@ -10,7 +10,8 @@
  * - any other request about a sandbox is proxied byte for byte to its owner (JSON, SSE, file bodies)
  *   unless this host owns it;
  * - GET /v1/sandboxes lists the tenant's sandboxes from the directory, across hosts;
- * - the tenant's keys (GET/POST /v1/keys, DELETE /v1/keys/{id}) are the cluster's.
+ * - the tenant's keys (GET/POST /v1/keys, DELETE /v1/keys/{id}) are the cluster's, and GET /v1/limits
+ *   counts its running sandboxes on every host.
  *
  * A forwarded request carries the peer secret (PEER_HEADER); the owner handles it locally and never
  * forwards it again, so a stale directory can cost a 404, never a loop.
@@ -21,7 +22,7 @@ import type { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { bearerKey, sendError } from './binder.js';
 import { socketError, type UpgradeInterceptor } from './portsProxy.js';
-import { keyView } from './handlers/account.js';
+import { keyView, limitsView } from './handlers/account.js';
 import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
 import { fingerprint, type StoredResponse } from '../service/idempotency.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
@@ -91,6 +92,11 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (url === '/v1/sandboxes' && req.method === 'POST') return await create(req, reply, scope);
       if (url === '/v1/sandboxes' && req.method === 'GET') return await list(req, reply, scope);
       if (url === '/v1/keys' || url === '/v1/keys/:id') return await ownKeys(req, reply, scope, url);
+      if (url === '/v1/limits' && req.method === 'GET') {
+        // Running sandboxes on every alive host (creates in flight are not running yet).
+        const { running } = await node.placement.occupancy(scope.tenant);
+        return reply.code(200).type('application/json; charset=utf-8').send(limitsView(scope.tier, running));
+      }
       if (!url.startsWith('/v1/sandboxes/:id')) return;
       const id = (req.params as { id: string }).id;
       if (!S.SANDBOX_ID_RE.test(id)) return; // the route answers 404

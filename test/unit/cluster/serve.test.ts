@@ -260,6 +260,11 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
       const refused = rs.filter((r) => r.status === 429 && r.json.error.code === 'concurrency_limit');
       assert.equal(created.length, 2, `round ${round}: ${rs.map((r) => r.status).join(',')}`);
       assert.equal(refused.length, 48);
+      for (const h of hosts) {
+        const limits = await call(h.url, demo, 'GET', '/v1/limits');
+        assert.equal(limits.json.running, 2, `${h.url} counts the tenant's sandboxes on every host`);
+        assert.equal(limits.json.max_running, 2);
+      }
       for (const c of created) assert.equal((await call(hosts[(round + 1) % 3].url, demo, 'DELETE', `/v1/sandboxes/${c.json.id}`)).status, 204);
     }
   });
