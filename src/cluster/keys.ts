@@ -15,6 +15,9 @@ import { isTierName, TIERS, type Tier, type TierName } from '../service/tiers.js
 import type { Db } from '../store/db.js';
 import { clusterDatabaseUnavailable, inTransaction } from './db.js';
 
+/** Keys a host remembers at most (oldest answer dropped first). */
+const MAX_CACHED_KEYS = 10_000;
+
 const iso = (ms: string | number | null) => (ms === null ? null : new Date(Number(ms)).toISOString());
 
 function toRecord(row: any): KeyRecord {
@@ -127,6 +130,9 @@ export class KeyCache extends KeyStore {
     if (cached && Date.now() - cached.at < this.refreshMs) return;
     try {
       const principal = await this.cluster.authenticate(key);
+      // Bounded: well-formed unknown keys are cached too (as null), and anyone can send those.
+      if (this.principals.size >= MAX_CACHED_KEYS) this.principals.delete(this.principals.keys().next().value!);
+      this.principals.delete(hash);
       this.principals.set(hash, { principal, at: Date.now() });
       if (principal) this.tiers.set(principal.tenant, principal.tier);
     } catch (err) {

@@ -10,7 +10,9 @@ import { migrateCluster, openClusterDb } from '../../../src/cluster/db.js';
 import { HostMembership, type HostRegistration } from '../../../src/cluster/hosts.js';
 import { SandboxDirectory } from '../../../src/cluster/directory.js';
 import { ClusterPlacement } from '../../../src/cluster/placement.js';
-import { ClusterKeys } from '../../../src/cluster/keys.js';
+import { ClusterKeys, KeyCache } from '../../../src/cluster/keys.js';
+import '../../../src/service/migrations.js';
+import { openDb } from '../../../src/store/db.js';
 import { ClusterIdempotency } from '../../../src/cluster/idempotency.js';
 import { CollimateError } from '../../../src/errors.js';
 import { TIERS } from '../../../src/service/tiers.js';
@@ -244,6 +246,28 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     assert.equal(await kb.authenticate(key), null);
     assert.equal(await kb.authenticate('clm_' + 'x'.repeat(40)), null);
     await assert.rejects(ka.create({ tenant: 'Bad Name' }), (e: CollimateError) => e.code === 'validation_error');
+  });
+
+  test('a host\'s key cache answers from the cluster, learns a revocation after its refresh, and keeps its last answer while the database is unreachable', async () => {
+    const [a, b] = await cluster(2);
+    const keys = new ClusterKeys(a);
+    const { key, record } = await keys.create({ tenant: 'cached', tier: 'pro' });
+    const other = await keys.create({ tenant: 'cached2' });
+    const cache = new KeyCache(openDb(':memory:'), new ClusterKeys(b), 0);
+    assert.equal(cache.authenticate(key), null, 'nothing known before load()');
+    await cache.load(key);
+    assert.equal(cache.authenticate(key)?.tenant, 'cached');
+    assert.equal(cache.tierOf('cached')?.name, 'pro');
+    await keys.revoke(record.id);
+    await cache.load(key); // refresh period 0: asks again
+    assert.equal(cache.authenticate(key), null);
+    await cache.load(other.key);
+    await b.end(); // the database is gone for this host
+    await cache.load(other.key);
+    assert.equal(cache.authenticate(other.key)?.tenant, 'cached2', 'the last answer is kept');
+    const unseen = (await keys.create({ tenant: 'cached3' })).key;
+    await assert.rejects(cache.load(unseen), (e: CollimateError) => e.code === 'host_at_capacity' && e.details?.resource === 'cluster_database');
+    pools.splice(pools.indexOf(b), 1);
   });
 
   test('one Idempotency-Key sent to three nodes at once runs once; a different body under it is refused', async () => {
