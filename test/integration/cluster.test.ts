@@ -2,8 +2,9 @@
  * Cluster mode on real microVMs: two `collimate serve --cluster` hosts on loopback ports, each with
  * its own home, sharing one throwaway PostgreSQL 15 (test/support/postgres.ts). Creates spread over
  * both hosts; exec (plain and streamed) and files through the non-owning host return the owner's
- * bytes; a Demo tenant's 50 concurrent creates through both hosts give exactly 2; another tenant gets
- * 404 through every host. Every sandbox is deleted and both hosts stopped: no QEMU is left.
+ * bytes; a fork asked through the non-owner keeps its children on the parent's host, continuing its
+ * counter; the web terminal works through the non-owner; a Demo tenant's 50 concurrent creates
+ * through both hosts give exactly 2; another tenant gets 404 through every host. Every sandbox is deleted and both hosts stopped: no QEMU is left.
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
@@ -12,6 +13,7 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
+import { WebSocket } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
 import { qemuProcesses, TEST_CACHE, testHome } from './fixture.js';
 
@@ -177,6 +179,59 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
       }
     }
     for (const s of ids) {
+      assert.equal((await call(other.url, beta, 'DELETE', `/v1/sandboxes/${s}`)).status, 204);
+      owned.splice(owned.findIndex((o) => o.id === s), 1);
+    }
+  });
+
+  test('a fork asked through the non-owner puts its children on the parent\'s host, each continuing the parent\'s counter; the web terminal works through the non-owner', async () => {
+    const c = await call(hosts[0].url, beta, 'POST', '/v1/sandboxes', { template: 'base' });
+    assert.equal(c.status, 201, c.bytes.toString());
+    const id = c.json.id as string;
+    owned.push({ id, key: beta });
+    const owner = await ownerOf(id);
+    const other = hosts.find((h) => h !== owner)!;
+    const counter = "i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done";
+    assert.equal((await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter })).status, 201);
+    const read = async (sid: string) => Number((await call(other.url, beta, 'POST', `/v1/sandboxes/${sid}/exec`, { command: 'cat /root/c 2>/dev/null || echo 0' })).json.stdout.trim());
+    const moved = async (sid: string, past: number) => {
+      const deadline = Date.now() + 20_000;
+      for (;;) {
+        const v = await read(sid);
+        if (v > past) return v;
+        assert.ok(Date.now() < deadline, `the counter of ${sid} did not move past ${past} in 20 s`);
+        await sleep(100);
+      }
+    };
+    const atFork = await moved(id, 0);
+    const f = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/fork`, { count: 2 });
+    assert.equal(f.status, 201, f.bytes.toString());
+    for (const child of f.json.sandboxes as Array<{ id: string }>) {
+      owned.push({ id: child.id, key: beta });
+      assert.equal(await ownerOf(child.id), owner, 'a child is on its parent\'s host');
+      // It kept the parent's memory (the count went on from where it was), and it runs.
+      assert.ok((await read(child.id)) >= atFork, 'the child continues the parent\'s count');
+      await moved(child.id, await read(child.id));
+    }
+
+    // The web terminal through the non-owner: its key in the subprotocol, a PTY on the owner.
+    const pid = (await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { argv: ['sh'], pty: { cols: 80, rows: 24 } })).json.pid;
+    const term = await new Promise<WebSocket>((resolve, reject) => {
+      const ws = new WebSocket(`${other.url.replace('http', 'ws')}/v1/sandboxes/${id}/processes/${pid}/terminal`, ['collimate.terminal', `bearer.${beta}`]);
+      ws.once('open', () => resolve(ws));
+      ws.once('error', reject);
+    });
+    const answered = new Promise<void>((resolve) => {
+      let out = '';
+      term.on('message', (d: Buffer, binary: boolean) => {
+        if (binary && (out += d.toString()).includes('42')) resolve();
+      });
+    });
+    term.send(Buffer.from('echo $((6*7))\n'));
+    await answered;
+    term.close();
+
+    for (const s of [id, ...f.json.sandboxes.map((x: { id: string }) => x.id)]) {
       assert.equal((await call(other.url, beta, 'DELETE', `/v1/sandboxes/${s}`)).status, 204);
       owned.splice(owned.findIndex((o) => o.id === s), 1);
     }
