@@ -63,8 +63,18 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   const keys = tenants.keys as KeyCache;
 
   app.addHook('onRequest', async (req, reply) => {
+    // MCP and E2B's API create sandboxes through the tenant service directly, past the cluster's
+    // placement and caps: refused on a cluster host until they go through it (docs/cluster.md).
+    const path = req.url.split('?')[0];
+    if (path === '/mcp' || path.startsWith('/mcp/') || path.startsWith('/e2b/api/')) {
+      sendError(reply, new CollimateError('not_found', `${path.startsWith('/mcp') ? 'MCP' : "E2B's API"} is not served by cluster hosts yet (docs/cluster.md); use the REST API under /v1.`));
+      return reply;
+    }
     try {
       await keys.load(bearerKey(req.headers.authorization));
+      // E2B's SDK sends its key as X-API-Key (the E2B front doors themselves are host-local for now).
+      const apiKey = req.headers['x-api-key'];
+      if (typeof apiKey === 'string') await keys.load(apiKey);
     } catch (err) {
       sendError(reply, toClientError(err, req.log, req.id));
       return reply;

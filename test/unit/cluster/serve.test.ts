@@ -298,6 +298,15 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     }
   });
 
+  test('MCP and E2B\'s API, which would create past the cluster\'s caps, are refused on cluster hosts, saying so', async () => {
+    const mcp = await call(hosts[0].url, demo, 'POST', '/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/list' });
+    assert.equal(mcp.status, 404);
+    assert.match(mcp.json.error.message, /MCP is not served by cluster hosts yet/);
+    const e2b = await call(hosts[1].url, demo, 'POST', '/e2b/api/sandboxes', { templateID: 'base' });
+    assert.equal(e2b.status, 404);
+    assert.match(e2b.json.error.message, /E2B's API is not served by cluster hosts yet/);
+  });
+
   test('bad cluster flags are refused with a message saying what to pass', () => {
     const run = (...args: string[]) => spawnSync(process.execPath, [BIN, 'serve', ...args], { encoding: 'utf8', env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE } });
     const noAdvertise = run('--cluster', cluster);
