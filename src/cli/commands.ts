@@ -461,6 +461,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       network: engine.networkStatus(),
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
+      ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
     }),
   });
   const address = await api.app.listen({ host, port });

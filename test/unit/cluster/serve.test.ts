@@ -144,6 +144,12 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     }
     const owners = await Promise.all(ids.map(ownerOf));
     const apiOnly = idOf.get(hosts[2].url);
+    for (const h of hosts) {
+      const health = (await (await fetch(`${h.url}/healthz`)).json()) as { cluster: { host_id: string; address: string; capacity: number; lease: boolean } };
+      // Whether the lease holds at this instant depends on the last heartbeat: only its presence is checked.
+      assert.equal(typeof health.cluster.lease, 'boolean');
+      assert.deepEqual({ ...health.cluster, lease: undefined }, { host_id: idOf.get(h.url), address: h.url, capacity: h === hosts[2] ? 0 : 20, lease: undefined });
+    }
     assert.ok(owners.every((o) => o && o !== apiOnly), 'nothing on the API-only node');
     assert.equal(new Set(owners).size, 2, `both VM hosts got some: ${owners.join(' ')}`);
     for (const h of hosts) {
