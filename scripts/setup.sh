@@ -22,6 +22,7 @@ DEBIAN_PACKAGES=(
   python3-venv python3-pip python3-setuptools python3-wheel  # the SDK tests build the Python SDK's wheel offline and install it into a fresh venv
   ca-certificates
   chromium                          # the web console's browser tests drive it headless (playwright-core, never a downloaded browser)
+  postgresql                        # cluster mode's shared catalog; its tests run a throwaway server of their own (test/support/postgres.ts)
 )
 
 missing=()
@@ -31,8 +32,18 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "collimate setup: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  # Installing postgresql makes and starts the distribution's own cluster (15/main). Collimate never
+  # uses it (tests run their own, cluster hosts are pointed at one with --cluster), so it is stopped
+  # again unless it was already running.
+  pg_was_running=no
+  if command -v pg_lsclusters >/dev/null 2>&1 && pg_lsclusters --no-header 2>/dev/null | awk '$4 == "online"' | grep -q .; then pg_was_running=yes; fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ "$pg_was_running" = no ] && command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters --no-header 2>/dev/null | awk '$4 == "online" { print $1, $2 }' | while read -r ver name; do
+      pg_ctlcluster "$ver" "$name" stop || true
+    done
+  fi
 fi
 # The guest kernel is fetched with `apt-get download`, which needs package lists.
 if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then

@@ -49,7 +49,14 @@ export interface PortsProxyOptions {
   draining: () => boolean;
   /** WebSocket upgrades of the web terminal's path go here (the one `upgrade` listener serves both). */
   terminals?: TerminalBridge;
+  /**
+   * Sees every upgrade first (cluster mode: one for a sandbox on another host is tunnelled there).
+   * Returns true when it took the socket; it calls `handleHere` if it decides this server answers after all.
+   */
+  interceptUpgrade?: UpgradeInterceptor;
 }
+
+export type UpgradeInterceptor = (req: IncomingMessage, socket: Duplex, head: Buffer, handleHere: () => void) => boolean;
 
 export interface PortsProxy {
   /** Ends every WebSocket tunnel (at shutdown: they are not requests a grace period could wait for). */
@@ -228,7 +235,8 @@ function sendRawError(res: ServerResponse, err: CollimateError): void {
 }
 
 /** An HTTP error answer written straight onto a socket that has not become a tunnel. */
-function socketError(socket: Duplex, err: CollimateError): void {
+/** Answers an upgrade (or a request on its socket) with an error body, then closes the socket. */
+export function socketError(socket: Duplex, err: CollimateError): void {
   const h = errorHead(err);
   const lines = Object.entries({ ...h.headers, 'content-length': String(Buffer.byteLength(h.body)), connection: 'close' }).map(([k, v]) => `${k}: ${v}`);
   socket.end(`HTTP/1.1 ${h.status} ${STATUS_TEXT[h.status] ?? 'Error'}\r\n${lines.join('\r\n')}\r\n\r\n${h.body}`);
@@ -323,6 +331,11 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     socket.on('error', () => socket.destroy());
     req.url = hostRoutedUrl(req.headers.host, req.url ?? '/');
+    if (opts.interceptUpgrade?.(req, socket, head, () => handleUpgrade(req, socket, head))) return;
+    handleUpgrade(req, socket, head);
+  });
+
+  function handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
     const websocket = /^websocket$/i.test(String(req.headers.upgrade ?? '').trim());
     if (websocket && opts.terminals && isTerminalPath(req.url ?? '')) {
       if (opts.draining()) socketError(socket, new CollimateError('shutting_down', 'The server is shutting down; retry shortly.', { retryAfterSecs: 5 }));
@@ -373,7 +386,7 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
     };
     upstream.on('close', () => open && end());
     socket.on('close', end);
-  });
+  }
 
   return {
     closeTunnels() {

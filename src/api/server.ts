@@ -26,7 +26,7 @@ import { sandboxHandlers } from './handlers/sandboxes.js';
 import { processHandlers } from './handlers/processes.js';
 import { fileHandlers } from './handlers/files.js';
 import { registerHttpMetrics } from './httpMetrics.js';
-import { hostRoutedUrl, registerPortsProxy } from './portsProxy.js';
+import { hostRoutedUrl, registerPortsProxy, type UpgradeInterceptor } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
@@ -67,6 +67,13 @@ export interface BuildServerOptions {
   consoleDir?: string;
   /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
+  /**
+   * Hooks to install before any route (cluster mode's front, src/api/clusterFront.ts): they see every
+   * request first and may answer it themselves.
+   */
+  beforeRoutes?: (app: FastifyInstance) => void;
+  /** Sees every HTTP upgrade (WebSocket) first; cluster mode tunnels those of other hosts' sandboxes. */
+  interceptUpgrade?: UpgradeInterceptor;
 }
 
 export interface ApiServer {
@@ -175,6 +182,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     sendError(reply, new CollimateError('not_found', `No endpoint ${req.method} ${path.slice(0, 200)}. See GET /v1/openapi.json.`));
   });
 
+  opts.beforeRoutes?.(app);
   bindRoutes(
     app,
     {
@@ -194,7 +202,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
   const terminals = terminalBridge(tenants, app.log);
-  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals });
+  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals, ...(opts.interceptUpgrade ? { interceptUpgrade: opts.interceptUpgrade } : {}) });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
     if (!draining) {

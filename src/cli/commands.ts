@@ -46,7 +46,13 @@ Server
       listening beyond loopback then needs --allow-tcg (see docs/security.md). Logs are JSON lines
       on stdout; --tls-cert/--tls-key (PEM) serve HTTPS (docs/operations.md).
 
-API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate)
+Cluster mode (docs/cluster.md): many hosts behind one API, sharing one PostgreSQL
+  collimate serve --cluster postgres://USER@DB/NAME --advertise http://ADDR:PORT [--capacity N] ...
+      --cluster (or $COLLIMATE_CLUSTER): the cluster database; --advertise: how the other hosts reach
+      this one; --capacity: running sandboxes it takes at most (default 16; 0: an API-only node).
+
+API keys (operate on the database in --home; default $COLLIMATE_HOME or ~/.collimate; with --cluster URL
+or $COLLIMATE_CLUSTER, on the cluster's database: the key is valid on every host)
   collimate keys create --tenant T [--tier demo|pro|enterprise] [--name N] [--e2b]   prints the key on its last line
                                                               (--e2b: in E2B's e2b_<hex> shape, for the E2B SDK; the same key)
   collimate keys list [--tenant T] [--all]
@@ -294,14 +300,91 @@ export function tlsFiles(certPath: string | undefined, keyPath: string | undefin
   return { cert, key };
 }
 
+/** The cluster database URL of --cluster or $COLLIMATE_CLUSTER, checked; undefined on a single host. */
+export function clusterUrl(flag: string | undefined, env: Record<string, string | undefined>): string | undefined {
+  const v = flag ?? (env.COLLIMATE_CLUSTER || undefined);
+  if (v === undefined) return undefined;
+  let u: URL;
+  try {
+    u = new URL(v);
+  } catch {
+    throw new UsageError(`--cluster must be a PostgreSQL URL like postgres://collimate@db.internal:5432/collimate, not ${JSON.stringify(v.slice(0, 100))}`);
+  }
+  if (u.protocol !== 'postgres:' && u.protocol !== 'postgresql:') {
+    throw new UsageError(`--cluster must be a PostgreSQL URL (postgres://USER@HOST:PORT/DB), not a ${u.protocol} URL`);
+  }
+  return v;
+}
+
+/** --advertise: how peers reach this host's API, http(s)://ADDR:PORT with nothing after it. */
+export function advertiseUrl(v: string | undefined): string {
+  if (v === undefined) throw new UsageError('--cluster needs --advertise http://ADDR:PORT: the address the other hosts reach this one at');
+  let u: URL;
+  try {
+    u = new URL(v);
+  } catch {
+    throw new UsageError(`--advertise must be a URL like http://10.0.0.5:7070, not ${JSON.stringify(v.slice(0, 100))}`);
+  }
+  if ((u.protocol !== 'http:' && u.protocol !== 'https:') || !u.port || (u.pathname !== '/' && u.pathname !== '') || u.search || u.hash || u.username) {
+    throw new UsageError(`--advertise must be http://ADDR:PORT (scheme, address and port, nothing else), not ${JSON.stringify(v.slice(0, 100))}`);
+  }
+  if (u.protocol === 'https:') throw new UsageError('--advertise must be http:// for now: hosts do not yet speak TLS to each other (docs/cluster.md)');
+  return `${u.protocol}//${u.host}`;
+}
+
+/**
+ * COLLIMATE_CLUSTER_TIMINGS=HEARTBEAT,LEASE,DEAD_AFTER in ms (default 1000,4000,5000): shorter for
+ * tests that kill hosts; heartbeat < lease < dead-after, so a host fences itself before peers act.
+ */
+function clusterTimings(env: Record<string, string | undefined>): { heartbeatMs: number; leaseMs: number; deadAfterMs: number } | undefined {
+  const v = env.COLLIMATE_CLUSTER_TIMINGS;
+  if (!v) return undefined;
+  const n = v.split(',').map(Number);
+  if (n.length !== 3 || !n.every((x) => Number.isInteger(x) && x > 0) || !(n[0] < n[1] && n[1] < n[2])) {
+    throw new UsageError(`COLLIMATE_CLUSTER_TIMINGS must be HEARTBEAT,LEASE,DEAD_AFTER in ms with heartbeat < lease < dead-after (default 1000,4000,5000), not ${JSON.stringify(v)}`);
+  }
+  return { heartbeatMs: n[0], leaseMs: n[1], deadAfterMs: n[2] };
+}
+
+/** A database URL without its password, for messages. */
+function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return '(the --cluster URL)';
+  }
+}
+
+/** Tenants with a usable key in the cluster database (for the TCG policy). */
+async function countClusterTenants(url: string): Promise<number> {
+  const { openClusterDb, migrateCluster } = await import('../cluster/db.js');
+  const { ClusterKeys } = await import('../cluster/keys.js');
+  const pool = openClusterDb({ url, max: 1 });
+  try {
+    await migrateCluster(pool);
+    return await new ClusterKeys(pool).countTenants();
+  } finally {
+    await pool.end();
+  }
+}
+
 async function serve(args: string[], io: Io): Promise<number> {
   const { values } = parse(args, {
     ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' }, 'allow-tcg': { type: 'boolean' },
     'tls-cert': { type: 'string' }, 'tls-key': { type: 'string' },
+    cluster: { type: 'string' }, advertise: { type: 'string' }, capacity: { type: 'string' },
   });
   const dir = homeDir(values.home, io);
   const host = values.host ?? '127.0.0.1';
   const port = num(values.port, 'port') ?? 7070;
+  const cluster = clusterUrl(values.cluster, io.env);
+  if (!cluster && (values.advertise !== undefined || values.capacity !== undefined)) throw new UsageError('--advertise and --capacity belong to cluster mode: pass --cluster postgres://… (or set COLLIMATE_CLUSTER) too');
+  const advertise = cluster ? advertiseUrl(values.advertise) : undefined;
+  const capacity = num(values.capacity, 'capacity') ?? 16;
+  if (!Number.isInteger(capacity) || capacity < 0) throw new UsageError('--capacity must be a whole number of running sandboxes, 0 or more (0: an API-only node)');
+  const timings = cluster ? clusterTimings(io.env) : undefined;
   const logLevel = values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info';
   if (!LOG_LEVELS.includes(logLevel)) throw new UsageError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, not ${JSON.stringify(logLevel)}`);
   const tls = tlsFiles(values['tls-cert'], values['tls-key']);
@@ -309,7 +392,14 @@ async function serve(args: string[], io: Io): Promise<number> {
   // The accelerator policy is decided before anything is spawned.
   const { detectAccel } = await import('../vmm/accel.js');
   const accel = detectAccel(io.env);
-  const policy = tcgPolicy({ accel: accel.accel, accelReason: accel.reason, host, tenants: await countTenants(dir), allowTcg: values['allow-tcg'] === true });
+  let tenantCount: number;
+  try {
+    tenantCount = cluster ? await countClusterTenants(cluster) : await countTenants(dir);
+  } catch (err) {
+    io.err(`collimate: cannot reach the cluster database ${redactUrl(cluster!)}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  const policy = tcgPolicy({ accel: accel.accel, accelReason: accel.reason, host, tenants: tenantCount, allowTcg: values['allow-tcg'] === true });
   if (policy.refuse) {
     io.err(policy.message);
     return EXIT_TCG_REFUSED;
@@ -331,13 +421,37 @@ async function serve(args: string[], io: Io): Promise<number> {
     io.err(`collimate: restoring environments...\n`);
     await images.restore();
   }
+  let node: import('../cluster/node.js').ClusterNode | undefined;
+  if (cluster) {
+    const { ClusterNode } = await import('../cluster/node.js');
+    io.err(`collimate: joining the cluster at ${redactUrl(cluster)} as ${advertise} (capacity ${capacity})...\n`);
+    try {
+      node = await ClusterNode.join({ url: cluster, advertise: advertise!, capacity, home: dir, ...(timings ? { timings } : {}), log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }, engine);
+    } catch (err) {
+      io.err(`collimate: cannot join the cluster: ${(err as Error).message}\n`);
+      await images?.close();
+      await engine.close();
+      return 1;
+    }
+  }
   const { TenantService } = await import('../service/tenantService.js');
-  const tenants = new TenantService({ engine, images, db: engine.db });
+  const tenants = new TenantService({ engine, images, db: engine.db, ...(node ? { keys: node.keyCache(engine.db) } : {}) });
   const { serverLoggerOptions } = await import('../api/logging.js');
+  const front = node ? await import('../api/clusterFront.js') : undefined;
+  const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
     tls,
+    ...(node && front && upgrades
+      ? {
+        beforeRoutes: (app: import('fastify').FastifyInstance) => {
+          front.registerClusterFront(app, node!, tenants);
+          app.addHook('preClose', async () => upgrades.closeAll());
+        },
+        interceptUpgrade: upgrades.intercept,
+      }
+      : {}),
     health: () => ({
       ready: engine.isReady(),
       accel: engine.accel,
@@ -347,10 +461,11 @@ async function serve(args: string[], io: Io): Promise<number> {
       network: engine.networkStatus(),
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
+      ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
     }),
   });
   const address = await api.app.listen({ host, port });
-  io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel})\n`);
+  io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel}${node ? `, cluster host ${node.hostId}` : ''})\n`);
   api.app.log.info({ event: 'serving', address, home: dir, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: tls !== undefined, confinement: confinement.enabled }, 'serving');
   await new Promise<void>((done) => {
     let stopping = false;
@@ -364,6 +479,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       api.app.log.info({ event: 'stopping', signal }, 'draining requests, then closing; VMs are left running for re-adoption');
       try {
         await api.shutdown();
+        await node?.leave();
         tenants.close();
         await images?.close();
         await engine.close();
@@ -386,30 +502,61 @@ async function keys(sub: string | undefined, args: string[], io: Io): Promise<nu
   const { openDb } = await import('../store/db.js');
   const { KeyStore, e2bKeyOf } = await import('../service/keys.js');
   const { isTierName, TIER_NAMES } = await import('../service/tiers.js');
-  const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' }, e2b: { type: 'boolean' } } as const;
+  const opts = { ...common, ...home, tenant: { type: 'string' }, tier: { type: 'string' }, name: { type: 'string' }, all: { type: 'boolean' }, e2b: { type: 'boolean' }, cluster: { type: 'string' } } as const;
   const { values, positionals } = parse(args, opts, sub === 'revoke' ? 1 : 0);
-  const db = openDb(dbPathOf(homeDir(values.home, io)));
+  if (sub === 'create' && values.tier !== undefined && !isTierName(values.tier)) throw new UsageError(`--tier must be one of ${TIER_NAMES.join(', ')}`);
+  if (sub !== 'create' && sub !== 'list' && sub !== 'revoke') throw new UsageError(`unknown keys command ${sub ?? ''}`);
+  const cluster = clusterUrl(values.cluster, io.env);
+  // One store or the other: the local database, or the cluster's (the same operations, async).
+  type Store = {
+    create(o: { tenant: string; tier?: any; name?: string }): Promise<{ key: string; record: import('../service/keys.js').KeyRecord; tierChanged: boolean }>;
+    list(f: { tenant?: string; includeRevoked?: boolean }): Promise<import('../service/keys.js').KeyRecord[]>;
+    revoke(k: string): Promise<import('../service/keys.js').KeyRecord | null>;
+  };
+  let store: Store;
+  let close: () => Promise<void>;
+  let afterCreate: () => Promise<void> = async () => {};
+  if (cluster) {
+    const { openClusterDb, migrateCluster } = await import('../cluster/db.js');
+    const { ClusterKeys } = await import('../cluster/keys.js');
+    const pool = openClusterDb({ url: cluster, max: 1 });
+    try {
+      await migrateCluster(pool);
+    } catch (err) {
+      await pool.end();
+      io.err(`error: cannot use the cluster database ${redactUrl(cluster)}: ${(err as Error).message}\n`);
+      return 1;
+    }
+    store = new ClusterKeys(pool);
+    close = () => pool.end();
+  } else {
+    const db = openDb(dbPathOf(homeDir(values.home, io)));
+    const local = new KeyStore(db);
+    store = { create: async (o) => local.create(o), list: async (f) => local.list(f), revoke: async (k) => local.revoke(k) };
+    close = async () => {
+      db.close();
+    };
+    afterCreate = () => warnMultiTenantTcg(db, io);
+  }
   try {
-    const store = new KeyStore(db);
     switch (sub) {
       case 'create': {
         const tenant = need(values.tenant, '--tenant');
-        if (values.tier !== undefined && !isTierName(values.tier)) throw new UsageError(`--tier must be one of ${TIER_NAMES.join(', ')}`);
-        const { key, record, tierChanged } = store.create({ tenant, tier: values.tier as any, name: values.name });
+        const { key, record, tierChanged } = await store.create({ tenant, tier: values.tier as any, name: values.name });
         if (tierChanged) io.err(`note: tenant ${tenant} is now on the ${record.tier} tier (applies to all its keys)\n`);
-        await warnMultiTenantTcg(db, io);
+        await afterCreate();
         if (values.json) json(io, { ...record, key, e2b_key: e2bKeyOf(key) });
-        else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier}); store the key now, it is not shown again:\n${values.e2b ? e2bKeyOf(key) : key}\n`);
+        else io.out(`created ${record.id} for tenant ${record.tenant} (${record.tier})${cluster ? ', valid on every host of the cluster' : ''}; store the key now, it is not shown again:\n${values.e2b ? e2bKeyOf(key) : key}\n`);
         return 0;
       }
       case 'list': {
-        const list = store.list({ tenant: values.tenant, includeRevoked: values.all });
+        const list = await store.list({ tenant: values.tenant, includeRevoked: values.all });
         if (values.json) json(io, list);
         else io.out(table(list as any[], ['id', 'tenant', 'tier', 'prefix', 'name', 'created_at', 'last_used_at', 'revoked_at']));
         return 0;
       }
-      case 'revoke': {
-        const r = store.revoke(need(positionals[0], 'KEY_ID or KEY'));
+      default: {
+        const r = await store.revoke(need(positionals[0], 'KEY_ID or KEY'));
         if (!r) {
           io.err(`error: no such key\n`);
           return 1;
@@ -418,11 +565,9 @@ async function keys(sub: string | undefined, args: string[], io: Io): Promise<nu
         else io.out(`revoked ${r.id} (tenant ${r.tenant})\n`);
         return 0;
       }
-      default:
-        throw new UsageError(`unknown keys command ${sub ?? ''}`);
     }
   } finally {
-    db.close();
+    await close();
   }
 }
 

@@ -60,6 +60,11 @@ function randomBase62(n: number): string {
   return out;
 }
 
+/** A new API key (shown once; only its hash is kept). */
+export function newApiKey(): string {
+  return KEY_PREFIX + randomBase62(KEY_BODY_LEN);
+}
+
 export function hashKey(key: string): string {
   return createHash('sha256').update(key).digest('hex');
 }
@@ -84,7 +89,7 @@ export class KeyStore {
     if (opts.tier !== undefined && !isTierName(opts.tier)) {
       throw new CollimateError('validation_error', `Tier must be one of ${Object.keys(TIERS).join(', ')}.`);
     }
-    const key = KEY_PREFIX + randomBase62(KEY_BODY_LEN);
+    const key = newApiKey();
     const id = 'key_' + randomBytes(6).toString('hex');
     const now = Date.now();
     let tierChanged = false;

@@ -82,6 +82,8 @@ export interface TenantServiceOptions {
   db: Db;
   /** Own images and environments; without it those calls answer not_found. */
   images?: ImageService;
+  /** Where API keys live; default the database's (a cluster host passes the cluster's, src/cluster/keys.ts). */
+  keys?: KeyStore;
   /**
    * The key file signing port URLs. Default: `port-urls.key` beside the database; null (or an
    * in-memory database) keeps a key in memory only, so URLs die with the process.
@@ -140,7 +142,7 @@ export class TenantService {
     this.log = opts.log ?? (() => {});
     this.db = opts.db;
     applyApiMigrations(opts.db);
-    this.keys = new KeyStore(opts.db);
+    this.keys = opts.keys ?? new KeyStore(opts.db);
     this.idempotency = new IdempotencyStore(opts.db);
     this.execLog = new ExecLog(opts.db);
     this.meter = new Meter(opts.db, this.now);

@@ -687,4 +687,11 @@ export type Health = {
       net_indexes: number;
     };
   };
+  /** Cluster mode only (docs/cluster.md): this host's id and advertised address, the running sandboxes it takes at most (0: an API-only node), and whether it holds its lease (false: it takes no create, fork or resume until a heartbeat succeeds). */
+  cluster?: {
+    host_id: string;
+    address: string;
+    capacity: number;
+    lease: boolean;
+  };
 };

@@ -1,6 +1,7 @@
 /** Handlers of the tenant's own account (keys, limits), its event stream and live stats: parse → one tenant-service call → render. */
 import type { KeyRecord } from '../../service/keys.js';
 import type { TenantService } from '../../service/tenantService.js';
+import type { Tier } from '../../service/tiers.js';
 import type { Handlers } from '../binder.js';
 import type { SseStreams } from '../sse.js';
 
@@ -9,6 +10,20 @@ type AccountOps = 'listKeys' | 'createKey' | 'revokeKey' | 'getLimits' | 'stream
 /** What a tenant sees of a key: never its hash, nor the tenant and tier it already knows. */
 export function keyView(r: KeyRecord) {
   return { id: r.id, prefix: r.prefix, name: r.name, created_at: r.created_at, last_used_at: r.last_used_at };
+}
+
+/** The tier's limits and how many of the tenant's sandboxes run (GET /v1/limits). */
+export function limitsView(tier: Tier, running: number) {
+  return {
+    tier: tier.name,
+    max_running: tier.maxRunning,
+    running,
+    own_images: tier.ownImages,
+    max_session_secs: tier.maxSessionSecs,
+    default_session_secs: tier.defaultSessionSecs,
+    max_vcpus: tier.maxVcpus,
+    max_memory_mib: tier.maxMemoryMib,
+  };
 }
 
 export function accountHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, AccountOps> {
@@ -29,19 +44,7 @@ export function accountHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     getLimits({ scope }) {
       const { tier, running } = tenants.limits(scope);
-      return {
-        status: 200,
-        body: {
-          tier: tier.name,
-          max_running: tier.maxRunning,
-          running,
-          own_images: tier.ownImages,
-          max_session_secs: tier.maxSessionSecs,
-          default_session_secs: tier.defaultSessionSecs,
-          max_vcpus: tier.maxVcpus,
-          max_memory_mib: tier.maxMemoryMib,
-        },
-      };
+      return { status: 200, body: limitsView(tier, running) };
     },
 
     getLiveStats({ scope }) {

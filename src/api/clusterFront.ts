@@ -1,0 +1,413 @@
+/**
+ * The HTTP front of a cluster host (cluster mode, src/cluster/): every host answers the whole /v1 API. Fastify hooks that run
+ * before the ordinary routes decide, per request, whether this host answers it or the host that owns
+ * the sandbox does:
+ *
+ * - keys are loaded from the cluster database before the request is authenticated (KeyCache);
+ * - POST /v1/sandboxes is placed (caps and capacity in PostgreSQL, placement.ts) and forwarded to
+ *   the chosen host, which re-checks its lease and capacity; a refusal is placed again elsewhere;
+ * - fork and resume are placed on the sandbox's own host (children need the fork point's RAM);
+ * - any other request about a sandbox is proxied byte for byte to its owner (JSON, SSE, file bodies)
+ *   unless this host owns it;
+ * - GET /v1/sandboxes lists the tenant's sandboxes from the directory, across hosts;
+ * - the tenant's keys (GET/POST /v1/keys, DELETE /v1/keys/{id}) are the cluster's, and GET /v1/limits
+ *   counts its running sandboxes on every host.
+ *
+ * A forwarded request carries the peer secret (PEER_HEADER); the owner handles it locally and never
+ * forwards it again, so a stale directory can cost a 404, never a loop.
+ */
+import { request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http';
+import { connect } from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { bearerKey, sendError } from './binder.js';
+import { socketError, type UpgradeInterceptor } from './portsProxy.js';
+import { keyView, limitsView } from './handlers/account.js';
+import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
+import { fingerprint, type StoredResponse } from '../service/idempotency.js';
+import type { Scope, TenantService } from '../service/tenantService.js';
+import { toClientError } from '../wire/errors.js';
+import * as S from '../wire/schemas.js';
+import { clusterDatabaseUnavailable } from '../cluster/db.js';
+import { compatKey } from '../cluster/hosts.js';
+import type { KeyCache } from '../cluster/keys.js';
+import { PEER_HEADER, REFUSED_HEADER, type ClusterNode } from '../cluster/node.js';
+import type { Placement } from '../cluster/placement.js';
+
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER]);
+/** How many hosts a create tries when owners refuse it (fenced, full, unreachable). */
+const PLACEMENT_ATTEMPTS = 3;
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    clusterSlot?: { release(): void };
+  }
+}
+
+function hostUnavailable(what: string): CollimateError {
+  return new CollimateError('host_at_capacity', `${what}; retry shortly.`, { retryAfterSecs: 5, details: { resource: 'cluster_host' } });
+}
+
+/** The parsed JSON body of a buffered request, or undefined when it is not JSON (the owner then says why). */
+function jsonBody(req: FastifyRequest): Record<string, unknown> | undefined {
+  if (!Buffer.isBuffer(req.body) || req.body.length === 0) return undefined;
+  try {
+    const v = JSON.parse(req.body.toString('utf8'));
+    return v && typeof v === 'object' && !Array.isArray(v) ? v : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function registerClusterFront(app: FastifyInstance, node: ClusterNode, tenants: TenantService): void {
+  const keys = tenants.keys as KeyCache;
+
+  app.addHook('onRequest', async (req, reply) => {
+    // MCP and E2B's API create sandboxes through the tenant service directly, past the cluster's
+    // placement and caps: refused on a cluster host until they go through it (docs/cluster.md).
+    const path = req.url.split('?')[0];
+    if (path === '/mcp' || path.startsWith('/mcp/') || path.startsWith('/e2b/api/')) {
+      sendError(reply, new CollimateError('not_found', `${path.startsWith('/mcp') ? 'MCP' : "E2B's API"} is not served by cluster hosts yet (docs/cluster.md); use the REST API under /v1.`));
+      return reply;
+    }
+    try {
+      await keys.load(bearerKey(req.headers.authorization));
+      // E2B's SDK sends its key as X-API-Key (the E2B front doors themselves are host-local for now).
+      const apiKey = req.headers['x-api-key'];
+      if (typeof apiKey === 'string') await keys.load(apiKey);
+    } catch (err) {
+      sendError(reply, toClientError(err, req.log, req.id));
+      return reply;
+    }
+  });
+
+  // A request that changed a sandbox is answered only once the directory says so, so the next
+  // request (on any host) sees the change.
+  app.addHook('onSend', async (req, _reply, payload) => {
+    if (req.method !== 'GET') await node.directory.flushed();
+    return payload;
+  });
+
+  app.addHook('preHandler', async (req, reply) => {
+    const url = req.routeOptions.url ?? '';
+    if (!url.startsWith('/v1/')) return;
+    try {
+      if (node.isPeer(req.headers[PEER_HEADER])) return ownerSide(req, reply, url);
+      let scope: Scope;
+      try {
+        scope = tenants.authenticate(bearerKey(req.headers.authorization));
+      } catch {
+        return; // the route answers 401 (or serves what needs no key)
+      }
+      if (url === '/v1/sandboxes' && req.method === 'POST') return await create(req, reply, scope);
+      if (url === '/v1/sandboxes' && req.method === 'GET') return await list(req, reply, scope);
+      if (url === '/v1/keys' || url === '/v1/keys/:id') return await ownKeys(req, reply, scope, url);
+      if (url === '/v1/limits' && req.method === 'GET') {
+        // Running sandboxes on every alive host (creates in flight are not running yet).
+        const { running } = await node.placement.occupancy(scope.tenant);
+        return reply.code(200).type('application/json; charset=utf-8').send(limitsView(scope.tier, running));
+      }
+      if (!url.startsWith('/v1/sandboxes/:id')) return;
+      const id = (req.params as { id: string }).id;
+      if (!S.SANDBOX_ID_RE.test(id)) return; // the route answers 404
+      const entry = await node.directory.lookup(scope.tenant, id);
+      if (!entry) throw sandboxNotFound(id);
+      if (entry.state === 'lost') throw sandboxEnded(id, 'the host it ran on stopped answering and the cluster marked it lost');
+      const fork = url === '/v1/sandboxes/:id/fork' && req.method === 'POST';
+      const resume = url === '/v1/sandboxes/:id/resume' && req.method === 'POST';
+      // A resume of a sandbox that is not suspended is invalid_state (its owner says so), not a cap matter.
+      if (fork || (resume && entry.state === 'suspended')) {
+        const count = fork ? Number(jsonBody(req)?.count ?? 1) : 1;
+        const slots = Number.isInteger(count) && count > 0 ? count : 1;
+        return await placed(req, reply, scope, { tenant: scope.tenant, tier: scope.tier, slots, operation: fork ? `fork of ${slots}` : 'resume', host: entry.hostId });
+      }
+      if (entry.hostId === node.hostId) return; // ours: the route answers
+      if (!entry.hostAlive) throw hostUnavailable(`Sandbox ${id} is on a host that is not answering`);
+      await proxy(req, reply, entry.hostAddress);
+    } catch (err) {
+      // Anything but a CollimateError here came from the cluster database (the peers' failures are
+      // turned into errors where they happen): logged with its cause, answered 503.
+      if (!(err instanceof CollimateError)) req.log.error({ err }, 'cluster database request failed');
+      sendError(reply, toClientError(err instanceof CollimateError ? err : clusterDatabaseUnavailable(err), req.log, req.id));
+      return reply;
+    }
+  });
+
+  /** A request a peer placed here: re-check the lease and capacity for new sandboxes, then answer locally. */
+  function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string): FastifyReply | undefined {
+    const creates = req.method === 'POST' && (url === '/v1/sandboxes' || url === '/v1/sandboxes/:id/fork' || url === '/v1/sandboxes/:id/resume');
+    if (!creates) return undefined;
+    const count = url.endsWith('/fork') ? Number(jsonBody(req)?.count ?? 1) : 1;
+    const slot = node.admit(Number.isInteger(count) && count > 0 ? count : 1);
+    if (typeof slot === 'string') {
+      reply.header(REFUSED_HEADER, '1');
+      sendError(reply, new CollimateError('host_at_capacity', `This host cannot take it: ${slot}; place it elsewhere.`, { retryAfterSecs: 5, details: { resource: 'cluster_host' } }));
+      return reply;
+    }
+    req.clusterSlot = slot;
+    reply.raw.once('close', () => slot.release());
+    return undefined;
+  }
+
+  async function create(req: FastifyRequest, reply: FastifyReply, scope: Scope): Promise<FastifyReply> {
+    const body = jsonBody(req);
+    const template = typeof body?.template === 'string' ? body.template : undefined;
+    const exclude: string[] = [];
+    const attempt = async (): Promise<Buffered> => {
+      for (let i = 0; ; i++) {
+        const p = await node.placement.place({
+          tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'create', template, exclude,
+          // A VM host places within its own class; an API-only node anywhere.
+          ...(node.capacity > 0 ? { compat: compatKey(node.compat) } : {}),
+        });
+        const r = await forwardPlaced(req, p);
+        if (!r.refused || i + 1 >= PLACEMENT_ATTEMPTS) return r;
+        exclude.push(p.hostId);
+      }
+    };
+    return answerIdempotent(req, reply, scope, attempt);
+  }
+
+  async function placed(req: FastifyRequest, reply: FastifyReply, scope: Scope, p: Parameters<ClusterNode['placement']['place']>[0]): Promise<FastifyReply> {
+    return answerIdempotent(req, reply, scope, async () => forwardPlaced(req, await node.placement.place(p)));
+  }
+
+  /** Forwards a placed request to its host, holding the reservation until the owner has answered. */
+  async function forwardPlaced(req: FastifyRequest, p: Placement): Promise<Buffered> {
+    try {
+      let up: IncomingMessage;
+      try {
+        up = await forward(req, p.address);
+      } catch (err) {
+        req.log.warn({ err, host: p.hostId }, 'cluster peer unreachable');
+        return { status: 503, headers: [], body: Buffer.alloc(0), refused: true, unreachable: p.hostId };
+      }
+      const chunks: Buffer[] = [];
+      for await (const c of up) chunks.push(c as Buffer);
+      return { status: up.statusCode ?? 502, headers: up.rawHeaders, body: Buffer.concat(chunks), refused: up.statusCode === 503 && up.headers[REFUSED_HEADER] === '1' };
+    } finally {
+      await node.placement.release(p.reservationId).catch((err) => req.log.error({ err }, 'releasing a cluster reservation failed'));
+    }
+  }
+
+  /** Runs `exec` under the request's Idempotency-Key across the cluster (or once, without one) and sends its answer. */
+  async function answerIdempotent(req: FastifyRequest, reply: FastifyReply, scope: Scope, exec: () => Promise<Buffered>): Promise<FastifyReply> {
+    const header = req.headers['idempotency-key'];
+    const key = Array.isArray(header) ? header[0] : header;
+    if (key === undefined) return sendBuffered(reply, finalOf(await exec()));
+    const fp = fingerprint(req.method, req.url.split('?')[0], jsonBody(req) ?? {});
+    let raw: Buffered | undefined;
+    const r = await node.idempotency.run(scope.tenant, key, fp, async (): Promise<StoredResponse> => {
+      raw = finalOf(await exec());
+      let parsed: unknown = null;
+      try {
+        parsed = raw.body.length ? JSON.parse(raw.body.toString('utf8')) : null;
+      } catch { /* not JSON: not stored (only 2xx JSON answers are) */ }
+      return { status: raw.status, body: parsed };
+    });
+    if (!r.replayed && raw) return sendBuffered(reply, raw);
+    reply.header('idempotent-replayed', 'true');
+    reply.code(r.status);
+    return r.body === null ? reply.send() : reply.type('application/json; charset=utf-8').send(r.body);
+  }
+
+  async function list(req: FastifyRequest, reply: FastifyReply, scope: Scope): Promise<FastifyReply> {
+    const q = req.query as Record<string, string | string[] | undefined>;
+    const { parseLabelFilter } = await import('./handlers/sandboxes.js');
+    const { parseWith } = await import('../wire/errors.js');
+    const query = parseWith(S.ListSandboxesQuery, q ?? {}, 'query');
+    const page = await node.directory.list(scope.tenant, {
+      state: query.state as 'running' | 'suspended' | undefined,
+      after: query.after,
+      limit: query.limit ?? 100,
+      labels: parseLabelFilter(query.label),
+    });
+    return reply.code(200).type('application/json; charset=utf-8').send({ sandboxes: page.views, next: page.next });
+  }
+
+  async function ownKeys(req: FastifyRequest, reply: FastifyReply, scope: Scope, url: string): Promise<FastifyReply | undefined> {
+    if (url === '/v1/keys' && req.method === 'GET') {
+      return reply.code(200).type('application/json; charset=utf-8').send({ keys: (await node.keys.list({ tenant: scope.tenant })).map(keyView) });
+    }
+    if (url === '/v1/keys' && req.method === 'POST') {
+      const { parseWith } = await import('../wire/errors.js');
+      const route = (await import('./routes.js')).ROUTES.find((r) => r.operationId === 'createKey')!;
+      const body = parseWith(route.body!, jsonBody(req) ?? {}, 'body') as { name?: string };
+      const { key, record } = await node.keys.create({ tenant: scope.tenant, ...(body.name === undefined ? {} : { name: body.name }) });
+      return reply.code(201).type('application/json; charset=utf-8').send({ key, record: keyView(record) });
+    }
+    if (url === '/v1/keys/:id' && req.method === 'DELETE') {
+      const id = (req.params as { id: string }).id;
+      const rec = await node.keys.get(id);
+      if (!rec || rec.tenant !== scope.tenant || rec.revoked_at !== null) {
+        throw new CollimateError('not_found', `No key ${JSON.stringify(id.slice(0, 100))} of yours; list them with GET /v1/keys.`);
+      }
+      await node.keys.revoke(id);
+      return reply.code(204).send();
+    }
+    return undefined;
+  }
+
+  /** Sends the request on to `address` (http://ADDR:PORT) as it came, with the peer secret. */
+  function forward(req: FastifyRequest, address: string): Promise<IncomingMessage> {
+    const target = new URL(address);
+    const headers: OutgoingHttpHeaders = {};
+    const raw = req.raw.rawHeaders;
+    const buffered = Buffer.isBuffer(req.body);
+    for (let i = 0; i < raw.length; i += 2) {
+      const name = raw[i].toLowerCase();
+      if (HOP_BY_HOP.has(name) || name === 'idempotency-key' || (buffered && name === 'content-length')) continue;
+      const prev = headers[name];
+      headers[name] = prev === undefined ? raw[i + 1] : ([] as string[]).concat(prev as string | string[], raw[i + 1]);
+    }
+    headers.host = target.host;
+    headers[PEER_HEADER] = node.secret;
+    headers['x-forwarded-for'] = req.ip;
+    if (buffered) headers['content-length'] = String((req.body as Buffer).length);
+    return new Promise((resolve, reject) => {
+      const up = httpRequest({ protocol: target.protocol, hostname: target.hostname, port: target.port, method: req.method, path: req.url, headers }, resolve);
+      up.on('error', reject);
+      if (buffered) up.end(req.body as Buffer);
+      else if (req.method === 'GET' || req.method === 'HEAD' || req.raw.readableEnded) up.end();
+      else req.raw.pipe(up);
+      // The client went away: so does the forwarded request.
+      req.raw.once('close', () => {
+        if (!req.raw.complete) up.destroy();
+      });
+    });
+  }
+
+  /** Streams the owner's answer to the client as it comes (SSE, downloads), status and headers included. */
+  async function proxy(req: FastifyRequest, reply: FastifyReply, address: string): Promise<FastifyReply> {
+    let up: IncomingMessage;
+    try {
+      up = await forward(req, address);
+    } catch (err) {
+      req.log.warn({ err, address }, 'cluster peer unreachable');
+      throw hostUnavailable('The host that holds this sandbox does not answer');
+    }
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(up.statusCode ?? 502, up.statusMessage, endToEnd(up.rawHeaders));
+    up.pipe(res);
+    up.on('error', () => res.destroy());
+    up.on('aborted', () => res.destroy());
+    res.on('close', () => up.destroy());
+    return reply;
+  }
+}
+
+interface Buffered {
+  status: number;
+  headers: string[];
+  body: Buffer;
+  /** The owner refused with REFUSED_HEADER (or did not answer): place again elsewhere. */
+  refused: boolean;
+  unreachable?: string;
+}
+
+function finalOf(r: Buffered): Buffered {
+  if (r.unreachable !== undefined) {
+    const err = hostUnavailable(`No host the cluster chose could be reached (last: ${r.unreachable})`);
+    return { status: err.status, headers: ['content-type', 'application/json; charset=utf-8', 'retry-after', '5'], body: Buffer.from(JSON.stringify(err.toJSON())), refused: true };
+  }
+  return r;
+}
+
+function sendBuffered(reply: FastifyReply, r: Buffered): FastifyReply {
+  reply.hijack();
+  const res = reply.raw;
+  const headers = endToEnd(r.headers);
+  const flat: string[] = [];
+  for (let i = 0; i < headers.length; i += 2) {
+    const name = headers[i].toLowerCase();
+    if (name !== 'content-length' && name !== REFUSED_HEADER) flat.push(headers[i], headers[i + 1]);
+  }
+  flat.push('content-length', String(r.body.length));
+  res.writeHead(r.status, flat);
+  res.end(r.body);
+  return reply;
+}
+
+/** The end-to-end headers of a raw header list (hop-by-hop ones belong to each connection). */
+function endToEnd(raw: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) if (!HOP_BY_HOP.has(raw[i].toLowerCase())) out.push(raw[i], raw[i + 1]);
+  return out;
+}
+
+
+/** The key of an upgrade: Authorization: Bearer, or the web terminal's `bearer.<key>` subprotocol. */
+function upgradeKey(req: IncomingMessage): string | undefined {
+  const bearer = bearerKey(req.headers.authorization);
+  if (bearer) return bearer;
+  const protocols = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((p) => p.trim());
+  return protocols.find((p) => p.startsWith('bearer.'))?.slice('bearer.'.length);
+}
+
+/**
+ * WebSocket upgrades about a sandbox another host owns (the web terminal, WebSockets on its ports)
+ * become a TCP tunnel to that host: the request head goes on as it came (Host and the peer secret
+ * set), then bytes flow both ways untouched. Anything else — this host's sandboxes, an unknown
+ * key, an unknown sandbox — is handed back to this server, which answers as on a single host.
+ */
+export function clusterUpgrades(node: ClusterNode, tenants: TenantService): { intercept: UpgradeInterceptor; closeAll(): void } {
+  const keys = tenants.keys as KeyCache;
+  const tunnels = new Set<Duplex>();
+  const intercept: UpgradeInterceptor = (req, socket, head, handleHere) => {
+    const m = /^\/v1\/sandboxes\/([^/?]+)\//.exec(req.url ?? '');
+    if (!m || !S.SANDBOX_ID_RE.test(m[1]) || node.isPeer(req.headers[PEER_HEADER])) return false;
+    const id = m[1];
+    void (async () => {
+      const key = upgradeKey(req);
+      await keys.load(key);
+      let scope: Scope;
+      try {
+        scope = tenants.authenticate(key);
+      } catch {
+        return handleHere(); // answered 401 here
+      }
+      const entry = await node.directory.lookup(scope.tenant, id);
+      if (!entry || entry.hostId === node.hostId || entry.state === 'lost') return handleHere();
+      if (!entry.hostAlive) return socketError(socket, hostUnavailable(`Sandbox ${id} is on a host that is not answering`));
+      const target = new URL(entry.hostAddress);
+      const upstream = connect({ host: target.hostname, port: Number(target.port) });
+      let open = false;
+      upstream.once('connect', () => {
+        open = true;
+        tunnels.add(socket);
+        let head0 = `${req.method} ${req.url} HTTP/1.1\r\n`;
+        const raw = req.rawHeaders;
+        for (let i = 0; i < raw.length; i += 2) {
+          const name = raw[i].toLowerCase();
+          if (name === 'host' || name === PEER_HEADER) continue;
+          head0 += `${raw[i]}: ${raw[i + 1].replace(/[\r\n]/g, '')}\r\n`;
+        }
+        head0 += `Host: ${target.host}\r\n${PEER_HEADER}: ${node.secret}\r\n\r\n`;
+        upstream.write(head0);
+        if (head.length) upstream.write(head);
+        upstream.pipe(socket);
+        socket.pipe(upstream);
+      });
+      upstream.on('error', () => {
+        if (!open) socketError(socket, hostUnavailable(`The host that holds sandbox ${id} does not answer`));
+        else socket.destroy();
+      });
+      const end = () => {
+        tunnels.delete(socket);
+        upstream.destroy();
+        socket.destroy();
+      };
+      upstream.on('close', () => open && end());
+      socket.on('close', end);
+    })().catch((err) => socketError(socket, err instanceof CollimateError ? err : clusterDatabaseUnavailable(err)));
+    return true;
+  };
+  return {
+    intercept,
+    closeAll() {
+      for (const s of [...tunnels]) s.destroy();
+      tunnels.clear();
+    },
+  };
+}

@@ -1,0 +1,95 @@
+/**
+ * The cluster schema, one entry per version, applied in order by migrateCluster (db.ts) and never
+ * edited once released: a change is a new entry. Times the cluster reasons about (heartbeats,
+ * leases) are timestamptz from the database's clock, now(), never a host's.
+ */
+export const CLUSTER_MIGRATIONS: readonly string[] = [
+  // 1: hosts, the sandbox directory, cap reservations, tenants and keys, idempotency.
+  `
+  CREATE TABLE cluster_settings (
+    name  text PRIMARY KEY,
+    value text NOT NULL
+  );
+  -- The secret hosts present to each other on proxied requests (x-collimate-cluster).
+  INSERT INTO cluster_settings (name, value) VALUES ('peer_secret', replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''));
+
+  CREATE TABLE hosts (
+    id            text PRIMARY KEY,
+    address       text NOT NULL,
+    -- Running sandboxes the host takes at most; 0: an API-only node.
+    capacity      integer NOT NULL CHECK (capacity >= 0),
+    -- Compatibility class: snapshots and fork points restore only within one.
+    qemu_version  text NOT NULL,
+    machine       text NOT NULL,
+    cpu_model     text NOT NULL,
+    accel         text NOT NULL,
+    compat        text NOT NULL,
+    state         text NOT NULL CHECK (state IN ('alive', 'dead')),
+    -- Bumped at every (re)registration and when the host is marked dead: a heartbeat of an older epoch is refused.
+    epoch         bigint NOT NULL,
+    heartbeat_at  timestamptz NOT NULL,
+    lease_until   timestamptz NOT NULL,
+    registered_at timestamptz NOT NULL,
+    -- Reported with each heartbeat: templates it can create from, and ready warm VMMs per template.
+    templates     text[] NOT NULL DEFAULT '{}',
+    warm_pools    jsonb NOT NULL DEFAULT '{}'
+  );
+
+  CREATE TABLE tenants (
+    id         text PRIMARY KEY,
+    tier       text NOT NULL,
+    created_at bigint NOT NULL
+  );
+
+  CREATE TABLE api_keys (
+    id           text PRIMARY KEY,
+    tenant       text NOT NULL REFERENCES tenants (id),
+    hash         text NOT NULL UNIQUE,
+    prefix       text NOT NULL,
+    name         text,
+    created_at   bigint NOT NULL,
+    last_used_at bigint,
+    revoked_at   bigint
+  );
+  CREATE INDEX api_keys_tenant ON api_keys (tenant);
+
+  -- The sandbox directory: which host owns each sandbox, its state, and its last view (for listing).
+  CREATE TABLE sandboxes (
+    id         text PRIMARY KEY,
+    tenant     text NOT NULL,
+    host_id    text NOT NULL REFERENCES hosts (id),
+    host_epoch bigint NOT NULL,
+    state      text NOT NULL CHECK (state IN ('running', 'suspended', 'lost')),
+    view       jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+  );
+  CREATE INDEX sandboxes_tenant_state ON sandboxes (tenant, state);
+  CREATE INDEX sandboxes_host_state ON sandboxes (host_id, state);
+
+  -- Slots held by creates, forks and resumes in flight: they count against the tenant's cap and the
+  -- host's capacity until the sandbox is in the directory or the lease runs out.
+  CREATE TABLE reservations (
+    id          text PRIMARY KEY,
+    tenant      text NOT NULL,
+    host_id     text NOT NULL REFERENCES hosts (id),
+    slots       integer NOT NULL CHECK (slots > 0),
+    lease_until timestamptz NOT NULL
+  );
+  CREATE INDEX reservations_tenant ON reservations (tenant);
+  CREATE INDEX reservations_host ON reservations (host_id);
+
+  CREATE TABLE idempotency (
+    tenant      text NOT NULL,
+    key         text NOT NULL,
+    fingerprint text NOT NULL,
+    -- pending: a node runs it now (until lease_until); done: status and body are the answer.
+    state       text NOT NULL CHECK (state IN ('pending', 'done')),
+    status      integer,
+    body        jsonb,
+    lease_until timestamptz NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, key)
+  );
+
+  `,
+];

@@ -1,0 +1,156 @@
+/**
+ * Placement and tenant caps across hosts, in one PostgreSQL transaction per create, fork or resume:
+ *
+ *   1. a capped tenant's transaction takes the tenant's advisory lock, so its admissions run one at
+ *      a time cluster-wide, then counts its running sandboxes on alive hosts plus the slots of
+ *      reservations still leased; over the cap → concurrency_limit;
+ *   2. it picks a host: alive, lease current, of the asked compatibility class, holding the template,
+ *      with capacity left (capacity − running − reserved ≥ slots); warm pools first, then most room.
+ *      The host row is locked (FOR UPDATE, skipping rows other placements hold, so concurrent creates
+ *      spread), which makes the capacity count exact too;
+ *   3. it inserts a reservation of the slots on that host with a lease.
+ *
+ * The reservation counts against the cap and the host until the request ends (released then, after
+ * the owner has written the new sandbox to the directory) or its lease runs out (a node that died
+ * mid-create). Counting both for a moment over-counts, never under-counts: the cap never overshoots.
+ * The owner still re-checks its own resources (memory, CPU, claims) and may refuse: the caller then
+ * places again elsewhere.
+ */
+import { randomBytes } from 'node:crypto';
+import type pg from 'pg';
+import { CollimateError } from '../errors.js';
+import { CONCURRENCY_RETRY_AFTER_SECS } from '../service/admission.js';
+import type { Tier } from '../service/tiers.js';
+import { inTransaction } from './db.js';
+
+/** How long a reservation holds its slots if its request never ends (the node died mid-create). */
+export const RESERVATION_LEASE_MS = 60_000;
+
+export interface PlaceRequest {
+  tenant: string;
+  tier: Tier;
+  slots: number;
+  /** For the error message: "create", "fork of 4", "resume". */
+  operation: string;
+  /** A new sandbox from this template: any host holding it. */
+  template?: string;
+  /** Only hosts of this compatibility class (compatKey). */
+  compat?: string;
+  /** The sandbox must go on this host (fork children, a resume). */
+  host?: string;
+  /** Hosts that already refused this request. */
+  exclude?: string[];
+}
+
+export interface Placement {
+  reservationId: string;
+  hostId: string;
+  address: string;
+}
+
+/** A host's capacity left (alias h): capacity − running sandboxes − leased reservations. */
+const FREE_OF_H = `h.capacity
+  - (SELECT count(*) FROM sandboxes s WHERE s.host_id = h.id AND s.state = 'running')
+  - (SELECT coalesce(sum(slots), 0) FROM reservations r WHERE r.host_id = h.id AND r.lease_until > now())`;
+
+export class ClusterPlacement {
+  constructor(private readonly pool: pg.Pool) {}
+
+  async place(req: PlaceRequest): Promise<Placement> {
+    return inTransaction(this.pool, async (tx) => {
+      if (req.tier.maxRunning !== null) await this.checkCap(tx, req, req.tier.maxRunning);
+      const host = await this.pickHost(tx, req);
+      const id = 'rsv_' + randomBytes(8).toString('hex');
+      await tx.query(
+        `INSERT INTO reservations (id, tenant, host_id, slots, lease_until) VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond')`,
+        [id, req.tenant, host.id, req.slots, RESERVATION_LEASE_MS],
+      );
+      return { reservationId: id, hostId: host.id, address: host.address };
+    });
+  }
+
+  /** Ends a reservation (idempotent). */
+  async release(reservationId: string): Promise<void> {
+    await this.pool.query('DELETE FROM reservations WHERE id = $1', [reservationId]);
+  }
+
+  /** The tenant's occupancy across the cluster: running sandboxes on alive hosts and leased reservations. */
+  async occupancy(tenant: string, c: pg.Pool | pg.PoolClient = this.pool): Promise<{ running: number; reserved: number }> {
+    const r = await c.query<{ running: string; reserved: string }>(
+      `SELECT (SELECT count(*) FROM sandboxes s JOIN hosts h ON h.id = s.host_id WHERE s.tenant = $1 AND s.state = 'running' AND h.state = 'alive') AS running,
+              (SELECT coalesce(sum(slots), 0) FROM reservations WHERE tenant = $1 AND lease_until > now()) AS reserved`,
+      [tenant],
+    );
+    return { running: Number(r.rows[0].running), reserved: Number(r.rows[0].reserved) };
+  }
+
+  private async checkCap(tx: pg.PoolClient, req: PlaceRequest, max: number): Promise<void> {
+    // One admission of this tenant at a time across the cluster; released at commit or rollback.
+    await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended('collimate.tenant:' || $1, 0))`, [req.tenant]);
+    const { running, reserved } = await this.occupancy(req.tenant, tx);
+    if (running + reserved + req.slots > max) {
+      throw new CollimateError(
+        'concurrency_limit',
+        `The ${req.tier.name} tier allows ${max} running sandboxes and you have ${running}` +
+          (reserved ? ` (plus ${reserved} starting)` : '') +
+          `; ${req.operation} needs ${req.slots} more. Suspend or delete one (POST /v1/sandboxes/{id}/suspend, ` +
+          `DELETE /v1/sandboxes/{id}) and retry, or upgrade to Pro for no concurrency cap.`,
+        { retryAfterSecs: CONCURRENCY_RETRY_AFTER_SECS, details: { limit: max, running } },
+      );
+    }
+  }
+
+  private async pickHost(tx: pg.PoolClient, req: PlaceRequest): Promise<{ id: string; address: string }> {
+    const exclude = [...(req.exclude ?? [])];
+    const query = (skipLocked: boolean) =>
+      tx.query<{ id: string; address: string }>(
+        `SELECT h.id, h.address FROM hosts h, LATERAL (SELECT ${FREE_OF_H} AS free) f
+         WHERE h.state = 'alive' AND h.lease_until > now() AND h.capacity > 0
+           AND ($1::text IS NULL OR h.id = $1)
+           AND ($2::text IS NULL OR $2 = ANY(h.templates))
+           AND ($3::text IS NULL OR h.compat = $3)
+           AND NOT (h.id = ANY($4::text[]))
+           AND free >= $5
+         ORDER BY (coalesce((h.warm_pools ->> $2)::int, 0) > 0) DESC, free DESC, random()
+         LIMIT 1
+         FOR UPDATE OF h ${skipLocked ? 'SKIP LOCKED' : ''}`,
+        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots],
+      );
+    for (;;) {
+      // Skipping locked rows spreads concurrent placements; if every fitting host is locked, wait for one.
+      const picked = (await query(true)).rows[0] ?? (await query(false)).rows[0];
+      if (!picked) throw await this.noHost(tx, req);
+      // The choice was counted on the statement's snapshot, which may predate a placement that
+      // committed on this host while we waited for its lock. Holding the lock now, a new statement
+      // sees every reservation made on it: count again.
+      const free = Number((await tx.query<{ free: string }>(`SELECT ${FREE_OF_H} AS free FROM hosts h WHERE h.id = $1`, [picked.id])).rows[0].free);
+      if (free >= req.slots) return picked;
+      exclude.push(picked.id);
+    }
+  }
+
+  /** Why no host fits, as the error the client gets. */
+  private async noHost(tx: pg.PoolClient, req: PlaceRequest): Promise<CollimateError> {
+    if (req.host) {
+      const h = (await tx.query<{ alive: boolean }>(`SELECT (state = 'alive' AND lease_until > now()) AS alive FROM hosts WHERE id = $1`, [req.host])).rows[0];
+      return new CollimateError(
+        'host_at_capacity',
+        h?.alive
+          ? `The host that holds this sandbox has no capacity left for ${req.operation} (${req.slots} sandbox${req.slots === 1 ? '' : 'es'}); children and resumes stay on their sandbox's host. Retry later, or delete sandboxes there.`
+          : `The host that holds this sandbox is not available (its heartbeat lapsed); ${req.operation} cannot run until it returns.`,
+        { retryAfterSecs: 5, details: { resource: 'cluster_host' } },
+      );
+    }
+    if (req.template) {
+      const any = await tx.query(`SELECT 1 FROM hosts WHERE state = 'alive' AND $1 = ANY(templates) LIMIT 1`, [req.template]);
+      if (any.rowCount === 0) {
+        return new CollimateError('template_not_found', `No host of the cluster offers template ${req.template}. List templates with GET /v1/templates.`);
+      }
+    }
+    return new CollimateError(
+      'host_at_capacity',
+      `No host of the cluster has capacity left for ${req.operation}${req.template ? ` from template ${req.template}` : ''}; retry shortly or add hosts (collimate serve --cluster … --capacity N).`,
+      { retryAfterSecs: 5, details: { resource: 'cluster_capacity' } },
+    );
+  }
+}

@@ -1,0 +1,402 @@
+/**
+ * `collimate serve --cluster`: three real server processes on loopback ports sharing one throwaway
+ * PostgreSQL, each with the in-memory fake engine (no VMs; test/integration/cluster.test.ts does the
+ * same on real microVMs). Keys made once with `keys create --cluster` work on every host, creates
+ * spread, requests about a sandbox reach its owner through any node with the same bytes, the Demo cap
+ * holds across nodes, and another tenant sees nothing anywhere.
+ */
+import assert from 'node:assert/strict';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
+import { WebSocket, WebSocketServer } from 'ws';
+import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
+
+const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
+const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
+const skip = postgresUnavailable() ?? false;
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+interface Host {
+  url: string;
+  child: ChildProcess;
+  home: string;
+  stderr: () => string;
+}
+
+async function startHost(cluster: string, capacity: number, env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), 'collimate-cluster-host-'))): Promise<Host> {
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    const url = `http://127.0.0.1:${port}`;
+    const child = spawn(
+      process.execPath,
+      [BIN, 'serve', '--port', String(port), '--home', home, '--log-level', 'warn', '--allow-tcg', '--cluster', cluster, '--advertise', url, '--capacity', String(capacity)],
+      { env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, ...env }, stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    let stderr = '';
+    const up = await new Promise<boolean>((resolve, reject) => {
+      child.stderr!.on('data', (d) => {
+        stderr += d;
+        if (/collimate serving http/.test(stderr)) resolve(true);
+      });
+      child.on('exit', (code) => (/EADDRINUSE/.test(stderr) && attempt < 3 ? resolve(false) : reject(new Error(`serve exited ${code}: ${stderr}`))));
+    });
+    if (up) {
+      // A test process that ends early takes its hosts with it.
+      process.once('exit', () => child.kill('SIGKILL'));
+      return { url, child, home, stderr: () => stderr };
+    }
+  }
+}
+
+async function stopHost(h: Host, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+  if (h.child.exitCode === null && h.child.signalCode === null) {
+    const exited = new Promise((r) => h.child.once('exit', r));
+    h.child.kill(signal);
+    await exited;
+  }
+  rmSync(h.home, { recursive: true, force: true });
+}
+
+async function until<T>(what: string, probe: () => Promise<T | undefined | false>, ms = 60_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await probe();
+    if (v) return v;
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function keyFor(cluster: string, tenant: string, tier = 'demo'): string {
+  const r = spawnSync(process.execPath, [BIN, 'keys', 'create', '--tenant', tenant, '--tier', tier, '--cluster', cluster], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /valid on every host of the cluster/);
+  return r.stdout.trimEnd().split('\n').pop()!;
+}
+
+async function call(base: string, key: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}) {
+  const res = await fetch(base + path, {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
+    body: body === undefined ? undefined : typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body),
+  });
+  const bytes = Buffer.from(await res.arrayBuffer());
+  let json: any = null;
+  try {
+    json = JSON.parse(bytes.toString('utf8'));
+  } catch { /* not JSON */ }
+  return { status: res.status, headers: res.headers, bytes, json };
+}
+
+describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)', { skip }, () => {
+  let server: ThrowawayPostgres;
+  let cluster: string;
+  let db: pg.Pool;
+  const hosts: Host[] = [];
+  let pro = '';
+  let demo = '';
+  let other = '';
+  /** Host URL → host id. */
+  const idOf = new Map<string, string>();
+
+  before(async () => {
+    server = await startPostgres();
+    cluster = server.url;
+    pro = keyFor(cluster, 'pro1', 'pro');
+    demo = keyFor(cluster, 'demo1', 'demo');
+    other = keyFor(cluster, 'other', 'pro');
+    hosts.push(...(await Promise.all([startHost(cluster, 20), startHost(cluster, 20), startHost(cluster, 0)])));
+    db = new pg.Pool({ connectionString: cluster });
+    db.on('error', () => {}); // an idle client's connection ending with the server is no failure
+    for (const r of (await db.query('SELECT id, address FROM hosts')).rows) idOf.set(r.address, r.id);
+  });
+
+  after(async () => {
+    await Promise.all(hosts.map((h) => stopHost(h)));
+    await db?.end();
+    await server?.stop();
+  });
+
+  const ownerOf = async (id: string) => (await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0]?.host_id as string | undefined;
+
+  test('creates through every node spread over the VM hosts, never the API-only one, and list everywhere', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 12; i++) {
+      const r = await call(hosts[i % 3].url, pro, 'POST', '/v1/sandboxes', { template: 'base', labels: { batch: 'spread' } });
+      assert.equal(r.status, 201, r.bytes.toString());
+      ids.push(r.json.id);
+    }
+    const owners = await Promise.all(ids.map(ownerOf));
+    const apiOnly = idOf.get(hosts[2].url);
+    for (const h of hosts) {
+      const health = (await (await fetch(`${h.url}/healthz`)).json()) as { cluster: { host_id: string; address: string; capacity: number; lease: boolean } };
+      // Whether the lease holds at this instant depends on the last heartbeat: only its presence is checked.
+      assert.equal(typeof health.cluster.lease, 'boolean');
+      assert.deepEqual({ ...health.cluster, lease: undefined }, { host_id: idOf.get(h.url), address: h.url, capacity: h === hosts[2] ? 0 : 20, lease: undefined });
+    }
+    assert.ok(owners.every((o) => o && o !== apiOnly), 'nothing on the API-only node');
+    assert.equal(new Set(owners).size, 2, `both VM hosts got some: ${owners.join(' ')}`);
+    for (const h of hosts) {
+      const l = await call(h.url, pro, 'GET', '/v1/sandboxes?label=batch%3Dspread&limit=5');
+      assert.equal(l.status, 200);
+      assert.equal(l.json.sandboxes.length, 5);
+      const all = await call(h.url, pro, 'GET', '/v1/sandboxes?label=batch%3Dspread');
+      assert.deepEqual(all.json.sandboxes.map((s: { id: string }) => s.id).sort(), [...ids].sort(), `${h.url} lists all 12`);
+      assert.deepEqual((await call(h.url, other, 'GET', '/v1/sandboxes')).json.sandboxes, [], 'another tenant lists none');
+    }
+  });
+
+  test('exec, streamed exec and files through a non-owning node give the owner\'s bytes; another tenant gets 404 everywhere', async () => {
+    const c = await call(hosts[2].url, pro, 'POST', '/v1/sandboxes', { template: 'base' });
+    assert.equal(c.status, 201);
+    const id = c.json.id as string;
+    const owner = await ownerOf(id);
+    const ownerUrl = hosts.find((h) => idOf.get(h.url) === owner)!.url;
+    const others = hosts.filter((h) => h.url !== ownerUrl).map((h) => h.url);
+    const binary = Buffer.from(Array.from({ length: 256 }, (_, i) => i));
+    const exec = { commands: [['printf-bytes', binary.toString('hex')]] };
+    const direct = await call(ownerUrl, pro, 'POST', `/v1/sandboxes/${id}/exec`, exec);
+    assert.equal(direct.status, 200);
+    for (const via of others) {
+      const r = await call(via, pro, 'POST', `/v1/sandboxes/${id}/exec`, exec);
+      assert.equal(r.status, 200);
+      assert.equal(r.json.stdout, direct.json.stdout);
+      assert.deepEqual(Buffer.from(r.json.stdout, r.json.stdout_encoding === 'base64' ? 'base64' : 'utf8'), Buffer.from(direct.json.stdout, direct.json.stdout_encoding === 'base64' ? 'base64' : 'utf8'));
+      // The SSE stream, event by event (the result's timings aside).
+      const sse = (s: Buffer) => s.toString('utf8').split('\n\n').filter((e) => !/^event: result/m.test(e));
+      const d = await call(ownerUrl, pro, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
+      const p = await call(via, pro, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
+      assert.equal(p.headers.get('content-type'), d.headers.get('content-type'));
+      assert.deepEqual(sse(p.bytes), sse(d.bytes));
+      // A file written through one node reads back byte for byte through every node.
+      const up = await call(via, pro, 'PUT', `/v1/sandboxes/${id}/files?path=/root/blob.bin`, binary, { 'content-type': 'application/octet-stream' });
+      assert.ok(up.status === 200 || up.status === 201 || up.status === 204, `upload ${up.status} ${up.bytes}`);
+      for (const h of hosts) {
+        const down = await call(h.url, pro, 'GET', `/v1/sandboxes/${id}/files?path=/root/blob.bin`);
+        assert.equal(down.status, 200);
+        assert.deepEqual(down.bytes, binary);
+      }
+    }
+    for (const h of hosts) {
+      const r = await call(h.url, other, 'POST', `/v1/sandboxes/${id}/exec`, exec);
+      assert.equal(r.status, 404);
+      assert.equal(r.json.error.code, 'sandbox_not_found');
+      assert.equal((await call(h.url, other, 'GET', `/v1/sandboxes/${id}`)).status, 404);
+      assert.equal((await call(h.url, other, 'DELETE', `/v1/sandboxes/${id}`)).status, 404);
+    }
+    // A fork lands on the parent's host; a delete through another node removes it everywhere.
+    const f = await call(others[0], pro, 'POST', `/v1/sandboxes/${id}/fork`, { count: 2 });
+    assert.equal(f.status, 201, f.bytes.toString());
+    for (const child of f.json.sandboxes) assert.equal(await ownerOf(child.id), owner);
+    assert.equal((await call(others[1], pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    assert.equal(await ownerOf(id), undefined);
+    for (const h of hosts) assert.equal((await call(h.url, pro, 'GET', `/v1/sandboxes/${id}`)).status, 404);
+  });
+
+  test('WebSockets (a sandbox port, the web terminal) through a non-owning node are tunnelled to the owner, bytes unchanged; another tenant is refused', async () => {
+    // The fake engine's sandbox ports are this machine's ports: an echo server stands in for one.
+    const echo = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+    await new Promise((r) => echo.once('listening', r));
+    echo.on('connection', (ws) => ws.on('message', (data, isBinary) => ws.send(data, { binary: isBinary })));
+    const port = (echo.address() as { port: number }).port;
+    try {
+      const c = await call(hosts[0].url, pro, 'POST', '/v1/sandboxes', { template: 'python' });
+      const id = c.json.id as string;
+      const owner = await ownerOf(id);
+      const ownerUrl = hosts.find((h) => idOf.get(h.url) === owner)?.url;
+      const open = (base: string, key: string) =>
+        new Promise<WebSocket>((resolve, reject) => {
+          const ws = new WebSocket(`${base.replace('http', 'ws')}/v1/sandboxes/${id}/ports/${port}/`, { headers: { authorization: `Bearer ${key}` } });
+          ws.once('open', () => resolve(ws));
+          ws.once('unexpected-response', (_req, res) => reject(Object.assign(new Error(`refused ${res.statusCode}`), { status: res.statusCode })));
+          ws.once('error', reject);
+        });
+      const payload = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 31) % 256));
+      for (const h of hosts) {
+        const ws = await open(h.url, pro);
+        const back = new Promise<Buffer>((r) => ws.once('message', (d) => r(d as Buffer)));
+        ws.send(payload);
+        assert.deepEqual(await back, payload, `echo through ${h.url === ownerUrl ? 'the owner' : 'a non-owner'}`);
+        ws.close();
+        await assert.rejects(open(h.url, other), (e: { status?: number }) => e.status === 404, `another tenant through ${h.url}`);
+      }
+      // The web terminal (its key in the subprotocol) through the API-only node, onto the owner's PTY.
+      const pid = (await call(hosts[2].url, pro, 'POST', `/v1/sandboxes/${id}/processes`, { argv: ['sh'], pty: { cols: 80, rows: 24 } })).json.pid;
+      const term = await new Promise<WebSocket>((resolve, reject) => {
+        const ws = new WebSocket(`${hosts[2].url.replace('http', 'ws')}/v1/sandboxes/${id}/processes/${pid}/terminal`, ['collimate.terminal', `bearer.${pro}`]);
+        ws.once('open', () => resolve(ws));
+        ws.once('error', reject);
+      });
+      assert.equal(term.protocol, 'collimate.terminal');
+      const seen = new Promise<void>((resolve) => {
+        let out = '';
+        term.on('message', (d: Buffer, binary: boolean) => {
+          if (binary && (out += d.toString()).includes('over-the-tunnel')) resolve();
+        });
+      });
+      term.send(Buffer.from('over-the-tunnel\n'));
+      await seen;
+      term.close();
+      assert.equal((await call(hosts[1].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    } finally {
+      await new Promise((r) => echo.close(r));
+    }
+  });
+
+  test('a Demo tenant firing 50 concurrent creates through three nodes gets exactly 2, round after round', async () => {
+    for (let round = 0; round < 3; round++) {
+      const rs = await Promise.all(Array.from({ length: 50 }, (_, i) => call(hosts[i % 3].url, demo, 'POST', '/v1/sandboxes', { template: 'base' })));
+      const created = rs.filter((r) => r.status === 201);
+      const refused = rs.filter((r) => r.status === 429 && r.json.error.code === 'concurrency_limit');
+      assert.equal(created.length, 2, `round ${round}: ${rs.map((r) => r.status).join(',')}`);
+      assert.equal(refused.length, 48);
+      for (const h of hosts) {
+        const limits = await call(h.url, demo, 'GET', '/v1/limits');
+        assert.equal(limits.json.running, 2, `${h.url} counts the tenant's sandboxes on every host`);
+        assert.equal(limits.json.max_running, 2);
+      }
+      for (const c of created) assert.equal((await call(hosts[(round + 1) % 3].url, demo, 'DELETE', `/v1/sandboxes/${c.json.id}`)).status, 204);
+    }
+  });
+
+  test('one Idempotency-Key sent to three nodes yields one sandbox', async () => {
+    const rs = await Promise.all(hosts.map((h) => call(h.url, pro, 'POST', '/v1/sandboxes', { template: 'base', labels: { idem: 'x' } }, { 'idempotency-key': 'cluster-key-1' })));
+    assert.ok(rs.every((r) => r.status === 201), rs.map((r) => r.bytes.toString()).join('\n'));
+    assert.equal(new Set(rs.map((r) => r.json.id)).size, 1);
+    const listed = await call(hosts[0].url, pro, 'GET', '/v1/sandboxes?label=idem%3Dx');
+    assert.equal(listed.json.sandboxes.length, 1);
+    const reused = await call(hosts[1].url, pro, 'POST', '/v1/sandboxes', { template: 'base' }, { 'idempotency-key': 'cluster-key-1' });
+    assert.equal(reused.status, 422);
+    assert.equal(reused.json.error.code, 'idempotency_key_reused');
+  });
+
+  test('keys: a key made through one node works on every node; a revoked key stops working on every node', async () => {
+    const made = await call(hosts[1].url, pro, 'POST', '/v1/keys', { name: 'made-via-node' });
+    assert.equal(made.status, 201);
+    for (const h of hosts) assert.equal((await call(h.url, made.json.key, 'GET', '/v1/sandboxes')).status, 200);
+    const listed = await call(hosts[2].url, pro, 'GET', '/v1/keys');
+    assert.ok(listed.json.keys.some((k: { id: string }) => k.id === made.json.record.id));
+    assert.equal((await call(hosts[0].url, other, 'DELETE', `/v1/keys/${made.json.record.id}`)).status, 404, "another tenant's key is not found");
+    assert.equal((await call(hosts[0].url, pro, 'DELETE', `/v1/keys/${made.json.record.id}`)).status, 204);
+    // Every node learns the revocation within its key cache's refresh (2 s): poll, with a deadline.
+    for (const h of hosts) {
+      const deadline = Date.now() + 15_000;
+      while ((await call(h.url, made.json.key, 'GET', '/v1/sandboxes')).status !== 401) {
+        assert.ok(Date.now() < deadline, `${h.url} still accepts a revoked key`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+  });
+
+  test('MCP and E2B\'s API, which would create past the cluster\'s caps, are refused on cluster hosts, saying so', async () => {
+    const mcp = await call(hosts[0].url, demo, 'POST', '/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/list' });
+    assert.equal(mcp.status, 404);
+    assert.match(mcp.json.error.message, /MCP is not served by cluster hosts yet/);
+    const e2b = await call(hosts[1].url, demo, 'POST', '/e2b/api/sandboxes', { templateID: 'base' });
+    assert.equal(e2b.status, 404);
+    assert.match(e2b.json.error.message, /E2B's API is not served by cluster hosts yet/);
+  });
+
+  test('bad cluster flags are refused with a message saying what to pass', () => {
+    const run = (...args: string[]) => spawnSync(process.execPath, [BIN, 'serve', ...args], { encoding: 'utf8', env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE } });
+    const noAdvertise = run('--cluster', cluster);
+    assert.equal(noAdvertise.status, 2, noAdvertise.stderr);
+    assert.match(noAdvertise.stderr, /--cluster needs --advertise http:\/\/ADDR:PORT/);
+    assert.match(run('--cluster', 'mysql://x/y', '--advertise', 'http://127.0.0.1:1').stderr, /--cluster must be a PostgreSQL URL/);
+    assert.match(run('--cluster', cluster, '--advertise', 'http://127.0.0.1').stderr, /--advertise must be http:\/\/ADDR:PORT/);
+    assert.match(run('--cluster', cluster, '--advertise', 'http://127.0.0.1:9', '--capacity=1.5').stderr, /--capacity must be a whole number/);
+    assert.match(run('--advertise', 'http://127.0.0.1:9').stderr, /belong to cluster mode/);
+  });
+});
+
+describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', { skip }, () => {
+  let server: ThrowawayPostgres;
+  let db: pg.Pool;
+  const hosts: Host[] = [];
+
+  before(async () => {
+    server = await startPostgres();
+    db = new pg.Pool({ connectionString: server.url });
+    db.on('error', () => {});
+  });
+  after(async () => {
+    await Promise.all(hosts.map((h) => stopHost(h)));
+    await db?.end();
+    await server?.stop();
+  });
+
+  test('its running sandboxes become lost and stop counting, creates go elsewhere, and on restart it drops them', async (t) => {
+    const cluster = server.url;
+    const key = keyFor(cluster, 'pro2', 'pro');
+    const demoKey = keyFor(cluster, 'demo2', 'demo');
+    // Short timings (heartbeat 200 ms, lease 1.5 s, dead after 2 s) so the test waits seconds, not minutes.
+    const env = { COLLIMATE_CLUSTER_TIMINGS: '200,1500,2000' };
+    const [h1, h2] = await Promise.all([startHost(cluster, 5, env), startHost(cluster, 5, env)]);
+    hosts.push(h1, h2);
+    const ids = new Map<string, string>(); // sandbox → host id
+    const h2id = (await db.query('SELECT id FROM hosts WHERE address = $1', [h2.url])).rows[0].id as string;
+    let onH2: string | undefined;
+    for (let i = 0; i < 10 && !onH2; i++) {
+      const r = await call(h1.url, key, 'POST', '/v1/sandboxes', { template: 'base' });
+      assert.equal(r.status, 201, r.bytes.toString());
+      const owner = (await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [r.json.id])).rows[0].host_id;
+      ids.set(r.json.id, owner);
+      if (owner === h2id) onH2 = r.json.id;
+    }
+    assert.ok(onH2, 'a sandbox landed on h2');
+    // The Demo tenant fills its cap of 2 (wherever placement puts them).
+    const demoIds: string[] = [];
+    for (;;) {
+      const r = await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' });
+      assert.equal(r.status, 201);
+      demoIds.push(r.json.id);
+      if (demoIds.length === 2) break;
+    }
+    assert.equal((await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' })).status, 429);
+
+    const killedAt = Date.now();
+    h2.child.kill('SIGKILL');
+    await new Promise((r) => h2.child.once('exit', r));
+    const lost = await until('h2\'s sandbox to be reported lost through h1', async () => {
+      const r = await call(h1.url, key, 'GET', `/v1/sandboxes/${onH2}`);
+      return r.status === 404 && /marked it lost/.test(r.json.error.message) ? r : undefined;
+    });
+    assert.equal(lost.json.error.code, 'sandbox_not_found');
+    // Reported, not asserted: the bound is dead-after (2 s here) plus a sweep period; a loaded machine stretches it.
+    t.diagnostic(`kill to lost (as seen through h1): ${Date.now() - killedAt} ms with dead-after 2000 ms`);
+    const listed = await call(h1.url, key, 'GET', '/v1/sandboxes');
+    assert.ok(!listed.json.sandboxes.some((s: { id: string }) => s.id === onH2), 'a lost sandbox is not listed');
+    // Creates go to h1 (the only host alive), and lost sandboxes no longer count against the Demo cap.
+    const again = await until('a create after the kill', async () => {
+      const r = await call(h1.url, key, 'POST', '/v1/sandboxes', { template: 'base' });
+      return r.status === 201 ? r : undefined;
+    });
+    assert.notEqual((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [again.json.id])).rows[0].host_id, h2id);
+    const demoOnH2 = (await db.query(`SELECT count(*)::int AS n FROM sandboxes WHERE id = ANY($1) AND host_id = $2`, [demoIds, h2id])).rows[0].n as number;
+    const demoAgain = await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' });
+    assert.equal(demoAgain.status, demoOnH2 > 0 ? 201 : 429, `the Demo tenant had ${demoOnH2} sandbox(es) on h2`);
+
+    // h2 restarts under the same home: it rejoins as itself and drops what the cluster marked lost.
+    const back = await startHost(cluster, 5, env, h2.home);
+    hosts.splice(hosts.indexOf(h2), 1, back);
+    const rows = await db.query(`SELECT id, state FROM sandboxes WHERE host_id = $1`, [h2id]);
+    assert.deepEqual(rows.rows.filter((r) => r.state === 'lost'), [], 'no lost row left for the rejoined host');
+    assert.equal((await db.query('SELECT state FROM hosts WHERE id = $1', [h2id])).rows[0].state, 'alive');
+  });
+});
