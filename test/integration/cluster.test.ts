@@ -47,7 +47,9 @@ async function startHost(cluster: string, capacity: number): Promise<Host> {
     process.execPath,
     ['--import', 'tsx', cli, 'serve', '--home', home, '--port', String(port), '--allow-tcg', '--cluster', cluster, '--advertise', url, '--capacity', String(capacity)],
     {
-      env: { ...process.env, COLLIMATE_CACHE_DIR: TEST_CACHE, COLLIMATE_POOL_SIZE: '1', COLLIMATE_POOL_MAX: '1', COLLIMATE_LOG_LEVEL: 'warn' },
+      env: { ...process.env, COLLIMATE_CACHE_DIR: TEST_CACHE, COLLIMATE_POOL_SIZE: '1', COLLIMATE_POOL_MAX: '1', COLLIMATE_LOG_LEVEL: 'warn',
+        // No host dies in this test: leases with room for heartbeats a loaded machine delays (the unit tests cover death).
+        COLLIMATE_CLUSTER_TIMINGS: '1000,15000,20000' },
       stdio: ['ignore', 'ignore', 'pipe'],
     },
   );

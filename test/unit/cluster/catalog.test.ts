@@ -20,9 +20,12 @@ import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../.
 
 const skip = postgresUnavailable() ?? false;
 const COMPAT = { qemuVersion: '7.2.0', machine: 'microvm', cpuModel: 'max', accel: 'tcg' };
-const TIMINGS = { heartbeatMs: 50, leaseMs: 200, deadAfterMs: 400 };
+/** A lease that lapses within the test (1.5 s), long enough that a slow register still returns holding it. */
+const SHORT_LEASE = { heartbeatMs: 50, leaseMs: 1500, deadAfterMs: 2000 };
 /** For tests about something else: a lease that outlasts the test without heartbeats. */
 const LONG = { heartbeatMs: 1000, leaseMs: 600_000, deadAfterMs: 1_200_000 };
+/** Background heartbeats and sweeps, with margins a loaded machine does not use up. */
+const BACKGROUND = { heartbeatMs: 100, leaseMs: 2000, deadAfterMs: 3000 };
 
 let server: ThrowawayPostgres;
 let dbCount = 0;
@@ -84,8 +87,10 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
   test('a host registers and heartbeats; a stale host is marked dead by any node, its running sandboxes lost, and it learns them on rejoining', async () => {
     const [a, b] = await cluster(2);
     const lostSeen: string[][] = [];
-    const h1 = new HostMembership(a, host('h1'), report(), TIMINGS, { onLost: (ids) => void lostSeen.push(ids) });
-    const h2 = new HostMembership(b, host('h2'), report(), TIMINGS);
+    // Staleness is made below by moving h1's heartbeat back in the database: the timings are long,
+    // so that on a loaded machine nothing goes stale by itself between two lines of this test.
+    const h1 = new HostMembership(a, host('h1'), report(), LONG, { onLost: (ids) => void lostSeen.push(ids) });
+    const h2 = new HostMembership(b, host('h2'), report(), LONG);
     await h1.register();
     await h2.register();
     assert.equal(h1.holdsLease(), true);
@@ -121,7 +126,7 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
 
   test('a host that cannot renew its lease stops holding it, before peers may mark it dead', async () => {
     const [a] = await cluster(1);
-    const h = new HostMembership(a, host('h1'), report(), TIMINGS);
+    const h = new HostMembership(a, host('h1'), report(), SHORT_LEASE);
     await h.register();
     assert.equal(h.holdsLease(), true);
     // No heartbeat: the lease runs out by the host's own count.
@@ -134,8 +139,10 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
 
   test('start() heartbeats in the background and a stopped host is swept dead by a peer', async () => {
     const [a, b] = await cluster(2);
-    const h1 = new HostMembership(a, host('h1'), report(), TIMINGS);
-    const h2 = new HostMembership(b, host('h2'), report(), TIMINGS);
+    // Dead after 3 s: h1 (stopped) goes stale soon enough, while h2, beating every 100 ms, would need
+    // a stall of seconds to be swept itself.
+    const h1 = new HostMembership(a, host('h1'), report(), BACKGROUND);
+    const h2 = new HostMembership(b, host('h2'), report(), BACKGROUND);
     await h1.start();
     await h2.start();
     try {

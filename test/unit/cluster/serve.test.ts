@@ -345,8 +345,9 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
     const cluster = server.url;
     const key = keyFor(cluster, 'pro2', 'pro');
     const demoKey = keyFor(cluster, 'demo2', 'demo');
-    // Short timings (heartbeat 200 ms, lease 1.5 s, dead after 2 s) so the test waits seconds, not minutes.
-    const env = { COLLIMATE_CLUSTER_TIMINGS: '200,1500,2000' };
+    // Short timings (heartbeat 250 ms, lease 4 s, dead after 5 s) so the test waits seconds, not
+    // minutes, with room for the survivor's heartbeats to be late on a loaded machine.
+    const env = { COLLIMATE_CLUSTER_TIMINGS: '250,4000,5000' };
     const [h1, h2] = await Promise.all([startHost(cluster, 5, env), startHost(cluster, 5, env)]);
     hosts.push(h1, h2);
     const ids = new Map<string, string>(); // sandbox → host id
@@ -378,8 +379,8 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
       return r.status === 404 && /marked it lost/.test(r.json.error.message) ? r : undefined;
     });
     assert.equal(lost.json.error.code, 'sandbox_not_found');
-    // Reported, not asserted: the bound is dead-after (2 s here) plus a sweep period; a loaded machine stretches it.
-    t.diagnostic(`kill to lost (as seen through h1): ${Date.now() - killedAt} ms with dead-after 2000 ms`);
+    // Reported, not asserted: the bound is dead-after (5 s here) plus a sweep period; a loaded machine stretches it.
+    t.diagnostic(`kill to lost (as seen through h1): ${Date.now() - killedAt} ms with dead-after 5000 ms`);
     const listed = await call(h1.url, key, 'GET', '/v1/sandboxes');
     assert.ok(!listed.json.sandboxes.some((s: { id: string }) => s.id === onH2), 'a lost sandbox is not listed');
     // Creates go to h1 (the only host alive), and lost sandboxes no longer count against the Demo cap.
