@@ -333,7 +333,7 @@ export function advertiseUrl(v: string | undefined): string {
 }
 
 /**
- * COLLIMATE_CLUSTER_TIMINGS=HEARTBEAT,LEASE,DEAD_AFTER in ms (default 1000,4000,5000): shorter for
+ * COLLIMATE_CLUSTER_TIMINGS=HEARTBEAT,LEASE,DEAD_AFTER in ms (default 2000,10000,15000): shorter for
  * tests that kill hosts; heartbeat < lease < dead-after, so a host fences itself before peers act.
  */
 function clusterTimings(env: Record<string, string | undefined>): { heartbeatMs: number; leaseMs: number; deadAfterMs: number } | undefined {
@@ -341,7 +341,7 @@ function clusterTimings(env: Record<string, string | undefined>): { heartbeatMs:
   if (!v) return undefined;
   const n = v.split(',').map(Number);
   if (n.length !== 3 || !n.every((x) => Number.isInteger(x) && x > 0) || !(n[0] < n[1] && n[1] < n[2])) {
-    throw new UsageError(`COLLIMATE_CLUSTER_TIMINGS must be HEARTBEAT,LEASE,DEAD_AFTER in ms with heartbeat < lease < dead-after (default 1000,4000,5000), not ${JSON.stringify(v)}`);
+    throw new UsageError(`COLLIMATE_CLUSTER_TIMINGS must be HEARTBEAT,LEASE,DEAD_AFTER in ms with heartbeat < lease < dead-after (default 2000,10000,15000), not ${JSON.stringify(v)}`);
   }
   return { heartbeatMs: n[0], leaseMs: n[1], deadAfterMs: n[2] };
 }

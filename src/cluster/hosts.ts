@@ -32,13 +32,13 @@ export function compatKey(c: CompatClass): string {
 export interface HostTimings {
   /** How often the heartbeat runs. Default 1000 ms. */
   heartbeatMs: number;
-  /** How long one heartbeat keeps the lease. Default 4000 ms. */
+  /** How long one heartbeat keeps the lease. Default 10000 ms. */
   leaseMs: number;
-  /** A host whose last heartbeat is older than this is marked dead by any node. Default 5000 ms; must exceed leaseMs. */
+  /** A host whose last heartbeat is older than this is marked dead by any node. Default 15000 ms; must exceed leaseMs. */
   deadAfterMs: number;
 }
 
-export const DEFAULT_TIMINGS: HostTimings = { heartbeatMs: 1000, leaseMs: 4000, deadAfterMs: 5000 };
+export const DEFAULT_TIMINGS: HostTimings = { heartbeatMs: 2000, leaseMs: 10_000, deadAfterMs: 15_000 };
 
 export interface HostReport {
   /** Templates this host can create from now. */
