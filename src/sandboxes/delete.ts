@@ -77,7 +77,9 @@ export function endFork(ctx: EngineContext, fp: { id: string; dir: string; mem: 
  */
 export function gcForkPoints(ctx: EngineContext): void {
   for (;;) {
-    const dead = ctx.repo.unreferencedForkPoints();
+    // Not one a fork is still making: its children, restored from it, are about to be committed
+    // with references to it (a parent deleted once its memory was captured leaves complete children).
+    const dead = ctx.repo.unreferencedForkPoints().filter((fp) => !ctx.forking.has(fp.id));
     if (dead.length === 0) break;
     for (const fp of dead) {
       rmSync(fp.dir, { recursive: true, force: true });

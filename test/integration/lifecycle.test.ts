@@ -548,6 +548,33 @@ test('a parent deleted while its fork is under way: the fork fails saying it is 
   }
 });
 
+test('a parent deleted once its fork has restored the children: the children are whole, and their fork point stays for them (suspend and fork them)', async () => {
+  const delHome = testHome('fork-parent-deleted-late');
+  let parent = '';
+  // The parent goes after its memory was captured, while the children's restores are done but not
+  // yet committed: nothing the children need may go with it (CI's crash campaign once saw a child's
+  // suspend and a fork of another fail on their fork point's missing RAM file).
+  const e2: Engine = await openEngine(delHome, { poolSize: 1, faultPoint: async (name) => { if (parent && name === 'fork:children-restored') await e2.delete(parent); } });
+  try {
+    const sb = await e2.create({ template: 'base' }, tenant);
+    assert.equal(await sh(sb.id, 'echo before > /root/mark && cat /root/mark', e2), 'before');
+    parent = sb.id;
+    const [a, b] = await e2.fork(sb.id, { count: 2 });
+    parent = '';
+    assert.throws(() => e2.get(sb.id), (e: any) => e.code === 'sandbox_not_found', 'the parent is gone');
+    for (const c of [a, b]) assert.equal(await sh(c.id, 'cat /root/mark', e2), 'before');
+    assert.equal(readdirSync(e2.cfg.ramDir).filter((f) => f.startsWith('fp_')).length, 1, 'the children\'s fork point keeps its RAM file');
+    // What failed in CI: a child's suspend copies that file, a fork of the other seeds from it.
+    await e2.suspend(a.id);
+    await e2.resume(a.id);
+    assert.equal(await sh(a.id, 'cat /root/mark', e2), 'before');
+    const [grandchild] = await e2.fork(b.id, { count: 1 });
+    assert.equal(await sh(grandchild.id, 'cat /root/mark', e2), 'before');
+  } finally {
+    await assertNoLeaks(e2, delHome);
+  }
+});
+
 test('a VMM of a home that no record names (a record torn by the crash) is stopped at the next start', async () => {
   const crashHome = testHome('crash-torn');
   const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
