@@ -10,28 +10,13 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type pg from 'pg';
 import { CollimateError } from '../errors.js';
-import { fromE2bKey, hashKey, KEY_RE, KeyStore, newApiKey, TENANT_RE, type KeyRecord, type Principal } from '../service/keys.js';
+import { fromE2bKey, hashKey, KEY_RE, KeyStore, newApiKey, TENANT_RE, toRecord, type KeyRecord, type Principal } from '../service/keys.js';
 import { isTierName, TIERS, type Tier, type TierName } from '../service/tiers.js';
 import type { Db } from '../store/db.js';
 import { clusterDatabaseUnavailable, inTransaction } from './db.js';
 
 /** Keys a host remembers at most (oldest answer dropped first). */
 const MAX_CACHED_KEYS = 10_000;
-
-const iso = (ms: string | number | null) => (ms === null ? null : new Date(Number(ms)).toISOString());
-
-function toRecord(row: any): KeyRecord {
-  return {
-    id: row.id,
-    tenant: row.tenant,
-    tier: row.tier,
-    prefix: row.prefix,
-    name: row.name ?? null,
-    created_at: iso(row.created_at)!,
-    last_used_at: iso(row.last_used_at),
-    revoked_at: iso(row.revoked_at),
-  };
-}
 
 const SELECT_KEY = `SELECT k.id, k.tenant, t.tier, k.prefix, k.name, k.created_at, k.last_used_at, k.revoked_at
   FROM api_keys k JOIN tenants t ON t.id = k.tenant`;

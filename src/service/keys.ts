@@ -69,7 +69,8 @@ export function hashKey(key: string): string {
   return createHash('sha256').update(key).digest('hex');
 }
 
-const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
+/** Epoch ms (a number from SQLite, a bigint's string from PostgreSQL) as ISO 8601. */
+const iso = (ms: string | number | null) => (ms === null ? null : new Date(Number(ms)).toISOString());
 
 /** Minimum interval between last_used_at writes for one key (keeps auth off the write path). */
 const TOUCH_EVERY_MS = 60_000;
@@ -173,7 +174,8 @@ export class KeyStore {
   }
 }
 
-function toRecord(row: any): KeyRecord {
+/** A key's row (this store's or the cluster's, src/cluster/keys.ts) as the API shows it. */
+export function toRecord(row: any): KeyRecord {
   return {
     id: row.id,
     tenant: row.tenant,

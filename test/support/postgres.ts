@@ -8,9 +8,9 @@
  */
 import { spawnSync } from 'node:child_process';
 import { chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { freePort } from './registry.ts';
 
 export const PG_BIN = process.env.COLLIMATE_PG_BIN ?? '/usr/lib/postgresql/15/bin';
 /** The database superuser the throwaway cluster is made with (trust auth on its own socket and loopback). */
@@ -47,17 +47,6 @@ function runAsUser(): { name: string; uid: number; gid: number } | null {
     if (r.status === 0 && g.status === 0) return { name, uid: Number(r.stdout.trim()), gid: Number(g.stdout.trim()) };
   }
   return null;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 function alive(pid: number): boolean {

@@ -8,7 +8,6 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -16,21 +15,11 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { WebSocket, WebSocketServer } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
+import { freePort } from '../../support/registry.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 const skip = postgresUnavailable() ?? false;
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 interface Host {
   url: string;
