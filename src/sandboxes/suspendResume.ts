@@ -19,8 +19,10 @@ import type { SandboxInfo, Scope } from './types.js';
  * Suspend writes a running sandbox's state to `<sandbox dir>/suspend/`: its RAM as a sparse image
  * (`ram.img`: the file its RAM maps, copied with its holes, and the pages it wrote since, copied
  * over — vm/memory.ts, as a fork point is made) and its devices without RAM (`device.state`), and
- * stops its VMM. Resume copies the image into a RAM file of the sandbox's own on tmpfs while a new
- * VMM starts on it, and restores the devices. No migration stream: the cost follows the memory the
+ * stops its VMM. Resume copies the image into a RAM file on tmpfs and restores the devices into a
+ * VMM: one spawned ahead for the template when there is one (resumeOnReceiver: the file becomes a
+ * fork point of the sandbox's own, mapped copy-on-write like a fork child's), else one started
+ * now on a file of the sandbox's own, mapped shared. No migration stream: the cost follows the memory the
  * guest holds, and no byte of it passes through QEMU's single migration thread or through Node. A
  * suspended sandbox holds no VMM, RAM file or network namespace. (Snapshots made before RAM images,
  * one migration stream `state.mig`, still resume and fork.)
