@@ -10,7 +10,8 @@
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, ftruncateSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs';
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -282,6 +283,49 @@ describe('blobs between cluster hosts', { skip }, () => {
     // A dead host is never asked.
     await pool.query(`UPDATE hosts SET state = 'dead' WHERE id IN ($1, 'host_gone')`, [b.id]);
     assert.deepEqual((await locations.holders(layer.digest, c.id)).map((h) => h.hostId), [a.id]);
+  });
+
+  test('a peer that sends a malformed sparse body or cuts a body off is rejected, and nothing is left behind', async () => {
+    const locations = new BlobLocations(pool);
+    const { memBytes } = putArtifact(a, 'e'.repeat(64), 4 * MiB, [3, 4, 700]);
+    const mem = (await a.blobs.scan()).find((x) => x.of === 'e'.repeat(64) && x.kind === 'artifact-mem')!;
+    // A hostile host: its answer for the digest depends on what the test sets.
+    let answer: 'frames-past-end' | 'frames-backwards' | 'cut-sparse' | 'cut-plain' = 'frames-past-end';
+    const evil = createServer((req, res) => {
+      const frame = (at: number, len: number) => Buffer.concat([Buffer.from([0, 0, 0, 0, (at >>> 24) & 255, (at >>> 16) & 255, (at >>> 8) & 255, at & 255, (len >>> 24) & 255, (len >>> 16) & 255, (len >>> 8) & 255, len & 255]), Buffer.alloc(len, 7)]);
+      const sparse = { 'content-type': SPARSE_MEDIA_TYPE, [BLOB_SIZE_HEADER]: String(mem.size) };
+      if (answer === 'frames-past-end') { res.writeHead(200, sparse); res.end(frame(mem.size - 100, 4096)); }
+      else if (answer === 'frames-backwards') { res.writeHead(200, sparse); res.end(Buffer.concat([frame(8192, 4096), frame(0, 4096)])); }
+      else if (answer === 'cut-sparse') { res.writeHead(200, sparse); res.end(frame(0, 4096).subarray(0, 2000)); }
+      else { res.writeHead(200, { 'content-type': 'application/octet-stream', [BLOB_SIZE_HEADER]: String(mem.size), 'content-length': String(mem.size) }); res.write(Buffer.alloc(1000)); setTimeout(() => res.destroy(), 20); }
+    });
+    await new Promise<void>((r) => evil.listen(0, '127.0.0.1', r));
+    try {
+      const evilUrl = `http://127.0.0.1:${(evil.address() as AddressInfo).port}`;
+      await pool.query(`INSERT INTO hosts (id, address, capacity, qemu_version, machine, cpu_model, accel, compat, state, epoch, heartbeat_at, lease_until, registered_at)
+        SELECT 'host_evil', $1, capacity, qemu_version, machine, cpu_model, accel, compat, 'alive', 1, now(), now(), now() FROM hosts WHERE id = $2`, [evilUrl, a.id]);
+      await locations.publish('host_evil', [mem]);
+      await pool.query(`DELETE FROM blob_locations WHERE host_id = $1`, [a.id]);
+      const dest = join(c.cache, 'evil.mem');
+      for (const [kind, reason] of [['frames-past-end', /does not fit/], ['frames-backwards', /does not fit/], ['cut-sparse', /ended inside a frame/], ['cut-plain', /cut the body off|bytes of a|aborted/]] as const) {
+        answer = kind;
+        await assert.rejects(fetcherFor(c.id).fetch(mem.digest, dest, { sparse: kind !== 'cut-plain' }), (e: unknown) => {
+          assert.ok(e instanceof CollimateError && e.code === 'image_pull_failed', `${kind}: ${String(e)}`);
+          assert.match((e as Error).message, reason, kind);
+          return true;
+        });
+        assert.deepEqual(readdirSync(c.cache).filter((f) => f.startsWith('evil.mem')), [], `${kind}: nothing left behind`);
+      }
+      // With a good holder beside it, the pull succeeds (whichever is asked first).
+      await locations.publish(a.id, await a.blobs.scan());
+      const got = await fetcherFor(c.id).fetch(mem.digest, dest, { sparse: true });
+      assert.equal(got.hostId, a.id);
+      assert.ok(readFileSync(dest).equals(memBytes));
+      assert.deepEqual(partFiles(c.cache), []);
+    } finally {
+      await pool.query(`UPDATE hosts SET state = 'dead' WHERE id = 'host_evil'`);
+      await new Promise((r) => evil.close(r));
+    }
   });
 
   test('no holder: image_pull_failed saying so', async () => {
