@@ -1,5 +1,5 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { killRecorded } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { dirs, rowFor, type EngineContext } from './context.js';
@@ -39,6 +39,8 @@ export function markLost(ctx: EngineContext, row: SandboxRow, reason: string): v
 export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
   const { sandboxes, disks } = dirs(ctx.cfg);
   rmSync(join(sandboxes, row.id), { recursive: true, force: true });
+  // A VMM it took from a pool (a resume on a receiver) has a directory named after that VMM.
+  if (row.vmm?.dir && dirname(row.vmm.dir) === sandboxes) rmSync(row.vmm.dir, { recursive: true, force: true });
   // Every disk layer named after it except those fork points hold (removed with the fork point).
   // By name rather than by the row's top-disk path: a delete that overtakes a fork may read the
   // row before the fork recorded the parent's new top layer.

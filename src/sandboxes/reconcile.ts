@@ -1,5 +1,5 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { stopOrphanedBakes } from '../images/bake.js';
 import { adoptVm, killFromDir, killPid, killRecorded, qemuProcessesNaming, sweepConfinement } from './runtime.js';
 import type { SandboxRow } from './repo.js';
@@ -18,6 +18,8 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
   const known = new Set<string>();
   for (const row of ctx.repo.live()) {
     known.add(row.id);
+    // A VMM taken from a pool (a resume on a receiver) runs in a directory named after that VMM.
+    if (row.vmm?.dir && dirname(row.vmm.dir) === sandboxes) known.add(basename(row.vmm.dir));
     await reconcileRow(ctx, row).catch(async (e) => {
       ctx.progress?.(`reconcile ${row.id}: ${(e as Error).message}; marking it deleted`);
       if (row.vmm) await killRecorded(ctx.cfg, row.vmm);

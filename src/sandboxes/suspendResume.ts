@@ -1,12 +1,14 @@
 import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync } from 'node:fs';
 import { open, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
-import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, type LiveVm, type PendingVm } from './runtime.js';
-import type { SnapshotRecord } from './repo.js';
+import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, destroyPending, newForkPointId, type LiveVm, type PendingVm } from './runtime.js';
+import type { SandboxRow, SnapshotRecord } from './repo.js';
+import { attachDisk, attachMemory } from './forkReceivers.js';
+import { backingChain, sealShared } from '../vmm/jail.js';
 import type { Running } from './registry.js';
 import { gcForkPoints } from './delete.js';
 import { Phases } from './phases.js';
@@ -98,6 +100,8 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   r.live.agent.close();
   await phases.time('teardown', () => vmm.kill());
   if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });
+  // A VMM taken from a pool (a resume on a receiver) ran in a directory of its own: it goes with it.
+  if (rec.dir !== join(dirs(ctx.cfg).sandboxes, r.id) && dirname(rec.dir) === dirs(ctx.cfg).sandboxes) rmSync(rec.dir, { recursive: true, force: true });
   // The fork point whose RAM it mapped may be mapped by nobody now.
   gcForkPoints(ctx);
   ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: snapshot.bytes });
@@ -123,11 +127,13 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     const restoreOnce = async (): Promise<LiveVm> => {
       let pending: PendingVm | undefined;
       try {
-        rmSync(join(rec.dir, 'qmp.sock'), { force: true });
+        // In the sandbox's own directory (where a VMM last taken from a pool did not run).
+        const dir = join(dirs(ctx.cfg).sandboxes, id);
+        rmSync(join(dir, 'qmp.sock'), { force: true });
         // The VMM, with its egress policy in place (kept in `pending` for the cleanup below).
         const start = async (): Promise<PendingVm> => {
           pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
-            id, dir: rec.dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
+            id, dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
             trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true, phases,
             whileStarting: async (net) => {
               await ctx.fault('resume:vmm-starting');
@@ -159,28 +165,109 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
       }
     };
     let live: LiveVm;
+    let onReceiver: ResumeForkPoint | null = null;
     try {
       // A guest that never acknowledges its restore gets one fresh VMM (counted in restoreCounts);
       // the snapshot on disk is untouched by a failed attempt.
-      live = await restoreOnce().catch((e) => {
+      const first = await resumeOnReceiver(ctx, cur, snap, memBytes, phases).catch((e) => {
         if (!isUnacknowledgedRestore(e)) throw e;
-        return restoreOnce();
+        return null;
       });
+      if (first) [live, onReceiver] = [first.live, first.fp];
+      else {
+        live = await restoreOnce().catch((e) => {
+          if (!isUnacknowledgedRestore(e)) throw e;
+          return restoreOnce();
+        });
+      }
     } catch (e) {
       throw vmmFailure('resume', e);
     }
     await ctx.fault('resume:vmm-started');
     const t0 = performance.now();
     const now = Date.now();
-    // A new session of the sandbox's timeout_secs: a lease set before the suspend ended with it.
-    ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
+    ctx.repo.tx(() => {
+      // On a receiver the sandbox became a child of its own snapshot: the fork point holds the RAM
+      // it maps and the disk layer under its new top layer, and the sandbox's ancestors.
+      if (onReceiver) {
+        const fp = onReceiver;
+        ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
+        ctx.repo.markForkPointReady(fp.id);
+        for (const up of ctx.repo.refsOf(id)) ctx.repo.addRef(up, fp.id);
+        ctx.repo.addRef(fp.id, id);
+      }
+      // A new session of the sandbox's timeout_secs: a lease set before the suspend ended with it.
+      ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
+    });
     ctx.registry.add(id, live);
     phases.since('commit', t0);
-    removeAfterwards(ctx, join(rec.dir, 'suspend'));
+    removeAfterwards(ctx, join(dirs(ctx.cfg).sandboxes, id, 'suspend'));
+    // Resumes, like forks, keep VMMs spawned ahead for the template (forkReceivers.ts).
+    void ctx.receivers.forked(rec.artifactKey, 1, cur.egress);
     ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
   }));
+}
+
+/** The fork point a resume on a receiver makes of the sandbox's snapshot (recorded at its commit). */
+interface ResumeForkPoint {
+  id: string;
+  dir: string;
+  mem: string;
+  disk: string;
+}
+
+/** A sandbox resumed on receivers as many times as this runs on that many disk layers: beyond it, a resume starts a VMM on its own disk. */
+const MAX_RESUME_LAYERS = 16;
+
+/**
+ * A resume on a VMM spawned ahead for the sandbox's template (a fork receiver, forkReceivers.ts),
+ * when one is ready: the sandbox becomes a child of its own snapshot, as a fork child of a fork
+ * point. Its RAM image is copied to a fork point's RAM file on tmpfs while the receiver's disk is
+ * put on the sandbox's disk, frozen as the fork point's layer under an empty top layer; then the
+ * file is mapped over the receiver's guest RAM (copy-on-write, as every fork child's) and the
+ * devices are restored. The VMM's start (~140 ms under TCG) leaves the resume's path. Null when no
+ * receiver is ready (or the disk has many layers already): the caller spawns a VMM.
+ *
+ * Nothing is recorded until the caller commits: a failure or a crash before that leaves the
+ * snapshot and the sandbox's disk as they were (the disk is only read), and reconcile removes the
+ * receiver and the unrecorded fork point's files.
+ */
+async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: SnapshotRecord, memBytes: number, phases: Phases): Promise<{ live: LiveVm; fp: ResumeForkPoint } | null> {
+  const rec = row.vmm!;
+  if (!snap.ramPath || !ctx.cfg.ramDir) return null;
+  if (backingChain(rec.diskPath).length > MAX_RESUME_LAYERS) return null;
+  const [p] = ctx.receivers.take(rec.artifactKey, 1);
+  if (!p) return null;
+  const fpId = newForkPointId();
+  const fp: ResumeForkPoint = { id: fpId, dir: join(dirs(ctx.cfg).forkpoints, fpId), mem: join(ctx.cfg.ramDir, `${fpId}.mem`), disk: rec.diskPath };
+  try {
+    mkdirSync(fp.dir, { recursive: true });
+    closeSync(openSync(fp.mem, 'w', 0o600));
+    truncateSync(fp.mem, memBytes);
+    // The disk the sandbox had is a read-only layer from now on, shared like a fork point's.
+    sealShared(fp.disk);
+    const t0 = performance.now();
+    const [fill, claim] = await Promise.allSettled([
+      phases.time('memory_load', () => fillFromImage(snap.ramPath!, fp.mem, ctx.cfg.cacheDir)),
+      (async () => {
+        await attachDisk(ctx.cfg, p, fp, [...trustedLayers(ctx, row.id, rec.artifactKey), fp.disk]);
+        if (p.record.net) await ctx.net!.apply(p.record.net, row.egress);
+        phases.since('claim', t0);
+      })(),
+    ]);
+    if (fill.status === 'rejected') throw fill.reason;
+    if (claim.status === 'rejected') throw claim.reason;
+    await phases.time('memory_remap', () => attachMemory(p, fp.mem));
+    return { live: await restoreCheckpoint(p, readFileSync(snap.statePath), row.id, phases), fp };
+  } catch (e) {
+    await destroyPending(p).catch(() => {});
+    rmSync(p.record.diskPath, { force: true });
+    rmSync(fp.dir, { recursive: true, force: true });
+    rmSync(fp.mem, { force: true });
+    throw e;
+  }
 }
 
 /**

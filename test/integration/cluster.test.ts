@@ -1,119 +1,81 @@
 /**
- * Cluster mode on real microVMs: two `collimate serve --cluster` hosts on loopback ports, each with
- * its own home, sharing one throwaway PostgreSQL 15 (test/support/postgres.ts). Creates spread over
- * both hosts; exec (plain and streamed) and files through the non-owning host return the owner's
- * bytes; a fork asked through the non-owner keeps its children on the parent's host, continuing its
- * counter; the web terminal works through the non-owner; a Demo tenant's 50 concurrent creates
- * through both hosts give exactly 2; another tenant gets 404 through every host; a host pulls a
- * template artifact's files from the other by digest (RAM file and disk as their data only). Every sandbox is deleted and both hosts stopped: no QEMU is left.
+ * Cluster mode on real microVMs: three `collimate serve --cluster` hosts, each in a network
+ * namespace of its own (test/support/hostNet.ts) with its own home, sharing one throwaway
+ * PostgreSQL 15 that listens on the bridge between them (test/support/postgres.ts).
+ *
+ * 30 creates through the three nodes land on all three hosts; exec (plain and streamed), files, a
+ * port's HTTP and a port's WebSocket through a non-owning node return the owner's bytes, and another
+ * tenant gets 404 through every node; fork(4) asked through a non-owner puts every child on the
+ * parent's host, each continuing the parent's counter process; the web terminal works through a
+ * non-owner; a Demo tenant's 50 concurrent creates through the three nodes give exactly 2, twenty
+ * rounds over; one Idempotency-Key sent to all three nodes gives one sandbox; a host killed with
+ * SIGKILL has its running sandboxes `lost` (within the documented bound, reported), creates go to
+ * the others, its suspended sandbox answers "unavailable" until it returns, and once restarted it
+ * stops the VMs of the lost sandboxes and resumes the suspended one. A host pulls a template
+ * artifact's three files from a peer by digest (RAM file and disk as their data only, kept sparse,
+ * each digest checked). No QEMU is left after.
  */
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { readdirSync, rmSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
+import Database from 'better-sqlite3';
 import pg from 'pg';
 import { WebSocket } from 'ws';
+import { dbPathOf } from '../../src/cli/commands.ts';
+import { isRunning } from '../../src/host/claims.ts';
+import { killPid } from '../../src/sandboxes/runtime.ts';
+import { hostNetUnavailable, makeHostNet, type HostNet } from '../support/hostNet.ts';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
-import { qemuProcesses, TEST_CACHE, testHome } from './fixture.js';
-import { freePort } from '../support/registry.ts';
+import { wsConnect } from '../support/ws.ts';
 import { BlobFetcher } from '../../src/cluster/blobFetcher.ts';
 import { BlobLocations } from '../../src/cluster/blobLocations.ts';
 import { sha256File } from '../../src/host/hash.ts';
+import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
+import { qemuProcesses } from './fixture.js';
+import { waitListening, WS_SERVER } from './guestServers.ts';
 
-const cli = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-const skip = postgresUnavailable() ?? false;
+const skip = postgresUnavailable() ?? hostNetUnavailable() ?? false;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** The hosts' cluster timings (ms): heartbeat, lease, dead-after. */
+const TIMINGS = [1000, 15_000, 20_000] as const;
 
-interface Host {
-  url: string;
-  home: string;
-  child: ChildProcess;
-  stderr: () => string;
-}
-
-async function startHost(cluster: string, capacity: number): Promise<Host> {
-  const home = testHome('cluster-host');
-  const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
-  const child = spawn(
-    process.execPath,
-    ['--import', 'tsx', cli, 'serve', '--home', home, '--port', String(port), '--allow-tcg', '--cluster', cluster, '--advertise', url, '--capacity', String(capacity)],
-    {
-      env: { ...process.env, COLLIMATE_CACHE_DIR: TEST_CACHE, COLLIMATE_POOL_SIZE: '1', COLLIMATE_POOL_MAX: '1', COLLIMATE_LOG_LEVEL: 'warn',
-        // No host dies in this test: leases with room for heartbeats a loaded machine delays (the unit tests cover death).
-        COLLIMATE_CLUSTER_TIMINGS: '1000,15000,20000' },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    },
-  );
-  process.once('exit', () => child.kill('SIGKILL'));
-  let stderr = '';
-  child.stderr!.on('data', (d) => { stderr += d; });
-  const deadline = Date.now() + 600_000;
-  for (;;) {
-    if (child.exitCode !== null) throw new Error(`serve exited: ${stderr}`);
-    try {
-      if ((await fetch(`${url}/healthz`)).status === 200) break;
-    } catch { /* not listening yet */ }
-    if (Date.now() > deadline) throw new Error(`serve did not become healthy: ${stderr}`);
-    await sleep(200);
-  }
-  return { url, home, child, stderr: () => stderr };
-}
-
-function keyFor(cluster: string, tenant: string, tier: string): string {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', cli, 'keys', 'create', '--tenant', tenant, '--tier', tier, '--cluster', cluster], { encoding: 'utf8' });
-  assert.equal(r.status, 0, r.stderr);
-  return r.stdout.trimEnd().split('\n').pop()!;
-}
-
-async function call(base: string, key: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}) {
-  const res = await fetch(base + path, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-    body: body === undefined ? undefined : Buffer.isBuffer(body) ? body : JSON.stringify(body),
-  });
-  const bytes = Buffer.from(await res.arrayBuffer());
-  let json: any = null;
-  try { json = JSON.parse(bytes.toString('utf8')); } catch { /* not JSON */ }
-  return { status: res.status, headers: res.headers, bytes, json };
-}
-
-describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, () => {
+describe('cluster mode on real microVMs: three hosts in network namespaces, one PostgreSQL', { skip }, () => {
+  let net: HostNet;
   let server: ThrowawayPostgres;
   let db: pg.Pool;
   const hosts: Host[] = [];
+  let demo = '';
   let beta = '';
-  let alpha = '';
   let gamma = '';
   const owned: Array<{ id: string; key: string }> = [];
   const hostOf = new Map<string, Host>();
 
   before(async () => {
-    server = await startPostgres();
-    alpha = keyFor(server.url, 'alpha', 'demo');
-    beta = keyFor(server.url, 'beta', 'pro');
-    gamma = keyFor(server.url, 'gamma', 'pro');
-    // One at a time: two hosts warming their pools at once would only slow each other down.
-    hosts.push(await startHost(server.url, 3));
-    hosts.push(await startHost(server.url, 3));
+    net = makeHostNet(3);
+    server = await startPostgres({ listenOn: net.gateway });
+    demo = clusterKey(server.url, 'demo-tenant', 'demo');
+    beta = clusterKey(server.url, 'beta', 'pro');
+    gamma = clusterKey(server.url, 'gamma', 'pro');
+    // One at a time: hosts warming their pools at once would only slow each other down.
+    for (let i = 0; i < 3; i++) hosts.push(await startClusterHost({ cluster: server.url, capacity: 14, net, machine: i, timings: TIMINGS.join(',') }));
     db = new pg.Pool({ connectionString: server.url });
     db.on('error', () => {});
     for (const r of (await db.query('SELECT id, address FROM hosts')).rows) hostOf.set(r.id, hosts.find((h) => h.url === r.address)!);
+    assert.equal(hostOf.size, 3);
   });
 
   after(async () => {
-    for (const s of owned) await call(hosts[0].url, s.key, 'DELETE', `/v1/sandboxes/${s.id}`).catch(() => {});
-    for (const h of hosts) {
-      if (h.child.exitCode === null) {
-        const exited = new Promise((r) => h.child.once('exit', r));
-        h.child.kill('SIGTERM');
-        await exited;
-      }
-    }
+    const alive = hosts.find((h) => h.child.exitCode === null && h.child.signalCode === null);
+    if (alive) for (const s of owned) await call(alive.url, s.key, 'DELETE', `/v1/sandboxes/${s.id}`).catch(() => {});
+    for (const h of hosts) await stopClusterHost(h);
+    // A host the test killed and did not restart (it failed first) left its VMs running.
+    for (const h of hosts) if (h.child.signalCode === 'SIGKILL') for (const pid of qemuProcesses(h.home)) await killPid(pid);
     await db?.end();
     await server?.stop();
+    net?.close();
     for (const h of hosts) {
       const deadline = Date.now() + 10_000;
       while (qemuProcesses(h.home).length > 0 && Date.now() < deadline) await sleep(50);
@@ -123,41 +85,62 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
   });
 
   const ownerOf = async (id: string): Promise<Host> => hostOf.get((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id)!;
+  const create = async (via: Host, key: string, body: Record<string, unknown> = { template: 'base' }): Promise<string> => {
+    const r = await call(via.url, key, 'POST', '/v1/sandboxes', body);
+    assert.equal(r.status, 201, r.bytes.toString());
+    owned.push({ id: r.json.id, key });
+    return r.json.id;
+  };
+  const remove = async (via: Host, key: string, id: string) => {
+    assert.equal((await call(via.url, key, 'DELETE', `/v1/sandboxes/${id}`)).status, 204, `delete ${id}`);
+    owned.splice(owned.findIndex((o) => o.id === id), 1);
+  };
+  /** Runs `f` over `items`, `width` at a time. */
+  const inBatches = async <T, R>(items: T[], width: number, f: (x: T, i: number) => Promise<R>): Promise<R[]> => {
+    const out: R[] = [];
+    for (let i = 0; i < items.length; i += width) out.push(...await Promise.all(items.slice(i, i + width).map((x, j) => f(x, i + j))));
+    return out;
+  };
 
-  test('creates through both hosts land on both; exec, streamed exec and files through the non-owner give the owner\'s bytes; another tenant gets 404 everywhere', async () => {
-    const ids: string[] = [];
-    for (let i = 0; i < 4; i++) {
-      const r = await call(hosts[i % 2].url, beta, 'POST', '/v1/sandboxes', { template: 'base' });
-      assert.equal(r.status, 201, r.bytes.toString());
-      ids.push(r.json.id);
-      owned.push({ id: r.json.id, key: beta });
+  test('30 creates through the three nodes land on all three hosts', async () => {
+    const ids = await inBatches(Array.from({ length: 30 }), 5, (_, i) => create(hosts[i % 3], beta));
+    const perHost = new Map<Host, number>();
+    for (const id of ids) {
+      const h = await ownerOf(id);
+      perHost.set(h, (perHost.get(h) ?? 0) + 1);
     }
-    const owners = await Promise.all(ids.map(ownerOf));
-    assert.equal(new Set(owners).size, 2, 'both hosts hold sandboxes');
+    assert.equal(perHost.size, 3, `every host holds sandboxes: ${[...perHost.values()].join(', ')}`);
+    const listed = await call(hosts[2].url, beta, 'GET', '/v1/sandboxes?limit=100');
+    assert.deepEqual(listed.json.sandboxes.map((s: { id: string }) => s.id).sort(), [...ids].sort(), 'any node lists every host\'s sandboxes');
+    await inBatches(ids, 5, (id, i) => remove(hosts[(i + 1) % 3], beta, id));
+  });
 
-    const id = ids[0];
-    const owner = owners[0];
-    const other = hosts.find((h) => h !== owner)!;
+  test('exec, streamed exec, files, a port and a port\'s WebSocket through a non-owner give the owner\'s bytes; another tenant gets 404 through every node', async () => {
+    const id = await create(hosts[0], beta, { template: 'node' });
+    const owner = await ownerOf(id);
+    const others = hosts.filter((h) => h !== owner);
     // Output with every byte value and more than a pipe's worth of lines.
     const exec = { command: "printf '\\000\\001\\177\\200\\377'; seq 1 20000; echo to-stderr >&2; exit 3" };
     const direct = await call(owner.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec);
-    const via = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec);
     assert.equal(direct.status, 200, direct.bytes.toString());
-    assert.equal(via.status, 200, via.bytes.toString());
-    for (const field of ['stdout', 'stderr', 'exit_code', 'stdout_encoding', 'stderr_encoding']) assert.deepEqual(via.json[field], direct.json[field], field);
     assert.equal(direct.json.exit_code, 3);
     const sse = (b: Buffer) => b.toString('utf8').split('\n\n').filter((e) => e && !/^event: result/m.test(e));
-    const dStream = await call(owner.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
-    const vStream = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
-    assert.equal(vStream.headers.get('content-type'), dStream.headers.get('content-type'));
     // Chunking of the output into events may differ run to run; the bytes they carry may not.
     const data = (events: string[], name: string) =>
       Buffer.concat(events.filter((e) => new RegExp(`^event: ${name}$`, 'm').test(e)).map((e) => Buffer.from(JSON.parse(/^data: (.*)$/m.exec(e)![1]).data, 'base64')));
-    assert.deepEqual(data(sse(vStream.bytes), 'stdout'), data(sse(dStream.bytes), 'stdout'));
-    assert.deepEqual(data(sse(vStream.bytes), 'stderr'), data(sse(dStream.bytes), 'stderr'));
+    const dStream = await call(owner.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
+    for (const other of others) {
+      const via = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec);
+      assert.equal(via.status, 200, via.bytes.toString());
+      for (const field of ['stdout', 'stderr', 'exit_code', 'stdout_encoding', 'stderr_encoding']) assert.deepEqual(via.json[field], direct.json[field], field);
+      const vStream = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, exec, { accept: 'text/event-stream' });
+      assert.equal(vStream.headers.get('content-type'), dStream.headers.get('content-type'));
+      assert.deepEqual(data(sse(vStream.bytes), 'stdout'), data(sse(dStream.bytes), 'stdout'));
+      assert.deepEqual(data(sse(vStream.bytes), 'stderr'), data(sse(dStream.bytes), 'stderr'));
+    }
 
     const blob = Buffer.from(Array.from({ length: 300_000 }, (_, i) => (i * 7919) % 256));
-    const up = await call(other.url, beta, 'PUT', `/v1/sandboxes/${id}/files?path=/root/blob.bin`, blob, { 'content-type': 'application/octet-stream' });
+    const up = await call(others[0].url, beta, 'PUT', `/v1/sandboxes/${id}/files?path=/root/blob.bin`, blob, { 'content-type': 'application/octet-stream' });
     assert.ok(up.status >= 200 && up.status < 300, `upload: ${up.status} ${up.bytes}`);
     for (const h of hosts) {
       const down = await call(h.url, beta, 'GET', `/v1/sandboxes/${id}/files?path=/root/blob.bin`);
@@ -165,49 +148,61 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
       assert.deepEqual(down.bytes, blob, `download through ${h.url}`);
     }
     const sum = await call(owner.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, { command: 'sha256sum /root/blob.bin' });
-    assert.match(sum.json.stdout, new RegExp((await import('node:crypto')).createHash('sha256').update(blob).digest('hex')));
+    assert.match(sum.json.stdout, new RegExp(createHash('sha256').update(blob).digest('hex')));
+
+    // A port: plain HTTP and a WebSocket, through every node.
+    const start = await call(others[1].url, beta, 'POST', `/v1/sandboxes/${id}/exec`, {
+      command: `(nohup node /root/ws.js >/root/ws.log 2>&1 &) && ${waitListening(9000)}; echo started`,
+      files: [{ path: '/root/ws.js', content: WS_SERVER }],
+    });
+    assert.match(start.json.stdout, /started/);
+    for (const h of hosts) {
+      const plain = await call(h.url, beta, 'GET', `/v1/sandboxes/${id}/ports/9000/x?y=1`);
+      assert.equal(plain.bytes.toString(), 'plain /x?y=1', `a port's HTTP through ${h.url}`);
+      const ws = await wsConnect(`${h.url}/v1/sandboxes/${id}/ports/9000/chat`, { authorization: `Bearer ${beta}` });
+      ws.send(`hello via ${h.url}`);
+      // The echo says KEY-LEAKED if the key reached the guest's server.
+      assert.equal(await ws.next(), `echo:hello via ${h.url}`);
+      ws.close();
+    }
 
     for (const h of hosts) {
-      for (const [method, path] of [['GET', `/v1/sandboxes/${id}`], ['POST', `/v1/sandboxes/${id}/exec`], ['DELETE', `/v1/sandboxes/${id}`]] as const) {
+      for (const [method, path] of [['GET', `/v1/sandboxes/${id}`], ['POST', `/v1/sandboxes/${id}/exec`], ['GET', `/v1/sandboxes/${id}/ports/9000/x`], ['DELETE', `/v1/sandboxes/${id}`]] as const) {
         const r = await call(h.url, gamma, method, path, method === 'POST' ? exec : undefined);
         assert.equal(r.status, 404, `${method} ${path} by another tenant through ${h.url}`);
         assert.equal(r.json.error.code, 'sandbox_not_found');
       }
     }
-    for (const s of ids) {
-      assert.equal((await call(other.url, beta, 'DELETE', `/v1/sandboxes/${s}`)).status, 204);
-      owned.splice(owned.findIndex((o) => o.id === s), 1);
-    }
+    await remove(others[0], beta, id);
   });
 
-  test('a fork asked through the non-owner puts its children on the parent\'s host, each continuing the parent\'s counter; the web terminal works through the non-owner', async () => {
-    const c = await call(hosts[0].url, beta, 'POST', '/v1/sandboxes', { template: 'base' });
-    assert.equal(c.status, 201, c.bytes.toString());
-    const id = c.json.id as string;
-    owned.push({ id, key: beta });
+  test('fork(4) asked through a non-owner puts every child on the parent\'s host, each continuing the parent\'s counter; the web terminal works through a non-owner', async () => {
+    const id = await create(hosts[1], beta);
     const owner = await ownerOf(id);
     const other = hosts.find((h) => h !== owner)!;
-    const counter = "i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done";
+    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done';
     assert.equal((await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter })).status, 201);
     const read = async (sid: string) => Number((await call(other.url, beta, 'POST', `/v1/sandboxes/${sid}/exec`, { command: 'cat /root/c 2>/dev/null || echo 0' })).json.stdout.trim());
     const moved = async (sid: string, past: number) => {
-      const deadline = Date.now() + 20_000;
+      const deadline = Date.now() + 30_000;
       for (;;) {
         const v = await read(sid);
         if (v > past) return v;
-        assert.ok(Date.now() < deadline, `the counter of ${sid} did not move past ${past} in 20 s`);
+        assert.ok(Date.now() < deadline, `the counter of ${sid} did not move past ${past} in 30 s`);
         await sleep(100);
       }
     };
     const atFork = await moved(id, 0);
-    const f = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/fork`, { count: 2 });
+    const f = await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/fork`, { count: 4 });
     assert.equal(f.status, 201, f.bytes.toString());
-    for (const child of f.json.sandboxes as Array<{ id: string }>) {
-      owned.push({ id: child.id, key: beta });
-      assert.equal(await ownerOf(child.id), owner, 'a child is on its parent\'s host');
+    const children = (f.json.sandboxes as Array<{ id: string }>).map((c) => c.id);
+    assert.equal(children.length, 4);
+    for (const child of children) {
+      owned.push({ id: child, key: beta });
+      assert.equal(await ownerOf(child), owner, 'a child is on its parent\'s host');
       // It kept the parent's memory (the count went on from where it was), and it runs.
-      assert.ok((await read(child.id)) >= atFork, 'the child continues the parent\'s count');
-      await moved(child.id, await read(child.id));
+      assert.ok((await read(child)) >= atFork, 'the child continues the parent\'s count');
+      await moved(child, await read(child));
     }
 
     // The web terminal through the non-owner: its key in the subprotocol, a PTY on the owner.
@@ -227,14 +222,36 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
     await answered;
     term.close();
 
-    for (const s of [id, ...f.json.sandboxes.map((x: { id: string }) => x.id)]) {
-      assert.equal((await call(other.url, beta, 'DELETE', `/v1/sandboxes/${s}`)).status, 204);
-      owned.splice(owned.findIndex((o) => o.id === s), 1);
+    for (const s of [id, ...children]) await remove(other, beta, s);
+  });
+
+  test('a Demo tenant firing 50 concurrent creates through the three nodes gets exactly 2, twenty rounds over', async () => {
+    for (let round = 0; round < 20; round++) {
+      const rs = await Promise.all(Array.from({ length: 50 }, (_, i) => call(hosts[(i + round) % 3].url, demo, 'POST', '/v1/sandboxes', { template: 'base' })));
+      const created = rs.filter((r) => r.status === 201);
+      for (const c of created) owned.push({ id: c.json.id, key: demo });
+      assert.equal(created.length, 2, `round ${round}: ${rs.map((r) => `${r.status} ${r.json?.error?.code ?? ''}`).join(', ')}`);
+      assert.equal(rs.filter((r) => r.status === 429 && r.json.error.code === 'concurrency_limit').length, 48, `round ${round}`);
+      for (const c of created) await remove(hosts[(round + 1) % 3], demo, c.json.id);
     }
+  });
+
+  test('one Idempotency-Key sent to all three nodes at once yields one sandbox', async () => {
+    const rs = await Promise.all(hosts.map((h) => call(h.url, beta, 'POST', '/v1/sandboxes', { template: 'base', labels: { idem: 'once' } }, { 'idempotency-key': 'cluster-vm-key-1' })));
+    assert.ok(rs.every((r) => r.status === 201), rs.map((r) => r.bytes.toString()).join('\n'));
+    const ids = new Set(rs.map((r) => r.json.id as string));
+    assert.equal(ids.size, 1);
+    assert.equal(rs.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 2, 'two of the three answers are replays');
+    const [id] = ids;
+    owned.push({ id, key: beta });
+    const listed = await call(hosts[1].url, beta, 'GET', '/v1/sandboxes?label=idem%3Donce');
+    assert.deepEqual(listed.json.sandboxes.map((s: { id: string }) => s.id), [id]);
+    await remove(hosts[2], beta, id);
   });
 
   test('a host pulls a template artifact\'s files from its peer by digest: the RAM file and disk as data only, kept sparse, each verified', async () => {
     const [a, b] = [...hostOf.keys()];
+    // The hosts share the test's cache, so the third holds the same blobs: the pull comes from A or it.
     const secret = (await db.query(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0].value as string;
     // Each host publishes what it holds in the background after it starts (hashing artifact files once).
     let files: Array<{ digest: string; kind: string; size: number; of: string }> = [];
@@ -247,7 +264,7 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
       for (const x of r.rows) byKey.set(x.of, [...(byKey.get(x.of) ?? []), { ...x, size: Number(x.size) }]);
       files = [...byKey.values()].find((g) => g.length === 3) ?? [];
     }
-    const dir = testHome('cluster-pull');
+    const dir = mkdtempSync(join(tmpdir(), 'collimate-cluster-pull-'));
     try {
       // As host B: its own copies are excluded, so every byte comes from host A over HTTP.
       const fetcher = new BlobFetcher(new BlobLocations(db), { hostId: b, secret: () => secret, peerHeader: 'x-collimate-peer' });
@@ -255,7 +272,7 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
       for (const f of files) {
         const dest = join(dir, f.kind);
         const got = await fetcher.fetch(f.digest, dest, { sparse: f.kind !== 'artifact-state' });
-        assert.equal(got.hostId, a);
+        assert.notEqual(got.hostId, b);
         assert.equal(got.size, f.size);
         assert.equal(statSync(dest).size, f.size);
         assert.equal(`sha256:${await sha256File(dest)}`, f.digest);
@@ -268,7 +285,7 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
         moved.push(`${f.kind} ${f.size} bytes, ${got.transferred} sent, ${allocated} allocated`);
       }
       assert.deepEqual(readdirSync(dir).sort(), ['artifact-disk', 'artifact-mem', 'artifact-state']);
-      console.log(`artifact ${files[0].of.slice(0, 12)} pulled from host A: ${moved.join('; ')}`);
+      console.log(`artifact ${files[0].of.slice(0, 12)} pulled from a peer: ${moved.join('; ')}`);
       // The blob API itself answers tenants' keys with 401 on a real host.
       assert.equal((await call(hostOf.get(a)!.url, beta, 'GET', `/cluster/blobs/${files[0].digest}`)).status, 401);
     } finally {
@@ -276,15 +293,71 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
     }
   });
 
-  test('a Demo tenant firing 50 concurrent creates through both hosts gets exactly 2', async () => {
-    const rs = await Promise.all(Array.from({ length: 50 }, (_, i) => call(hosts[i % 2].url, alpha, 'POST', '/v1/sandboxes', { template: 'base' })));
-    const created = rs.filter((r) => r.status === 201);
-    for (const c of created) owned.push({ id: c.json.id, key: alpha });
-    assert.equal(created.length, 2, rs.map((r) => `${r.status} ${r.json?.error?.code ?? ''}`).join(', '));
-    assert.equal(rs.filter((r) => r.status === 429 && r.json.error.code === 'concurrency_limit').length, 48);
-    for (const c of created) {
-      assert.equal((await call(hosts[1].url, alpha, 'DELETE', `/v1/sandboxes/${c.json.id}`)).status, 204);
-      owned.splice(owned.findIndex((o) => o.id === c.json.id), 1);
+  test('a host killed with SIGKILL: its running sandboxes are lost, creates go elsewhere, its suspended one waits for it; restarted, it stops the lost VMs and resumes the suspended one', async () => {
+    // Sandboxes until the victim (the host of the first) holds two running and one to suspend.
+    const byHost = new Map<Host, string[]>();
+    while (![...byHost.values()].some((l) => l.length >= 3)) {
+      const id = await create(hosts[byHost.size % 3], beta);
+      const h = await ownerOf(id);
+      byHost.set(h, [...(byHost.get(h) ?? []), id]);
     }
+    const [victim, [suspended, ...running]] = [...byHost.entries()].find(([, l]) => l.length >= 3)!;
+    const survivors = hosts.filter((h) => h !== victim);
+    assert.equal((await call(survivors[0].url, beta, 'POST', `/v1/sandboxes/${suspended}/exec`, { command: 'echo kept > /root/kept' })).status, 200);
+    const sus = await call(survivors[0].url, beta, 'POST', `/v1/sandboxes/${suspended}/suspend`);
+    assert.equal(sus.status, 200, sus.bytes.toString());
+    // The VMM pids of the running ones, from the victim's own journal.
+    const journal = new Database(dbPathOf(victim.home), { readonly: true, fileMustExist: true });
+    const pids = running.map((id) => JSON.parse((journal.prepare('SELECT vmm FROM sandboxes WHERE id = ?').get(id) as { vmm: string }).vmm).pid as number);
+    journal.close();
+    assert.ok(pids.every((p) => isRunning(p)));
+
+    const killedAt = Date.now();
+    await stopClusterHost(victim, 'SIGKILL');
+    // Lost through a survivor: 404 saying the host stopped answering.
+    for (const id of running) {
+      for (;;) {
+        const r = await call(survivors[1].url, beta, 'GET', `/v1/sandboxes/${id}`);
+        if (r.status === 404) {
+          assert.match(r.json.error.message, /stopped answering/);
+          break;
+        }
+        assert.equal(r.status, 503, `before it is declared lost, the sandbox's host is unavailable: ${r.bytes}`);
+        // Far beyond the bound (dead-after plus a heartbeat): the sweep never came.
+        assert.ok(Date.now() - killedAt < 3 * (TIMINGS[2] + TIMINGS[0]), `${id} was not declared lost`);
+        await sleep(250);
+      }
+    }
+    const lostAfterMs = Date.now() - killedAt;
+    process.stderr.write(`# host killed with SIGKILL: its sandboxes lost after ${lostAfterMs} ms (dead-after ${TIMINGS[2]} ms, heartbeat ${TIMINGS[0]} ms)\n`);
+    const listed = await call(survivors[0].url, beta, 'GET', '/v1/sandboxes?limit=100');
+    for (const id of running) assert.ok(!listed.json.sandboxes.some((s: { id: string }) => s.id === id), 'a lost sandbox is not listed');
+    const sAns = await call(survivors[0].url, beta, 'GET', `/v1/sandboxes/${suspended}`);
+    assert.equal(sAns.status, 503, `a suspended sandbox on a dead host is unavailable until it returns: ${sAns.bytes}`);
+    assert.equal(sAns.json.error.resource, 'cluster_host', sAns.bytes.toString());
+    for (let i = 0; i < 3; i++) {
+      const id = await create(survivors[i % 2], beta);
+      assert.notEqual(await ownerOf(id), victim, 'creates go to the live hosts');
+      await remove(survivors[0], beta, id);
+    }
+
+    // The VMs kept running without their server; restarted as itself, the host stops them.
+    const back = await startClusterHost({ cluster: server.url, capacity: 14, net, machine: victim.machine, home: victim.home, timings: TIMINGS.join(',') });
+    hosts[hosts.indexOf(victim)] = back;
+    for (const [hid, h] of hostOf) if (h === victim) hostOf.set(hid, back);
+    const deadline = Date.now() + 60_000;
+    while (pids.some((p) => isRunning(p))) {
+      assert.ok(Date.now() < deadline, 'the restarted host stopped the VMs of its lost sandboxes');
+      await sleep(200);
+    }
+    for (const id of running) {
+      owned.splice(owned.findIndex((o) => o.id === id), 1);
+      assert.equal((await call(back.url, beta, 'GET', `/v1/sandboxes/${id}`)).status, 404, 'the host itself no longer has it');
+    }
+    const resumed = await call(survivors[1].url, beta, 'POST', `/v1/sandboxes/${suspended}/resume`);
+    assert.equal(resumed.status, 200, resumed.bytes.toString());
+    assert.equal((await call(survivors[0].url, beta, 'POST', `/v1/sandboxes/${suspended}/exec`, { command: 'cat /root/kept' })).json.stdout, 'kept\n');
+    await remove(survivors[0], beta, suspended);
+    for (const l of byHost.values()) for (const id of l) if (owned.some((o) => o.id === id)) await remove(survivors[1], beta, id);
   });
 });

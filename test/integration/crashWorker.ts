@@ -1,6 +1,6 @@
 // A server stand-in for crash tests: opens an engine on a home, runs one operation, and SIGKILLs
 // itself at the named fault point inside it (COLLIMATE_CRASH_AT), like a server killed mid-request.
-// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|create-and-suspend|bake [sandboxId | bake nonce]
+// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|resume-on-receiver|create-and-suspend|bake [sandboxId | bake nonce]
 import { readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../../src/sandboxes/engine.ts';
@@ -11,6 +11,8 @@ import { homePaths } from '../../src/host/paths.ts';
 
 const [home, cacheDir, op, id] = process.argv.slice(2);
 const crashAt = process.env.COLLIMATE_CRASH_AT;
+// Ops that do something first (resume-on-receiver) arm the crash only for their last step.
+let armed = op !== 'resume-on-receiver';
 if (op === 'bake') {
   // A template bake whose ready command (made unique by `id`) is running when the server dies:
   // prints the bake's build directory, then SIGKILLs itself with the bake VMM up.
@@ -33,7 +35,7 @@ const engine = await Engine.open({
   cacheDir,
   poolSize: 1,
   faultPoint: (name) => {
-    if (name === crashAt) process.kill(process.pid, 'SIGKILL');
+    if (armed && name === crashAt) process.kill(process.pid, 'SIGKILL');
   },
 });
 const tenant = { tenant: 'crash' };
@@ -48,6 +50,15 @@ if (op === 'setup') {
   await engine.suspend(id);
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'resume') {
+  await engine.resume(id);
+  console.log(JSON.stringify({ done: true }));
+} else if (op === 'resume-on-receiver') {
+  // A first resume asks for a VMM spawned ahead (a fork receiver); the second takes it.
+  await engine.resume(id);
+  await engine.suspend(id);
+  const key = engine.repo.get(id)!.vmm!.artifactKey;
+  while ((engine.forkReceiverSizes()[key]?.ready ?? 0) < 1) await new Promise((r) => setTimeout(r, 100));
+  armed = true;
   await engine.resume(id);
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'create-and-suspend') {

@@ -10,7 +10,7 @@ import type { LiveVm } from '../../src/sandboxes/runtime.ts';
 import { isAlive } from '../../src/vmm/vmm.ts';
 import { openEngine, testHome, assertNoLeaks, TEST_CACHE, qemuProcesses } from './fixture.ts';
 import { allocatedBytes, mappingOf, privatePageBytes } from '../../src/vmm/memory.ts';
-import { jailerFor } from '../../src/vmm/jail.ts';
+import { backingChain, jailerFor } from '../../src/vmm/jail.ts';
 import { processMatches, readClaim } from '../../src/host/claims.ts';
 
 const tenant = { tenant: 'it-lifecycle' };
@@ -245,6 +245,57 @@ test('fork children from VMMs spawned ahead (fork receivers) keep every guarante
   await engine.resume(kids[0].id);
   assert.equal(await sh(kids[0].id, `kill -0 ${pid} && cat /root/kid0 && md5sum < /dev/shm/blob`), `mine\n${blob}`);
   for (const id of [grand.id, ...kids.map((k) => k.id), parent.id]) await engine.delete(id);
+});
+
+test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and files continue; the snapshot becomes a fork point of its own; it forks, suspends and resumes again', async () => {
+  const sb = await engine.create({ template: 'base' }, tenant);
+  const pid = await sh(sb.id, COUNTER);
+  await sh(sb.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=8 2>/dev/null; echo disk > /root/file; sync; echo ok');
+  const blob = await sh(sb.id, 'md5sum < /dev/shm/blob');
+  const key = engine.repo.get(sb.id)!.vmm!.artifactKey;
+  // A resume (like a fork) asks for receivers of the template; the next resume takes one.
+  await engine.suspend(sb.id);
+  await engine.resume(sb.id);
+  const deadline = Date.now() + 60_000;
+  while ((engine.forkReceiverSizes()[key]?.ready ?? 0) < 1) {
+    assert.ok(Date.now() < deadline, `receivers never became ready: ${JSON.stringify(engine.forkReceiverSizes())}`);
+    await sleep(100);
+  }
+  const before = await counter(sb.id);
+  await engine.suspend(sb.id);
+  const phases: Array<Record<string, number>> = [];
+  const onPhases = (r: { op: string; phases: Record<string, number> }) => { if (r.op === 'resume') phases.push(r.phases); };
+  engine.on('phases', onPhases);
+  await engine.resume(sb.id);
+  engine.off('phases', onPhases);
+  assert.ok(phases[0].claim !== undefined && phases[0].memory_remap !== undefined, `the resume took a receiver: ${JSON.stringify(phases[0])}`);
+  assert.equal(phases[0].spawn, undefined, 'no VMM was spawned during the resume');
+
+  const rec = engine.repo.get(sb.id)!.vmm!;
+  assert.notEqual(rec.dir, join(home, 'sandboxes', sb.id), 'it runs in the receiver\'s VMM');
+  const fp = engine.repo.allForkPoints().find((f) => engine.repo.refsOf(sb.id).includes(f.id) && f.mem_path === rec.memPath);
+  assert.ok(fp, 'its RAM file is a fork point of its own, which it refers to');
+  assert.ok(mappingOf(rec.pid, rec.memPath).length >= 256 * 2 ** 20, 'and its QEMU maps that file as its guest RAM');
+  assert.ok(backingChain(rec.diskPath).includes(fp.disk_path), 'the disk it had is a layer under its new top layer');
+  assert.equal(await sh(sb.id, `kill -0 ${pid} && echo alive`), 'alive');
+  assert.ok((await counter(sb.id)) >= before, 'the counter continues');
+  await countsOn(sb.id, engine, await counter(sb.id));
+  assert.equal(await sh(sb.id, 'md5sum < /dev/shm/blob; cat /root/file'), `${blob}\ndisk`, 'its memory and its disk');
+  await engine.settled();
+  assert.deepEqual(readdirSync(join(home, 'sandboxes', sb.id)).filter((f) => f.startsWith('suspend')), [], 'the snapshot is gone after the resume');
+
+  // It writes, forks, suspends (its fork point's RAM is then mapped by nobody and goes) and resumes.
+  await sh(sb.id, 'echo later > /root/later; sync');
+  const [kid] = await engine.fork(sb.id, { count: 1 });
+  assert.equal(await sh(kid.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);
+  await engine.suspend(sb.id);
+  assert.equal(existsSync(fp.mem_path), false, 'the RAM file of its fork point goes once nothing maps it');
+  await engine.resume(sb.id);
+  assert.equal(await sh(sb.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);
+  await engine.delete(kid.id);
+  await engine.delete(sb.id);
+  assert.equal(existsSync(rec.dir), false, 'the receiver\'s directory goes with the sandbox');
+  assert.equal(engine.repo.forkPoint(fp.id), undefined, 'and its fork point');
 });
 
 test('repeated forks of one parent and forks of a child (a fork tree three deep) keep every disk chain intact', async () => {
@@ -501,6 +552,20 @@ test('SIGKILL inside a resume once its new VMM runs: after restart the sandbox i
   try {
     assert.equal(e2.get(id).state, 'suspended', 'an unacknowledged resume is rolled back');
     assert.deepEqual(qemuProcesses(join(crashHome, 'sandboxes', id)), [], 'and the VMM it started is stopped');
+    await resumesIntact(id, e2);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
+
+test('SIGKILL inside a resume on a receiver once it runs: after restart the sandbox is wholly suspended, nothing of the receiver is left, and it resumes intact', async () => {
+  const crashHome = testHome('crash-resume-receiver');
+  const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
+  await runWorker(crashHome, ['resume-on-receiver', id], 'resume:vmm-started');
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.equal(e2.get(id).state, 'suspended', 'an unacknowledged resume is rolled back');
+    assert.deepEqual(e2.repo.allForkPoints(), [], 'its fork point was never recorded');
     await resumesIntact(id, e2);
   } finally {
     await assertNoLeaks(e2, crashHome);

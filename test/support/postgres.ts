@@ -7,7 +7,7 @@
  * Durability is off (fsync, synchronous_commit, full_page_writes): the data dies with the test.
  */
 import { spawnSync } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { appendFileSync, chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { freePort } from './registry.ts';
@@ -17,7 +17,7 @@ export const PG_BIN = process.env.COLLIMATE_PG_BIN ?? '/usr/lib/postgresql/15/bi
 const SUPERUSER = 'collimate';
 
 export interface ThrowawayPostgres {
-  /** postgres://collimate@127.0.0.1:PORT/postgres */
+  /** postgres://collimate@127.0.0.1:PORT/postgres (or the address of `listenOn`) */
   url: string;
   port: number;
   /** The postmaster's pid. */
@@ -58,7 +58,15 @@ function alive(pid: number): boolean {
   }
 }
 
-export async function startPostgres(): Promise<ThrowawayPostgres> {
+export interface PostgresOptions {
+  /**
+   * Another address to listen on besides 127.0.0.1, with trust auth for its /24 (hosts in network
+   * namespaces reach the server over a bridge there). The URL then names this address.
+   */
+  listenOn?: string;
+}
+
+export async function startPostgres(opts: PostgresOptions = {}): Promise<ThrowawayPostgres> {
   const why = postgresUnavailable();
   if (why) throw new Error(why);
   const dir = mkdtempSync(join(tmpdir(), 'collimate-pg-'));
@@ -71,16 +79,18 @@ export async function startPostgres(): Promise<ThrowawayPostgres> {
   try {
     const init = run('initdb', ['-D', data, '-U', SUPERUSER, '-A', 'trust', '--no-sync', '-E', 'UTF8', '--locale=C']);
     if (init.status !== 0) throw new Error(`initdb failed (${init.status}): ${init.stderr || init.stdout}`);
+    if (opts.listenOn) appendFileSync(join(data, 'pg_hba.conf'), `host all all ${opts.listenOn.replace(/\.\d+$/, '.0')}/24 trust\n`);
+    const listen = ['127.0.0.1', ...(opts.listenOn ? [opts.listenOn] : [])].join(',');
     // A port found free can be taken before the server binds it: try again with another.
     for (let attempt = 1; ; attempt++) {
       const port = await freePort();
       const start = run('pg_ctl', [
         '-D', data, '-l', join(dir, 'server.log'), '-w', '-t', '60', 'start',
-        '-o', `-p ${port} -c listen_addresses=127.0.0.1 -k ${dir} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB`,
+        '-o', `-p ${port} -c listen_addresses=${listen} -k ${dir} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB`,
       ]);
       if (start.status === 0) {
         const pid = Number(readFileSync(join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
-        return handle(dir, port, pid);
+        return handle(dir, port, pid, opts.listenOn ?? '127.0.0.1');
       }
       const log = existsSync(join(dir, 'server.log')) ? readFileSync(join(dir, 'server.log'), 'utf8') : '';
       if (attempt >= 3 || !/could not bind|Address already in use/.test(log)) throw new Error(`pg_ctl start failed (${start.status}): ${start.stderr}\n${log.slice(-2000)}`);
@@ -91,8 +101,8 @@ export async function startPostgres(): Promise<ThrowawayPostgres> {
   }
 }
 
-function handle(dir: string, port: number, pid: number): ThrowawayPostgres {
-  const url = `postgres://${SUPERUSER}@127.0.0.1:${port}/postgres`;
+function handle(dir: string, port: number, pid: number, address: string): ThrowawayPostgres {
+  const url = `postgres://${SUPERUSER}@${address}:${port}/postgres`;
   let stopped: Promise<void> | null = null;
   // A test process that ends without stop() (a failure, or the runner's timeout signalling it)
   // must not leave the server behind: SIGQUIT is PostgreSQL's immediate shutdown.
@@ -115,7 +125,7 @@ function handle(dir: string, port: number, pid: number): ThrowawayPostgres {
       if (!/^[a-z][a-z0-9_]{0,62}$/.test(name)) throw new Error(`database name ${name} must be lowercase letters, digits and _`);
       const r = spawnSync(join(PG_BIN, 'psql'), ['-X', '-q', '-d', url, '-c', `CREATE DATABASE ${name}`], { encoding: 'utf8' });
       if (r.status !== 0) throw new Error(`CREATE DATABASE ${name} failed: ${r.stderr}`);
-      return `postgres://${SUPERUSER}@127.0.0.1:${port}/${name}`;
+      return `postgres://${SUPERUSER}@${address}:${port}/${name}`;
     },
     stop() {
       stopped ??= (async () => {
