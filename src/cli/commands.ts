@@ -482,7 +482,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       api.app.log.info({ event: 'stopping', signal }, 'draining requests, then closing; VMs are left running for re-adoption');
       try {
         await api.shutdown();
-        await blobs?.stop();
+        blobs?.stop();
         await node?.leave();
         tenants.close();
         await images?.close();

@@ -57,6 +57,7 @@ export class BlobLocations {
 export class BlobPublisher {
   private timer?: NodeJS.Timeout;
   private running?: Promise<void>;
+  private stopped = false;
 
   constructor(
     private readonly locations: BlobLocations,
@@ -68,6 +69,7 @@ export class BlobPublisher {
 
   async start(): Promise<void> {
     await this.publishNow();
+    if (this.stopped) return;
     this.timer = setInterval(() => void this.publishNow(), this.everyMs);
     this.timer.unref();
   }
@@ -76,7 +78,9 @@ export class BlobPublisher {
   publishNow(): Promise<void> {
     this.running ??= (async () => {
       try {
-        await this.locations.publish(this.hostId, await this.blobs.scan());
+        const held = await this.blobs.scan();
+        if (this.stopped) return;
+        await this.locations.publish(this.hostId, held);
       } catch (err) {
         this.log(err, 'publishing this host\'s blobs to the cluster failed');
       }
@@ -84,8 +88,12 @@ export class BlobPublisher {
     return this.running;
   }
 
-  async stop(): Promise<void> {
+  /**
+   * Stops publishing. A scan under way (the first one hashes every artifact file never hashed, which
+   * can take a minute) is not waited for: its result is dropped, so a stopping host is not held up.
+   */
+  stop(): void {
+    this.stopped = true;
     clearInterval(this.timer);
-    await this.running;
   }
 }

@@ -19,7 +19,7 @@ import Fastify, { type FastifyInstance } from 'fastify';
 import type pg from 'pg';
 import { registerBlobRoutes } from '../../../src/api/blobRoutes.js';
 import { BlobFetcher } from '../../../src/cluster/blobFetcher.js';
-import { BlobLocations } from '../../../src/cluster/blobLocations.js';
+import { BlobLocations, BlobPublisher } from '../../../src/cluster/blobLocations.js';
 import { migrateCluster, openClusterDb } from '../../../src/cluster/db.js';
 import { HostMembership } from '../../../src/cluster/hosts.js';
 import { CollimateError } from '../../../src/errors.js';
@@ -326,6 +326,19 @@ describe('blobs between cluster hosts', { skip }, () => {
       await pool.query(`UPDATE hosts SET state = 'dead' WHERE id = 'host_evil'`);
       await new Promise((r) => evil.close(r));
     }
+  });
+
+  test('a publisher stopped during its first scan publishes nothing and never ticks again', async () => {
+    let scans = 0;
+    const digest = `sha256:${'2'.repeat(64)}`;
+    const slow = { scan: async () => { scans++; await new Promise((r) => setTimeout(r, 200)); return [{ digest, kind: 'layer', path: '/x', size: 1, sparse: false, of: digest }]; } } as unknown as LocalBlobs;
+    const publisher = new BlobPublisher(new BlobLocations(pool), a.id, slow, () => {}, 50);
+    const started = publisher.start();
+    publisher.stop();
+    await started;
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(scans, 1);
+    assert.deepEqual((await pool.query(`SELECT 1 FROM blob_locations WHERE digest = $1`, [digest])).rows, []);
   });
 
   test('no holder: image_pull_failed saying so', async () => {
