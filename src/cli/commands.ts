@@ -439,6 +439,8 @@ async function serve(args: string[], io: Io): Promise<number> {
   const { serverLoggerOptions } = await import('../api/logging.js');
   const front = node ? await import('../api/clusterFront.js') : undefined;
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
+  // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
+  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir })) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
@@ -447,6 +449,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       ? {
         beforeRoutes: (app: import('fastify').FastifyInstance) => {
           front.registerClusterFront(app, node!, tenants);
+          blobs?.register(app);
           app.addHook('preClose', async () => upgrades.closeAll());
         },
         interceptUpgrade: upgrades.intercept,
@@ -479,6 +482,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       api.app.log.info({ event: 'stopping', signal }, 'draining requests, then closing; VMs are left running for re-adoption');
       try {
         await api.shutdown();
+        blobs?.stop();
         await node?.leave();
         tenants.close();
         await images?.close();

@@ -92,4 +92,19 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
 
   `,
+  // 2: where each blob lives (layers by erofs digest, artifact files), for hosts to pull by digest.
+  `
+  CREATE TABLE blob_locations (
+    digest      text NOT NULL CHECK (digest ~ '^sha256:[a-f0-9]{64}$'),
+    host_id     text NOT NULL REFERENCES hosts (id),
+    -- layer, artifact-mem, artifact-state, artifact-disk (src/images/localBlobs.ts)
+    kind        text NOT NULL,
+    size        bigint NOT NULL CHECK (size >= 0),
+    -- The layer's diff id, or the artifact's key.
+    of          text NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (digest, host_id)
+  );
+  CREATE INDEX blob_locations_host ON blob_locations (host_id);
+  `,
 ];

@@ -11,11 +11,15 @@
  * rounds over; one Idempotency-Key sent to all three nodes gives one sandbox; a host killed with
  * SIGKILL has its running sandboxes `lost` (within the documented bound, reported), creates go to
  * the others, its suspended sandbox answers "unavailable" until it returns, and once restarted it
- * stops the VMs of the lost sandboxes and resumes the suspended one. No QEMU is left after.
+ * stops the VMs of the lost sandboxes and resumes the suspended one. A host pulls a template
+ * artifact's three files from a peer by digest (RAM file and disk as their data only, kept sparse,
+ * each digest checked). No QEMU is left after.
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import Database from 'better-sqlite3';
 import pg from 'pg';
@@ -26,6 +30,9 @@ import { killPid } from '../../src/sandboxes/runtime.ts';
 import { hostNetUnavailable, makeHostNet, type HostNet } from '../support/hostNet.ts';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
 import { wsConnect } from '../support/ws.ts';
+import { BlobFetcher } from '../../src/cluster/blobFetcher.ts';
+import { BlobLocations } from '../../src/cluster/blobLocations.ts';
+import { sha256File } from '../../src/host/hash.ts';
 import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 import { qemuProcesses } from './fixture.js';
 import { waitListening, WS_SERVER } from './guestServers.ts';
@@ -240,6 +247,50 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     const listed = await call(hosts[1].url, beta, 'GET', '/v1/sandboxes?label=idem%3Donce');
     assert.deepEqual(listed.json.sandboxes.map((s: { id: string }) => s.id), [id]);
     await remove(hosts[2], beta, id);
+  });
+
+  test('a host pulls a template artifact\'s files from its peer by digest: the RAM file and disk as data only, kept sparse, each verified', async () => {
+    const [a, b] = [...hostOf.keys()];
+    // The hosts share the test's cache, so the third holds the same blobs: the pull comes from A or it.
+    const secret = (await db.query(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0].value as string;
+    // Each host publishes what it holds in the background after it starts (hashing artifact files once).
+    let files: Array<{ digest: string; kind: string; size: number; of: string }> = [];
+    const deadline = Date.now() + 600_000;
+    while (files.length < 3) {
+      assert.ok(Date.now() < deadline, 'host A published no whole artifact');
+      await sleep(500);
+      const r = await db.query(`SELECT digest, kind, size, of FROM blob_locations WHERE host_id = $1 AND kind LIKE 'artifact-%' ORDER BY of, kind`, [a]);
+      const byKey = new Map<string, typeof files>();
+      for (const x of r.rows) byKey.set(x.of, [...(byKey.get(x.of) ?? []), { ...x, size: Number(x.size) }]);
+      files = [...byKey.values()].find((g) => g.length === 3) ?? [];
+    }
+    const dir = mkdtempSync(join(tmpdir(), 'collimate-cluster-pull-'));
+    try {
+      // As host B: its own copies are excluded, so every byte comes from host A over HTTP.
+      const fetcher = new BlobFetcher(new BlobLocations(db), { hostId: b, secret: () => secret, peerHeader: 'x-collimate-peer' });
+      const moved: string[] = [];
+      for (const f of files) {
+        const dest = join(dir, f.kind);
+        const got = await fetcher.fetch(f.digest, dest, { sparse: f.kind !== 'artifact-state' });
+        assert.notEqual(got.hostId, b);
+        assert.equal(got.size, f.size);
+        assert.equal(statSync(dest).size, f.size);
+        assert.equal(`sha256:${await sha256File(dest)}`, f.digest);
+        const allocated = statSync(dest).blocks * 512;
+        if (f.kind === 'artifact-state') assert.equal(got.transferred, f.size);
+        else {
+          assert.ok(got.transferred < f.size / 2, `${f.kind}: ${got.transferred} of ${f.size} bytes sent`);
+          assert.ok(allocated <= got.transferred + (1 << 20), `${f.kind}: the copy keeps its holes (${allocated} bytes allocated)`);
+        }
+        moved.push(`${f.kind} ${f.size} bytes, ${got.transferred} sent, ${allocated} allocated`);
+      }
+      assert.deepEqual(readdirSync(dir).sort(), ['artifact-disk', 'artifact-mem', 'artifact-state']);
+      console.log(`artifact ${files[0].of.slice(0, 12)} pulled from a peer: ${moved.join('; ')}`);
+      // The blob API itself answers tenants' keys with 401 on a real host.
+      assert.equal((await call(hostOf.get(a)!.url, beta, 'GET', `/cluster/blobs/${files[0].digest}`)).status, 401);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('a host killed with SIGKILL: its running sandboxes are lost, creates go elsewhere, its suspended one waits for it; restarted, it stops the lost VMs and resumes the suspended one', async () => {

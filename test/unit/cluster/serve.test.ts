@@ -124,6 +124,22 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
 
   const ownerOf = async (id: string) => (await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0]?.host_id as string | undefined;
 
+  test('the blob API of a serving host answers only peers: no key and a tenant key are 401, the peer secret reaches it', async () => {
+    const secret = (await db.query(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0].value as string;
+    const path = `/cluster/blobs/sha256:${'ab'.repeat(32)}`;
+    for (const h of hosts) {
+      const anon = await fetch(h.url + path);
+      assert.equal(anon.status, 401);
+      assert.equal(((await anon.json()) as any).error.code, 'unauthorized');
+      assert.equal((await call(h.url, pro, 'GET', path)).status, 401);
+      assert.equal((await call(h.url, pro, 'HEAD', path)).status, 401);
+      // A fake engine holds no blob: the peer gets as far as "not here".
+      const peer = await call(h.url, pro, 'GET', path, undefined, { 'x-collimate-peer': secret });
+      assert.equal(peer.status, 404);
+      assert.equal(peer.json.error.code, 'not_found');
+    }
+  });
+
   test('creates through every node spread over the VM hosts, never the API-only one, and list everywhere', async () => {
     const ids: string[] = [];
     for (let i = 0; i < 12; i++) {
