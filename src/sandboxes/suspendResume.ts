@@ -220,8 +220,11 @@ interface ResumeForkPoint {
   disk: string;
 }
 
-/** A sandbox resumed on receivers as many times as this runs on that many disk layers: beyond it, a resume starts a VMM on its own disk. */
-const MAX_RESUME_LAYERS = 16;
+/**
+ * Each resume on a receiver, like each fork, puts one more layer under the sandbox's disk. Past this
+ * many a resume starts a VMM on its own disk instead (well within the 256 layers a chain is read to).
+ */
+const MAX_RESUME_LAYERS = 128;
 
 /**
  * A resume on a VMM spawned ahead for the sandbox's template (a fork receiver, forkReceivers.ts),
