@@ -92,4 +92,35 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
 
   `,
+  // 2: usage across hosts (each host's metering intervals, pushed from its SQLite), and a
+  // notification when a sweep marks a sandbox lost (GET /v1/events on every host).
+  `
+  CREATE TABLE usage_intervals (
+    host_id        text NOT NULL,
+    -- The interval's id in the host's own SQLite: (host_id, local_id) makes a push idempotent.
+    local_id       bigint NOT NULL,
+    tenant         text NOT NULL,
+    sandbox        text NOT NULL,
+    template       text NOT NULL,
+    state          text NOT NULL CHECK (state IN ('running', 'suspended')),
+    vcpus          double precision NOT NULL,
+    memory_mib     double precision NOT NULL,
+    disk_mib       double precision NOT NULL,
+    snapshot_bytes double precision NOT NULL,
+    expires_ms     bigint,
+    start_ms       bigint NOT NULL,
+    end_ms         bigint,
+    PRIMARY KEY (host_id, local_id)
+  );
+  CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant, start_ms);
+
+  CREATE FUNCTION notify_sandbox_lost() RETURNS trigger LANGUAGE plpgsql AS $$
+  BEGIN
+    PERFORM pg_notify('collimate_sandbox_events', json_build_object(
+      'tenant', NEW.tenant, 'id', NEW.id, 'op', 'lost', 'state', 'deleted', 'host', NEW.host_id)::text);
+    RETURN NEW;
+  END $$;
+  CREATE TRIGGER sandboxes_lost AFTER UPDATE OF state ON sandboxes
+    FOR EACH ROW WHEN (NEW.state = 'lost' AND OLD.state <> 'lost') EXECUTE FUNCTION notify_sandbox_lost();
+  `,
 ];

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import type pg from 'pg';
 import { migrateCluster, openClusterDb } from '../../../src/cluster/db.js';
+import { CLUSTER_MIGRATIONS } from '../../../src/cluster/migrations.js';
 import { HostMembership, type HostRegistration } from '../../../src/cluster/hosts.js';
 import { SandboxDirectory } from '../../../src/cluster/directory.js';
 import { ClusterPlacement } from '../../../src/cluster/placement.js';
@@ -75,13 +76,14 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     const nodes = Array.from({ length: 5 }, () => openClusterDb({ url }));
     pools.push(...nodes);
     const applied = await Promise.all(nodes.map((p) => migrateCluster(p)));
-    assert.deepEqual(applied.flat().sort(), [1], 'exactly one node applied version 1');
+    const versions = CLUSTER_MIGRATIONS.map((_, i) => i + 1);
+    assert.deepEqual(applied.flat().sort((a, b) => a - b), versions, 'each version applied by exactly one node');
     assert.deepEqual(await migrateCluster(nodes[0]), []);
-    const r = await nodes[0].query('SELECT version FROM schema_migrations');
-    assert.deepEqual(r.rows, [{ version: 1 }]);
+    const r = await nodes[0].query('SELECT version FROM schema_migrations ORDER BY version');
+    assert.deepEqual(r.rows, versions.map((version) => ({ version })));
     // A database newer than this binary is refused, not guessed at.
     await nodes[0].query('INSERT INTO schema_migrations (version) VALUES (99)');
-    await assert.rejects(migrateCluster(nodes[1]), /schema version 99 but this collimate knows only 1/);
+    await assert.rejects(migrateCluster(nodes[1]), new RegExp(`schema version 99 but this collimate knows only ${versions.length}`));
   });
 
   test('a host registers and heartbeats; a stale host is marked dead by any node, its running sandboxes lost, and it learns them on rejoining', async () => {
