@@ -17,7 +17,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { createHmac } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import { CollimateError } from '../errors.js';
+import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
 import { e2bListed, e2bListQuery, sendE2bError } from '../e2b/controlPlane.js';
 import { errorResult, INPUTS } from '../mcp/tools.js';
 import type { SandboxInfo } from '../sandboxes/types.js';
@@ -121,6 +121,12 @@ export function tokenSandbox(req: IncomingMessage, signer: PortUrlSigner): strin
   return S.SANDBOX_ID_RE.test(port[1]) && signer.verifySandboxToken(port[1], token) ? port[1] : undefined;
 }
 
+/** Why a fork or resume of a sandbox the directory does not have (or has lost) cannot go anywhere. */
+function missing(entry: DirectoryEntry | null, id: string): never {
+  if (entry) throw sandboxEnded(id, 'the host it ran on stopped answering and the cluster marked it lost');
+  throw sandboxNotFound(id);
+}
+
 /** A sandbox another host owns goes there; ours, unknown or lost ones are answered here. */
 function owned(node: ClusterNode, entry: DirectoryEntry | null): DoorRoute | undefined {
   if (!entry || entry.state === 'lost' || entry.hostId === node.hostId) return undefined;
@@ -200,7 +206,9 @@ function mcpDoor(req: FastifyRequest, node: ClusterNode, tenants: TenantService)
       const id = args.sandbox_id;
       if (typeof id !== 'string' || !S.SANDBOX_ID_RE.test(id)) return undefined;
       const entry = await node.directory.lookup(scope.tenant, id);
-      if (!entry || entry.state === 'lost') return undefined;
+      const starts = name === 'fork_sandbox' || name === 'resume_sandbox';
+      // A fork or resume is never answered here unplaced: that would start sandboxes past the cap.
+      if (!entry || entry.state === 'lost') return starts ? missing(entry, id) : undefined;
       if (name === 'fork_sandbox') return { kind: 'placed', scope, entry, slots: slotsOf(args.count), operation: `fork of ${slotsOf(args.count)}` };
       if (name === 'resume_sandbox' && entry.state === 'suspended') return { kind: 'placed', scope, entry, slots: 1, operation: 'resume' };
       return owned(node, entry);
@@ -234,8 +242,9 @@ function e2bDoor(req: FastifyRequest, url: string, node: ClusterNode, tenants: T
       const id = (req.params as { id: string }).id;
       if (!S.SANDBOX_ID_RE.test(id)) return undefined;
       const entry = await node.directory.lookup(scope.tenant, id);
-      if (!entry || entry.state === 'lost') return undefined;
-      if (req.method === 'POST' && path === '/sandboxes/:id/fork') return { kind: 'placed', scope, entry, slots: slotsOf(body.count), operation: `fork of ${slotsOf(body.count)}` };
+      const fork = req.method === 'POST' && path === '/sandboxes/:id/fork';
+      if (!entry || entry.state === 'lost') return fork || starts ? missing(entry, id) : undefined;
+      if (fork) return { kind: 'placed', scope, entry, slots: slotsOf(body.count), operation: `fork of ${slotsOf(body.count)}` };
       if (starts && entry.state === 'suspended') return { kind: 'placed', scope, entry, slots: 1, operation: 'resume' };
       return owned(node, entry);
     },
