@@ -4,7 +4,9 @@
  * both hosts; exec (plain and streamed) and files through the non-owning host return the owner's
  * bytes; a fork asked through the non-owner keeps its children on the parent's host, continuing its
  * counter; the web terminal works through the non-owner; a Demo tenant's 50 concurrent creates
- * through both hosts give exactly 2; another tenant gets 404 through every host. Every sandbox is deleted and both hosts stopped: no QEMU is left.
+ * through both hosts give exactly 2; another tenant gets 404 through every host. E2B's SDK creates
+ * through one host and runs commands and files through the other; both hosts' event streams, live
+ * stats and usage cover the sandbox wherever it runs. Every sandbox is deleted and both hosts stopped: no QEMU is left.
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
@@ -16,6 +18,7 @@ import { WebSocket } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
 import { qemuProcesses, TEST_CACHE, testHome } from './fixture.js';
 import { freePort } from '../support/registry.ts';
+import { e2bKeyOf } from '../../src/service/keys.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const skip = postgresUnavailable() ?? false;
@@ -225,6 +228,62 @@ describe('cluster mode on real microVMs: two hosts, one PostgreSQL', { skip }, (
     for (const s of [id, ...f.json.sandboxes.map((x: { id: string }) => x.id)]) {
       assert.equal((await call(other.url, beta, 'DELETE', `/v1/sandboxes/${s}`)).status, 204);
       owned.splice(owned.findIndex((o) => o.id === s), 1);
+    }
+  });
+
+  test('E2B\'s SDK through the non-owner (commands with the create\'s envs, files), and events, stats and usage of both hosts through each', async () => {
+    const { Sandbox } = await import('e2b');
+    // Both hosts' event streams are open before the create: each must carry it, whichever host runs it.
+    const streams = hosts.map((h) => {
+      const events: Array<{ sandbox_id: string; op: string }> = [];
+      const ctl = new AbortController();
+      let opened!: () => void;
+      const open = new Promise<void>((r) => (opened = r));
+      const done = (async () => {
+        const res = await fetch(`${h.url}/v1/events`, { headers: { authorization: `Bearer ${beta}` }, signal: ctl.signal });
+        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+          opened(); // the server's first comment: the stream is in place
+          for (const m of Buffer.from(chunk).toString('utf8').matchAll(/^data: (\{.*\})$/gm)) events.push(JSON.parse(m[1]));
+        }
+      })().catch(() => {});
+      return { events, open, stop: async () => { ctl.abort(); await done; } };
+    });
+    await Promise.all(streams.map((s) => s.open));
+    const key = e2bKeyOf(beta);
+    const opts = (base: string) => ({ apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd`, requestTimeoutMs: 300_000 });
+    const sbx = await Sandbox.create('base', { ...opts(hosts[0].url), envs: { GREETING: 'hello-cluster' }, timeoutMs: 600_000 });
+    owned.push({ id: sbx.sandboxId, key: beta });
+    const owner = await ownerOf(sbx.sandboxId);
+    const via = hosts.find((h) => h !== owner)!;
+    const there = await Sandbox.connect(sbx.sandboxId, opts(via.url));
+    const r = await there.commands.run('echo "$GREETING from $(cat /proc/sys/kernel/hostname 2>/dev/null || echo guest)"');
+    assert.match(r.stdout, /^hello-cluster from /, 'the envs given at create apply on the owner, reached through the non-owner');
+    await there.files.write('/root/e2b.txt', 'through-the-peer');
+    assert.equal(await sbx.files.read('/root/e2b.txt'), 'through-the-peer');
+    const stats = await call(via.url, beta, 'GET', '/v1/stats');
+    assert.ok(stats.json.sandboxes.some((s: { id: string; memory_mib: number }) => s.id === sbx.sandboxId && s.memory_mib > 0), 'live stats of the owner\'s VM through the non-owner');
+    await there.kill();
+    owned.splice(owned.findIndex((o) => o.id === sbx.sandboxId), 1);
+    for (const [i, s] of streams.entries()) {
+      const deadline = Date.now() + 30_000;
+      while (!(['create', 'delete'] as const).every((op) => s.events.some((e) => e.sandbox_id === sbx.sandboxId && e.op === op))) {
+        assert.ok(Date.now() < deadline, `host ${i} streamed the create and the delete: ${JSON.stringify(s.events)}`);
+        await sleep(100);
+      }
+      await s.stop();
+    }
+    for (const h of hosts) {
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const u = await call(h.url, beta, 'GET', '/v1/usage');
+        const row = u.json.sandboxes.find((x: { id: string }) => x.id === sbx.sandboxId);
+        if (row) {
+          assert.ok(row.running_secs > 0 && row.vcpu_secs > 0);
+          break;
+        }
+        assert.ok(Date.now() < deadline, `usage of the sandbox through ${h.url}`);
+        await sleep(200);
+      }
     }
   });
 
