@@ -65,6 +65,19 @@ const header = (req: FastifyRequest, name: string): string | undefined => {
   return Array.isArray(v) ? v[0] : v;
 };
 
+/**
+ * 1 when `id` is suspended on this host, else 0: a resume (E2B's connect, which the SDK sends on
+ * every connect) of a running sandbox starts nothing, so its owner does not refuse it when full.
+ */
+function suspendedHere(tenants: TenantService, id: unknown): number {
+  if (typeof id !== 'string') return 0;
+  try {
+    return tenants.engine.get(id).state === 'suspended' ? 1 : 0;
+  } catch {
+    return 0; // unknown here: the door answers not found
+  }
+}
+
 function slotsOf(count: unknown): number {
   const n = Number(count ?? 1);
   return Number.isInteger(n) && n > 0 ? n : 1;
@@ -180,7 +193,7 @@ function mcpDoor(req: FastifyRequest, node: ClusterNode, tenants: TenantService)
   const args = call?.arguments && typeof call.arguments === 'object' ? call.arguments : {};
   const answer = (result: unknown): DoorRoute => ({ kind: 'answer', status: 200, body: { jsonrpc: '2.0', id: rpcId, result } });
   return {
-    slots: name === 'create_sandbox' || name === 'resume_sandbox' ? 1 : name === 'fork_sandbox' ? slotsOf(args.count) : 0,
+    slots: name === 'create_sandbox' ? 1 : name === 'fork_sandbox' ? slotsOf(args.count) : name === 'resume_sandbox' ? suspendedHere(tenants, args.sandbox_id) : 0,
     fail(reply, err) {
       reply.code(200).type('application/json; charset=utf-8').send({ jsonrpc: '2.0', id: rpcId, result: errorResult(err) });
     },
@@ -225,7 +238,8 @@ function e2bDoor(req: FastifyRequest, url: string, node: ClusterNode, tenants: T
   const body = (jsonOf(req) ?? {}) as Record<string, unknown>;
   const starts = req.method === 'POST' && (path === '/sandboxes' || /^\/sandboxes\/:id\/(connect|resume)$/.test(path));
   return {
-    slots: starts ? 1 : req.method === 'POST' && path === '/sandboxes/:id/fork' ? slotsOf(body.count) : 0,
+    slots: !starts ? (req.method === 'POST' && path === '/sandboxes/:id/fork' ? slotsOf(body.count) : 0)
+      : path === '/sandboxes' ? 1 : suspendedHere(tenants, (req.params as { id?: string }).id),
     fail: sendE2bError,
     async route() {
       const key = header(req, 'x-api-key') ?? bearerKey(req.headers.authorization);

@@ -383,6 +383,19 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
       const listed = await Sandbox.list({ ...opts(h.url), query: { metadata: { door: 'e2b' } } }).nextItems();
       assert.deepEqual(listed.map((x) => x.sandboxId), [sbx.sandboxId], `listed through ${h.url}`);
     }
+    // With every VM host full, connecting to a running sandbox (which the SDK does on each connect) still works.
+    const fillers: string[] = [];
+    for (;;) {
+      const r = await call(hosts[2].url, pro, 'POST', '/v1/sandboxes', { template: 'base' });
+      if (r.status !== 201) {
+        assert.equal(r.status, 503, r.bytes.toString());
+        break;
+      }
+      fillers.push(r.json.id);
+      assert.ok(fillers.length <= 40, 'the hosts fill up');
+    }
+    assert.equal((await Sandbox.connect(sbx.sandboxId, opts(via))).sandboxId, sbx.sandboxId);
+    for (const id of fillers) assert.equal((await call(hosts[2].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
     await there.setTimeout(300_000);
     const info = await Sandbox.getInfo(sbx.sandboxId, opts(hosts[2].url));
     assert.deepEqual(info.metadata, { door: 'e2b' });
