@@ -19,6 +19,7 @@ import { createHmac } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
 import { e2bListed, e2bListQuery, sendE2bError } from '../e2b/controlPlane.js';
+import { allowedOriginsFromEnv, originAllowed } from '../mcp/origin.js';
 import { errorResult, INPUTS } from '../mcp/tools.js';
 import type { SandboxInfo } from '../sandboxes/types.js';
 import type { PortUrlSigner } from '../service/portUrls.js';
@@ -201,7 +202,8 @@ function mcpDoor(req: FastifyRequest, node: ClusterNode, tenants: TenantService)
       if (Array.isArray(msg) && msg.some((m) => m && typeof m === 'object' && (m as { method?: unknown }).method === 'tools/call')) {
         return { kind: 'answer', status: 400, body: { jsonrpc: '2.0', id: null, error: { code: -32600, message: 'Invalid Request: a cluster host takes one JSON-RPC message per POST; send each tools/call on its own.' } } };
       }
-      if (!name) return undefined;
+      // A refused Origin or key is answered here, by the endpoint's own gate (403, 401).
+      if (!name || !originAllowed(header(req, 'origin'), allowedOriginsFromEnv())) return undefined;
       const scope = scopeOf(tenants, bearerKey(req.headers.authorization));
       if (!scope) return undefined;
       if (name === 'create_sandbox') {

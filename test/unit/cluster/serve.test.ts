@@ -341,6 +341,10 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     assert.ok(!(await mcp(others[1].url, pro, 'delete_sandbox', { sandbox_id: id })).isError);
     assert.equal(await ownerOf(id), undefined);
     for (const h of hosts) assert.match((await mcp(h.url, pro, 'fork_sandbox', { sandbox_id: id })).text, /^sandbox_not_found/, 'a fork of a deleted sandbox, anywhere');
+    // A foreign browser origin is refused by the endpoint's gate before anything is routed.
+    const foreign = await call(hosts[2].url, pro, 'POST', '/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'list_sandboxes', arguments: {} } }, { accept: 'application/json, text/event-stream', origin: 'https://evil.example' });
+    assert.equal(foreign.status, 403);
+    assert.equal(foreign.json.error.code, 'origin_forbidden');
     // Batches would need splitting across hosts: refused with a message saying how to send them.
     const batch = await call(hosts[0].url, pro, 'POST', '/mcp', [{ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'list_images', arguments: {} } }], { accept: 'application/json, text/event-stream' });
     assert.equal(batch.status, 400);
