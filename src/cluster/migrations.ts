@@ -92,8 +92,8 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
 
   `,
-  // 2: usage across hosts (each host's metering intervals, pushed from its SQLite), and a
-  // notification when a sweep marks a sandbox lost (GET /v1/events on every host).
+  // 2: usage across hosts (each host's metering intervals, pushed from its SQLite); when a sweep
+  // marks a sandbox lost, its open interval ends then and a notification says so (GET /v1/events).
   `
   CREATE TABLE usage_intervals (
     host_id        text NOT NULL,
@@ -116,6 +116,9 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
 
   CREATE FUNCTION notify_sandbox_lost() RETURNS trigger LANGUAGE plpgsql AS $$
   BEGIN
+    -- Not charged past the moment the cluster declared it lost, whatever its host says on return.
+    UPDATE usage_intervals SET end_ms = GREATEST(start_ms, (extract(epoch FROM now()) * 1000)::bigint)
+      WHERE host_id = NEW.host_id AND sandbox = NEW.id AND end_ms IS NULL;
     PERFORM pg_notify('collimate_sandbox_events', json_build_object(
       'tenant', NEW.tenant, 'id', NEW.id, 'op', 'lost', 'state', 'deleted', 'host', NEW.host_id)::text);
     RETURN NEW;

@@ -12,8 +12,11 @@
  * a database outage delays the cluster's figures instead of losing them. The cost is a lag of one
  * push period for closed intervals; open ones count up to the moment of the query either way.
  *
- * A host that died cannot close its open intervals: they count until its last heartbeat. If it
- * comes back, it closes them itself (when it stops the VMs the cluster marked lost) and pushes that.
+ * A host that died cannot close its open intervals. The sweep that marks its running sandboxes lost
+ * closes theirs at that moment (a trigger, cluster migration 2), and an interval once closed in
+ * PostgreSQL keeps its end, so the host's own later end (when it stops those VMs on return) does
+ * not charge the time it was away. Its other open intervals (suspended sandboxes) count until its
+ * last heartbeat while it is dead.
  */
 import type pg from 'pg';
 import type { Db } from '../store/db.js';
@@ -95,7 +98,7 @@ export class UsagePush {
       });
       await this.pool.query(
         `INSERT INTO usage_intervals (host_id, local_id, ${COLUMNS.join(', ')}) VALUES ${tuples.join(', ')}
-         ON CONFLICT (host_id, local_id) DO UPDATE SET end_ms = EXCLUDED.end_ms, expires_ms = EXCLUDED.expires_ms, snapshot_bytes = EXCLUDED.snapshot_bytes`,
+         ON CONFLICT (host_id, local_id) DO UPDATE SET end_ms = COALESCE(usage_intervals.end_ms, EXCLUDED.end_ms), expires_ms = EXCLUDED.expires_ms, snapshot_bytes = EXCLUDED.snapshot_bytes`,
         values,
       );
       for (const row of batch) {

@@ -112,4 +112,30 @@ describe('usage pushed from each host to PostgreSQL', { skip }, () => {
     );
     assert.equal((await clusterUsage(pool, 'dead-host', T0, at, at)).totals.running_secs, 600, 'its host dead: up to the last heartbeat');
   });
+
+  test('a sandbox the sweep marks lost is charged until then, not until its host returns and stops it', async () => {
+    const db = hostDb('h4');
+    const start = Date.now() - 60_000;
+    const meter = new Meter(db, () => start);
+    meter.observe(box('sbx_000000000006', 'running', { tenant: 'lost-one', created_at: new Date(start).toISOString() }), start);
+    const push = new UsagePush(pool, db, 'h4');
+    await push.start(3_600_000);
+    await pool.query(
+      `INSERT INTO hosts (id, address, capacity, qemu_version, machine, cpu_model, accel, compat, state, epoch, heartbeat_at, lease_until, registered_at)
+       VALUES ('h4', 'http://127.0.0.1:2', 1, '7.2', 'microvm', 'max', 'tcg', 'x', 'alive', 1, now(), now(), now())`,
+    );
+    await pool.query(`INSERT INTO sandboxes (id, tenant, host_id, host_epoch, state, view) VALUES ('sbx_000000000006', 'lost-one', 'h4', 1, 'running', '{}')`);
+    // What a sweep does: the host dead, its running sandboxes lost, in one statement each.
+    await pool.query(`UPDATE hosts SET state = 'dead' WHERE id = 'h4'`);
+    await pool.query(`UPDATE sandboxes SET state = 'lost' WHERE host_id = 'h4' AND state = 'running'`);
+    const closed = (await pool.query(`SELECT end_ms FROM usage_intervals WHERE host_id = 'h4'`)).rows[0].end_ms;
+    assert.ok(closed !== null && Number(closed) >= start, 'closed by the sweep');
+    // The host returns an hour later and stops the VM: its own end does not replace the sweep's.
+    meter.deleted('sbx_000000000006', Date.now() + 3_600_000);
+    await push.stop();
+    assert.equal((await pool.query(`SELECT end_ms FROM usage_intervals WHERE host_id = 'h4'`)).rows[0].end_ms, closed);
+    const at = Date.now() + 7_200_000;
+    const u = await clusterUsage(pool, 'lost-one', start - 1000, at, at);
+    assert.ok(u.totals.running_secs < 3600, `charged until the sweep only (${u.totals.running_secs} s)`);
+  });
 });
