@@ -19,6 +19,7 @@ import { createHmac } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
 import { e2bListed, e2bListQuery, sendE2bError } from '../e2b/controlPlane.js';
+import { signedFileUrl } from '../e2b/envd.js';
 import { allowedOriginsFromEnv, originAllowed } from '../mcp/origin.js';
 import { errorResult, INPUTS } from '../mcp/tools.js';
 import type { SandboxInfo } from '../sandboxes/types.js';
@@ -91,6 +92,9 @@ function slotsOf(count: unknown): number {
 export function doorOf(req: FastifyRequest, url: string, node: ClusterNode, tenants: TenantService): Door | undefined {
   if (url === '/mcp' && req.method === 'POST') return mcpDoor(req, node, tenants);
   if (url.startsWith('/e2b/api/')) return e2bDoor(req, url, node, tenants);
+  if ((url === '/e2b/envd/files' || url === '/files') && typeof (req.query as { signature?: unknown }).signature === 'string' && req.headers['x-access-token'] === undefined) {
+    return signedFileDoor(req, node, tenants);
+  }
   if (url.startsWith('/e2b/envd/') || url === '/files') return tokenDoor(req, node, tenants, header(req, 'e2b-sandbox-id'), header(req, 'x-access-token'), envdFail);
   if (url.startsWith('/v1/p/:token')) {
     const token = (req.params as { token?: string }).token ?? '';
@@ -133,6 +137,29 @@ export function tokenSandbox(req: IncomingMessage, signer: PortUrlSigner): strin
   const token = req.headers[TRAFFIC_TOKEN_HEADER];
   if (!port || req.headers.authorization !== undefined || typeof token !== 'string') return undefined;
   return S.SANDBOX_ID_RE.test(port[1]) && signer.verifySandboxToken(port[1], token) ? port[1] : undefined;
+}
+
+/**
+ * E2B's signed file URLs name no sandbox: when none of this host's running sandboxes made it, the
+ * other hosts' running sandboxes are tried (a MAC each), and the one it was made for gets it.
+ */
+function signedFileDoor(req: FastifyRequest, node: ClusterNode, tenants: TenantService): Door {
+  return {
+    slots: 0,
+    fail: envdFail,
+    async route() {
+      let matches: ReturnType<typeof signedFileUrl>;
+      try {
+        matches = signedFileUrl(req, req.method === 'GET' ? 'read' : 'write');
+      } catch {
+        return undefined; // expired: this host says so
+      }
+      if (!matches || tenants.sandboxByToken(matches)) return undefined;
+      const r = await node.pool.query<{ id: string }>(`SELECT id FROM sandboxes WHERE state = 'running' AND host_id <> $1`, [node.hostId]);
+      const id = r.rows.find((row) => matches(row.id, tenants.signer.sandboxToken(row.id)))?.id;
+      return id ? owned(node, await node.directory.lookup(null, id)) : undefined;
+    },
+  };
 }
 
 /** Why a fork or resume of a sandbox the directory does not have (or has lost) cannot go anywhere. */

@@ -383,6 +383,15 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     assert.equal(await sbx.files.read('/root/note.txt'), 'written-through-a-peer');
     assert.equal(await there.files.read('/root/note.txt'), 'written-through-a-peer');
     assert.equal(await there.files.exists('/root/nope'), false);
+    // Signed file URLs name no sandbox: every host finds the one they were made for.
+    const up = await there.uploadUrl('/root/signed.txt');
+    const put = await fetch(up, { method: 'POST', headers: { 'content-type': 'application/octet-stream' }, body: 'signed bytes' });
+    assert.equal(put.status, 200, await put.clone().text());
+    const down = new URL(await there.downloadUrl('/root/signed.txt', { useSignatureExpiration: 60 }));
+    for (const h of hosts) {
+      assert.equal(await (await fetch(`${h.url}${down.pathname}${down.search}`)).text(), 'signed bytes', `a signed download through ${h.url}`);
+      assert.equal((await fetch(`${h.url}${down.pathname}${down.search.replace('signed.txt', 'other.txt')}`)).status, 401, 'an altered one is refused');
+    }
     for (const h of hosts) {
       const listed = await Sandbox.list({ ...opts(h.url), query: { metadata: { door: 'e2b' } } }).nextItems();
       assert.deepEqual(listed.map((x) => x.sandboxId), [sbx.sandboxId], `listed through ${h.url}`);
