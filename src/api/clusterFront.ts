@@ -37,7 +37,9 @@ import type { UsagePush } from '../cluster/usage.js';
 import { doorOf, tokenSandbox, type Door } from './clusterDoors.js';
 import { statsAcrossHosts, usageAcrossHosts } from './clusterViews.js';
 
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER]);
+/** The Host a forwarded request arrived with at the entry host (trusted only beside the peer secret). */
+const ENTRY_HOST_HEADER = 'x-collimate-entry-host';
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER, ENTRY_HOST_HEADER]);
 /** How many hosts a create tries when owners refuse it (fenced, full, unreachable). */
 const PLACEMENT_ATTEMPTS = 3;
 
@@ -137,6 +139,9 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
 
   /** A request a peer placed here: re-check the lease and capacity for new sandboxes, then answer locally. */
   function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string, door?: Door): FastifyReply | undefined {
+    // A door that builds absolute URLs (MCP's expose_port) builds them on the host the client reached.
+    const entryHost = req.headers[ENTRY_HOST_HEADER];
+    if (door && typeof entryHost === 'string' && entryHost !== '') req.headers.host = entryHost;
     let slots = door?.slots ?? 0;
     if (!door && req.method === 'POST' && (url === '/v1/sandboxes' || url === '/v1/sandboxes/:id/fork' || url === '/v1/sandboxes/:id/resume')) {
       const count = url.endsWith('/fork') ? Number(jsonBody(req)?.count ?? 1) : 1;
@@ -304,6 +309,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       const prev = headers[name];
       headers[name] = prev === undefined ? raw[i + 1] : ([] as string[]).concat(prev as string | string[], raw[i + 1]);
     }
+    headers[ENTRY_HOST_HEADER] = req.headers.host ?? '';
     headers.host = target.host;
     headers[PEER_HEADER] = node.secret;
     headers['x-forwarded-for'] = req.ip;

@@ -326,6 +326,8 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
       const bytes = (v: any) => ({ stdout: v.stdout, stdout_encoding: v.stdout_encoding, stderr: v.stderr, exit_code: v.exit_code });
       assert.deepEqual(bytes(b.value), bytes(direct.value), 'the owner\'s answer, byte for byte');
       assert.equal(b.value.stdout, Buffer.from([0, 0xff, 0x41]).toString('base64'));
+      const exposed = await mcp(h.url, pro, 'expose_port', { sandbox_id: id, port: 8000 });
+      assert.ok(exposed.value.url.startsWith(`${h.url}/v1/p/`), `a URL on the host the client reached: ${exposed.value.url}`);
       const listed = await mcp(h.url, pro, 'list_sandboxes', { labels: { door: 'mcp' } });
       assert.deepEqual(listed.value.sandboxes.map((x: { id: string }) => x.id), [id]);
       const missing = await mcp(h.url, other, 'get_sandbox', { sandbox_id: id });
