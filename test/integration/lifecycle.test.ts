@@ -247,7 +247,7 @@ test('fork children from VMMs spawned ahead (fork receivers) keep every guarante
   for (const id of [grand.id, ...kids.map((k) => k.id), parent.id]) await engine.delete(id);
 });
 
-test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and files continue; the snapshot becomes a fork point of its own; it forks, suspends and resumes again', async () => {
+test('a resume on a VMM spawned ahead (a fork receiver) maps its RAM image where it lies: processes, memory and files continue; the snapshot becomes a fork point of its own; it forks, suspends and resumes again', async () => {
   const sb = await engine.create({ template: 'base' }, tenant);
   const pid = await sh(sb.id, COUNTER);
   await sh(sb.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=8 2>/dev/null; echo disk > /root/file; sync; echo ok');
@@ -270,6 +270,7 @@ test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and f
   engine.off('phases', onPhases);
   assert.ok(phases[0].claim !== undefined && phases[0].memory_remap !== undefined, `the resume took a receiver: ${JSON.stringify(phases[0])}`);
   assert.equal(phases[0].spawn, undefined, 'no VMM was spawned during the resume');
+  assert.equal(phases[0].memory_load, undefined, 'and its memory was not copied: the image is mapped where it lies');
 
   const rec = engine.repo.get(sb.id)!.vmm!;
   assert.notEqual(rec.dir, join(home, 'sandboxes', sb.id), 'it runs in the receiver\'s VMM');
