@@ -186,6 +186,7 @@ test('a fork point\'s RAM file lives while a running sandbox maps it: repeated f
     files.push(ram);
     assert.ok(existsSync(ram), 'the running child\'s fork point RAM file is there');
     await engine.delete(kid.id);
+    await engine.settled(); // unlinked after the delete has answered
     assert.ok(!existsSync(ram), 'gone with the last sandbox that mapped it, though the parent still sits on its disk layer');
   }
   assert.ok(engine.repo.allForkPoints().length >= 3, 'the fork points themselves stay: the parent\'s disk is on their layers');
@@ -193,6 +194,7 @@ test('a fork point\'s RAM file lives while a running sandbox maps it: repeated f
   const [kid] = await engine.fork(p.id, { count: 1 });
   const ram = ramOf(kid.id);
   await engine.suspend(kid.id);
+  await engine.settled();
   assert.ok(!existsSync(ram));
   await engine.resume(kid.id);
   assert.equal(await sh(kid.id, 'md5sum < /dev/shm/blob'), await sh(p.id, 'md5sum < /dev/shm/blob'));
@@ -290,6 +292,7 @@ test('a resume on a VMM spawned ahead (a fork receiver) maps its RAM image where
   const [kid] = await engine.fork(sb.id, { count: 1 });
   assert.equal(await sh(kid.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);
   await engine.suspend(sb.id);
+  await engine.settled();
   assert.equal(existsSync(fp.mem_path), false, 'the RAM file of its fork point goes once nothing maps it');
   await engine.resume(sb.id);
   assert.equal(await sh(sb.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);
