@@ -221,10 +221,14 @@ interface ResumeForkPoint {
 }
 
 /**
- * Each resume on a receiver, like each fork, puts one more layer under the sandbox's disk. Past this
- * many a resume starts a VMM on its own disk instead (well within the 256 layers a chain is read to).
+ * A resume on a receiver opens the sandbox's disk chain on its path (QEMU adds the layers as the
+ * receiver's backing, and activates them at the restore); a VMM spawned for the resume opens it
+ * while the image is copied beside it. A chain grows by a layer at each fork (and each resume on a
+ * receiver): measured on a parent forked ~70 times, a resume on a receiver took 275 ms p50 (148 of
+ * them adding the chain), where the spawn took ~210 ms; on a chain of a few layers 117 ms against
+ * ~210. Past this many layers a resume spawns its VMM.
  */
-const MAX_RESUME_LAYERS = 128;
+const MAX_RESUME_LAYERS = 32;
 
 /**
  * A resume on a VMM spawned ahead for the sandbox's template (a fork receiver, forkReceivers.ts),
@@ -263,10 +267,10 @@ async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: Snaps
   try {
     // The disk the sandbox had is a read-only layer from now on, shared like a fork point's.
     sealShared(fp.disk);
-    await phases.time('claim', async () => {
-      await attachDisk(ctx.cfg, p, fp, [...trustedLayers(ctx, row.id, rec.artifactKey), fp.disk]);
-      if (p.record.net) await ctx.net!.apply(p.record.net, row.egress);
-    });
+    await phases.time('claim', () => Promise.all([
+      attachDisk(ctx.cfg, p, fp, [...trustedLayers(ctx, row.id, rec.artifactKey), fp.disk]),
+      p.record.net ? ctx.net!.apply(p.record.net, row.egress) : null,
+    ]));
     await phases.time('memory_remap', () => attachMemory(p, fp.mem));
     return { live: await restoreCheckpoint(p, readFileSync(snap.statePath), row.id, phases), fp };
   } catch (e) {
