@@ -224,7 +224,7 @@ interface ResumeForkPoint {
  * A resume on a receiver opens the sandbox's disk chain on its path (QEMU adds the layers as the
  * receiver's backing, and activates them at the restore); a VMM spawned for the resume opens it
  * while the image is copied beside it. A chain grows by a layer at each fork (and each resume on a
- * receiver): measured on a parent forked ~70 times, a resume on a receiver took 275 ms p50 (148 of
+ * receiver): measured on a parent forked ~50 times, a resume on a receiver took 275 ms p50 (148 of
  * them adding the chain), where the spawn took ~210 ms; on a chain of a few layers 117 ms against
  * ~210. Past this many layers a resume spawns its VMM.
  */
