@@ -440,7 +440,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const front = node ? await import('../api/clusterFront.js') : undefined;
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
-  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir })) : undefined;
+  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
