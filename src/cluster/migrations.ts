@@ -107,4 +107,11 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
   CREATE INDEX blob_locations_host ON blob_locations (host_id);
   `,
+  // 3: the key environment secrets are sealed with on cluster hosts (src/cluster/secretsKey.ts), so
+  // that every host opens an environment's secrets. 32 bytes as hex: sha256 over two random UUIDs
+  // (244 random bits; both functions are in core PostgreSQL, no pgcrypto).
+  `
+  INSERT INTO cluster_settings (name, value)
+  VALUES ('secrets_key', encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 'hex'));
+  `,
 ];
