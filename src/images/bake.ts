@@ -144,6 +144,7 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
     if (!existsSync(join(root, b, ARTIFACT_FILES.manifest))) continue;
     let a: Artifact;
     try { a = { ...readArtifactManifest(join(root, b), ctx.ramDir), shape }; } catch { continue; } // not one this version reads: baked anew
+    if (a.key !== key) continue; // a copy put under another key's directory
     if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) {
       // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
       // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.

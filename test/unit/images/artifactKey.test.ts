@@ -111,6 +111,15 @@ test('a copy of a build directory loads on a host with other directories, found 
   assert.equal(found.diskPath, join(copy, 'disk.raw'));
   assert.deepEqual(found.shape, b.shape, 'with this host\'s shape');
   assert.ok(existsSync(join(b.cache, 'artifacts', key.slice(0, 24), 'users')), 'claimed, as a baked one is');
+
+  // A copy put under another key's directory is not taken for that key's artifact: a bake starts (and is stopped at its first step).
+  const bigger = { ...b.shape, memoryMib: 512 };
+  cpSync(copy, join(b.cache, 'artifacts', bakeKey(bigger, 64, b.digests).slice(0, 24), 'b1'), { recursive: true });
+  const stopBake = (m: string) => { throw new Error(m); };
+  await assert.rejects(
+    ensureArtifact({ home: b.cache, ramDir: b.ramDir, qemuBinary: '/nonexistent/qemu', accel: 'tcg', seccomp: false, progress: stopBake }, bigger, 64, b.digests),
+    /baking artifact/,
+  );
 });
 
 test('a manifest written before the portable format (absolute paths) is still read as it was', () => {
