@@ -9,6 +9,9 @@
  * - PostgreSQL round trips per create: statements PostgreSQL logged (log_statement = all) during
  *   sequential creates, less the background rate (heartbeats, sweeps) measured over an idle window
  *   of the same length;
+ * - blob transfer between hosts: a template artifact's RAM file pulled from a peer by the blob
+ *   fetcher, as another host, digest verified: the largest as its data runs only (as hosts pull
+ *   them), the smallest whole (every byte on the wire);
  * - after `kill -9` of a host: time until a survivor answers its running sandbox is lost, and until
  *   the first create through a survivor succeeds (the killed host restarted between rounds).
  *
@@ -16,10 +19,13 @@
  *
  *   node --import tsx bench/cluster.ts [--runs 30] [--kills 10]
  */
-import { readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
+import { BlobFetcher } from '../src/cluster/blobFetcher.ts';
+import { BlobLocations } from '../src/cluster/blobLocations.ts';
 import { makeHostNet } from '../test/support/hostNet.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost } from '../test/integration/clusterHosts.ts';
@@ -117,6 +123,45 @@ try {
   await db.query('SELECT pg_reload_conf()');
   for (const id of made) await call(hosts[0].url, key, 'DELETE', `/v1/sandboxes/${id}`);
   console.log(`\nPostgreSQL statements per create: ${((during - idle) / N).toFixed(1)} (${during} logged over ${N} sequential creates in ${(window / 1000).toFixed(1)} s, ${idle} in an idle window as long: heartbeats, sweeps)`);
+
+  // ---- blob transfer between hosts ---------------------------------------------------------------
+  {
+    const [a, b] = [...hostIds.keys()];
+    const secret = (await db.query(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0].value as string;
+    // Hosts publish what they hold in the background after they start (hashing artifact files once).
+    const pick = async (order: 'DESC' | 'ASC') => {
+      for (const deadline = Date.now() + 600_000; Date.now() < deadline; await sleep(500)) {
+        const r = await db.query(`SELECT digest, size FROM blob_locations WHERE host_id = $1 AND kind = 'artifact-mem' ORDER BY size ${order} LIMIT 1`, [a]);
+        if (r.rows[0]) return { digest: r.rows[0].digest as string, size: Number(r.rows[0].size) };
+      }
+      throw new Error(`host ${a} published no template RAM file`);
+    };
+    // As host B: its own copies are excluded, so every byte comes from a peer over HTTP.
+    const fetcher = new BlobFetcher(new BlobLocations(db), { hostId: b, secret: () => secret, peerHeader: 'x-collimate-peer' });
+    const dir = mkdtempSync(join(tmpdir(), 'collimate-bench-blobs-'));
+    try {
+      console.log('\n| blob pulled from a peer (as another host; digest verified before commit) | n | size | sent | p50 | p99 | data rate (p50) |\n|---|---|---|---|---|---|---|');
+      // The largest RAM file as its data runs (how peers pull it), the smallest whole (a plain body: the wire's rate).
+      for (const [order, sparse] of [['DESC', true], ['ASC', false]] as const) {
+        const blob = await pick(order);
+        const ms: number[] = [];
+        let sent = 0;
+        for (let i = 0; i < RUNS / 3; i++) {
+          const dest = join(dir, `${order}-${i}`);
+          const t0 = performance.now();
+          const got = await fetcher.fetch(blob.digest, dest, { sparse });
+          ms.push(performance.now() - t0);
+          sent = got.transferred;
+          rmSync(dest, { force: true });
+        }
+        const s = summary(ms);
+        const mb = (n: number) => `${(n / 1e6).toFixed(1)} MB`;
+        console.log(`| ${sparse ? 'a template RAM file, its data runs only' : 'a template RAM file, whole (holes sent as zeros)'} | ${s.n} | ${mb(blob.size)} | ${mb(sent)} | ${fmt(s.p50)} ms | ${fmt(s.p99)} ms | ${(sent / 1e6 / (s.p50 / 1000)).toFixed(0)} MB/s |`);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
 
   // ---- kill -9 a host -------------------------------------------------------------------------
   const toLost: number[] = [];

@@ -33,8 +33,13 @@ import { compatKey } from '../cluster/hosts.js';
 import type { KeyCache } from '../cluster/keys.js';
 import { PEER_HEADER, REFUSED_HEADER, type ClusterNode } from '../cluster/node.js';
 import type { Placement } from '../cluster/placement.js';
+import type { UsagePush } from '../cluster/usage.js';
+import { doorOf, tokenSandbox, type Door } from './clusterDoors.js';
+import { statsAcrossHosts, usageAcrossHosts } from './clusterViews.js';
 
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER]);
+/** The Host a forwarded request arrived with at the entry host (trusted only beside the peer secret). */
+const ENTRY_HOST_HEADER = 'x-collimate-entry-host';
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER, ENTRY_HOST_HEADER]);
 /** How many hosts a create tries when owners refuse it (fenced, full, unreachable). */
 const PLACEMENT_ATTEMPTS = 3;
 
@@ -59,20 +64,13 @@ function jsonBody(req: FastifyRequest): Record<string, unknown> | undefined {
   }
 }
 
-export function registerClusterFront(app: FastifyInstance, node: ClusterNode, tenants: TenantService): void {
+export function registerClusterFront(app: FastifyInstance, node: ClusterNode, tenants: TenantService, usage?: UsagePush): void {
   const keys = tenants.keys as KeyCache;
 
   app.addHook('onRequest', async (req, reply) => {
-    // MCP and E2B's API create sandboxes through the tenant service directly, past the cluster's
-    // placement and caps: refused on a cluster host until they go through it (docs/cluster.md).
-    const path = req.url.split('?')[0];
-    if (path === '/mcp' || path.startsWith('/mcp/') || path.startsWith('/e2b/api/')) {
-      sendError(reply, new CollimateError('not_found', `${path.startsWith('/mcp') ? 'MCP' : "E2B's API"} is not served by cluster hosts yet (docs/cluster.md); use the REST API under /v1.`));
-      return reply;
-    }
     try {
       await keys.load(bearerKey(req.headers.authorization));
-      // E2B's SDK sends its key as X-API-Key (the E2B front doors themselves are host-local for now).
+      // E2B's SDK sends its key as X-API-Key.
       const apiKey = req.headers['x-api-key'];
       if (typeof apiKey === 'string') await keys.load(apiKey);
     } catch (err) {
@@ -90,6 +88,10 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
 
   app.addHook('preHandler', async (req, reply) => {
     const url = req.routeOptions.url ?? '';
+    // MCP, E2B's API and envd, and the ports proxy reached by token (clusterDoors.ts).
+    const door = doorOf(req, url, node, tenants);
+    if (door && req.method !== 'GET') endAfterDirectory(reply);
+    if (door) return node.isPeer(req.headers[PEER_HEADER]) ? ownerSide(req, reply, url, door) : routeDoor(req, reply, door);
     if (!url.startsWith('/v1/')) return;
     try {
       if (node.isPeer(req.headers[PEER_HEADER])) return ownerSide(req, reply, url);
@@ -102,6 +104,8 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (url === '/v1/sandboxes' && req.method === 'POST') return await create(req, reply, scope);
       if (url === '/v1/sandboxes' && req.method === 'GET') return await list(req, reply, scope);
       if (url === '/v1/keys' || url === '/v1/keys/:id') return await ownKeys(req, reply, scope, url);
+      if (url === '/v1/usage' && req.method === 'GET') return reply.code(200).type('application/json; charset=utf-8').send(await usageAcrossHosts(req, node, scope, usage));
+      if (url === '/v1/stats' && req.method === 'GET') return reply.code(200).type('application/json; charset=utf-8').send(await statsAcrossHosts(req, node, tenants, scope, (address) => forward(req, address)));
       if (url === '/v1/limits' && req.method === 'GET') {
         // Running sandboxes on every alive host (creates in flight are not running yet).
         const { running } = await node.placement.occupancy(scope.tenant);
@@ -134,14 +138,22 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   });
 
   /** A request a peer placed here: re-check the lease and capacity for new sandboxes, then answer locally. */
-  function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string): FastifyReply | undefined {
-    const creates = req.method === 'POST' && (url === '/v1/sandboxes' || url === '/v1/sandboxes/:id/fork' || url === '/v1/sandboxes/:id/resume');
-    if (!creates) return undefined;
-    const count = url.endsWith('/fork') ? Number(jsonBody(req)?.count ?? 1) : 1;
-    const slot = node.admit(Number.isInteger(count) && count > 0 ? count : 1);
+  function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string, door?: Door): FastifyReply | undefined {
+    // A door that builds absolute URLs (MCP's expose_port) builds them on the host the client reached.
+    const entryHost = req.headers[ENTRY_HOST_HEADER];
+    if (door && typeof entryHost === 'string' && entryHost !== '') req.headers.host = entryHost;
+    let slots = door?.slots ?? 0;
+    if (!door && req.method === 'POST' && (url === '/v1/sandboxes' || url === '/v1/sandboxes/:id/fork' || url === '/v1/sandboxes/:id/resume')) {
+      const count = url.endsWith('/fork') ? Number(jsonBody(req)?.count ?? 1) : 1;
+      slots = Number.isInteger(count) && count > 0 ? count : 1;
+    }
+    if (slots === 0) return undefined;
+    const slot = node.admit(slots);
     if (typeof slot === 'string') {
       reply.header(REFUSED_HEADER, '1');
-      sendError(reply, new CollimateError('host_at_capacity', `This host cannot take it: ${slot}; place it elsewhere.`, { retryAfterSecs: 5, details: { resource: 'cluster_host' } }));
+      const err = new CollimateError('host_at_capacity', `This host cannot take it: ${slot}; place it elsewhere.`, { retryAfterSecs: 5, details: { resource: 'cluster_host' } });
+      if (door) door.fail(reply, err);
+      else sendError(reply, err);
       return reply;
     }
     req.clusterSlot = slot;
@@ -149,23 +161,60 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
     return undefined;
   }
 
+  /** A front door's request, placed, forwarded, proxied or answered as doorOf says; errors in the door's shape. */
+  async function routeDoor(req: FastifyRequest, reply: FastifyReply, door: Door): Promise<FastifyReply | undefined> {
+    try {
+      const r = await door.route();
+      if (!r) return undefined;
+      if (r.kind === 'answer') return reply.code(r.status).headers(r.headers ?? {}).type('application/json; charset=utf-8').send(r.body);
+      if (r.kind === 'owner') {
+        if (!r.entry.hostAlive) throw hostUnavailable(`Sandbox ${r.entry.id} is on a host that is not answering`);
+        return await proxy(req, reply, r.entry.hostAddress);
+      }
+      const placed = r.kind === 'create'
+        ? await placeCreate(req, r.scope, r.template)
+        : await forwardPlaced(req, await node.placement.place({ tenant: r.scope.tenant, tier: r.scope.tier, slots: r.slots, operation: r.operation, host: r.entry.hostId }));
+      if (placed.unreachable !== undefined) throw hostUnavailable(`No host the cluster chose could be reached (last: ${placed.unreachable})`);
+      return sendBuffered(reply, placed);
+    } catch (err) {
+      if (!(err instanceof CollimateError)) req.log.error({ err }, 'cluster database request failed');
+      door.fail(reply, toClientError(err instanceof CollimateError ? err : clusterDatabaseUnavailable(err), req.log, req.id));
+      return reply;
+    }
+  }
+
+  /**
+   * Holds the end of a front door's answer until this host's directory writes so far are done, as
+   * onSend does for /v1 (doors that hijack the reply, MCP's, skip onSend).
+   */
+  function endAfterDirectory(reply: FastifyReply): void {
+    const res = reply.raw;
+    const end = res.end.bind(res) as (...a: unknown[]) => unknown;
+    res.end = ((...a: unknown[]) => {
+      void node.directory.flushed().then(() => end(...a));
+      return res;
+    }) as typeof res.end;
+  }
+
   async function create(req: FastifyRequest, reply: FastifyReply, scope: Scope): Promise<FastifyReply> {
     const body = jsonBody(req);
     const template = typeof body?.template === 'string' ? body.template : undefined;
+    return answerIdempotent(req, reply, scope, () => placeCreate(req, scope, template));
+  }
+
+  /** Places a create and forwards it, placing it again elsewhere when a host refuses (PLACEMENT_ATTEMPTS). */
+  async function placeCreate(req: FastifyRequest, scope: Scope, template: string | undefined): Promise<Buffered> {
     const exclude: string[] = [];
-    const attempt = async (): Promise<Buffered> => {
-      for (let i = 0; ; i++) {
-        const p = await node.placement.place({
-          tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'create', template, exclude,
-          // A VM host places within its own class; an API-only node anywhere.
-          ...(node.capacity > 0 ? { compat: compatKey(node.compat) } : {}),
-        });
-        const r = await forwardPlaced(req, p);
-        if (!r.refused || i + 1 >= PLACEMENT_ATTEMPTS) return r;
-        exclude.push(p.hostId);
-      }
-    };
-    return answerIdempotent(req, reply, scope, attempt);
+    for (let i = 0; ; i++) {
+      const p = await node.placement.place({
+        tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'create', template, exclude,
+        // A VM host places within its own class; an API-only node anywhere.
+        ...(node.capacity > 0 ? { compat: compatKey(node.compat) } : {}),
+      });
+      const r = await forwardPlaced(req, p);
+      if (!r.refused || i + 1 >= PLACEMENT_ATTEMPTS) return r;
+      exclude.push(p.hostId);
+    }
   }
 
   async function placed(req: FastifyRequest, reply: FastifyReply, scope: Scope, p: Parameters<ClusterNode['placement']['place']>[0]): Promise<FastifyReply> {
@@ -260,6 +309,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       const prev = headers[name];
       headers[name] = prev === undefined ? raw[i + 1] : ([] as string[]).concat(prev as string | string[], raw[i + 1]);
     }
+    headers[ENTRY_HOST_HEADER] = req.headers.host ?? '';
     headers.host = target.host;
     headers[PEER_HEADER] = node.secret;
     headers['x-forwarded-for'] = req.ip;
@@ -356,18 +406,22 @@ export function clusterUpgrades(node: ClusterNode, tenants: TenantService): { in
   const tunnels = new Set<Duplex>();
   const intercept: UpgradeInterceptor = (req, socket, head, handleHere) => {
     const m = /^\/v1\/sandboxes\/([^/?]+)\//.exec(req.url ?? '');
-    if (!m || !S.SANDBOX_ID_RE.test(m[1]) || node.isPeer(req.headers[PEER_HEADER])) return false;
-    const id = m[1];
+    const byToken = tokenSandbox(req, tenants.signer);
+    if ((!m || !S.SANDBOX_ID_RE.test(m[1])) && !byToken) return false;
+    if (node.isPeer(req.headers[PEER_HEADER])) return false;
+    const id = byToken ?? m![1];
     void (async () => {
-      const key = upgradeKey(req);
-      await keys.load(key);
-      let scope: Scope;
-      try {
-        scope = tenants.authenticate(key);
-      } catch {
-        return handleHere(); // answered 401 here
+      let tenant: string | null = null; // a token proves access to its sandbox, whoever's it is
+      if (!byToken) {
+        const key = upgradeKey(req);
+        await keys.load(key);
+        try {
+          tenant = tenants.authenticate(key).tenant;
+        } catch {
+          return handleHere(); // answered 401 here
+        }
       }
-      const entry = await node.directory.lookup(scope.tenant, id);
+      const entry = await node.directory.lookup(tenant, id);
       if (!entry || entry.hostId === node.hostId || entry.state === 'lost') return handleHere();
       if (!entry.hostAlive) return socketError(socket, hostUnavailable(`Sandbox ${id} is on a host that is not answering`));
       const target = new URL(entry.hostAddress);

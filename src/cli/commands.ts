@@ -437,8 +437,11 @@ async function serve(args: string[], io: Io): Promise<number> {
       return 1;
     }
   }
+  // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
+  const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, { url: cluster!, log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }) : undefined;
   const { TenantService } = await import('../service/tenantService.js');
-  const tenants = new TenantService({ engine, images, db: engine.db, ...(node ? { keys: node.keyCache(engine.db) } : {}) });
+  const tenants = new TenantService({ engine, images, db: engine.db, ...(node && views ? { keys: node.keyCache(engine.db), sandboxEvents: views.sandboxEvents } : {}) });
+  if (node) tenants.signer.useKey((await import('../api/clusterDoors.js')).clusterSigningKey(node.secret));
   const { serverLoggerOptions } = await import('../api/logging.js');
   const front = node ? await import('../api/clusterFront.js') : undefined;
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
@@ -451,7 +454,7 @@ async function serve(args: string[], io: Io): Promise<number> {
     ...(node && front && upgrades
       ? {
         beforeRoutes: (app: import('fastify').FastifyInstance) => {
-          front.registerClusterFront(app, node!, tenants);
+          front.registerClusterFront(app, node!, tenants, views?.usage);
           blobs?.register(app);
           app.addHook('preClose', async () => upgrades.closeAll());
         },
@@ -486,6 +489,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       try {
         await api.shutdown();
         blobs?.stop();
+        await views?.stop();
         await node?.leave();
         tenants.close();
         await images?.close();

@@ -107,7 +107,41 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
   CREATE INDEX blob_locations_host ON blob_locations (host_id);
   `,
-  // 3: the key environment secrets are sealed with on cluster hosts (src/cluster/secretsKey.ts), so
+  // 3: usage across hosts (each host's metering intervals, pushed from its SQLite); when a sweep
+  // marks a sandbox lost, its open interval ends then and a notification says so (GET /v1/events).
+  `
+  CREATE TABLE usage_intervals (
+    host_id        text NOT NULL,
+    -- The interval's id in the host's own SQLite: (host_id, local_id) makes a push idempotent.
+    local_id       bigint NOT NULL,
+    tenant         text NOT NULL,
+    sandbox        text NOT NULL,
+    template       text NOT NULL,
+    state          text NOT NULL CHECK (state IN ('running', 'suspended')),
+    vcpus          double precision NOT NULL,
+    memory_mib     double precision NOT NULL,
+    disk_mib       double precision NOT NULL,
+    snapshot_bytes double precision NOT NULL,
+    expires_ms     bigint,
+    start_ms       bigint NOT NULL,
+    end_ms         bigint,
+    PRIMARY KEY (host_id, local_id)
+  );
+  CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant, start_ms);
+
+  CREATE FUNCTION notify_sandbox_lost() RETURNS trigger LANGUAGE plpgsql AS $$
+  BEGIN
+    -- Not charged past the moment the cluster declared it lost, whatever its host says on return.
+    UPDATE usage_intervals SET end_ms = GREATEST(start_ms, (extract(epoch FROM now()) * 1000)::bigint)
+      WHERE host_id = NEW.host_id AND sandbox = NEW.id AND end_ms IS NULL;
+    PERFORM pg_notify('collimate_sandbox_events', json_build_object(
+      'tenant', NEW.tenant, 'id', NEW.id, 'op', 'lost', 'state', 'deleted', 'host', NEW.host_id)::text);
+    RETURN NEW;
+  END $$;
+  CREATE TRIGGER sandboxes_lost AFTER UPDATE OF state ON sandboxes
+    FOR EACH ROW WHEN (NEW.state = 'lost' AND OLD.state <> 'lost') EXECUTE FUNCTION notify_sandbox_lost();
+  `,
+  // 4: the key environment secrets are sealed with on cluster hosts (src/cluster/secretsKey.ts), so
   // that every host opens an environment's secrets. 32 bytes as hex: sha256 over two random UUIDs
   // (244 random bits; both functions are in core PostgreSQL, no pgcrypto).
   `

@@ -71,6 +71,53 @@ function metadataOf(body: Record<string, unknown>): Record<string, string> | und
 
 const e2bState = (s: SandboxInfo['state']) => (s === 'suspended' ? 'paused' : s);
 
+/** A sandbox as E2B's list and get show it. */
+export function e2bListed(info: SandboxInfo): Record<string, unknown> {
+  return {
+    templateID: info.template,
+    sandboxID: info.id,
+    clientID: 'collimate',
+    startedAt: info.session_started_at,
+    endAt: info.expires_at,
+    cpuCount: info.vcpus,
+    memoryMB: info.memory_mib,
+    diskSizeMB: info.disk_mib,
+    metadata: info.labels,
+    state: e2bState(info.state),
+    envdVersion: ENVD_VERSION,
+  };
+}
+
+/** E2B's list query (GET /sandboxes, /v2/sandboxes) as a page request, and what is filtered after. */
+export function e2bListQuery(query: Record<string, unknown>, runningOnly: boolean): {
+  page: { state?: 'running' | 'suspended'; labels?: Record<string, string>; after?: string; limit?: number };
+  keep: (s: SandboxInfo) => boolean;
+} {
+  const labels: Record<string, string> = {};
+  if (typeof query.metadata === 'string' && query.metadata !== '') {
+    for (const [k, v] of new URLSearchParams(query.metadata)) labels[k] = v;
+  }
+  let states = String(query.state ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  if (runningOnly) states = ['running'];
+  for (const s of states) if (s !== 'running' && s !== 'paused') throw bad(`state must be running or paused (got ${s.slice(0, 40)}).`);
+  const state = states.length === 1 ? (states[0] === 'paused' ? 'suspended' : 'running') : undefined;
+  let limit: number | undefined;
+  if (query.limit !== undefined) {
+    limit = Number(query.limit);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw bad('limit must be a whole number from 1 to 1000.');
+  }
+  const after = typeof query.nextToken === 'string' && query.nextToken !== '' ? query.nextToken : undefined;
+  const template = typeof query.template === 'string' && query.template !== '' ? query.template : undefined;
+  const startedAfter = typeof query.startedAfter === 'string' ? Date.parse(query.startedAfter) : NaN;
+  return {
+    page: { ...(state ? { state } : {}), ...(Object.keys(labels).length ? { labels } : {}), ...(after ? { after } : {}), ...(limit ? { limit } : {}) },
+    keep: (s) => s.state !== 'deleted' && (template === undefined || s.template === template) && (Number.isNaN(startedAfter) || Date.parse(s.session_started_at) >= startedAfter),
+  };
+}
+
 export class E2bControlPlane {
   constructor(private readonly opts: E2bControlPlaneOptions) {}
 
@@ -92,24 +139,8 @@ export class E2bControlPlane {
     };
   }
 
-  private listed(info: SandboxInfo): Record<string, unknown> {
-    return {
-      templateID: info.template,
-      sandboxID: info.id,
-      clientID: 'collimate',
-      startedAt: info.session_started_at,
-      endAt: info.expires_at,
-      cpuCount: info.vcpus,
-      memoryMB: info.memory_mib,
-      diskSizeMB: info.disk_mib,
-      metadata: info.labels,
-      state: e2bState(info.state),
-      envdVersion: ENVD_VERSION,
-    };
-  }
-
   private detail(info: SandboxInfo): Record<string, unknown> {
-    return { ...this.listed(info), envdAccessToken: this.tenants.signer.sandboxToken(info.id), domain: null };
+    return { ...e2bListed(info), envdAccessToken: this.tenants.signer.sandboxToken(info.id), domain: null };
   }
 
   /** A lease of `secs` from now, unless the session already runs at least that long. */
@@ -145,32 +176,9 @@ export class E2bControlPlane {
   }
 
   list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): { items: unknown[]; next: string | null } {
-    const labels: Record<string, string> = {};
-    if (typeof query.metadata === 'string' && query.metadata !== '') {
-      for (const [k, v] of new URLSearchParams(query.metadata)) labels[k] = v;
-    }
-    let states = String(query.state ?? '')
-      .split(',')
-      .map((s) => s.trim())
-      .filter(Boolean);
-    if (runningOnly) states = ['running'];
-    for (const s of states) if (s !== 'running' && s !== 'paused') throw bad(`state must be running or paused (got ${s.slice(0, 40)}).`);
-    const state = states.length === 1 ? (states[0] === 'paused' ? 'suspended' : 'running') : undefined;
-    let limit: number | undefined;
-    if (query.limit !== undefined) {
-      limit = Number(query.limit);
-      if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw bad('limit must be a whole number from 1 to 1000.');
-    }
-    const after = typeof query.nextToken === 'string' && query.nextToken !== '' ? query.nextToken : undefined;
-    const page = this.tenants.list(scope, { ...(state ? { state } : {}), ...(Object.keys(labels).length ? { labels } : {}), ...(after ? { after } : {}), ...(limit ? { limit } : {}) });
-    const template = typeof query.template === 'string' && query.template !== '' ? query.template : undefined;
-    const startedAfter = typeof query.startedAfter === 'string' ? Date.parse(query.startedAfter) : NaN;
-    const items = page.sandboxes
-      .filter((s) => s.state !== 'deleted')
-      .filter((s) => template === undefined || s.template === template)
-      .filter((s) => Number.isNaN(startedAfter) || Date.parse(s.session_started_at) >= startedAfter)
-      .map((s) => this.listed(s));
-    return { items, next: page.next };
+    const q = e2bListQuery(query, runningOnly);
+    const page = this.tenants.list(scope, q.page);
+    return { items: page.sandboxes.filter(q.keep).map(e2bListed), next: page.next };
   }
 
   get(scope: Scope, id: string): unknown {

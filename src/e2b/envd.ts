@@ -199,6 +199,30 @@ const asConnectError = (err: unknown, log?: FastifyRequest['log']): ConnectError
 type Unary = (scope: Scope, id: string, msg: Record<string, unknown>) => Promise<unknown>;
 type Streaming = (scope: Scope, id: string, msg: Record<string, unknown>, stream: ServerStream, req: IncomingMessage) => Promise<void>;
 
+/**
+ * A signed file URL's check (`sandbox.uploadUrl` / `downloadUrl`): `signature` is
+ * "v1_" + base64(sha256("path:operation:user:token[:expiration]")) without padding, and names no
+ * sandbox, so the caller tries the sandboxes it may be for (the header's, if it has one) with the
+ * returned predicate. Null when the request is not a signed URL (it has an access token, or no
+ * signature); url_expired once it has expired.
+ */
+export function signedFileUrl(req: FastifyRequest, operation: 'read' | 'write'): ((id: string, token: string) => boolean) | null {
+  const q = req.query as { path?: string; username?: string; signature?: string; signature_expiration?: string };
+  if (req.headers['x-access-token'] !== undefined || typeof q.signature !== 'string') return null;
+  const expiration = q.signature_expiration;
+  if (expiration !== undefined && !(Number(expiration) * 1000 > Date.now())) {
+    throw new CollimateError('url_expired', `This signed file URL expired at ${new Date(Number(expiration) * 1000).toISOString()}; ask for a new one.`);
+  }
+  const header = req.headers['e2b-sandbox-id'];
+  const want = Buffer.from(q.signature);
+  return (id, token) => {
+    if (typeof header === 'string' && header !== id) return false;
+    const raw = `${q.path ?? ''}:${operation}:${q.username ?? ''}:${token}${expiration !== undefined ? `:${expiration}` : ''}`;
+    const got = Buffer.from('v1_' + createHash('sha256').update(raw).digest('base64').replace(/=+$/, ''));
+    return got.length === want.length && timingSafeEqual(got, want);
+  };
+}
+
 export class Envd {
   /** Whether a sandbox's image has bash (the SDK runs every command with /bin/bash -l -c). */
   private readonly hasBash = new Map<string, boolean>();
@@ -221,26 +245,10 @@ export class Envd {
     return { scope, id };
   }
 
-  /**
-   * Like authorize, or by a signed URL (`sandbox.uploadUrl` / `downloadUrl`): `signature` is
-   * "v1_" + base64(sha256("path:operation:user:token[:expiration]")) without padding, and names no
-   * sandbox, so the one whose token it was made with is looked for (the header's, if it has one).
-   */
+  /** Like authorize, or by a signed URL (signedFileUrl): the running sandbox it was made for is looked for. */
   authorizeFile(req: FastifyRequest, operation: 'read' | 'write'): { scope: Scope; id: string } {
-    const q = req.query as { path?: string; username?: string; signature?: string; signature_expiration?: string };
-    if (req.headers['x-access-token'] !== undefined || typeof q.signature !== 'string') return this.authorize(req.headers);
-    const expiration = q.signature_expiration;
-    if (expiration !== undefined && !(Number(expiration) * 1000 > Date.now())) {
-      throw new CollimateError('url_expired', `This signed file URL expired at ${new Date(Number(expiration) * 1000).toISOString()}; ask for a new one.`);
-    }
-    const header = req.headers['e2b-sandbox-id'];
-    const want = Buffer.from(q.signature);
-    const matches = (id: string, token: string) => {
-      if (typeof header === 'string' && header !== id) return false;
-      const raw = `${q.path ?? ''}:${operation}:${q.username ?? ''}:${token}${expiration !== undefined ? `:${expiration}` : ''}`;
-      const got = Buffer.from('v1_' + createHash('sha256').update(raw).digest('base64').replace(/=+$/, ''));
-      return got.length === want.length && timingSafeEqual(got, want);
-    };
+    const matches = signedFileUrl(req, operation);
+    if (!matches) return this.authorize(req.headers);
     const found = this.opts.tenants.sandboxByToken(matches);
     if (!found) throw new CollimateError('unauthorized', 'This signed file URL is not valid for any running sandbox (altered, for another path or operation, or its sandbox is gone).');
     return found;

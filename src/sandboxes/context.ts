@@ -33,6 +33,8 @@ export interface EngineContext {
   readonly forking: Set<string>;
   /** Removals of files no longer needed, made after the operation answered (a resumed sandbox's snapshot). */
   readonly removals: Set<Promise<void>>;
+  /** RAM files being unlinked in the background (delete.ts unlinkInBackground). */
+  readonly unlinking: Set<string>;
   /** Admission by what the host has: every create, fork and resume asks it first (hostCapacity.ts). */
   readonly capacity: HostCapacity;
   /** What the host knows of every sandbox's background processes (processes.ts). */

@@ -104,6 +104,7 @@ export class Engine extends EventEmitter implements SandboxService {
       receivers: new ForkReceivers(cfg, (key) => this.templatePools.artifactFor(key), { onError: opts.progress, net }),
       forking: new Set(),
       removals: new Set(),
+      unlinking: new Set(),
       capacity: new HostCapacity(cfg.host, () => this.repo.runningMemoryMib(), { tmpfs: cfg.ramDir, disk: cfg.home }, () => claimBudgets(cfg, net)),
       emit: (event: string, payload: unknown) => { this.emit(event, payload); },
       fault: async (name) => { await opts.faultPoint?.(name); },

@@ -1,4 +1,4 @@
-import { existsSync, linkSync, rmSync } from 'node:fs';
+import { existsSync, linkSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { EngineConfig } from '../config.js';
@@ -6,7 +6,7 @@ import type { NetManager } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
-import { backingChain, exposeLayers, jailerFor, sealShared, untrustedLayer } from '../vmm/jail.js';
+import { backingChain, diskRemapDir, exposeLayers, jailerFor, sealShared, untrustedLayer } from '../vmm/jail.js';
 import { rebaseEmptyOverlay, qcow2Size } from '../vmm/qcow2.js';
 import { WarmPool } from './warmPool.js';
 import { destroyPending, newDiskPath, newSandboxId, spawnIncoming, type PendingVm } from './runtime.js';
@@ -198,23 +198,27 @@ export async function attachDisk(cfg: EngineConfig, p: PendingVm, fp: { id: stri
 
 /**
  * Maps a whole fork point's RAM file over a receiver's guest RAM (ramro.c does it inside QEMU):
- * the file is linked into the receiver's remap directory for the moment it takes QEMU to open it.
+ * the file is linked into the receiver's remap directory on its file system (the RAM files' tmpfs,
+ * or the home's disk for a suspended sandbox's RAM image) for the moment it takes QEMU to open it.
  * From here on the receiver is a child of that fork point like any other.
  */
 export async function attachMemory(p: PendingVm, forkPointMem: string): Promise<void> {
   if (!p.remapDir) throw new Error('not a fork receiver');
-  const link = join(p.remapDir, 'ram');
-  rmSync(link, { force: true });
   // Shared from now on: root's, 0644 (a receiver filled by migration owned it until now).
   sealShared(forkPointMem);
+  const dir = statSync(forkPointMem).dev === statSync(p.remapDir).dev ? p.remapDir : diskRemapDir(p.dir);
+  const link = join(dir, 'ram');
+  // The shim opens the first directory's `ram` it finds: nothing else by that name may be there.
+  for (const d of [p.remapDir, diskRemapDir(p.dir)]) rmSync(join(d, 'ram'), { force: true });
   linkSync(forkPointMem, link);
   try {
     await p.vmm.remapRam('ram');
   } finally {
     rmSync(link, { force: true });
   }
-  // Used once: the directory goes (QEMU's view keeps an empty, deleted one).
+  // Used once: the directories go (QEMU's view keeps empty, deleted ones).
   rmSync(p.remapDir, { recursive: true, force: true });
+  rmSync(diskRemapDir(p.dir), { recursive: true, force: true });
   p.remapDir = undefined;
   p.record.memPath = forkPointMem;
 }

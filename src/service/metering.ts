@@ -9,6 +9,7 @@
  * never seen), vanished ones are closed — at their expiry when that is earlier, since the reaper acts
  * then. The error of anything seen only by reconcile is bounded by the reconcile period.
  */
+import { CollimateError } from '../errors.js';
 import type { Db } from '../store/db.js';
 import type { SandboxInfo } from '../sandboxes/types.js';
 import { applyApiMigrations } from './migrations.js';
@@ -36,7 +37,8 @@ export interface UsageReport {
   days?: Array<{ from: string; to: string; totals: UsageTotals }>;
 }
 
-interface IntervalRow {
+/** One row of usage_intervals (the cluster's copy has the same fields). */
+export interface IntervalRow {
   id: number;
   tenant: string;
   sandbox: string;
@@ -81,6 +83,46 @@ function dayBuckets(fromMs: number, toMs: number): Array<{ fromMs: number; toMs:
   return out;
 }
 
+/**
+ * Usage in [fromMs, toMs) of metered intervals (an open one counts until `at`): totals and per
+ * sandbox, and with `perDay` the totals of each UTC day (the first and last days clipped to the
+ * range), in one pass. Shared by one host's meter and the cluster's (src/cluster/usage.ts).
+ */
+export function usageOfIntervals(rows: readonly IntervalRow[], fromMs: number, toMs: number, at: number, opts: { perDay?: boolean } = {}): UsageReport {
+  const per = new Map<string, { id: string; template: string } & UsageTotals>();
+  const totals = zero();
+  const days = opts.perDay ? dayBuckets(fromMs, toMs) : undefined;
+  for (const r of rows) {
+    const end = Math.min(r.end_ms ?? at, toMs, at);
+    const start = Math.max(r.start_ms, fromMs);
+    if (end <= start) continue;
+    let s = per.get(r.sandbox);
+    if (!s) per.set(r.sandbox, (s = { id: r.sandbox, template: r.template, ...zero() }));
+    addTo([s, totals], charge(r, (end - start) / 1000));
+    if (!days) continue;
+    for (let i = Math.floor(start / DAY_MS) - Math.floor(fromMs / DAY_MS); i < days.length && days[i].fromMs < end; i++) {
+      const secs = (Math.min(end, days[i].toMs) - Math.max(start, days[i].fromMs)) / 1000;
+      if (secs > 0) addTo([days[i].totals], charge(r, secs));
+    }
+  }
+  const sandboxes = [...per.values()].map((s) => Object.assign(s, rounded(s)));
+  return {
+    from: new Date(fromMs).toISOString(),
+    to: new Date(toMs).toISOString(),
+    totals: rounded(totals),
+    sandboxes,
+    ...(days ? { days: days.map((d) => ({ from: new Date(d.fromMs).toISOString(), to: new Date(d.toMs).toISOString(), totals: rounded(d.totals) })) } : {}),
+  };
+}
+
+/** A usage range a report may cover: `validation_error` saying how to fix it otherwise. */
+export function checkUsageRange(fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): void {
+  if (!(fromMs < toMs)) throw new CollimateError('validation_error', '`from` must be before `to`.');
+  if (opts.perDay && Math.floor((toMs - 1) / DAY_MS) - Math.floor(fromMs / DAY_MS) >= MAX_USAGE_DAYS) {
+    throw new CollimateError('validation_error', `per=day covers at most ${MAX_USAGE_DAYS} days: narrow \`from\` and \`to\`, or ask without per=day.`);
+  }
+}
+
 export class Meter {
   constructor(private readonly db: Db, private readonly now: () => number = Date.now) {
     applyApiMigrations(db);
@@ -120,34 +162,10 @@ export class Meter {
    * (the first and last days clipped to the range) in one pass over the intervals.
    */
   usage(tenant: string, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): UsageReport {
-    const at = this.now();
     const rows = this.db
       .prepare('SELECT * FROM usage_intervals WHERE tenant = ? AND start_ms < ? AND (end_ms IS NULL OR end_ms > ?) ORDER BY sandbox, start_ms')
       .all(tenant, toMs, fromMs) as IntervalRow[];
-    const per = new Map<string, { id: string; template: string } & UsageTotals>();
-    const totals = zero();
-    const days = opts.perDay ? dayBuckets(fromMs, toMs) : undefined;
-    for (const r of rows) {
-      const end = Math.min(r.end_ms ?? at, toMs, at);
-      const start = Math.max(r.start_ms, fromMs);
-      if (end <= start) continue;
-      let s = per.get(r.sandbox);
-      if (!s) per.set(r.sandbox, (s = { id: r.sandbox, template: r.template, ...zero() }));
-      addTo([s, totals], charge(r, (end - start) / 1000));
-      if (!days) continue;
-      for (let i = Math.floor(start / DAY_MS) - Math.floor(fromMs / DAY_MS); i < days.length && days[i].fromMs < end; i++) {
-        const secs = (Math.min(end, days[i].toMs) - Math.max(start, days[i].fromMs)) / 1000;
-        if (secs > 0) addTo([days[i].totals], charge(r, secs));
-      }
-    }
-    const sandboxes = [...per.values()].map((s) => Object.assign(s, rounded(s)));
-    return {
-      from: new Date(fromMs).toISOString(),
-      to: new Date(toMs).toISOString(),
-      totals: rounded(totals),
-      sandboxes,
-      ...(days ? { days: days.map((d) => ({ from: new Date(d.fromMs).toISOString(), to: new Date(d.toMs).toISOString(), totals: rounded(d.totals) })) } : {}),
-    };
+    return usageOfIntervals(rows, fromMs, toMs, this.now(), opts);
   }
 
   private observeTx(info: MeteredSandboxInfo, at: number): void {

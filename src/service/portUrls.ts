@@ -49,6 +49,15 @@ export class PortUrlSigner {
   /** `keyPath` null: a key of this process only (URLs die with it). */
   constructor(private readonly keyPath: string | null, private readonly now: () => number = Date.now) {}
 
+  /**
+   * Signs and verifies with `key` from now on instead of the key file: a cluster's hosts share one
+   * (derived from the cluster's peer secret), so a URL or token any host made works on every host.
+   */
+  useKey(key: Buffer): void {
+    if (key.length !== 32) throw new Error('a port URL key is 32 bytes');
+    this.key = key;
+  }
+
   private getKey(): Buffer {
     this.key ??= this.keyPath === null ? randomBytes(32) : loadOrCreateKey(this.keyPath);
     return this.key;

@@ -30,7 +30,7 @@ import { Admission } from './admission.js';
 import { ExecLog, type ExecLogEntry } from './execLog.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
 import { KeyStore, type KeyRecord } from './keys.js';
-import { MAX_USAGE_DAYS, Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
+import { checkUsageRange, Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
 import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
 import { PortUrlSigner } from './portUrls.js';
@@ -93,6 +93,11 @@ export interface TenantServiceOptions {
   reconcileIntervalMs?: number;
   /** Longest a create, fork or resume waits for in-flight operations before concurrency_limit (tests). */
   admissionWaitMs?: number;
+  /**
+   * Where the tenant's sandbox events come from (watchSandboxes). Default: this engine's own
+   * transitions; a cluster host passes every host's (src/cluster/events.ts).
+   */
+  sandboxEvents?: (tenant: string, listener: (t: SandboxTransition) => void) => () => void;
   now?: () => number;
   /** Where failures of background work (metering) are reported. */
   log?: (err: unknown, msg: string) => void;
@@ -126,6 +131,7 @@ export class TenantService {
   private readonly cpuSamples = new Map<string, { atMs: number; cpuSecs: number }>();
   /** Listeners of watchSandboxes: one engine subscription fans out to every open event stream. */
   private readonly sandboxWatchers = new Set<(t: SandboxTransition) => void>();
+  private readonly sandboxEvents?: TenantServiceOptions['sandboxEvents'];
   private readonly onTransition = (ev: Transition) => {
     this.meterTransition(ev);
     if (ev.state === 'deleted') this.execLog.forget(ev.id);
@@ -146,6 +152,7 @@ export class TenantService {
     this.idempotency = new IdempotencyStore(opts.db);
     this.execLog = new ExecLog(opts.db);
     this.meter = new Meter(opts.db, this.now);
+    this.sandboxEvents = opts.sandboxEvents;
     this.admission = new Admission(this.engine, opts.admissionWaitMs);
     const dbFile = (opts.db as { name?: string }).name;
     const keyPath = opts.portUrlKeyPath !== undefined ? opts.portUrlKeyPath : dbFile && dbFile !== ':memory:' ? join(dirname(dbFile), 'port-urls.key') : null;
@@ -343,6 +350,7 @@ export class TenantService {
    * returned unsubscribe is called. An engine without events (a fake) never calls it.
    */
   watchSandboxes(scope: Scope, listener: (t: SandboxTransition) => void): () => void {
+    if (this.sandboxEvents) return this.sandboxEvents(scope.tenant, listener);
     const watcher = (t: SandboxTransition) => {
       if (t.tenant === scope.tenant) listener(t);
     };
@@ -768,10 +776,7 @@ export class TenantService {
   }
 
   usage(scope: Scope, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): UsageReport {
-    if (!(fromMs < toMs)) throw new CollimateError('validation_error', '`from` must be before `to`.');
-    if (opts.perDay && Math.floor((toMs - 1) / 86_400_000) - Math.floor(fromMs / 86_400_000) >= MAX_USAGE_DAYS) {
-      throw new CollimateError('validation_error', `per=day covers at most ${MAX_USAGE_DAYS} days: narrow \`from\` and \`to\`, or ask without per=day.`);
-    }
+    checkUsageRange(fromMs, toMs, opts);
     return this.meter.usage(scope.tenant, fromMs, toMs, opts);
   }
 

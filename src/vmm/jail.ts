@@ -88,6 +88,8 @@ export interface JailRequest {
   /**
    * A remappable VMM's remap directory (on the RAM files' tmpfs, root-owned 0711): bound read-only
    * into its view, named to its RAM shim with the descriptor of its remap socket (VmSpec.remappable).
+   * A second one, `remap` in the VMM's directory (on the home's disk, root-owned 0711), takes files
+   * that lie on the disk (a suspended sandbox's RAM image): a link can only be made on one file system.
    */
   remapDir?: string;
 }
@@ -283,6 +285,11 @@ function own(path: string, uid: number): void {
 }
 
 /** A root-owned directory the VMM may traverse but not list or change. */
+/** A remappable VMM's second remap directory, for files on the home's disk (JailRequest.remapDir). */
+export function diskRemapDir(vmmDir: string): string {
+  return join(vmmDir, 'remap');
+}
+
 function rootDir(path: string): void {
   mkdirSync(path, { recursive: true });
   const st = lstatSync(path);
@@ -380,7 +387,10 @@ export class Jailer {
       const memOwn = req.memShared || !existsSync(req.memPath);
       // The remap is done by the RAM shim, which a VMM writing its own RAM file does not load.
       if (req.remapDir && memOwn) throw new Error('only a VMM on a shared RAM file (share=off) can be remapped');
-      if (req.remapDir) rootDir(req.remapDir);
+      if (req.remapDir) {
+        rootDir(req.remapDir);
+        rootDir(diskRemapDir(req.dir));
+      }
       rootDir(req.dir);
       const linksDir = join(req.dir, 'disks');
       rmSync(linksDir, { recursive: true, force: true });
@@ -419,7 +429,7 @@ export class Jailer {
       if (tun) plan.binds.push({ src: tun, dst: '/dev/net/tun', kind: 'file', ro: false, device: true });
       if (req.remapDir) {
         plan.binds.push({ src: req.remapDir, dst: req.remapDir, kind: 'dir', ro: true });
-        Object.assign(plan.env, { COLLIMATE_REMAP_FD: String(REMAP_FD), COLLIMATE_REMAP_DIR: req.remapDir });
+        Object.assign(plan.env, { COLLIMATE_REMAP_FD: String(REMAP_FD), COLLIMATE_REMAP_DIR: `${req.remapDir}:${diskRemapDir(req.dir)}` });
       }
       let bound: ClaimOwner = self;
       let released = false;

@@ -11,9 +11,11 @@
  * share=off when O_RDWR is refused); with it this library is unnecessary.
  *
  * A VMM waiting in a fork pool (forkReceivers.ts) also gets COLLIMATE_REMAP_FD, a socket to the
- * server, and COLLIMATE_REMAP_DIR, a directory of its view. A thread started here waits on the
- * socket for one line, `remap NAME`, and maps NAME (a fork point's RAM file, linked into that
- * directory by the server) copy-on-write over the guest RAM mapping, in place (MAP_FIXED, same
+ * server, and COLLIMATE_REMAP_DIR, one or two directories of its view separated by ':' (one on the
+ * RAM file system, one on the home's disk: the server links the file into the one on its file
+ * system). A thread started here waits on the socket for one line, `remap NAME`, and maps NAME (a
+ * fork point's RAM file or a suspended sandbox's RAM image, linked into the first of those
+ * directories that has it) copy-on-write over the guest RAM mapping, in place (MAP_FIXED, same
  * address and length): the VMM, spawned ahead of the fork, then restores the fork point as if it had
  * been started on it. It answers `ok` or `error ERRNO STEP`, and exits. Nothing else is read from
  * the socket; the guest has not run in this process yet, so no vCPU touches the mapping meanwhile.
@@ -154,19 +156,27 @@ static void *remap_thread(void *arg) {
   if (!nl || strncmp(buf, "remap ", 6) != 0 || !dir || !*dir) goto fail;
   *nl = '\0';
   const char *name = buf + 6;
-  /* One plain name inside the remap directory: no slashes, no dot names. */
+  /* One plain name inside a remap directory: no slashes, no dot names. */
   if (!*name || strchr(name, '/') || name[0] == '.') goto fail;
-  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) goto fail;
   struct stat ram;
   step = "stat";
   if (stat(ro_path, &ram) != 0) { err = errno; goto fail; }
-  unsigned long start, len;
-  unsigned long long off;
+  unsigned long start = 0, len = 0;
+  unsigned long long off = 0;
   step = "find";
   if (find_mapping(ram.st_dev, ram.st_ino, &start, &len, &off) != 0) { err = ENOENT; goto fail; }
   step = "open";
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) { err = errno; goto fail; }
+  int fd = -1;
+  err = ENOENT;
+  for (const char *d = dir; fd < 0 && *d;) {
+    const char *end = strchr(d, ':');
+    size_t dlen = end ? (size_t)(end - d) : strlen(d);
+    if ((size_t)snprintf(path, sizeof path, "%.*s/%s", (int)dlen, d, name) >= sizeof path) { err = ENAMETOOLONG; goto fail; }
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno != ENOENT) { err = errno; goto fail; }
+    d = end ? end + 1 : d + dlen;
+  }
+  if (fd < 0) goto fail;
   struct stat st;
   step = "size";
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size < off + len) { err = EINVAL; close(fd); goto fail; }

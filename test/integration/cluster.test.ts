@@ -13,7 +13,8 @@
  * the others, its suspended sandbox answers "unavailable" until it returns, and once restarted it
  * stops the VMs of the lost sandboxes and resumes the suspended one. A host pulls a template
  * artifact's three files from a peer by digest (RAM file and disk as their data only, kept sparse,
- * each digest checked). No QEMU is left after.
+ * each digest checked). E2B's SDK creates through one host and runs commands and files through
+ * another; every host's event stream, live stats and usage cover that sandbox. No QEMU is left after.
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -36,6 +37,7 @@ import { sha256File } from '../../src/host/hash.ts';
 import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 import { qemuProcesses } from './fixture.js';
 import { waitListening, WS_SERVER } from './guestServers.ts';
+import { e2bKeyOf } from '../../src/service/keys.js';
 
 const skip = postgresUnavailable() ?? hostNetUnavailable() ?? false;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -290,6 +292,62 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
       assert.equal((await call(hostOf.get(a)!.url, beta, 'GET', `/cluster/blobs/${files[0].digest}`)).status, 401);
     } finally {
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('E2B\'s SDK through a non-owner (commands with the create\'s envs, files), and events, stats and usage of every host through each', async () => {
+    const { Sandbox } = await import('e2b');
+    // Both hosts' event streams are open before the create: each must carry it, whichever host runs it.
+    const streams = hosts.map((h) => {
+      const events: Array<{ sandbox_id: string; op: string }> = [];
+      const ctl = new AbortController();
+      let opened!: () => void;
+      const open = new Promise<void>((r) => (opened = r));
+      const done = (async () => {
+        const res = await fetch(`${h.url}/v1/events`, { headers: { authorization: `Bearer ${beta}` }, signal: ctl.signal });
+        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+          opened(); // the server's first comment: the stream is in place
+          for (const m of Buffer.from(chunk).toString('utf8').matchAll(/^data: (\{.*\})$/gm)) events.push(JSON.parse(m[1]));
+        }
+      })().catch(() => {});
+      return { events, open, stop: async () => { ctl.abort(); await done; } };
+    });
+    await Promise.all(streams.map((s) => s.open));
+    const key = e2bKeyOf(beta);
+    const opts = (base: string) => ({ apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd`, requestTimeoutMs: 300_000 });
+    const sbx = await Sandbox.create('base', { ...opts(hosts[0].url), envs: { GREETING: 'hello-cluster' }, timeoutMs: 600_000 });
+    owned.push({ id: sbx.sandboxId, key: beta });
+    const owner = await ownerOf(sbx.sandboxId);
+    const via = hosts.find((h) => h !== owner)!;
+    const there = await Sandbox.connect(sbx.sandboxId, opts(via.url));
+    const r = await there.commands.run('echo "$GREETING from $(cat /proc/sys/kernel/hostname 2>/dev/null || echo guest)"');
+    assert.match(r.stdout, /^hello-cluster from /, 'the envs given at create apply on the owner, reached through the non-owner');
+    await there.files.write('/root/e2b.txt', 'through-the-peer');
+    assert.equal(await sbx.files.read('/root/e2b.txt'), 'through-the-peer');
+    const stats = await call(via.url, beta, 'GET', '/v1/stats');
+    assert.ok(stats.json.sandboxes.some((s: { id: string; memory_mib: number }) => s.id === sbx.sandboxId && s.memory_mib > 0), 'live stats of the owner\'s VM through the non-owner');
+    await there.kill();
+    owned.splice(owned.findIndex((o) => o.id === sbx.sandboxId), 1);
+    for (const [i, s] of streams.entries()) {
+      const deadline = Date.now() + 30_000;
+      while (!(['create', 'delete'] as const).every((op) => s.events.some((e) => e.sandbox_id === sbx.sandboxId && e.op === op))) {
+        assert.ok(Date.now() < deadline, `host ${i} streamed the create and the delete: ${JSON.stringify(s.events)}`);
+        await sleep(100);
+      }
+      await s.stop();
+    }
+    for (const h of hosts) {
+      const deadline = Date.now() + 30_000;
+      for (;;) {
+        const u = await call(h.url, beta, 'GET', '/v1/usage');
+        const row = u.json.sandboxes.find((x: { id: string }) => x.id === sbx.sandboxId);
+        if (row) {
+          assert.ok(row.running_secs > 0 && row.vcpu_secs > 0);
+          break;
+        }
+        assert.ok(Date.now() < deadline, `usage of the sandbox through ${h.url}`);
+        await sleep(200);
+      }
     }
   });
 

@@ -186,6 +186,7 @@ test('a fork point\'s RAM file lives while a running sandbox maps it: repeated f
     files.push(ram);
     assert.ok(existsSync(ram), 'the running child\'s fork point RAM file is there');
     await engine.delete(kid.id);
+    await engine.settled(); // unlinked after the delete has answered
     assert.ok(!existsSync(ram), 'gone with the last sandbox that mapped it, though the parent still sits on its disk layer');
   }
   assert.ok(engine.repo.allForkPoints().length >= 3, 'the fork points themselves stay: the parent\'s disk is on their layers');
@@ -193,6 +194,7 @@ test('a fork point\'s RAM file lives while a running sandbox maps it: repeated f
   const [kid] = await engine.fork(p.id, { count: 1 });
   const ram = ramOf(kid.id);
   await engine.suspend(kid.id);
+  await engine.settled();
   assert.ok(!existsSync(ram));
   await engine.resume(kid.id);
   assert.equal(await sh(kid.id, 'md5sum < /dev/shm/blob'), await sh(p.id, 'md5sum < /dev/shm/blob'));
@@ -247,7 +249,7 @@ test('fork children from VMMs spawned ahead (fork receivers) keep every guarante
   for (const id of [grand.id, ...kids.map((k) => k.id), parent.id]) await engine.delete(id);
 });
 
-test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and files continue; the snapshot becomes a fork point of its own; it forks, suspends and resumes again', async () => {
+test('a resume on a VMM spawned ahead (a fork receiver) maps its RAM image where it lies: processes, memory and files continue; the snapshot becomes a fork point of its own; it forks, suspends and resumes again', async () => {
   const sb = await engine.create({ template: 'base' }, tenant);
   const pid = await sh(sb.id, COUNTER);
   await sh(sb.id, 'dd if=/dev/urandom of=/dev/shm/blob bs=1M count=8 2>/dev/null; echo disk > /root/file; sync; echo ok');
@@ -270,6 +272,7 @@ test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and f
   engine.off('phases', onPhases);
   assert.ok(phases[0].claim !== undefined && phases[0].memory_remap !== undefined, `the resume took a receiver: ${JSON.stringify(phases[0])}`);
   assert.equal(phases[0].spawn, undefined, 'no VMM was spawned during the resume');
+  assert.equal(phases[0].memory_load, undefined, 'and its memory was not copied: the image is mapped where it lies');
 
   const rec = engine.repo.get(sb.id)!.vmm!;
   assert.notEqual(rec.dir, join(home, 'sandboxes', sb.id), 'it runs in the receiver\'s VMM');
@@ -289,6 +292,7 @@ test('a resume on a VMM spawned ahead (a fork receiver): processes, memory and f
   const [kid] = await engine.fork(sb.id, { count: 1 });
   assert.equal(await sh(kid.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);
   await engine.suspend(sb.id);
+  await engine.settled();
   assert.equal(existsSync(fp.mem_path), false, 'the RAM file of its fork point goes once nothing maps it');
   await engine.resume(sb.id);
   assert.equal(await sh(sb.id, `kill -0 ${pid} && md5sum < /dev/shm/blob; cat /root/file /root/later`), `${blob}\ndisk\nlater`);

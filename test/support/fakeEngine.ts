@@ -19,6 +19,14 @@ export class Engine extends FakeSandboxService {
     return e;
   }
 
+  /** Readings like the engine's (GET /v1/stats): each running VMM 64 MiB resident, one CPU second more per reading. */
+  vmmUsage(ids: readonly string[]): Map<string, { cpuSecs: number; rssBytes: number }> {
+    this.readings++;
+    return new Map(ids.map((id) => [id, { cpuSecs: this.readings, rssBytes: 64 * 1024 * 1024 }]));
+  }
+
+  private readings = 0;
+
   override async close(): Promise<void> {
     await super.close();
     this.db.close();

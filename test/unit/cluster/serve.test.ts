@@ -16,6 +16,7 @@ import pg from 'pg';
 import { WebSocket, WebSocketServer } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
 import { freePort } from '../../support/registry.ts';
+import { e2bKeyOf } from '../../../src/service/keys.js';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
@@ -309,13 +310,236 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     }
   });
 
-  test('MCP and E2B\'s API, which would create past the cluster\'s caps, are refused on cluster hosts, saying so', async () => {
-    const mcp = await call(hosts[0].url, demo, 'POST', '/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/list' });
-    assert.equal(mcp.status, 404);
-    assert.match(mcp.json.error.message, /MCP is not served by cluster hosts yet/);
-    const e2b = await call(hosts[1].url, demo, 'POST', '/e2b/api/sandboxes', { templateID: 'base' });
-    assert.equal(e2b.status, 404);
-    assert.match(e2b.json.error.message, /E2B's API is not served by cluster hosts yet/);
+  /** One MCP tool call (stateless Streamable HTTP): the JSON-RPC result, whether the answer came as JSON or SSE. */
+  async function mcp(base: string, key: string, name: string, args: Record<string, unknown>): Promise<{ isError?: boolean; text: string; value: any }> {
+    const r = await call(base, key, 'POST', '/mcp', { jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name, arguments: args } }, { accept: 'application/json, text/event-stream' });
+    assert.equal(r.status, 200, r.bytes.toString());
+    const text = r.bytes.toString('utf8');
+    const msg = r.json ?? JSON.parse(text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).pop()!);
+    assert.equal(msg.id, 7);
+    const result = msg.result as { isError?: boolean; content: Array<{ text: string }> };
+    let value: any = null;
+    try {
+      value = JSON.parse(result.content[0].text);
+    } catch { /* an error's text */ }
+    return { isError: result.isError, text: result.content[0].text, value };
+  }
+
+  test('MCP on every host: a create is placed by the cluster, exec and files reach the owner through any node, list and delete work everywhere', async () => {
+    const made = await mcp(hosts[2].url, pro, 'create_sandbox', { template: 'base', labels: { door: 'mcp' } });
+    assert.ok(!made.isError, made.text);
+    const id = made.value.id as string;
+    const owner = await ownerOf(id);
+    assert.ok(owner && owner !== idOf.get(hosts[2].url), 'placed on a VM host, not the API-only node it arrived at');
+    const ownerUrl = hosts.find((h) => idOf.get(h.url) === owner)!.url;
+    const others = hosts.filter((h) => h.url !== ownerUrl);
+    const direct = await mcp(ownerUrl, pro, 'exec', { sandbox_id: id, commands: [['printf-bytes', '00ff41']] });
+    for (const h of others) {
+      const r = await mcp(h.url, pro, 'exec', { sandbox_id: id, command: 'echo through-' + h.url.slice(-5) });
+      assert.ok(!r.isError, r.text);
+      assert.equal(r.value.stdout, `through-${h.url.slice(-5)}\n`);
+      const b = await mcp(h.url, pro, 'exec', { sandbox_id: id, commands: [['printf-bytes', '00ff41']] });
+      const bytes = (v: any) => ({ stdout: v.stdout, stdout_encoding: v.stdout_encoding, stderr: v.stderr, exit_code: v.exit_code });
+      assert.deepEqual(bytes(b.value), bytes(direct.value), 'the owner\'s answer, byte for byte');
+      assert.equal(b.value.stdout, Buffer.from([0, 0xff, 0x41]).toString('base64'));
+      const exposed = await mcp(h.url, pro, 'expose_port', { sandbox_id: id, port: 8000 });
+      assert.ok(exposed.value.url.startsWith(`${h.url}/v1/p/`), `a URL on the host the client reached: ${exposed.value.url}`);
+      const listed = await mcp(h.url, pro, 'list_sandboxes', { labels: { door: 'mcp' } });
+      assert.deepEqual(listed.value.sandboxes.map((x: { id: string }) => x.id), [id]);
+      const missing = await mcp(h.url, other, 'get_sandbox', { sandbox_id: id });
+      assert.ok(missing.isError);
+      assert.match(missing.text, /^sandbox_not_found/, 'another tenant gets not found through every node');
+    }
+    const fork = await mcp(others[0].url, pro, 'fork_sandbox', { sandbox_id: id, count: 2 });
+    assert.ok(!fork.isError, fork.text);
+    for (const child of fork.value.sandboxes) {
+      assert.equal(await ownerOf(child.id), owner, 'children on the parent\'s host');
+      assert.ok(!(await mcp(others[1].url, pro, 'delete_sandbox', { sandbox_id: child.id })).isError);
+    }
+    assert.ok(!(await mcp(others[1].url, pro, 'delete_sandbox', { sandbox_id: id })).isError);
+    assert.equal(await ownerOf(id), undefined);
+    for (const h of hosts) assert.match((await mcp(h.url, pro, 'fork_sandbox', { sandbox_id: id })).text, /^sandbox_not_found/, 'a fork of a deleted sandbox, anywhere');
+    // A foreign browser origin is refused by the endpoint's gate before anything is routed.
+    const foreign = await call(hosts[2].url, pro, 'POST', '/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'list_sandboxes', arguments: {} } }, { accept: 'application/json, text/event-stream', origin: 'https://evil.example' });
+    assert.equal(foreign.status, 403);
+    assert.equal(foreign.json.error.code, 'origin_forbidden');
+    // Batches would need splitting across hosts: refused with a message saying how to send them.
+    const batch = await call(hosts[0].url, pro, 'POST', '/mcp', [{ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'list_images', arguments: {} } }], { accept: 'application/json, text/event-stream' });
+    assert.equal(batch.status, 400);
+    assert.match(batch.json.error.message, /one JSON-RPC message per POST/);
+  });
+
+  test('the Demo cap of 2 holds across nodes through MCP and E2B\'s API too', async () => {
+    const e2bDemo = e2bKeyOf(demo);
+    const rs = await Promise.all(Array.from({ length: 24 }, async (_, i) => {
+      const base = hosts[i % 3].url;
+      if (i % 2 === 0) {
+        const r = await mcp(base, demo, 'create_sandbox', { template: 'base' });
+        return { ok: !r.isError, id: r.value?.id as string | undefined, refused: /^concurrency_limit/.test(r.text) };
+      }
+      const r = await call(base, '', 'POST', '/e2b/api/sandboxes', { templateID: 'base' }, { 'x-api-key': e2bDemo, authorization: '' });
+      return { ok: r.status === 201, id: r.json?.sandboxID as string | undefined, refused: r.status === 429 && r.json?.error_code === 'concurrency_limit' };
+    }));
+    const made = rs.filter((r) => r.ok);
+    assert.equal(made.length, 2, JSON.stringify(rs));
+    assert.equal(rs.filter((r) => r.refused).length, 22, 'every other create refused with concurrency_limit');
+    for (const m of made) assert.equal((await call(hosts[2].url, demo, 'DELETE', `/v1/sandboxes/${m.id}`)).status, 204);
+  });
+
+  test('E2B\'s SDK: a sandbox created through one host is reached through another (envd files, list, timeout, kill)', async () => {
+    const { Sandbox } = await import('e2b');
+    const key = e2bKeyOf(pro);
+    const opts = (base: string) => ({ apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` });
+    const sbx = await Sandbox.create('base', { ...opts(hosts[2].url), metadata: { door: 'e2b' }, envs: { GREETING: 'hi' }, timeoutMs: 600_000 });
+    const owner = await ownerOf(sbx.sandboxId);
+    assert.ok(owner && owner !== idOf.get(hosts[2].url));
+    const ownerUrl = hosts.find((h) => idOf.get(h.url) === owner)!.url;
+    const via = hosts.find((h) => h.url !== ownerUrl && h !== hosts[2])!.url;
+    // Connected through another host: its envd calls go there and are proxied to the owner.
+    const there = await Sandbox.connect(sbx.sandboxId, opts(via));
+    await there.files.write('/root/note.txt', 'written-through-a-peer');
+    assert.equal(await sbx.files.read('/root/note.txt'), 'written-through-a-peer');
+    assert.equal(await there.files.read('/root/note.txt'), 'written-through-a-peer');
+    assert.equal(await there.files.exists('/root/nope'), false);
+    // Signed file URLs name no sandbox: every host finds the one they were made for.
+    const up = await there.uploadUrl('/root/signed.txt');
+    const put = await fetch(up, { method: 'POST', headers: { 'content-type': 'application/octet-stream' }, body: 'signed bytes' });
+    assert.equal(put.status, 200, await put.clone().text());
+    const down = new URL(await there.downloadUrl('/root/signed.txt', { useSignatureExpiration: 60 }));
+    for (const h of hosts) {
+      assert.equal(await (await fetch(`${h.url}${down.pathname}${down.search}`)).text(), 'signed bytes', `a signed download through ${h.url}`);
+      assert.equal((await fetch(`${h.url}${down.pathname}${down.search.replace('signed.txt', 'other.txt')}`)).status, 401, 'an altered one is refused');
+    }
+    for (const h of hosts) {
+      const listed = await Sandbox.list({ ...opts(h.url), query: { metadata: { door: 'e2b' } } }).nextItems();
+      assert.deepEqual(listed.map((x) => x.sandboxId), [sbx.sandboxId], `listed through ${h.url}`);
+    }
+    // With every VM host full, connecting to a running sandbox (which the SDK does on each connect) still works.
+    const fillers: string[] = [];
+    for (;;) {
+      const r = await call(hosts[2].url, pro, 'POST', '/v1/sandboxes', { template: 'base' });
+      if (r.status !== 201) {
+        assert.equal(r.status, 503, r.bytes.toString());
+        break;
+      }
+      fillers.push(r.json.id);
+      assert.ok(fillers.length <= 40, 'the hosts fill up');
+    }
+    assert.equal((await Sandbox.connect(sbx.sandboxId, opts(via))).sandboxId, sbx.sandboxId);
+    for (const id of fillers) assert.equal((await call(hosts[2].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    await there.setTimeout(300_000);
+    const info = await Sandbox.getInfo(sbx.sandboxId, opts(hosts[2].url));
+    assert.deepEqual(info.metadata, { door: 'e2b' });
+    // Another tenant's key reaches nothing, through any host.
+    await assert.rejects(Sandbox.connect(sbx.sandboxId, { ...opts(via), apiKey: e2bKeyOf(other) }));
+    await there.kill();
+    assert.equal(await ownerOf(sbx.sandboxId), undefined);
+  });
+
+  test('signed port URLs and E2B\'s traffic token reach another host\'s sandbox port, over HTTP and WebSocket', async () => {
+    const echo = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+    await new Promise((r) => echo.once('listening', r));
+    echo.on('connection', (ws) => ws.on('message', (data, isBinary) => ws.send(data, { binary: isBinary })));
+    const { createServer } = await import('node:http');
+    const web = createServer((req, res) => res.end(`port says ${req.url}`));
+    await new Promise<void>((r) => web.listen(0, '127.0.0.1', r));
+    try {
+      const wsPort = (echo.address() as { port: number }).port;
+      const httpPort = (web.address() as { port: number }).port;
+      const c = await call(hosts[0].url, pro, 'POST', '/v1/sandboxes', { template: 'base' });
+      const id = c.json.id as string;
+      const signed = await call(hosts[1].url, pro, 'POST', `/v1/sandboxes/${id}/port-urls`, { port: httpPort });
+      assert.equal(signed.status, 201, signed.bytes.toString());
+      const path = new URL(signed.json.url, 'http://x').pathname;
+      for (const h of hosts) {
+        const r = await fetch(`${h.url}${path}hello?x=1`);
+        assert.equal(r.status, 200, `signed URL through ${h.url}`);
+        assert.equal(await r.text(), 'port says /hello?x=1');
+        const forged = await fetch(`${h.url}/v1/p/${'A'.repeat(86)}/`);
+        assert.equal(forged.status, 401);
+      }
+      const signedWs = await call(hosts[2].url, pro, 'POST', `/v1/sandboxes/${id}/port-urls`, { port: wsPort });
+      const wsPath = new URL(signedWs.json.url, 'http://x').pathname;
+      // E2B's getHost: the sandbox's envd token as e2b-traffic-access-token, no key.
+      const token = (await call(hosts[0].url, '', 'GET', `/e2b/api/sandboxes/${id}`, undefined, { 'x-api-key': e2bKeyOf(pro), authorization: '' })).json.envdAccessToken as string;
+      for (const h of hosts) {
+        const viaToken = await fetch(`${h.url}/v1/sandboxes/${id}/ports/${httpPort}/t`, { headers: { 'e2b-traffic-access-token': token } });
+        assert.equal(await viaToken.text(), 'port says /t', `traffic token through ${h.url}`);
+        for (const url of [`${h.url.replace('http', 'ws')}${wsPath}`]) {
+          const ws = await new Promise<WebSocket>((resolve, reject) => {
+            const w = new WebSocket(url);
+            w.once('open', () => resolve(w));
+            w.once('error', reject);
+          });
+          const back = new Promise<Buffer>((r) => ws.once('message', (d) => r(d as Buffer)));
+          ws.send(Buffer.from('signed-ws'));
+          assert.equal((await back).toString(), 'signed-ws');
+          ws.close();
+        }
+      }
+      assert.equal((await call(hosts[2].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+      for (const h of hosts) assert.equal((await fetch(`${h.url}${path}`)).status, 404, 'the URL ends with its sandbox');
+    } finally {
+      await new Promise((r) => echo.close(r));
+      await new Promise((r) => web.close(r));
+    }
+  });
+
+  test('usage, live stats and the event stream through any node cover every host', async () => {
+    const events: Array<{ sandbox_id: string; op: string; state: string }> = [];
+    const ctl = new AbortController();
+    const res = await fetch(`${hosts[2].url}/v1/events`, { headers: { authorization: `Bearer ${pro}` }, signal: ctl.signal });
+    assert.equal(res.status, 200);
+    const reading = (async () => {
+      let buf = '';
+      try {
+        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+          buf += Buffer.from(chunk).toString('utf8');
+          for (let k; (k = buf.indexOf('\n\n')) >= 0; buf = buf.slice(k + 2)) {
+            const data = /^data: (.*)$/m.exec(buf.slice(0, k));
+            if (/^event: sandbox$/m.test(buf.slice(0, k)) && data) events.push(JSON.parse(data[1]));
+          }
+        }
+      } catch { /* aborted */ }
+    })();
+    const ids: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      const r = await call(hosts[i % 2].url, pro, 'POST', '/v1/sandboxes', { template: 'base', labels: { batch: 'views' } });
+      assert.equal(r.status, 201);
+      ids.push(r.json.id);
+    }
+    const owners = new Set(await Promise.all(ids.map(ownerOf)));
+    assert.equal(owners.size, 2, 'the sandboxes are on both VM hosts');
+    // Stats through the API-only node: a reading of each of the tenant's running sandboxes, wherever it runs.
+    const stats = await call(hosts[2].url, pro, 'GET', '/v1/stats');
+    assert.equal(stats.status, 200);
+    const seen = new Map(stats.json.sandboxes.map((s: { id: string; memory_mib: number }) => [s.id, s.memory_mib]));
+    for (const id of ids) assert.equal(seen.get(id), 64, `a reading of ${id}`);
+    assert.deepEqual((await call(hosts[2].url, other, 'GET', '/v1/stats')).json.sandboxes, [], 'another tenant sees none');
+    // Events: every create, then every delete, whichever host ran it.
+    await until('a create event of each sandbox', async () => ids.every((id) => events.some((e) => e.sandbox_id === id && e.op === 'create')));
+    for (const id of ids.slice(0, 3)) assert.equal((await call(hosts[0].url, pro, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
+    await until('a delete event of each deleted sandbox', async () => ids.slice(0, 3).every((id) => events.some((e) => e.sandbox_id === id && e.op === 'delete' && e.state === 'deleted')));
+    assert.equal(events.filter((e) => e.sandbox_id === ids[0] && e.op === 'create').length, 1, 'each event once');
+    ctl.abort();
+    await reading;
+    // Usage through every node: the sandboxes of both hosts, deleted ones included, per day too.
+    for (const h of hosts) {
+      const u = await until(`usage of all six through ${h.url}`, async () => {
+        const r = await call(h.url, pro, 'GET', '/v1/usage?per=day');
+        return ids.every((id) => r.json.sandboxes.some((s: { id: string }) => s.id === id)) ? r : undefined;
+      });
+      assert.equal(u.status, 200);
+      const mine = u.json.sandboxes.filter((s: { id: string }) => ids.includes(s.id));
+      assert.ok(mine.every((s: { running_secs: number }) => s.running_secs > 0));
+      const dayRunning = u.json.days.reduce((n: number, d: { totals: { running_secs: number } }) => n + d.totals.running_secs, 0);
+      assert.ok(Math.abs(dayRunning - u.json.totals.running_secs) < 0.01, 'the days add up to the totals');
+      assert.ok(!(await call(h.url, other, 'GET', '/v1/usage')).json.sandboxes.some((s: { id: string }) => ids.includes(s.id)), 'another tenant sees none');
+    }
+    const bad = await call(hosts[2].url, pro, 'GET', '/v1/usage?from=2026-02-01&to=2026-01-01');
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.code, 'validation_error');
+    for (const id of ids.slice(3)) await call(hosts[1].url, pro, 'DELETE', `/v1/sandboxes/${id}`);
   });
 
   test('bad cluster flags are refused with a message saying what to pass', () => {
@@ -376,6 +600,23 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
     }
     assert.equal((await call(h1.url, demoKey, 'POST', '/v1/sandboxes', { template: 'base' })).status, 429);
 
+    // h1's event stream, open before the kill: the sweep's `lost` comes through it.
+    const lostEvents: string[] = [];
+    const ctl = new AbortController();
+    const stream = await fetch(`${h1.url}/v1/events`, { headers: { authorization: `Bearer ${key}` }, signal: ctl.signal });
+    const reading = (async () => {
+      try {
+        for await (const chunk of stream.body as unknown as AsyncIterable<Uint8Array>) {
+          for (const m of Buffer.from(chunk).toString('utf8').matchAll(/^data: (\{.*\})$/gm)) {
+            const e = JSON.parse(m[1]);
+            if (e.op === 'lost') lostEvents.push(e.sandbox_id);
+          }
+        }
+      } catch { /* aborted */ }
+    })();
+    // Usage of h2's sandbox, pushed by h2 before it dies.
+    await until('h2 to push its usage', async () => (await call(h1.url, key, 'GET', '/v1/usage')).json.sandboxes.some((s: { id: string }) => s.id === onH2));
+
     const killedAt = Date.now();
     h2.child.kill('SIGKILL');
     await new Promise((r) => h2.child.once('exit', r));
@@ -388,6 +629,15 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
     t.diagnostic(`kill to lost (as seen through h1): ${Date.now() - killedAt} ms with dead-after 5000 ms`);
     const listed = await call(h1.url, key, 'GET', '/v1/sandboxes');
     assert.ok(!listed.json.sandboxes.some((s: { id: string }) => s.id === onH2), 'a lost sandbox is not listed');
+    await until('a lost event of h2\'s sandbox through h1', async () => lostEvents.includes(onH2!));
+    ctl.abort();
+    await reading;
+    // Its usage still counts through the survivor, up to the dead host's last heartbeat: it stops growing.
+    const u1 = (await call(h1.url, key, 'GET', '/v1/usage')).json.sandboxes.find((s: { id: string }) => s.id === onH2);
+    assert.ok(u1 && u1.running_secs > 0, 'a dead host\'s sandbox keeps its usage');
+    await new Promise((r) => setTimeout(r, 1100));
+    const u2 = (await call(h1.url, key, 'GET', '/v1/usage')).json.sandboxes.find((s: { id: string }) => s.id === onH2);
+    assert.equal(u2.running_secs, u1.running_secs, 'and no more accrues once its host is dead');
     // Creates go to h1 (the only host alive), and lost sandboxes no longer count against the Demo cap.
     const again = await until('a create after the kill', async () => {
       const r = await call(h1.url, key, 'POST', '/v1/sandboxes', { template: 'base' });

@@ -130,9 +130,17 @@ test('sweep deletes only the run, including a create that lands after the first 
   const a = await fleet.create('base');
   await a.fork(2);
   await a.suspend();
-  // A trainer's create still in flight: it lands while sweep waits for quiet.
-  setTimeout(() => void fleet.create('base'), 60);
+  // A trainer's create still in flight: it lands just after sweep's first empty list (made so by
+  // the list itself, not by a timer, which a loaded machine could fire after the sweep ended).
+  const listIds = fleet.listIds.bind(fleet);
+  let late: Promise<unknown> | undefined;
+  fleet.listIds = async (q) => {
+    const ids = await listIds(q);
+    if (ids.length === 0 && !late) await (late = fleet.create('base'));
+    return ids;
+  };
   const n = await sweep(fleet, 'dead-run', { quietMs: 150 });
+  assert.ok(late, 'the late create happened');
   assert.equal(n, 4);
   assert.deepEqual(live(svc), [keep.id]);
 });
