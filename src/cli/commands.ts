@@ -393,8 +393,11 @@ async function serve(args: string[], io: Io): Promise<number> {
   const { detectAccel } = await import('../vmm/accel.js');
   const accel = detectAccel(io.env);
   let tenantCount: number;
+  let clusterSecretsKey: Buffer | undefined;
   try {
     tenantCount = cluster ? await countClusterTenants(cluster) : await countTenants(dir);
+    // Environment secrets are sealed with the cluster's key, so that every host opens them.
+    if (cluster) clusterSecretsKey = await (await import('../cluster/secretsKey.js')).fetchClusterSecretsKey(cluster);
   } catch (err) {
     io.err(`collimate: cannot reach the cluster database ${redactUrl(cluster!)}: ${(err as Error).message}\n`);
     return 1;
@@ -416,7 +419,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
   const { ImageService } = await import('../images/service.js');
-  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: (m: string) => io.err(`  ${m}\n`) }) : undefined;
+  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: (m: string) => io.err(`  ${m}\n`), clusterSecretsKey }) : undefined;
   if (images) {
     io.err(`collimate: restoring environments...\n`);
     await images.restore();
@@ -443,7 +446,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const front = node ? await import('../api/clusterFront.js') : undefined;
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
-  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir })) : undefined;
+  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),

@@ -141,4 +141,11 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   CREATE TRIGGER sandboxes_lost AFTER UPDATE OF state ON sandboxes
     FOR EACH ROW WHEN (NEW.state = 'lost' AND OLD.state <> 'lost') EXECUTE FUNCTION notify_sandbox_lost();
   `,
+  // 4: the key environment secrets are sealed with on cluster hosts (src/cluster/secretsKey.ts), so
+  // that every host opens an environment's secrets. 32 bytes as hex: sha256 over two random UUIDs
+  // (244 random bits; both functions are in core PostgreSQL, no pgcrypto).
+  `
+  INSERT INTO cluster_settings (name, value)
+  VALUES ('secrets_key', encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 'hex'));
+  `,
 ];

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync, readdirSync, renameSync, rmdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, readdirSync, renameSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Vmm, isAlive, procStartTicks } from '../vmm/vmm.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
@@ -14,6 +14,7 @@ import { run } from '../host/run.js';
 import { digHoles } from '../vmm/memory.js';
 import { claimArtifact } from './artifactGc.js';
 import { sha256Hex } from '../host/hash.js';
+import { ARTIFACT_FILES, readArtifactManifest, writeArtifactManifest } from './artifactManifest.js';
 
 /**
  * An artifact: a booted, checkpointed guest that sandboxes are restored from. RAM in a file on
@@ -63,8 +64,12 @@ export interface BakeContext {
   net?: { manager: NetManager; egress: EgressPolicy } | null;
 }
 
-/** Bumped when the machine a checkpoint is made on changes (v2: no PIT), so old checkpoints are not loaded into it. */
-const ARTIFACT_RECIPE = 'artifact-v2';
+/**
+ * Bumped when the machine a checkpoint is made on changes (v2: no PIT), so old checkpoints are not
+ * loaded into it, or when the key is computed differently (v3: over the contents of the shape's
+ * files, not their paths).
+ */
+const ARTIFACT_RECIPE = 'artifact-v3';
 
 /**
  * What a bake writes into its build directory (`vmm.json`) the moment its VMM exists, like a
@@ -85,19 +90,50 @@ function bakeNet(ctx: BakeContext, shape: MachineShape, ready?: ReadyParams): bo
   return !!(ctx.net && shape.nic && ready && (ready.command || ready.probe));
 }
 
-export function artifactKey(shape: MachineShape, diskMib: number, inputs: string[]): string {
-  return sha256Hex(ARTIFACT_RECIPE, JSON.stringify(shape), String(diskMib), ...inputs);
+/**
+ * The content digests of the files a shape names, one for each, in the shape's order. Each layer by
+ * the sha256 of its bytes: a restored guest reads its layers afresh, so a checkpoint must never
+ * meet other bytes than it was made on. The kernel (by its package's digest) and the initramfs (by
+ * its build recipe's, over the agent, modules and files it holds) are read only at boot, into guest
+ * RAM that a restore replaces, so what they are built from is what counts.
+ */
+export interface ShapeDigests {
+  kernel: string;
+  initrd: string;
+  layers: string[];
+}
+
+/**
+ * The key of the artifact baked for `shape`: a digest of what it is made of, never of where its
+ * files are, so every host computes the same key for the same recipe and contents whatever its
+ * cache and layer store are called (an artifact can then move between hosts). Each path of the
+ * shape is replaced by its file's digest; `extra` are the ready steps and what they could reach.
+ */
+export function artifactKey(shape: MachineShape, diskMib: number, digests: ShapeDigests, extra: string[] = []): string {
+  if (digests.layers.length !== shape.layers.length) {
+    throw new Error(`artifactKey: ${shape.layers.length} layers but ${digests.layers.length} layer digests`);
+  }
+  const contents: Record<string, unknown> = { ...shape, kernel: digests.kernel, initrd: digests.initrd, layers: digests.layers };
+  const canonical = Object.fromEntries(Object.keys(contents).sort().map((k) => [k, contents[k]]));
+  return sha256Hex(ARTIFACT_RECIPE, JSON.stringify(canonical), String(diskMib), ...extra);
+}
+
+/** The key ensureArtifact bakes under: artifactKey with the ready steps and, if they run on a network, its egress policy. */
+export function bakeKey(shape: MachineShape, diskMib: number, digests: ShapeDigests, ready?: ReadyParams, egress?: EgressPolicy): string {
+  // What the ready steps could reach is part of what they made.
+  const readyInputs = ready ? [`ready:${JSON.stringify(ready)}`, ...(egress !== undefined ? [`egress:${policyKey(egress)}`] : [])] : [];
+  return artifactKey(shape, diskMib, digests, readyInputs);
 }
 
 /**
  * Returns the artifact for `shape`, baking it if there is none whose RAM file survives (tmpfs is
  * lost on reboot; the checkpoint is then re-made, which is a boot of a few seconds).
- * `inputs` are the content digests the shape's files were built from (kernel, initramfs, layers).
+ * `digests` are the content digests of the shape's files (kernel, initramfs, layers). A build
+ * found, whichever host made it, is returned with `shape` as given: this host's paths of the same
+ * contents.
  */
-export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, inputs: string[], ready?: ReadyParams): Promise<Artifact> {
-  // What the ready steps could reach is part of what they made.
-  const readyInputs = ready ? [`ready:${JSON.stringify(ready)}`, ...(bakeNet(ctx, shape, ready) ? [`egress:${policyKey(ctx.net!.egress)}`] : [])] : [];
-  const key = artifactKey(shape, diskMib, [...inputs, ...readyInputs]);
+export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, diskMib: number, digests: ShapeDigests, ready?: ReadyParams): Promise<Artifact> {
+  const key = bakeKey(shape, diskMib, digests, ready, bakeNet(ctx, shape, ready) ? ctx.net!.egress : undefined);
   const root = join(homePaths(ctx.home).artifacts, key.slice(0, 24));
   mkdirSync(root, { recursive: true });
   // Claimed before its RAM file is looked for: a collector (artifactGc.ts) leaves it alone from now on.
@@ -105,9 +141,10 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
   // Newest complete build whose RAM file is still there.
   const builds = readdirSync(root).filter((d) => !d.startsWith('tmp-')).sort().reverse();
   for (const b of builds) {
-    const manifest = join(root, b, 'artifact.json');
-    if (!existsSync(manifest)) continue;
-    const a = JSON.parse(readFileSync(manifest, 'utf8')) as Artifact;
+    if (!existsSync(join(root, b, ARTIFACT_FILES.manifest))) continue;
+    let a: Artifact;
+    try { a = { ...readArtifactManifest(join(root, b), ctx.ramDir), shape }; } catch { continue; } // not one this version reads: baked anew
+    if (a.key !== key) continue; // a copy put under another key's directory
     if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) {
       // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
       // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.
@@ -127,7 +164,7 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
   mkdirSync(tmpDir, { recursive: true });
   mkdirSync(ctx.ramDir, { recursive: true });
   const memPath = join(ctx.ramDir, `artifact-${key.slice(0, 24)}-${buildId}.mem`);
-  const diskTmp = join(tmpDir, 'disk.raw');
+  const diskTmp = join(tmpDir, ARTIFACT_FILES.disk);
   let vmm: Vmm | undefined;
   try {
     progress(`baking artifact ${key.slice(0, 12)}: formatting ${diskMib} MiB writable layer`);
@@ -171,7 +208,7 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     if (sync.result.exitCode !== 0) throw new Error(`sync in guest failed: ${sync.stderr.toString()}`);
     const pong = await agent.ping(5000);
     progress(`baking artifact ${key.slice(0, 12)}: guest ready after ${Date.now() - t0} ms; checkpointing`);
-    const devStateTmp = join(tmpDir, 'device.state');
+    const devStateTmp = join(tmpDir, ARTIFACT_FILES.devState);
     await vmm.checkpointDeviceState(devStateTmp, vmmFiles(tmpDir).migrationSocket);
     agent.close();
     await vmm.kill();
@@ -186,12 +223,12 @@ async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key:
     renameSync(tmpDir, finalDir);
     const artifact: Artifact = {
       key, dir: finalDir, shape, diskMib, memPath,
-      devStatePath: join(finalDir, 'device.state'),
-      diskPath: join(finalDir, 'disk.raw'),
+      devStatePath: join(finalDir, ARTIFACT_FILES.devState),
+      diskPath: join(finalDir, ARTIFACT_FILES.disk),
       uptimeAtCheckpointMs: Number(pong.uptimeMs),
       bakedAt: new Date().toISOString(),
     };
-    writeFileSync(join(finalDir, 'artifact.json'), JSON.stringify(artifact, null, 2));
+    writeArtifactManifest(artifact);
     return artifact;
   } catch (e) {
     if (vmm) await vmm.kill().catch(() => {});

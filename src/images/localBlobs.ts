@@ -1,6 +1,6 @@
 import { existsSync, readFileSync, readdirSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Artifact } from './bake.js';
+import { readArtifactManifest } from './artifactManifest.js';
 import type { LayerStore } from './layerStore.js';
 import { sha256File } from '../host/hash.js';
 
@@ -36,8 +36,11 @@ export class LocalBlobs {
   private byDigest = new Map<string, LocalBlob>();
   private scanning?: Promise<LocalBlob[]>;
 
-  /** `artifactsDir`: `<cacheDir>/artifacts` (homePaths). Either source may be absent (an API-only node). */
-  constructor(private readonly src: { layers?: LayerStore; artifactsDir?: string }) {}
+  /**
+   * `artifacts.dir`: `<cacheDir>/artifacts` (homePaths); `artifacts.ramDir`: where this host keeps
+   * their RAM files (EngineConfig.artifactRamDir). Either source may be absent (an API-only node).
+   */
+  constructor(private readonly src: { layers?: LayerStore; artifacts?: { dir: string; ramDir: string } }) {}
 
   /** Every blob held now (hashing what never was); replaces the index `find` answers from. */
   scan(): Promise<LocalBlob[]> {
@@ -71,12 +74,12 @@ export class LocalBlobs {
         }
       }
     }
-    const root = this.src.artifactsDir;
+    const root = this.src.artifacts?.dir;
     for (const key of root && existsSync(root) ? readdirSync(root) : []) {
       for (const build of list(join(root!, key))) {
         if (build.startsWith('tmp-') || build === 'users' || build === 'claimed-at') continue;
         try {
-          out.push(...(await artifactBlobs(join(root!, key, build))));
+          out.push(...(await artifactBlobs(join(root!, key, build), this.src.artifacts!.ramDir)));
         } catch {
           // not a finished build, or its RAM file was collected
         }
@@ -88,11 +91,11 @@ export class LocalBlobs {
 }
 
 /**
- * The blobs of one built artifact (`<artifacts>/<key>/<build>`), their digests from its
+ * The blobs of one built artifact (`<artifacts>/<key>/<build>`, its RAM file in `ramDir`), their digests from its
  * `blobs.json`, hashed and written now if missing or if a file's size differs from the record.
  */
-export async function artifactBlobs(buildDir: string): Promise<LocalBlob[]> {
-  const a = JSON.parse(readFileSync(join(buildDir, 'artifact.json'), 'utf8')) as Artifact;
+export async function artifactBlobs(buildDir: string, ramDir: string): Promise<LocalBlob[]> {
+  const a = readArtifactManifest(buildDir, ramDir);
   const files: Array<{ kind: BlobKind; path: string; sparse: boolean }> = [
     { kind: 'artifact-mem', path: a.memPath, sparse: true },
     { kind: 'artifact-state', path: a.devStatePath, sparse: false },

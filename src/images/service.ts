@@ -51,6 +51,8 @@ export interface ImageServiceOptions {
   poolSize?: number;
   /** Operational log lines (never secret values). */
   log?: (msg: string) => void;
+  /** On a cluster host: the cluster's secrets key (src/cluster/secretsKey.ts), sealing instead of `<home>/secrets.key`. */
+  clusterSecretsKey?: Buffer;
 }
 
 export interface EnvironmentSpec {
@@ -173,7 +175,7 @@ export class ImageService {
     this.layers = new LayerStore(opts.storeDir ?? opts.host.cfg.cacheDir);
     this.importDir = opts.importDir ?? (process.env.COLLIMATE_IMPORT_DIR || join(home, 'imports'));
     this.maxUnpackedBytes = opts.maxUnpackedBytes ?? intEnv('COLLIMATE_MAX_IMAGE_BYTES', 16 * GIB);
-    this.secrets = new SecretBox(join(home, 'secrets.key'));
+    this.secrets = new SecretBox(join(home, 'secrets.key'), opts.clusterSecretsKey);
     mkdirSync(this.importDir, { recursive: true });
   }
 
@@ -388,7 +390,7 @@ export class ImageService {
     let secrets: Record<string, string> = {};
     if (env.secrets) {
       try { secrets = JSON.parse(this.secrets.open(env.secrets, secretAad(tenant, name)).toString('utf8')); } catch {
-        return fail('its secrets cannot be decrypted with this server\'s secrets.key; delete and re-create the environment');
+        return fail(`its secrets cannot be decrypted with this server's ${this.opts.clusterSecretsKey ? 'keys (the cluster\'s, or its own secrets.key for environments made before it joined)' : 'secrets.key'}; delete and re-create the environment`);
       }
     }
     this.repo.updateEnv(tenant, name, { state: 'baking', error: null, progress: 'baking' });

@@ -3,6 +3,7 @@ import type { EngineConfig } from '../config.js';
 import { kernelCmdline } from '../vmm/argv.js';
 import { guestClockArgs } from '../vmm/accel.js';
 import { jailerFor } from '../vmm/jail.js';
+import { builtFileSha256 } from '../host/hash.js';
 import { ensureKernel, ensureInitramfs, ensureBaseRootfs, SEED_LIBRARY_INITRAMFS_PATH, type LayerAsset } from './guestAssets.js';
 import { ensureArtifact, type Artifact, type ReadyParams } from './bake.js';
 import { buildAgent } from '../guest/agentBuild.js';
@@ -110,7 +111,7 @@ export async function bakeRecipe(cfg: EngineConfig, recipe: TemplateRecipe, prog
       // Ready steps (a `pip install`) run under the environment's own egress policy.
       net: recipe.ready && networkingOn(cfg.net) ? { manager: (await netFor(cfg))!, egress: recipe.egress ?? 'allow' } : null,
     },
-    shape, recipe.diskMib, [kernel.debSha256, initramfs.digest, ...recipe.layers.map((l) => l.digest)], recipe.ready,
+    shape, recipe.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: recipe.layers.map((l) => l.digest) }, recipe.ready,
   );
   return {
     id: recipe.id, kind: 'environment', tenant: recipe.tenant, description: recipe.description, interpreter: recipe.interpreter,
@@ -148,7 +149,8 @@ export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => vo
     };
     const artifact = await ensureArtifact(
       { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
-      shape, entry.diskMib, [kernel.debSha256, initramfs.digest, ...layers.map((l) => l.digest)],
+      // Catalog layers by their bytes: their recipe digests do not pin them (mkfs.erofs gives each build its own UUID).
+      shape, entry.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: await Promise.all(layers.map((l) => builtFileSha256(l.path))) },
     );
     out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, runtimes: entry.runtimes, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress });
   }

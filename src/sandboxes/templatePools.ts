@@ -1,10 +1,11 @@
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { CollimateError } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
 import { claimArtifact, releaseArtifact } from '../images/artifactGc.js';
+import { ARTIFACT_FILES, readArtifactManifest } from '../images/artifactManifest.js';
 import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
@@ -236,8 +237,7 @@ export class TemplatePools {
   private manifestOf(key: string): Artifact | undefined {
     const root = join(homePaths(this.cfg.cacheDir).artifacts, key.slice(0, 24));
     for (const b of existsSync(root) ? readdirSync(root).sort().reverse() : []) {
-      const m = join(root, b, 'artifact.json');
-      if (existsSync(m)) return JSON.parse(readFileSync(m, 'utf8')) as Artifact;
+      if (existsSync(join(root, b, ARTIFACT_FILES.manifest))) return readArtifactManifest(join(root, b), this.cfg.artifactRamDir);
     }
     return undefined;
   }

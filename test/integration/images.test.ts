@@ -10,6 +10,7 @@ import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import '../../src/service/migrations.ts';
 import { ImageService } from '../../src/images/service.ts';
+import { readArtifactManifest } from '../../src/images/artifactManifest.ts';
 import { RegistryClient, parseReference } from '../../src/images/registry.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { assertNoLeaks, openEngine, testHome, TEST_CACHE, serveEngine, type Served } from './fixture.ts';
@@ -21,13 +22,12 @@ const MiB = 1024 * 1024;
 const mib = (n: number) => `${(n / MiB).toFixed(2)} MiB`;
 
 /** Artifacts (and their RAM files) baked from layers under `storeDir`: they would outlive the test home. */
-function removeArtifactsOf(storeDir: string): void {
+function removeArtifactsOf(storeDir: string, ramDir: string): void {
   const root = join(TEST_CACHE, 'artifacts');
   for (const k of existsSync(root) ? readdirSync(root) : []) {
     for (const b of readdirSync(join(root, k))) {
-      const m = join(root, k, b, 'artifact.json');
-      if (!existsSync(m)) continue;
-      const a = JSON.parse(readFileSync(m, 'utf8'));
+      if (!existsSync(join(root, k, b, 'artifact.json'))) continue;
+      const a = readArtifactManifest(join(root, k, b), ramDir);
       if (!a.shape?.layers?.some((p: string) => p.startsWith(storeDir))) continue;
       rmSync(a.memPath, { force: true });
       rmSync(join(root, k), { recursive: true, force: true });
@@ -133,7 +133,7 @@ describe('own images on real VMs and a real registry', () => {
       await close();
       await assertNoLeaks(engine, home);
     } finally {
-      removeArtifactsOf(join(home, 'store'));
+      removeArtifactsOf(join(home, 'store'), engine.cfg.artifactRamDir);
       await proxy?.stop();
       await reg?.stop();
       await authReg?.stop();

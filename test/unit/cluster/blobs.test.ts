@@ -24,6 +24,7 @@ import { migrateCluster, openClusterDb } from '../../../src/cluster/db.js';
 import { HostMembership } from '../../../src/cluster/hosts.js';
 import { CollimateError } from '../../../src/errors.js';
 import { LocalBlobs } from '../../../src/images/localBlobs.js';
+import { writeArtifactManifest } from '../../../src/images/artifactManifest.js';
 import { LayerStore } from '../../../src/images/layerStore.js';
 import { BLOB_SIZE_HEADER, SPARSE_MEDIA_TYPE } from '../../../src/images/sparseBlob.js';
 import { homePaths } from '../../../src/host/paths.js';
@@ -56,7 +57,7 @@ const hosts: Host[] = [];
 async function startHost(id: string): Promise<Host> {
   const cache = join(root, id);
   const store = new LayerStore(cache);
-  const blobs = new LocalBlobs({ layers: store, artifactsDir: homePaths(cache).artifacts });
+  const blobs = new LocalBlobs({ layers: store, artifacts: { dir: homePaths(cache).artifacts, ramDir: cache } });
   const app = Fastify();
   registerBlobRoutes(app, { blobs, isPeer: (h) => h === SECRET, peerHeader: PEER });
   const address = await app.listen({ host: '127.0.0.1', port: 0 });
@@ -93,7 +94,8 @@ function putArtifact(h: Host, key: string, memSize: number, dataPages: number[])
   closeSync(fd);
   writeFileSync(join(build, 'device.state'), randomBytes(5000));
   writeFileSync(join(build, 'disk.raw'), Buffer.alloc(64 * 1024));
-  writeFileSync(join(build, 'artifact.json'), JSON.stringify({ key, dir: build, memPath: mem, devStatePath: join(build, 'device.state'), diskPath: join(build, 'disk.raw') }));
+  const shape = { vcpus: 1, memoryMib: memSize / 2 ** 20, kernel: join(h.cache, 'vmlinuz'), initrd: join(h.cache, 'initrd'), cmdline: '', layers: [] };
+  writeArtifactManifest({ key, dir: build, shape, diskMib: 1, memPath: mem, devStatePath: join(build, 'device.state'), diskPath: join(build, 'disk.raw'), uptimeAtCheckpointMs: 0, bakedAt: '' });
   return { mem, memBytes };
 }
 
