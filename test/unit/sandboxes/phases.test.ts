@@ -6,13 +6,17 @@ import { fixture } from '../api/helpers.ts';
 
 test('Phases: timed phases, the slowest of parallel ones, a total that spans them', async () => {
   const p = new Phases('fork');
+  // What the phase may take is bounded by the wall time around it, not by a fixed figure a loaded
+  // machine can exceed.
+  const t0 = performance.now();
   await p.time('stop', () => sleep(20));
+  const stopWall = performance.now() - t0;
   await Promise.all([p.time('agent_ack', () => sleep(10)), p.time('agent_ack', () => sleep(40))]);
   await assert.rejects(p.time('recv_spawn', async () => { await sleep(5); throw new Error('boom'); }), /boom/);
   const r = p.report('sbx_000000000001');
   assert.equal(r.op, 'fork');
   assert.equal(r.id, 'sbx_000000000001');
-  assert.ok(r.phases.stop >= 19 && r.phases.stop < 200, `stop ${r.phases.stop}`);
+  assert.ok(r.phases.stop >= 19 && r.phases.stop <= stopWall, `stop ${r.phases.stop} within its ${stopWall} ms`);
   assert.ok(r.phases.agent_ack >= 39, `the slowest child counts (${r.phases.agent_ack})`);
   assert.ok(r.phases.recv_spawn >= 4, 'a failed phase is still timed');
   assert.ok(r.totalMs >= r.phases.stop + r.phases.agent_ack);
