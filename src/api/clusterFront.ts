@@ -114,7 +114,15 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (!url.startsWith('/v1/sandboxes/:id')) return;
       const id = (req.params as { id: string }).id;
       if (!S.SANDBOX_ID_RE.test(id)) return; // the route answers 404
-      const entry = await node.directory.lookup(scope.tenant, id);
+      let entry: Awaited<ReturnType<typeof node.directory.lookup>>;
+      try {
+        entry = await node.directory.lookup(scope.tenant, id);
+      } catch (err) {
+        // The cluster database is unreachable: a sandbox this host runs is still served by it, for
+        // what leaves its state as it is (a delete, suspend, resume or fork must reach the directory).
+        if (!(err instanceof CollimateError) && servesLocallyInOutage(req, url, scope.tenant, id)) return;
+        throw err;
+      }
       if (!entry) throw sandboxNotFound(id);
       if (entry.state === 'lost') throw sandboxEnded(id, 'the host it ran on stopped answering and the cluster marked it lost');
       const fork = url === '/v1/sandboxes/:id/fork' && req.method === 'POST';
@@ -136,6 +144,19 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       return reply;
     }
   });
+
+  /** Whether this host runs `id` for `tenant` and the request leaves the sandbox's state (and so the directory) as it is. */
+  function servesLocallyInOutage(req: FastifyRequest, url: string, tenant: string, id: string): boolean {
+    const changesState = (req.method === 'DELETE' && url === '/v1/sandboxes/:id')
+      || (req.method === 'POST' && ['/v1/sandboxes/:id/suspend', '/v1/sandboxes/:id/resume', '/v1/sandboxes/:id/fork'].includes(url));
+    if (changesState) return false;
+    try {
+      const info = node.engine.get(id);
+      return info.tenant === tenant && info.state === 'running';
+    } catch {
+      return false;
+    }
+  }
 
   /** A request a peer placed here: re-check the lease and capacity for new sandboxes, then answer locally. */
   function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string, door?: Door): FastifyReply | undefined {

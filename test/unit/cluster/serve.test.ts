@@ -656,3 +656,51 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
     assert.equal((await db.query('SELECT state FROM hosts WHERE id = $1', [h2id])).rows[0].state, 'alive');
   });
 });
+
+describe('the cluster database unreachable (fake engines)', { skip }, () => {
+  let server: ThrowawayPostgres;
+  let db: pg.Pool;
+  const hosts: Host[] = [];
+
+  before(async () => {
+    server = await startPostgres();
+    db = new pg.Pool({ connectionString: server.url });
+    db.on('error', () => {});
+  });
+  after(async () => {
+    await Promise.all(hosts.map((h) => stopHost(h)));
+    await db?.end();
+    await server?.stop();
+  });
+
+  test('a host still serves its own running sandboxes for what leaves their state as it is; the rest answers 503 cluster_database', async () => {
+    const key = keyFor(server.url, 'outage', 'pro');
+    hosts.push(...await Promise.all([startHost(server.url, 5), startHost(server.url, 5)]));
+    const c = await call(hosts[0].url, key, 'POST', '/v1/sandboxes', { template: 'base' });
+    assert.equal(c.status, 201, c.bytes.toString());
+    const id = c.json.id as string;
+    const ownerId = (await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id as string;
+    const ownerUrl = (await db.query('SELECT address FROM hosts WHERE id = $1', [ownerId])).rows[0].address as string;
+    const owner = hosts.find((h) => h.url === ownerUrl)!;
+    const other = hosts.find((h) => h !== owner)!;
+    // Each host has seen the key (its cache keeps it through the outage).
+    for (const h of hosts) assert.equal((await call(h.url, key, 'GET', `/v1/sandboxes/${id}`)).status, 200);
+    await server.stop();
+
+    const exec = await call(owner.url, key, 'POST', `/v1/sandboxes/${id}/exec`, { command: 'echo still-here' });
+    assert.equal(exec.status, 200, exec.bytes.toString());
+    assert.equal(exec.json.stdout, 'still-here\n');
+    assert.equal((await call(owner.url, key, 'GET', `/v1/sandboxes/${id}`)).json.id, id);
+    for (const [via, method, path] of [
+      [other, 'POST', `/v1/sandboxes/${id}/exec`],
+      [owner, 'DELETE', `/v1/sandboxes/${id}`],
+      [owner, 'POST', `/v1/sandboxes/${id}/suspend`],
+      [owner, 'POST', `/v1/sandboxes/${id}/fork`],
+    ] as const) {
+      const r = await call(via.url, key, method, path, method === 'POST' ? (path.endsWith('/exec') ? { command: 'true' } : {}) : undefined);
+      assert.equal(r.status, 503, `${method} ${path} through ${via === owner ? 'the owner' : 'another host'}: ${r.bytes}`);
+      assert.equal(r.json.error.code, 'host_at_capacity');
+      assert.equal(r.json.error.resource, 'cluster_database');
+    }
+  });
+});
