@@ -554,23 +554,32 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
   });
 });
 
-describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', { skip }, () => {
-  let server: ThrowawayPostgres;
-  let db: pg.Pool;
+/**
+ * A describe block's own throwaway PostgreSQL and pool, and the hosts its tests start (pushed onto
+ * `hosts`): all stopped after the block.
+ */
+function clusterFixture(): { get(): { server: ThrowawayPostgres; db: pg.Pool; hosts: Host[] } } {
+  let server: ThrowawayPostgres | undefined;
+  let db: pg.Pool | undefined;
   const hosts: Host[] = [];
-
   before(async () => {
     server = await startPostgres();
     db = new pg.Pool({ connectionString: server.url });
-    db.on('error', () => {});
+    db.on('error', () => {}); // an idle client's connection ending with the server is no failure
   });
   after(async () => {
     await Promise.all(hosts.map((h) => stopHost(h)));
     await db?.end();
     await server?.stop();
   });
+  return { get: () => ({ server: server!, db: db!, hosts }) };
+}
+
+describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', { skip }, () => {
+  const f = clusterFixture();
 
   test('its running sandboxes become lost and stop counting, creates go elsewhere, and on restart it drops them', async (t) => {
+    const { server, db, hosts } = f.get();
     const cluster = server.url;
     const key = keyFor(cluster, 'pro2', 'pro');
     const demoKey = keyFor(cluster, 'demo2', 'demo');
@@ -658,22 +667,10 @@ describe('a cluster host killed with SIGKILL (fake engines, real PostgreSQL)', {
 });
 
 describe('the cluster database unreachable (fake engines)', { skip }, () => {
-  let server: ThrowawayPostgres;
-  let db: pg.Pool;
-  const hosts: Host[] = [];
-
-  before(async () => {
-    server = await startPostgres();
-    db = new pg.Pool({ connectionString: server.url });
-    db.on('error', () => {});
-  });
-  after(async () => {
-    await Promise.all(hosts.map((h) => stopHost(h)));
-    await db?.end();
-    await server?.stop();
-  });
+  const f = clusterFixture();
 
   test('a host still serves its own running sandboxes for what leaves their state as it is; the rest answers 503 cluster_database', async () => {
+    const { server, db, hosts } = f.get();
     const key = keyFor(server.url, 'outage', 'pro');
     hosts.push(...await Promise.all([startHost(server.url, 5), startHost(server.url, 5)]));
     const c = await call(hosts[0].url, key, 'POST', '/v1/sandboxes', { template: 'base' });
