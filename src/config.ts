@@ -81,6 +81,13 @@ export interface EngineConfig {
   forkPoolMax: number;
   /** A template's fork receivers go after this long without a fork of its sandboxes. COLLIMATE_FORK_POOL_IDLE_SECS. */
   forkPoolIdleSecs: number;
+  /**
+   * Resumes take fork receivers and map the RAM image where it lies (suspendResume.ts
+   * resumeOnReceiver). Off by default (COLLIMATE_RESUME_ON_RECEIVERS=1 turns it on): the crash
+   * campaign once found a sandbox resumed so whose VMM could not be adopted after a server kill,
+   * a cause not yet found.
+   */
+  resumeOnReceivers: boolean;
   /** Warm VMMs per environment (tenant) template. */
   environmentPoolSize: number;
   /** Cap per output stream of one exec, in bytes. */
@@ -211,6 +218,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),
     forkPoolMax: intEnv(env, 'COLLIMATE_FORK_POOL_MAX', 16),
     forkPoolIdleSecs: intEnv(env, 'COLLIMATE_FORK_POOL_IDLE_SECS', 600),
+    resumeOnReceivers: env.COLLIMATE_RESUME_ON_RECEIVERS === '1',
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
     maxDownloadBytes: fileLimits(env).maxDownloadBytes,
     defaultExecTimeoutSecs: 60,

@@ -205,7 +205,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     phases.since('commit', t0);
     removeAfterwards(ctx, join(dirs(ctx.cfg).sandboxes, id, 'suspend'));
     // Resumes, like forks, keep VMMs spawned ahead for the template (forkReceivers.ts).
-    void ctx.receivers.forked(rec.artifactKey, 1, cur.egress);
+    if (ctx.cfg.resumeOnReceivers) void ctx.receivers.forked(rec.artifactKey, 1, cur.egress);
     ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
@@ -247,7 +247,7 @@ const MAX_RESUME_LAYERS = 32;
  */
 async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: SnapshotRecord, phases: Phases): Promise<{ live: LiveVm; fp: ResumeForkPoint } | null> {
   const rec = row.vmm!;
-  if (!snap.ramPath) return null;
+  if (!ctx.cfg.resumeOnReceivers || !snap.ramPath) return null;
   if (backingChain(rec.diskPath).length > MAX_RESUME_LAYERS) return null;
   const fpId = newForkPointId();
   const fp: ResumeForkPoint = { id: fpId, dir: join(dirs(ctx.cfg).forkpoints, fpId), mem: join(dirs(ctx.cfg).forkpoints, fpId, 'ram.img'), disk: rec.diskPath };
