@@ -105,7 +105,6 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
   if (!row.vmm) throw new Error('no VMM recorded');
   const artifact = ctx.templates.artifactFor(row.vmm.artifactKey);
   const live = await adoptVm(ctx.cfg, artifact.shape, row.vmm);
-  if (!live) throw new Error('its VMM is gone');
   // The namespace kept its rules, but its resolver went with the previous server: point DNS at a new one.
   if (live.record.net) {
     if (!ctx.net) { await live.vmm.kill(); throw new Error('it has a network namespace but networking is off now'); }

@@ -391,15 +391,20 @@ export async function runAgain(live: LiveVm): Promise<{ clock: Promise<void> }> 
   return { clock };
 }
 
-/** Re-attaches to a running sandbox's VMM after a server restart. */
-export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord): Promise<LiveVm | null> {
+/**
+ * Re-attaches to a running sandbox's VMM after a server restart. Throws, naming the step that
+ * failed, when it cannot; a VMM that answered but failed a later step is stopped first.
+ */
+export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRecord): Promise<LiveVm> {
   const vmm = await Vmm.adopt(rec.pid, rec.startTicks, specFor(cfg, shape, rec, { incoming: false, tap: !!rec.net }), confinementOf(cfg, rec));
-  if (!vmm) return null;
+  let step = 'status';
   try {
     const status = await vmm.status();
     // A crash mid-fork or mid-suspend (or an idle pause) can leave the VM stopped; it resumes where it was.
     const stopped = status === 'paused' || status === 'postmigrate' || status === 'finish-migrate';
+    step = `cont from ${status}`;
     if (stopped) await vmm.cont();
+    step = 'query-block';
     const blocks = await vmm.qmp.execute<Array<{ device: string; inserted?: { file: string } }>>('query-block');
     const upper = blocks.find((b) => b.device === 'disk-upper');
     // QEMU's word is input from a process that may be compromised: the server later deletes and
@@ -407,14 +412,15 @@ export async function adoptVm(cfg: EngineConfig, shape: MachineShape, rec: VmmRe
     // named like the ones newDiskPath makes) is believed.
     const reported = upper?.inserted?.file;
     if (reported && isOwnDiskPath(homePaths(cfg.home).disks, reported)) rec.diskPath = reported;
+    step = 'agent connection';
     // PING with retries: the guest may not yet have noticed that the previous server went away.
     const agent = await connectAgent(vmmFiles(rec.dir).agentSocket, 20_000);
     // Its clock stood still while it was stopped (see runAgain); its agent is only reachable now.
     if (stopped) await agent.setTime(hostNowNs()).catch(() => {});
     return { vmm, agent, record: rec };
-  } catch {
+  } catch (e) {
     await vmm.kill().catch(() => {});
-    return null;
+    throw new Error(`its VMM (pid ${rec.pid}) failed at ${step}: ${(e as Error).message}`);
   }
 }
 

@@ -128,10 +128,12 @@ export class Vmm {
   }
 
   /** Re-attaches to a QEMU left running by an earlier server process. Null if it is not ours any more. */
-  static async adopt(pid: number, startTicks: string, spec: VmSpec, confinement?: VmmConfinement): Promise<Vmm | null> {
-    if (!isAlive(pid) || procStartTicks(pid) !== startTicks) return null;
+  /** Attaches to a VMM a previous server started; throws, saying why, when it cannot be the recorded one or does not answer. */
+  static async adopt(pid: number, startTicks: string, spec: VmSpec, confinement?: VmmConfinement): Promise<Vmm> {
+    if (!isAlive(pid)) throw new Error(`its VMM (pid ${pid}) is gone`);
+    if (procStartTicks(pid) !== startTicks) throw new Error(`its VMM is gone (pid ${pid} is another process now)`);
     let qmp: QmpClient;
-    try { qmp = await QmpClient.connect(spec.qmpSocket, 3000); } catch { return null; }
+    try { qmp = await QmpClient.connect(spec.qmpSocket, 3000); } catch (e) { throw new Error(`its VMM (pid ${pid}) does not answer on ${spec.qmpSocket}: ${(e as Error).message}`); }
     const vmm = new Vmm(pid, spec, qmp, startTicks, confinement);
     // Not our child any more: poll for its exit instead of a process 'exit' event.
     const poll = setInterval(() => { if (!isAlive(pid)) { clearInterval(poll); vmm.markExited(); } }, 500);
