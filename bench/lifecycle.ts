@@ -249,7 +249,7 @@ console.log([
   `| suspend (512 MiB, ~100 MB dirty) | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
   `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`,
   '',
-  'Phases (p50 / p99 ms, src/sandboxes/phases.ts; children restored in parallel record the slowest):',
+  'Phases (p50 / p99 ms, src/sandboxes/phases.ts; children restored in parallel record the slowest; "CPU:" rows are CPU time summed over the operation):',
   '',
   ...phaseTable(),
 ].join('\n'));
@@ -275,6 +275,11 @@ function phaseTable(): string[] {
     for (const name of [...names, 'total']) {
       const v = summary(reports.map((r) => (name === 'total' ? r.totalMs : r.phases[name])).filter((x): x is number => x !== undefined));
       out.push(`| ${what} | ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
+    }
+    // CPU time, summed over the operation (phases.ts): what bounds a wide fork on few cores.
+    for (const name of new Set(reports.flatMap((r) => Object.keys(r.cpuMs ?? {})))) {
+      const v = summary(reports.map((r) => r.cpuMs?.[name]).filter((x): x is number => x !== undefined));
+      out.push(`| ${what} | CPU: ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
     }
   }
   return out;

@@ -6,6 +6,7 @@ import type { MachineShape } from '../vmm/machine.js';
 import { copyPrivatePages, preallocPrivatePages, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
 import { sealShared } from '../vmm/jail.js';
+import { processUsage } from '../vmm/vmm.js';
 import {
   newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, prepareUpperDisk, snapshotUpperDisk,
   destroyPending, runAgain,
@@ -336,6 +337,9 @@ async function spawnChildren(
   file: { fileReady: boolean } = { fileReady: true },
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
+  // Each child VMM's CPU time when this fork took it (a spawned one starts at none).
+  const cpuAtClaim = new Map<number, number>();
+  const vmmCpuMs = (pid: number) => (processUsage(pid)?.cpuSecs ?? 0) * 1000;
   try {
     // allSettled, not all: when one child fails the others are still landing, and every one
     // that lands must be in `children` for the caller to stop it.
@@ -360,6 +364,7 @@ async function spawnChildren(
     children.push(...taken);
     const claim = async (p: PendingVm) => {
       const t0 = performance.now();
+      cpuAtClaim.set(p.vmm.pid, vmmCpuMs(p.vmm.pid));
       await attachDisk(ctx.cfg, p, fp, trustedLayers(ctx, fp.id, artifactKey));
       if (p.record.net) await ctx.net!.apply(p.record.net, parentRow.egress);
       phases.since('child_claim', t0);
@@ -377,7 +382,9 @@ async function spawnChildren(
       const t0 = performance.now();
       try {
         if (p.remapDir) await phases.time('memory_remap', () => attachMemory(p, fp.mem));
-        return { id: p.id, live: await restoreCheckpoint(p, devState, p.id, phases) };
+        const live = await restoreCheckpoint(p, devState, p.id, phases);
+        phases.addCpu('children_vmm', vmmCpuMs(p.vmm.pid) - (cpuAtClaim.get(p.vmm.pid) ?? 0));
+        return { id: p.id, live };
       } catch (e) {
         if (!isUnacknowledgedRestore(e)) throw e;
         await destroyPending(p).catch(() => {});

@@ -16,6 +16,11 @@ import { performance } from 'node:perf_hooks';
  * - resume: `spawn` (with `egress_apply` inside it, alongside QEMU's start), `memory_load` (alongside
  *   the spawn), `device_state_load`, `agent_connect`, `agent_ack`, `commit`; the snapshot is removed
  *   after the answer.
+ *
+ * Beside the wall times, CPU time (milliseconds, summed, never the slowest): `server`, the server
+ * process's own over the operation, and for a fork `children_vmm`, what the children's VMMs spent
+ * from their claim (or spawn) to their acknowledgement. On a host with few cores the CPU a fork of N
+ * children needs, not the wall time of any one phase, is what bounds it.
  */
 export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume';
 
@@ -24,12 +29,16 @@ export interface PhaseReport {
   /** The sandbox created, forked, suspended or resumed (the parent, for a fork). */
   id: string;
   phases: Record<string, number>;
+  /** CPU time in milliseconds, summed (see above). */
+  cpuMs: Record<string, number>;
   totalMs: number;
 }
 
 export class Phases {
   private readonly startedAt = performance.now();
   private readonly ms: Record<string, number> = {};
+  private readonly cpuAtStart = process.cpuUsage();
+  private readonly cpu: Record<string, number> = {};
 
   constructor(readonly op: LifecycleOp) {}
 
@@ -53,7 +62,17 @@ export class Phases {
     this.record(name, performance.now() - since);
   }
 
+  /** Adds `ms` of CPU time under `name`: of several (parallel children) the sum stays. */
+  addCpu(name: string, ms: number): void {
+    this.cpu[name] = (this.cpu[name] ?? 0) + ms;
+  }
+
   report(id: string): PhaseReport {
-    return { op: this.op, id, phases: { ...this.ms }, totalMs: performance.now() - this.startedAt };
+    const server = process.cpuUsage(this.cpuAtStart);
+    return {
+      op: this.op, id, phases: { ...this.ms },
+      cpuMs: { ...this.cpu, server: (server.user + server.system) / 1000 },
+      totalMs: performance.now() - this.startedAt,
+    };
   }
 }

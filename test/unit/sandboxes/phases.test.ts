@@ -22,10 +22,22 @@ test('Phases: timed phases, the slowest of parallel ones, a total that spans the
   assert.ok(r.totalMs >= r.phases.stop + r.phases.agent_ack);
 });
 
+test('CPU time is summed over children, and the server\'s own is measured over the operation', () => {
+  const p = new Phases('fork');
+  p.addCpu('children_vmm', 30);
+  p.addCpu('children_vmm', 45);
+  const spinUntil = process.cpuUsage().user + 20_000;
+  while (process.cpuUsage().user < spinUntil) { /* 20 ms of the server's own CPU */ }
+  const r = p.report('sbx_000000000001');
+  assert.equal(r.cpuMs.children_vmm, 75, 'summed, not the largest');
+  assert.ok(r.cpuMs.server >= 20, `the server's CPU over the operation (${r.cpuMs.server} ms)`);
+  assert.equal(r.phases.children_vmm, undefined, 'CPU time is not a phase of the histogram');
+});
+
 test('the engine\'s phase reports become the collimate_lifecycle_phase_seconds histogram', async () => {
   const f = await fixture({ fake: { events: true } });
   try {
-    f.svc.emit('phases', { op: 'fork', id: 'sbx_000000000001', phases: { stop: 3, memory_capture: 250 }, totalMs: 400 });
+    f.svc.emit('phases', { op: 'fork', id: 'sbx_000000000001', phases: { stop: 3, memory_capture: 250 }, cpuMs: { server: 12 }, totalMs: 400 });
     const text = (await f.req('metrics', { url: '/metrics' })).body;
     assert.match(text, /collimate_lifecycle_phase_seconds_count\{op="fork",phase="memory_capture"\} 1/);
     assert.match(text, /collimate_lifecycle_phase_seconds_sum\{op="fork",phase="memory_capture"\} 0\.25\b/);
