@@ -1,4 +1,4 @@
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { CollimateError, invalidState, sandboxEnded, sandboxNotFound } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
@@ -58,6 +58,16 @@ export interface EngineContext {
 export function dirs(cfg: EngineConfig): { sandboxes: string; disks: string; forkpoints: string } {
   const p = homePaths(cfg.home);
   return { sandboxes: p.sandboxes, disks: p.disks, forkpoints: join(cfg.home, 'forkpoints') };
+}
+
+/**
+ * The directory of the VMM `rec` when it is one taken from a pool (a resume on a receiver runs in
+ * the directory named after that VMM, not in the sandbox's own), else null. Suspend, delete and
+ * reconcile treat it as the sandbox's.
+ */
+export function pooledVmmDir(cfg: EngineConfig, id: string, rec: { dir: string } | null | undefined): string | null {
+  const { sandboxes } = dirs(cfg);
+  return rec?.dir && rec.dir !== join(sandboxes, id) && dirname(rec.dir) === sandboxes ? rec.dir : null;
 }
 
 /** The row for `id` as `scope` may see it; other tenants' and deleted ids read as not found. */

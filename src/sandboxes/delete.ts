@@ -1,9 +1,9 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { killRecorded } from './runtime.js';
 import type { SandboxRow } from './repo.js';
-import { dirs, rowFor, type EngineContext } from './context.js';
+import { dirs, pooledVmmDir, rowFor, type EngineContext } from './context.js';
 import type { Scope } from './types.js';
 
 /**
@@ -40,8 +40,8 @@ export function markLost(ctx: EngineContext, row: SandboxRow, reason: string): v
 export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
   const { sandboxes, disks } = dirs(ctx.cfg);
   rmSync(join(sandboxes, row.id), { recursive: true, force: true });
-  // A VMM it took from a pool (a resume on a receiver) has a directory named after that VMM.
-  if (row.vmm?.dir && dirname(row.vmm.dir) === sandboxes) rmSync(row.vmm.dir, { recursive: true, force: true });
+  const pooled = pooledVmmDir(ctx.cfg, row.id, row.vmm);
+  if (pooled) rmSync(pooled, { recursive: true, force: true });
   // Every disk layer named after it except those fork points hold (removed with the fork point).
   // By name rather than by the row's top-disk path: a delete that overtakes a fork may read the
   // row before the fork recorded the parent's new top layer.

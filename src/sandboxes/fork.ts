@@ -27,11 +27,24 @@ import type { ForkOptions, SandboxInfo, Scope } from './types.js';
  */
 
 /** A fork point being made: its directory, RAM file (share=on) and frozen disk layer. */
-interface ForkPoint {
+/** A fork point: a frozen state children (and a sandbox resumed on a receiver) map and sit on. */
+export interface ForkPoint {
   id: string;
   dir: string;
   mem: string;
   disk: string;
+}
+
+/**
+ * Records fork point `fp`, made of `owner`'s state, inside the caller's transaction: `owner` refers to
+ * it (its disk sits on the fork point's layer), and it to everything `owner` referred to (the layers
+ * under that one).
+ */
+export function recordForkPoint(ctx: EngineContext, fp: ForkPoint, owner: string): void {
+  const ups = ctx.repo.refsOf(owner);
+  ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
+  ctx.repo.addRef(fp.id, owner);
+  for (const up of ups) ctx.repo.addRef(up, fp.id);
 }
 
 /** What a fork has made that nobody owns yet: destroyed when the fork fails. */
@@ -290,9 +303,7 @@ function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInT
   // Until the fork ends, its RAM file is kept though no running sandbox maps it yet (gcForkPoints).
   ctx.forking.add(id);
   ctx.repo.tx(() => {
-    ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
-    ctx.repo.addRef(fp.id, owner);
-    for (const up of ctx.repo.refsOf(owner)) if (up !== fp.id) ctx.repo.addRef(up, fp.id);
+    recordForkPoint(ctx, fp, owner);
     alsoInTx(fp.id);
   });
   return fp;

@@ -1,10 +1,10 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
-import { basename, dirname, join } from 'node:path';
+import { basename, join } from 'node:path';
 import { stopOrphanedBakes } from '../images/bake.js';
 import { adoptVm, killFromDir, killPid, killRecorded, qemuProcessesNaming, sweepConfinement } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
-import { dirs, type EngineContext } from './context.js';
+import { dirs, pooledVmmDir, type EngineContext } from './context.js';
 import { SNAPSHOT_REMOVED, snapshotRecord } from './suspendResume.js';
 
 /**
@@ -19,7 +19,8 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
   for (const row of ctx.repo.live()) {
     known.add(row.id);
     // A VMM taken from a pool (a resume on a receiver) runs in a directory named after that VMM.
-    if (row.vmm?.dir && dirname(row.vmm.dir) === sandboxes) known.add(basename(row.vmm.dir));
+    const pooled = pooledVmmDir(ctx.cfg, row.id, row.vmm);
+    if (pooled) known.add(basename(pooled));
     await reconcileRow(ctx, row).catch(async (e) => {
       ctx.progress?.(`reconcile ${row.id}: ${(e as Error).message}; marking it deleted`);
       if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
@@ -95,9 +96,11 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
   if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {
     // Finish a suspend whose snapshot was complete: the VMM must not run on beside the snapshot.
     if (row.vmm) await killRecorded(ctx.cfg, row.vmm);
-    // A resume cut off by the crash had started a new VMM in the sandbox's directory, recorded
-    // only there (the row is written once it runs): the snapshot is still the sandbox.
+    // A resume cut off by the crash had started a new VMM, recorded only in its directory (the row
+    // is written once it runs): the sandbox's own, or a receiver's the previous life ran in. The
+    // snapshot is still the sandbox.
     if (row.vmm) await killFromDir(ctx.cfg, row.vmm.dir);
+    if (pooledVmmDir(ctx.cfg, row.id, row.vmm)) await killFromDir(ctx.cfg, dir);
     if (row.state !== 'suspended') ctx.repo.update(row.id, { state: 'suspended', snapshot: snapshotRecord(snapDir), pending_op: null });
     if (!row.snapshot && row.state === 'suspended') throw new Error('suspended without a snapshot');
     return;

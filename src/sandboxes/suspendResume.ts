@@ -1,6 +1,6 @@
 import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync, linkSync } from 'node:fs';
 import { open, rm } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
@@ -12,7 +12,8 @@ import { backingChain, sealShared } from '../vmm/jail.js';
 import type { Running } from './registry.js';
 import { gcForkPoints } from './delete.js';
 import { Phases } from './phases.js';
-import { dirs, getInfo, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import { recordForkPoint, type ForkPoint } from './fork.js';
+import { dirs, getInfo, isUnacknowledgedRestore, pooledVmmDir, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
 
 /**
@@ -103,7 +104,8 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   await phases.time('teardown', () => vmm.kill());
   if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });
   // A VMM taken from a pool (a resume on a receiver) ran in a directory of its own: it goes with it.
-  if (rec.dir !== join(dirs(ctx.cfg).sandboxes, r.id) && dirname(rec.dir) === dirs(ctx.cfg).sandboxes) rmSync(rec.dir, { recursive: true, force: true });
+  const pooled = pooledVmmDir(ctx.cfg, r.id, rec);
+  if (pooled) rmSync(pooled, { recursive: true, force: true });
   // The fork point whose RAM it mapped may be mapped by nobody now.
   gcForkPoints(ctx);
   ctx.emit('transition', { id: r.id, tenant: ctx.repo.get(r.id)!.tenant, state: 'suspended', op: 'suspend', snapshotBytes: snapshot.bytes });
@@ -167,7 +169,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
       }
     };
     let live: LiveVm;
-    let onReceiver: ResumeForkPoint | null = null;
+    let onReceiver: ForkPoint | null = null;
     try {
       // A guest that never acknowledges its restore gets one fresh VMM (counted in restoreCounts);
       // the snapshot on disk is untouched by a failed attempt.
@@ -192,11 +194,8 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
       // On a receiver the sandbox became a child of its own snapshot: the fork point holds the RAM
       // it maps and the disk layer under its new top layer, and the sandbox's ancestors.
       if (onReceiver) {
-        const fp = onReceiver;
-        ctx.repo.addForkPoint(fp.id, fp.dir, fp.mem, fp.disk);
-        ctx.repo.markForkPointReady(fp.id);
-        for (const up of ctx.repo.refsOf(id)) ctx.repo.addRef(up, fp.id);
-        ctx.repo.addRef(fp.id, id);
+        recordForkPoint(ctx, onReceiver, id);
+        ctx.repo.markForkPointReady(onReceiver.id);
       }
       // A new session of the sandbox's timeout_secs: a lease set before the suspend ended with it.
       ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
@@ -210,14 +209,6 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
   }));
-}
-
-/** The fork point a resume on a receiver makes of the sandbox's snapshot (recorded at its commit). */
-interface ResumeForkPoint {
-  id: string;
-  dir: string;
-  mem: string;
-  disk: string;
 }
 
 /**
@@ -245,12 +236,12 @@ const MAX_RESUME_LAYERS = 32;
  * snapshot and the sandbox's disk as they were (the disk is only read), and reconcile removes the
  * receiver and the unrecorded fork point's directory.
  */
-async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: SnapshotRecord, phases: Phases): Promise<{ live: LiveVm; fp: ResumeForkPoint } | null> {
+async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: SnapshotRecord, phases: Phases): Promise<{ live: LiveVm; fp: ForkPoint } | null> {
   const rec = row.vmm!;
   if (!ctx.cfg.resumeOnReceivers || !snap.ramPath) return null;
   if (backingChain(rec.diskPath).length > MAX_RESUME_LAYERS) return null;
   const fpId = newForkPointId();
-  const fp: ResumeForkPoint = { id: fpId, dir: join(dirs(ctx.cfg).forkpoints, fpId), mem: join(dirs(ctx.cfg).forkpoints, fpId, 'ram.img'), disk: rec.diskPath };
+  const fp: ForkPoint = { id: fpId, dir: join(dirs(ctx.cfg).forkpoints, fpId), mem: join(dirs(ctx.cfg).forkpoints, fpId, 'ram.img'), disk: rec.diskPath };
   mkdirSync(fp.dir, { recursive: true });
   try {
     linkSync(snap.ramPath, fp.mem);
