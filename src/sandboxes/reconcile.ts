@@ -100,7 +100,13 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
     // is written once it runs): the sandbox's own, or a receiver's the previous life ran in. The
     // snapshot is still the sandbox.
     if (row.vmm) await killFromDir(ctx.cfg, row.vmm.dir);
-    if (pooledVmmDir(ctx.cfg, row.id, row.vmm)) await killFromDir(ctx.cfg, dir);
+    const pooled = pooledVmmDir(ctx.cfg, row.id, row.vmm);
+    if (pooled) {
+      await killFromDir(ctx.cfg, dir);
+      // A suspend cut off after it was recorded but before the directory of the pool VMM its
+      // sandbox ran in was removed: nothing runs there any more.
+      rmSync(pooled, { recursive: true, force: true });
+    }
     if (row.state !== 'suspended') ctx.repo.update(row.id, { state: 'suspended', snapshot: snapshotRecord(snapDir), pending_op: null });
     if (!row.snapshot && row.state === 'suspended') throw new Error('suspended without a snapshot');
     return;

@@ -97,6 +97,7 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   // Persisted before the VMM goes: a crash from here on finds a complete snapshot and a dead or
   // stopped VMM, and finishes the suspend.
   ctx.repo.update(r.id, { state: 'suspended', snapshot, pending_op: null });
+  await ctx.fault('suspend:recorded');
   ctx.registry.remove(r.id);
   // Its processes' records and output stay (by sandbox id) for the resume, which learns them again.
   ctx.processes.of(r.id).detach();

@@ -39,7 +39,7 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 /** The engine's fault points (grep `ctx.fault(` in src/sandboxes). */
 export const FAULT_POINTS = [
   'fork:before-seed', 'fork:before-stop', 'fork:after-disk', 'fork:after-migrate', 'fork:children-spawned', 'fork:children-restored',
-  'suspend:before-save', 'suspend:after-save', 'resume:vmm-starting', 'resume:vmm-started',
+  'suspend:before-save', 'suspend:after-save', 'suspend:recorded', 'resume:vmm-starting', 'resume:vmm-started',
 ];
 
 export interface CampaignOptions {

@@ -1,6 +1,6 @@
 // A server stand-in for crash tests: opens an engine on a home, runs one operation, and SIGKILLs
 // itself at the named fault point inside it (COLLIMATE_CRASH_AT), like a server killed mid-request.
-// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|resume-on-receiver|create-and-suspend|bake [sandboxId | bake nonce]
+// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|resume-on-receiver|suspend-after-resume-on-receiver|create-and-suspend|bake [sandboxId | bake nonce]
 import { readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../../src/sandboxes/engine.ts';
@@ -11,8 +11,8 @@ import { homePaths } from '../../src/host/paths.ts';
 
 const [home, cacheDir, op, id] = process.argv.slice(2);
 const crashAt = process.env.COLLIMATE_CRASH_AT;
-// Ops that do something first (resume-on-receiver) arm the crash only for their last step.
-let armed = op !== 'resume-on-receiver';
+// Ops that do something first (on a receiver) arm the crash only for their last step.
+let armed = !op.includes('on-receiver');
 if (op === 'bake') {
   // A template bake whose ready command (made unique by `id`) is running when the server dies:
   // prints the bake's build directory, then SIGKILLs itself with the bake VMM up.
@@ -52,14 +52,20 @@ if (op === 'setup') {
 } else if (op === 'resume') {
   await engine.resume(id);
   console.log(JSON.stringify({ done: true }));
-} else if (op === 'resume-on-receiver') {
+} else if (op === 'resume-on-receiver' || op === 'suspend-after-resume-on-receiver') {
   // A first resume asks for a VMM spawned ahead (a fork receiver); the second takes it.
   await engine.resume(id);
   await engine.suspend(id);
   const key = engine.repo.get(id)!.vmm!.artifactKey;
   while ((engine.forkReceiverSizes()[key]?.ready ?? 0) < 1) await new Promise((r) => setTimeout(r, 100));
-  armed = true;
+  if (op === 'resume-on-receiver') armed = true;
   await engine.resume(id);
+  if (op === 'suspend-after-resume-on-receiver') {
+    // The receiver's directory, which the suspend removes last.
+    console.log(JSON.stringify({ receiverDir: engine.repo.get(id)!.vmm!.dir }));
+    armed = true;
+    await engine.suspend(id);
+  }
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'create-and-suspend') {
   const sb = await engine.create({ template: 'base' }, tenant);

@@ -580,6 +580,23 @@ test('SIGKILL inside a resume on a receiver once it runs: after restart the sand
   }
 });
 
+test('SIGKILL inside a suspend of a sandbox resumed on a receiver, once the suspend is recorded: after restart the receiver\'s directory is gone and the sandbox resumes intact', async () => {
+  const crashHome = testHome('crash-suspend-receiver');
+  const { id } = JSON.parse((await runWorker(crashHome, ['create-and-suspend'])).trim().split('\n').pop()!);
+  const out = (await runWorker(crashHome, ['suspend-after-resume-on-receiver', id], 'suspend:recorded')).trim().split('\n');
+  const { receiverDir } = JSON.parse(out.find((l) => l.includes('receiverDir'))!);
+  assert.notEqual(receiverDir, join(crashHome, 'sandboxes', id), 'the resume ran on a receiver');
+  assert.ok(existsSync(receiverDir), 'the crash came before the suspend removed the receiver\'s directory');
+  const e2 = await openEngine(crashHome, { poolSize: 1 });
+  try {
+    assert.equal(e2.get(id).state, 'suspended');
+    assert.equal(existsSync(receiverDir), false, 'the restart removed the directory of the VMM that no longer runs');
+    await resumesIntact(id, e2);
+  } finally {
+    await assertNoLeaks(e2, crashHome);
+  }
+});
+
 test('a resume whose VMM fails while starting leaves the sandbox suspended with its snapshot, no VMM of it running, and a later resume intact', async () => {
   const failHome = testHome('resume-fails');
   let failing = false;
