@@ -110,9 +110,10 @@ export function logLifecycle(engine: unknown, log: FastifyBaseLogger): () => voi
       },
       'sandbox transition',
     );
-  const onPhases = (r: { op: string; id: string; phases: Record<string, number>; totalMs: number }) =>
+  const tenths = (m: Record<string, number> | undefined) => Object.fromEntries(Object.entries(m ?? {}).map(([k, v]) => [k, Math.round(v * 10) / 10]));
+  const onPhases = (r: { op: string; id: string; phases: Record<string, number>; cpuMs?: Record<string, number>; totalMs: number }) =>
     log.info(
-      { event: 'phases', sandbox_id: r.id, op: r.op, total_ms: Math.round(r.totalMs * 10) / 10, phases_ms: Object.fromEntries(Object.entries(r.phases).map(([k, v]) => [k, Math.round(v * 10) / 10])) },
+      { event: 'phases', sandbox_id: r.id, op: r.op, total_ms: Math.round(r.totalMs * 10) / 10, phases_ms: tenths(r.phases), cpu_ms: tenths(r.cpuMs) },
       'lifecycle phases',
     );
   const onReaped = (r: { id: string; action: string }) =>

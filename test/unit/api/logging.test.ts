@@ -80,6 +80,20 @@ test('one line per lifecycle transition, with the sandbox and tenant', async () 
   }
 });
 
+test('one line per lifecycle phase report, with wall times and CPU times', async () => {
+  const { f, records } = await loggedFixture();
+  try {
+    f.svc.emit('phases', { op: 'fork', id: 'sbx_000000000001', phases: { stop: 3.04, agent_ack: 40 }, cpuMs: { server: 12.34, children_vmm: 70 }, totalMs: 400 });
+    const line = records().find((o) => o.msg === 'lifecycle phases');
+    assert.ok(line, 'a lifecycle phases line');
+    assert.deepEqual([line.sandbox_id, line.op, line.total_ms], ['sbx_000000000001', 'fork', 400]);
+    assert.deepEqual(line.phases_ms, { stop: 3, agent_ack: 40 });
+    assert.deepEqual(line.cpu_ms, { server: 12.3, children_vmm: 70 });
+  } finally {
+    await f.close();
+  }
+});
+
 test('the internal cause is logged with the request id while the client gets only the message', async () => {
   const { f, records } = await loggedFixture();
   try {
