@@ -39,10 +39,13 @@ const qemu = execFileSync('sh', ['-c', 'command -v qemu-system-x86_64'], { encod
 function wrapper(t: { name: string; env: string[]; extra: string[] }, i: number): string {
   const path = `${wrappers}/qemu-${i}.sh`;
   const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
-  // `nothp` in the environment list: QEMU runs with transparent huge pages disabled (prctl PR_SET_THP_DISABLE, kept across exec).
-  const nothp = t.env.includes('nothp');
-  const env = t.env.filter((e) => e !== 'nothp');
-  const prefix = nothp ? `/usr/bin/python3 -c 'import ctypes,os,sys; ctypes.CDLL(None).prctl(41,1,0,0,0); os.execv(sys.argv[1], sys.argv[1:])'` : '';
+  // `thp=on` / `thp=off` in the environment list: QEMU runs with transparent huge pages allowed or
+  // not (prctl PR_SET_THP_DISABLE, kept across exec; a confined VMM under TCG has them off).
+  const thp = t.env.find((e) => e.startsWith('thp='));
+  const env = t.env.filter((e) => e !== thp);
+  const prefix = thp
+    ? `/usr/bin/python3 -c 'import ctypes,os,sys; ctypes.CDLL(None).prctl(41,${thp === 'thp=off' ? 1 : 0},0,0,0); os.execv(sys.argv[1], sys.argv[1:])'`
+    : '';
   writeFileSync(path, `#!/bin/sh\nexec env ${env.map(q).join(' ')} ${prefix} ${qemu} "$@" ${t.extra.map(q).join(' ')}\n`);
   chmodSync(path, 0o755);
   return path;
