@@ -9,7 +9,8 @@
 // ENV and extra arguments ARGS appended (e.g. `--trial 'arena1=MALLOC_ARENA_MAX=1;'`). `--busy CMD`
 // also times CMD in one sandbox of each trial (e.g. a loop that runs many distinct programs), so a
 // setting that saves memory but slows a busy guest shows it.
-// Usage: node --import tsx bench/pss.ts [--sandboxes 10] [--idle 5] [--trial NAME=ENV;ARGS]... [--busy CMD]
+// `--probe-trim` calls malloc_trim(0) in three VMMs through gdb (after the idle figures) and logs their PSS before and after.
+// Usage: node --import tsx bench/pss.ts [--sandboxes 10] [--idle 5] [--trial NAME=ENV;ARGS]... [--busy CMD] [--probe-trim]
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { Engine } from '../src/sandboxes/engine.ts';
@@ -121,6 +122,18 @@ try {
         log(await vmm.qmp.execute<string>('human-monitor-command', { 'command-line': 'info jit' }));
       }
       const med = (k: Kind) => percentile(parts.map((p) => p[k]), 50);
+      if (args.includes('--probe-trim')) {
+        // What a malloc_trim(0) inside QEMU would give back (called through gdb in three VMMs):
+        // the heap a trim on the idle pause could free, which QEMU's own trims (its RCU thread's,
+        // keeping 4 MiB at the top) leave.
+        const before = vmms.slice(0, 3).map((v) => pssOf(v.pid));
+        for (const v of vmms.slice(0, 3)) {
+          const out = execFileSync('gdb', ['-p', String(v.pid), '-batch', '-nx', '-ex', 'call (int) malloc_trim(0)'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
+          log(`gdb: ${out.trim().split('\n').filter((l) => l.startsWith('$')).join(' ') || out.trim().slice(-300)}`);
+        }
+        const after = vmms.slice(0, 3).map((v) => pssOf(v.pid));
+        log(`malloc_trim(0) in 3 VMMs: PSS ${before.map((b) => b.toFixed(1)).join(' ')} -> ${after.map((a) => a.toFixed(1)).join(' ')} MiB`);
+      }
       // After the idle figures: a busy guest grows its translation cache.
       let busyMs = NaN;
       if (busy) {
