@@ -6,11 +6,13 @@
 // the baseline (today's launch) first and again last, so host drift shows.
 //
 // A trial is a QEMU wrapper: `--trial NAME=ENV...;ARGS...` runs QEMU with the environment variables
-// ENV and extra arguments ARGS appended (e.g. `--trial 'arena1=MALLOC_ARENA_MAX=1;'`). `--busy CMD`
-// also times CMD in one sandbox of each trial (e.g. a loop that runs many distinct programs), so a
-// setting that saves memory but slows a busy guest shows it.
+// ENV and extra arguments ARGS appended (e.g. `--trial 'arena1=MALLOC_ARENA_MAX=1;'`; `thp=on` or
+// `thp=off` among ENV sets transparent huge pages for it). `--busy CMD` also runs CMD in three
+// sandboxes of each trial, after the idle figures, and reports the host CPU time their VMMs spent
+// on it (median), so a setting that saves memory but slows a busy guest shows it.
+// `--pool` also reports the warm pool's VMMs (with COLLIMATE_PREWARM=0: spawned, never restored).
 // `--probe-trim` calls malloc_trim(0) in three VMMs through gdb (after the idle figures) and logs their PSS before and after.
-// Usage: node --import tsx bench/pss.ts [--sandboxes 10] [--idle 5] [--trial NAME=ENV;ARGS]... [--busy CMD] [--probe-trim]
+// Usage: node --import tsx bench/pss.ts [--sandboxes 10] [--idle 5] [--trial NAME=ENV;ARGS]... [--busy CMD] [--probe-trim] [--pool]
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { Engine } from '../src/sandboxes/engine.ts';
@@ -133,6 +135,19 @@ try {
         }
         const after = vmms.slice(0, 3).map((v) => pssOf(v.pid));
         log(`malloc_trim(0) in 3 VMMs: PSS ${before.map((b) => b.toFixed(1)).join(' ')} -> ${after.map((a) => a.toFixed(1)).join(' ')} MiB`);
+      }
+      if (args.includes('--pool')) {
+        // The pool's VMMs beside them (this home's other QEMU processes): restored, warmed and
+        // paused; with COLLIMATE_PREWARM=0 only spawned — what a QEMU costs before any guest code runs.
+        const mine = new Set(vmms.map((v) => v.pid));
+        const pool = readdirSync('/proc').filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => {
+          if (mine.has(p)) return false;
+          try { return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(`${home}/`) && readFileSync(`/proc/${p}/comm`, 'utf8').startsWith('qemu'); } catch { return false; }
+        });
+        const memOf = (p: number) => readFileSync(`/proc/${p}/cmdline`, 'utf8').match(/mem-path=([^,\0]+)/)?.[1] ?? '';
+        const pp = pool.map((p) => breakdown(p, memOf(p)));
+        const ps = pool.map(pssOf);
+        log(`pool VMMs: ${pool.length}, PSS median ${percentile(ps, 50).toFixed(1)} MiB; ${KINDS.map((k) => `${k} ${percentile(pp.map((x) => x[k]), 50).toFixed(1)}`).join(', ')}`);
       }
       // After the idle figures: a busy guest grows its translation cache.
       let busyMs = NaN;
