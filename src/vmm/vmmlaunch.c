@@ -4,7 +4,8 @@
  *   collimate-vmm-launch [steps] -- qemu-system-x86_64 ARGS...
  *
  * Run as root by the server (jail.ts builds the steps from a ViewPlan). In order: join the network
- * namespace (--netns), enter a new mount namespace with private propagation, then the steps in the
+ * namespace (--netns) and turn transparent huge pages off for the process (--no-thp; both may come
+ * before anything else), enter a new mount namespace with private propagation, then the steps in the
  * order given (join cgroups, mount the root tmpfs and enter it, make directories, files and symlinks,
  * bind the paths the VMM may see, mount /proc), pivot into the new root, mount it read-only, drop to
  * the VMM's uid and gid with no capabilities (bounding, inheritable, ambient) and no_new_privs, and
@@ -116,6 +117,11 @@ int main(int argc, char **argv) {
     const char *op = argv[i];
     if (strcmp(op, "--") == 0) break;
 #define ARGS(n) do { if (i + (n) >= argc) usage(op); } while (0)
+    if (strcmp(op, "--no-thp") == 0) {
+      /* Kept across execve: QEMU's own madvise(MADV_HUGEPAGE) calls then change nothing. */
+      if (prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) die("thp", "disable");
+      continue;
+    }
     if (strcmp(op, "--netns") == 0) {
       ARGS(1);
       if (mount_ns) usage("--netns must come first");

@@ -66,6 +66,12 @@ test('confinement audit: every VMM has its own uid, no capabilities, no_new_priv
     for (const c of ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']) assert.equal(BigInt(`0x${st[c]}`), 0n, `${id}: ${c} ${st[c]}`);
     assert.equal(st.NoNewPrivs, '1', `${id}: no_new_privs`);
     assert.equal(st.Seccomp, '2', `${id}: seccomp filter mode`);
+    // Under TCG no transparent huge pages: QEMU's madvise would give each sandbox whole 2 MiB pages
+    // of its translation cache and firmware RAM (jail.ts, ViewPlan.noThp).
+    if (engine.cfg.accel.accel === 'tcg') {
+      assert.equal(st.THP_enabled, '0', `${id}: transparent huge pages off`);
+      assert.match(readFileSync(`/proc/${rec.pid}/smaps_rollup`, 'utf8'), /^AnonHugePages:\s+0 kB$/m, `${id}: no huge page mapped`);
+    }
     assert.equal(euid, rec.jail!.uid);
     uids.add(euid);
 

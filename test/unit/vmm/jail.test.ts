@@ -39,7 +39,7 @@ test('vmmBinds: a template boot writes its RAM file; its disk lives in its own d
   ]);
 });
 
-test('the launch steps are pinned: network namespace, cgroups, new root, binds (parents first), private proc, uid', () => {
+test('the launch steps are pinned: network namespace, huge pages off, cgroups, new root, binds (parents first), private proc, uid', () => {
   const plan: ViewPlan = {
     root: '/run/collimate/vmroot',
     cgroupProcs: ['/sys/fs/cgroup/memory/collimate/t-sbx_1/cgroup.procs', '/sys/fs/cgroup/pids/collimate/t-sbx_1/cgroup.procs'],
@@ -55,9 +55,11 @@ test('the launch steps are pinned: network namespace, cgroups, new root, binds (
     gid: 200123,
     groups: [],
     env: { LD_PRELOAD: '/c/assets/ramro/libcollimate-ramro.so', COLLIMATE_RAM_RO: '/dev/shm/c/a.mem' },
+    noThp: true,
   };
   assert.deepEqual(launchArgs(plan, '/run/netns/c-1'), [
     '--netns', '/run/netns/c-1',
+    '--no-thp',
     '--cgroup', '/sys/fs/cgroup/memory/collimate/t-sbx_1/cgroup.procs',
     '--cgroup', '/sys/fs/cgroup/pids/collimate/t-sbx_1/cgroup.procs',
     '--root', '/run/collimate/vmroot',

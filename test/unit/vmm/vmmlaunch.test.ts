@@ -32,7 +32,7 @@ test('the launcher confines what it runs: uid, capabilities, no_new_privs, the m
         { src: own, dst: own, kind: 'dir', ro: false },
         { src: shared, dst: shared, kind: 'file', ro: true },
       ],
-      symlinks: top.symlinks, proc: 'private', uid: 200999, gid: 200999, groups: [], env: { COLLIMATE_PROBE: 'yes' },
+      symlinks: top.symlinks, proc: 'private', uid: 200999, gid: 200999, groups: [], env: { COLLIMATE_PROBE: 'yes' }, noThp: true,
     };
     const script = 'cat /proc/self/status; echo ---; cat /proc/self/mountinfo; echo ---; echo $COLLIMATE_PROBE; ls /; echo ---; ' +
       `echo x >> ${shared} 2>/dev/null && echo shared-writable; touch /planted 2>/dev/null && echo root-writable; true`;
@@ -44,6 +44,7 @@ test('the launcher confines what it runs: uid, capabilities, no_new_privs, the m
     assert.equal(field('Groups'), '');
     for (const c of ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']) assert.equal(BigInt(`0x${field(c)}`), 0n, c);
     assert.equal(field('NoNewPrivs'), '1');
+    assert.equal(field('THP_enabled'), '0', 'transparent huge pages are off (--no-thp), as they stay across exec');
     const mount = (dst: string) => mountinfo.split('\n').find((l) => l.split(' ')[4] === dst)?.split(' ')[5] ?? '';
     assert.match(mount('/'), /^ro,nosuid,nodev/, 'the root is read-only');
     assert.match(mount('/usr'), /^ro,nosuid,nodev/);
