@@ -59,7 +59,15 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
       return reply;
     }
   };
-  const bodyOf = (req: FastifyRequest): Record<string, unknown> => (req.body && typeof req.body === 'object' ? req.body as Record<string, unknown> : {});
+  /** The request's JSON object (the server hands bodies over as bytes); {} for none. */
+  const bodyOf = (req: FastifyRequest): Record<string, unknown> => {
+    const raw = Buffer.isBuffer(req.body) ? req.body.toString('utf8') : '';
+    if (!raw.trim()) return {};
+    let v: unknown;
+    try { v = JSON.parse(raw); } catch { throw new CollimateError('invalid_json', 'The request body is not JSON.'); }
+    if (!v || typeof v !== 'object' || Array.isArray(v)) throw new CollimateError('validation_error', 'The request body must be a JSON object.');
+    return v as Record<string, unknown>;
+  };
   const optionalHost = (v: unknown): string | undefined => {
     if (v === undefined || v === null) return undefined;
     if (typeof v !== 'string' || !/^[A-Za-z0-9_-]{1,64}$/.test(v)) throw new CollimateError('validation_error', '"to" must be a host id (e.g. host_0123456789ab).');
