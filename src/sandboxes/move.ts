@@ -71,6 +71,9 @@ export interface MoveEngine {
 
 const copy = promisify(copyFile);
 
+/** Sandboxes each engine is moving out now: a second move of one is refused, not interleaved. */
+const movingOut = new WeakMap<EngineContext, Set<string>>();
+
 /** The directory a move's flattened disk is made in, inside the sandbox's own directory. */
 function moveOutDir(ctx: EngineContext, id: string): string {
   return join(dirs(ctx.cfg).sandboxes, id, 'move-out');
@@ -93,8 +96,12 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
     if (row.pending_op) throw new CollimateError('conflict', `Sandbox ${id} is being ${row.pending_op.op === 'move' ? 'moved' : row.pending_op.op === 'fork' ? 'forked' : 'suspended'} already; retry once that is done.`);
     const snap = row.snapshot;
     if (!snap?.ramPath || !row.vmm) throw new CollimateError('conflict', `Sandbox ${id} was suspended in the old one-stream snapshot format, which does not move; resume it and suspend it again, then move it.`);
+    const moving = movingOut.get(ctx) ?? new Set<string>();
+    movingOut.set(ctx, moving);
+    if (moving.has(id)) throw new CollimateError('conflict', `Sandbox ${id} is being moved already; wait for that move's answer.`);
     const artifact = ctx.templates.artifactFor(row.vmm.artifactKey);
     const out = moveOutDir(ctx, id);
+    moving.add(id);
     rmSync(out, { recursive: true, force: true });
     mkdirSync(out, { recursive: true });
     const disk = join(out, 'disk.qcow2');
@@ -116,10 +123,14 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
           row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress },
         },
         paths: { ...paths },
-        discard: () => rmSync(out, { recursive: true, force: true }),
+        discard: () => {
+          rmSync(out, { recursive: true, force: true });
+          moving.delete(id);
+        },
       };
     } catch (e) {
       rmSync(out, { recursive: true, force: true });
+      moving.delete(id);
       throw new CollimateError('vmm_failed', `Preparing sandbox ${id}'s disk to move failed: ${(e as Error).message}. Nothing was changed; retry.`, { cause: e });
     }
   });

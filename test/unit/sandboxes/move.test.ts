@@ -166,6 +166,7 @@ describe('moving a suspended sandbox: the engine side (real qcow2 chains, real j
     const src = home(art.disk);
     const row = suspended(src, art.disk, 'sbx_bbbbbbbbbbbb', 'sbx_sibling00000');
     const prepared = await prepareMoveOut(src, row.id);
+    assert.equal((await refusal(prepareMoveOut(src, row.id))).code, 'conflict', 'one move of a sandbox at a time');
 
     // Suspended again since (another snapshot), or the flip refused: nothing changes.
     assert.equal((await refusal(commitMoveOut(src, row.id, 999, 'host_b', async () => true))).code, 'conflict');
