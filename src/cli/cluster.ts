@@ -12,7 +12,13 @@ import { PEER_HEADER } from '../cluster/node.js';
 export async function clusterCommand(sub: string | undefined, args: string[], io: { out(s: string): void; err(s: string): void }, url: string | undefined): Promise<number> {
   if (sub !== 'move' && sub !== 'drain') throw new UsageArgError(`unknown cluster command ${sub ?? ''} (move or drain)`);
   if (!url) throw new UsageArgError('name the cluster database: --cluster postgres://… or $COLLIMATE_CLUSTER');
-  const { values, positionals } = parseArgs({ args, allowPositionals: true, options: { cluster: { type: 'string' }, to: { type: 'string' }, host: { type: 'string' } } });
+  let parsed;
+  try {
+    parsed = parseArgs({ args, allowPositionals: true, options: { cluster: { type: 'string' }, to: { type: 'string' }, host: { type: 'string' } } });
+  } catch (e) {
+    throw new UsageArgError((e as Error).message);
+  }
+  const { values, positionals } = parsed;
   const pool = openClusterDb({ url, max: 1 });
   try {
     const secret = (await pool.query<{ value: string }>(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0]?.value;
@@ -44,6 +50,10 @@ export async function clusterCommand(sub: string | undefined, args: string[], io
     }
     io.out(JSON.stringify(json, null, 2) + '\n');
     return json.failed && json.failed.length > 0 ? 1 : 0;
+  } catch (e) {
+    if (e instanceof CollimateError || e instanceof UsageArgError) throw e;
+    // The database or the host could not be reached, or answered something else than JSON.
+    throw new CollimateError('internal_error', `${(e as Error).message}; check that the cluster database and the host are reachable from here.`);
   } finally {
     await pool.end();
   }
