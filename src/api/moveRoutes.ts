@@ -4,7 +4,7 @@ import type { LocalBlobs } from '../images/localBlobs.js';
 import { BlobFetcher } from '../cluster/blobFetcher.js';
 import { BlobLocations } from '../cluster/blobLocations.js';
 import { compatKey } from '../cluster/hosts.js';
-import { localSandboxes, SandboxMoves, type MoveTarget } from '../cluster/moves.js';
+import { localSandboxes, peerRequest, SandboxMoves, type MoveTarget } from '../cluster/moves.js';
 import { PEER_HEADER, type ClusterNode } from '../cluster/node.js';
 import type { MoveEngine, MoveManifest } from '../sandboxes/move.js';
 import type { SandboxInfo } from '../sandboxes/types.js';
@@ -186,17 +186,9 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
   });
 }
 
-/** A request to a peer with the peer secret; the answer's status and JSON body. */
-export async function peer(node: { secret: string }, address: string, method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
-  const res = await fetch(`${address}${path}`, {
-    method,
-    headers: { [PEER_HEADER]: node.secret, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  let json: unknown = null;
-  try { json = JSON.parse(text); } catch { json = { error: { message: text.slice(0, 200) } }; }
-  return { status: res.status, json };
+/** A request to a peer with the peer secret (peerRequest). */
+function peer(node: { secret: string }, address: string, method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
+  return peerRequest(node.secret, address, method, path, body);
 }
 
 /** A peer's error answer as an error of this host, with the peer's code, message and details. */

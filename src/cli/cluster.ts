@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
 import { CollimateError, ERROR_CODES, type ErrorCode } from '../errors.js';
 import { openClusterDb } from '../cluster/db.js';
-import { PEER_HEADER } from '../cluster/node.js';
+import { peerRequest } from '../cluster/moves.js';
 
 /**
  * `collimate cluster move SANDBOX` and `collimate cluster drain --host ID`: an operator moves
@@ -42,8 +42,8 @@ export async function clusterCommand(sub: string | undefined, args: string[], io
       if (!h.alive) throw new CollimateError('host_at_capacity', `Host ${values.host} is not available; its suspended sandboxes' files are on its disk, so it drains once it is back.`);
       [address, path, body] = [h.address, '/cluster/drain', values.to ? { to: values.to } : {}];
     }
-    const res = await fetch(`${address}${path}`, { method: 'POST', headers: { [PEER_HEADER]: secret, 'content-type': 'application/json' }, body: JSON.stringify(body) });
-    const json = await res.json() as { error?: { code?: string; message?: string }; failed?: unknown[] };
+    const res = await peerRequest(secret, address, 'POST', path, body);
+    const json = res.json as { error?: { code?: string; message?: string }; failed?: unknown[] };
     if (res.status !== 200) {
       const code = json.error?.code && json.error.code in ERROR_CODES ? json.error.code as ErrorCode : 'internal_error';
       throw new CollimateError(code, json.error?.message ?? `the host answered ${res.status}`);

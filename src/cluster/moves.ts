@@ -11,8 +11,10 @@
  * next joins). A resume or delete through the cluster reaches the owner the directory names, so
  * there is never a moment with two owners.
  */
+import { request as httpRequest } from 'node:http';
 import type pg from 'pg';
 import { CollimateError } from '../errors.js';
+import { PEER_HEADER } from './node.js';
 import { FREE_OF_H } from './placement.js';
 import type { SandboxDirectory } from './directory.js';
 
@@ -134,4 +136,32 @@ export async function reconcileMoves(self: string, dir: SandboxDirectory, engine
     if (e && e.hostId !== self && e.state !== 'lost' && engine.moves.dropOut(id, e.hostId)) done.push(`removed sandbox ${id}: it was moved to host ${e.hostId}`);
   }
   return done;
+}
+
+/**
+ * A request to a host with the peer secret; its status and JSON body. No time limit (fetch's
+ * would cut off a move pulling gigabytes, or a drain of many sandboxes, at 300 s): the host
+ * answers once the work is done or has failed.
+ */
+export function peerRequest(secret: string, address: string, method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
+  return new Promise((resolve, reject) => {
+    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    const req = httpRequest(`${address}${path}`, {
+      method,
+      headers: { [PEER_HEADER]: secret, ...(payload ? { 'content-type': 'application/json', 'content-length': String(payload.length) } : {}) },
+    });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('error', reject);
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let json: unknown;
+        try { json = JSON.parse(text); } catch { json = { error: { message: `host ${address} answered ${res.statusCode}: ${text.slice(0, 200)}` } }; }
+        resolve({ status: res.statusCode ?? 0, json });
+      });
+    });
+    req.on('error', (err) => reject(new Error(`host ${address} could not be reached: ${err.message}`)));
+    req.end(payload);
+  });
 }

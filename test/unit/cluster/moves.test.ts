@@ -10,7 +10,10 @@ import type pg from 'pg';
 import { migrateCluster, openClusterDb } from '../../../src/cluster/db.js';
 import { compatKey, HostMembership, type HostRegistration } from '../../../src/cluster/hosts.js';
 import { SandboxDirectory } from '../../../src/cluster/directory.js';
-import { reconcileMoves, SandboxMoves } from '../../../src/cluster/moves.js';
+import { peerRequest, reconcileMoves, SandboxMoves } from '../../../src/cluster/moves.js';
+import { createServer } from 'node:http';
+import { PEER_HEADER } from '../../../src/cluster/node.js';
+import { freePort } from '../../support/registry.js';
 import { CollimateError } from '../../../src/errors.js';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
 
@@ -164,5 +167,30 @@ describe('moving suspended sandboxes: receivers, the owner flip, reconcile (real
     const done = await reconcileMoves('h2', new SandboxDirectory(pool), engine);
     assert.deepEqual(calls, ['commit sbx_in_done', 'abort sbx_in_not', 'drop sbx_out -> h1'], done.join('; '));
     assert.equal(done.length, 3);
+  });
+
+  test('peer requests carry the secret and a JSON body, and read the JSON answer or say why there is none', async () => {
+    const seen: Array<{ secret: unknown; body: string; method: string }> = [];
+    const srv = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => { body += c; });
+      req.on('end', () => {
+        seen.push({ secret: req.headers[PEER_HEADER], body, method: req.method! });
+        if (req.url === '/html') res.writeHead(502).end('<html>bad gateway</html>');
+        else res.writeHead(409, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'conflict', message: 'no' } }));
+      });
+    });
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const base = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    try {
+      assert.deepEqual(await peerRequest('s3cret', base, 'POST', '/cluster/moves', { sandbox: 'sbx_1' }), { status: 409, json: { error: { code: 'conflict', message: 'no' } } });
+      assert.deepEqual(seen[0], { secret: 's3cret', body: '{"sandbox":"sbx_1"}', method: 'POST' });
+      const html = await peerRequest('s3cret', base, 'DELETE', '/html');
+      assert.equal(html.status, 502);
+      assert.match((html.json as { error: { message: string } }).error.message, /answered 502: <html>/);
+    } finally {
+      srv.close();
+    }
+    await assert.rejects(peerRequest('s', `http://127.0.0.1:${await freePort()}`, 'POST', '/x'), /could not be reached/);
   });
 });
