@@ -1,6 +1,5 @@
-import { copyFile, constants as fsConstants } from 'node:fs';
-import { mkdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { promisify } from 'node:util';
+import { constants as fsConstants, mkdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CollimateError } from '../errors.js';
 import { sha256File } from '../host/hash.js';
@@ -69,8 +68,6 @@ export interface MoveEngine {
   pendingIn(): string[];
 }
 
-const copy = promisify(copyFile);
-
 /** Sandboxes each engine is moving out now: a second move of one is refused, not interleaved. */
 const movingOut = new WeakMap<EngineContext, Set<string>>();
 
@@ -108,7 +105,7 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
     try {
       // A copy of the top layer (a qcow2 file holds only its allocated clusters; a reflink where
       // the file system has them)...
-      await copy(row.vmm.diskPath, disk, fsConstants.COPYFILE_FICLONE);
+      await copyFile(row.vmm.diskPath, disk, fsConstants.COPYFILE_FICLONE);
       // ...holding, after a safe rebase, everything its chain has that the artifact's disk has not.
       await run('qemu-img', ['rebase', '-q', '-f', 'qcow2', '-F', 'raw', '-b', artifact.diskPath, disk]);
       const files: MoveFile[] = [];
