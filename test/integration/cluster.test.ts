@@ -185,7 +185,8 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     const id = await create(hosts[1], beta);
     const owner = await ownerOf(id);
     const other = hosts.find((h) => h !== owner)!;
-    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done';
+    // Each count is renamed into place: a read never meets the file truncated and empty (which read as 0).
+    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c.new; mv /root/c.new /root/c; sleep 0.2; done';
     assert.equal((await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter })).status, 201);
     const read = async (sid: string) => Number((await call(other.url, beta, 'POST', `/v1/sandboxes/${sid}/exec`, { command: 'cat /root/c 2>/dev/null || echo 0' })).json.stdout.trim());
     const moved = async (sid: string, past: number) => {
@@ -370,7 +371,8 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     };
     // A file below a fork point's layer and one above it: the disk that moves is a chain.
     await exec(third, id, 'echo under-the-fork > /root/a');
-    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done';
+    // Each count is renamed into place: a read never meets the file truncated and empty (which read as 0).
+    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c.new; mv /root/c.new /root/c; sleep 0.2; done';
     const proc = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter });
     assert.equal(proc.status, 201, proc.bytes.toString());
     const f = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/fork`, { count: 1 });
