@@ -58,6 +58,10 @@ or $COLLIMATE_CLUSTER, on the cluster's database: the key is valid on every host
   collimate keys list [--tenant T] [--all]
   collimate keys revoke KEY_ID|KEY
 
+Cluster operations (--cluster URL or $COLLIMATE_CLUSTER; see docs/cluster.md)
+  collimate cluster move SANDBOX_ID [--to HOST_ID]     moves a suspended sandbox to another host (or the one named)
+  collimate cluster drain --host HOST_ID [--to HOST_ID] moves every suspended sandbox off a host
+
 Sandboxes (HTTP client: --url, default $COLLIMATE_BASE_URL or http://127.0.0.1:7070; --key, default $COLLIMATE_API_KEY)
   collimate sandboxes create --template T [--label k=v]... [--timeout SECS] [--egress none|allow|JSON] [--idempotency-key K]
   collimate sandboxes list [--state running|suspended] [--label k=v]... [--limit N] [--after CURSOR]
@@ -447,6 +451,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
   const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
+  const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
@@ -456,6 +461,8 @@ async function serve(args: string[], io: Io): Promise<number> {
         beforeRoutes: (app: import('fastify').FastifyInstance) => {
           front.registerClusterFront(app, node!, tenants, views?.usage);
           blobs?.register(app);
+          // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
+          if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
           app.addHook('preClose', async () => upgrades.closeAll());
         },
         interceptUpgrade: upgrades.intercept,
@@ -1045,6 +1052,13 @@ export async function run(argv: string[], io: Io = processIo): Promise<number> {
         return await doctor(argv.slice(1), io);
       case 'service':
         return await service(sub, rest, io);
+      case 'cluster': {
+        const { clusterCommand, UsageArgError } = await import('./cluster.js');
+        const flag = rest.find((a, i) => rest[i - 1] === '--cluster') ?? rest.find((a) => a.startsWith('--cluster='))?.slice('--cluster='.length);
+        return await clusterCommand(sub, rest, io, clusterUrl(flag, io.env)).catch((e) => {
+          throw e instanceof UsageArgError ? new UsageError(e.message) : e;
+        });
+      }
       default:
         throw new UsageError(`unknown command ${cmd}`);
     }

@@ -46,7 +46,15 @@ export class BlobFetcher {
    */
   async fetch(digest: string, dest: string, opts: FetchOptions = {}): Promise<FetchedBlob> {
     if (!DIGEST_RE.test(digest)) throw new CollimateError('validation_error', `"${digest.slice(0, 80)}" is not a blob digest: use sha256: followed by 64 lowercase hex digits.`);
-    const holders = await this.locations.holders(digest, this.self.hostId);
+    return this.fetchFrom(await this.locations.holders(digest, this.self.hostId), digest, dest, opts);
+  }
+
+  /**
+   * Fetches `digest` into `dest` from the given holders (in order), as `fetch` does: a blob that
+   * is not published, e.g. a moving sandbox's file, which only its source holds.
+   */
+  async fetchFrom(holders: BlobHolder[], digest: string, dest: string, opts: FetchOptions = {}): Promise<FetchedBlob> {
+    if (!DIGEST_RE.test(digest)) throw new CollimateError('validation_error', `"${digest.slice(0, 80)}" is not a blob digest: use sha256: followed by 64 lowercase hex digits.`);
     const failures: FetchedBlob['failures'] = [];
     for (const h of holders) {
       const tmp = `${dest}.part-${process.pid}-${randomBytes(4).toString('hex')}`;

@@ -18,6 +18,7 @@ import { compatKey, DEFAULT_TIMINGS, HostMembership, type CompatClass, type Host
 import { ClusterIdempotency } from './idempotency.js';
 import { ClusterKeys, KeyCache } from './keys.js';
 import { ClusterPlacement } from './placement.js';
+import { reconcileMoves, type MovesReconcileEngine } from './moves.js';
 
 /** The header a host sends the peer secret in when it forwards a request to the owning host. */
 export const PEER_HEADER = 'x-collimate-peer';
@@ -43,6 +44,8 @@ type ClusterEngine = Pick<SandboxService, 'get' | 'list' | 'templates' | 'delete
   poolStatus?: () => Record<string, { ready: number }>;
   accel?: string;
   cfg?: { qemuBinary?: string };
+  /** Moves of suspended sandboxes between hosts (Engine.moves); absent on engines that cannot move. */
+  moves?: MovesReconcileEngine['moves'];
 };
 
 /** A stable id for this host across restarts (so a restart rejoins as itself and learns what was lost). */
@@ -110,6 +113,9 @@ export class ClusterNode {
       const node = new ClusterNode(pool, opts, engine);
       node.peerSecret = (await pool.query<{ value: string }>(`SELECT value FROM cluster_settings WHERE name = 'peer_secret'`)).rows[0].value;
       await node.membership.start();
+      // Moves a crash cut off are settled first: a sandbox half-moved onto this host must not be
+      // mirrored into the directory as this host's.
+      if (engine.moves) for (const done of await reconcileMoves(node.hostId, node.directory, { moves: engine.moves, list: (f) => engine.list(f) })) opts.log?.(null, done);
       await node.syncDirectory();
       engine.on?.('transition', node.onTransition);
       return node;

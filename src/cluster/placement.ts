@@ -49,7 +49,7 @@ export interface Placement {
 }
 
 /** A host's capacity left (alias h): capacity − running sandboxes − leased reservations. */
-const FREE_OF_H = `h.capacity
+export const FREE_OF_H = `h.capacity
   - (SELECT count(*) FROM sandboxes s WHERE s.host_id = h.id AND s.state = 'running')
   - (SELECT coalesce(sum(slots), 0) FROM reservations r WHERE r.host_id = h.id AND r.lease_until > now())`;
 

@@ -13,7 +13,7 @@ import { sha256File } from '../host/hash.js';
  * beside its manifest (`blobs.json`): the files are sealed read-only once baked, so they never
  * change under their digest.
  */
-export type BlobKind = 'layer' | 'artifact-mem' | 'artifact-state' | 'artifact-disk';
+export type BlobKind = 'layer' | 'artifact-mem' | 'artifact-state' | 'artifact-disk' | 'sandbox-move';
 
 export interface LocalBlob {
   digest: string;
@@ -35,6 +35,8 @@ interface ArtifactBlobs {
 export class LocalBlobs {
   private byDigest = new Map<string, LocalBlob>();
   private scanning?: Promise<LocalBlob[]>;
+  /** Blobs served for a while without being published: a moving sandbox's files (src/api/moveRoutes.ts). */
+  private offered = new Map<string, LocalBlob>();
 
   /**
    * `artifacts.dir`: `<cacheDir>/artifacts` (homePaths); `artifacts.ramDir`: where this host keeps
@@ -48,8 +50,21 @@ export class LocalBlobs {
     return this.scanning;
   }
 
+  /**
+   * Serves `blobs` until the returned function is called, without publishing them: the files of a
+   * sandbox moving to another host, which pulls them from this host by digest.
+   */
+  offer(blobs: LocalBlob[]): () => void {
+    for (const b of blobs) this.offered.set(b.digest, b);
+    return () => {
+      for (const b of blobs) if (this.offered.get(b.digest) === b) this.offered.delete(b.digest);
+    };
+  }
+
   /** The blob with this digest if it is held (and its file still exists); rescans once on a miss. */
   async find(digest: string): Promise<LocalBlob | undefined> {
+    const offered = this.offered.get(digest);
+    if (offered && existsSync(offered.path)) return offered;
     const hit = this.byDigest.get(digest);
     if (hit && existsSync(hit.path)) return hit;
     await this.scan();

@@ -16,6 +16,7 @@ import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFi
 import { downloadFile, fsList, fsMkdir, fsRemove, fsRename, fsStat, fsWatch, uploadFile } from './files.js';
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
+import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, pendingMovesIn, prepareMoveOut, type MoveEngine } from './move.js';
 import { deleteSandbox } from './delete.js';
 import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
@@ -160,6 +161,22 @@ export class Engine extends EventEmitter implements SandboxService {
     engine.ready = true;
     return engine;
   }
+
+  /** Moves of suspended sandboxes between cluster hosts (move.ts); cluster mode calls them. */
+  readonly moves: MoveEngine = {
+    prepareOut: (id) => prepareMoveOut(this.ctx, id),
+    commitOut: (id, suspendedAt, to, flip) => commitMoveOut(this.ctx, id, suspendedAt, to, flip),
+    dropOut: (id, to) => {
+      const row = this.repo.get(id);
+      if (!row || row.state !== 'suspended' || row.pending_op) return false;
+      dropMovedOut(this.ctx, row, to);
+      return true;
+    },
+    importIn: (m, pull) => importMoveIn(this.ctx, m, pull),
+    commitIn: (id) => commitMoveIn(this.ctx, id),
+    abortIn: (id) => abortMoveIn(this.ctx, id),
+    pendingIn: () => pendingMovesIn(this.ctx),
+  };
 
   isReady(): boolean {
     return this.ready && !this.closing;

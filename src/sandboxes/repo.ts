@@ -41,7 +41,8 @@ export interface SnapshotRecord {
 }
 
 export interface PendingOp {
-  op: 'fork' | 'suspend';
+  /** `move`: a suspended sandbox being moved onto this host, not yet its owner (src/sandboxes/move.ts). */
+  op: 'fork' | 'suspend' | 'move';
   forkPoint?: string;
   startedAt: number;
 }
@@ -179,6 +180,14 @@ export class SandboxRepo {
   pruneDeleted(before: number): number {
     return this.db.prepare(`DELETE FROM sandboxes WHERE state = 'deleted' AND COALESCE(deleted_at, last_active) < ?
       AND id NOT IN (SELECT owner FROM fork_point_refs)`).run(before).changes;
+  }
+
+  /** Removes a row outright (a move onto this host that did not complete; a deleted row an incoming move replaces). */
+  remove(id: string): void {
+    this.tx(() => {
+      this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+      this.dropRefs(id);
+    });
   }
 
   children(id: string): string[] {

@@ -160,8 +160,11 @@ export interface SandboxTransition {
   id: string;
   tenant: string;
   state: SandboxState;
-  /** `lost`: deleted because its VM died (`reason` says how), not by a request. */
-  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete' | 'lost';
+  /**
+   * `lost`: deleted because its VM died (`reason` says how), not by a request. `move`: a suspended
+   * sandbox moved between cluster hosts: `deleted` on the host it left, `suspended` on the one it reached.
+   */
+  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete' | 'lost' | 'move';
   /** With op suspend: the size of the snapshot written. */
   snapshotBytes?: number;
   /** With op lost: what happened. */

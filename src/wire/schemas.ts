@@ -787,7 +787,7 @@ export const SandboxEvent = named(
   'SandboxEvent',
   z.strictObject({
     sandbox_id: SandboxId,
-    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored).'),
+    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost', 'move']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached).'),
     state: SandboxState,
     at: IsoTime,
   }),

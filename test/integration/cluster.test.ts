@@ -18,9 +18,11 @@
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import Database from 'better-sqlite3';
 import pg from 'pg';
@@ -41,6 +43,7 @@ import { e2bKeyOf } from '../../src/service/keys.js';
 
 const skip = postgresUnavailable() ?? hostNetUnavailable() ?? false;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 /** The hosts' cluster timings (ms): heartbeat, lease, dead-after. */
 const TIMINGS = [1000, 15_000, 20_000] as const;
 
@@ -182,7 +185,8 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     const id = await create(hosts[1], beta);
     const owner = await ownerOf(id);
     const other = hosts.find((h) => h !== owner)!;
-    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c; sleep 0.2; done';
+    // Each count is renamed into place: a read never meets the file truncated and empty (which read as 0).
+    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c.new; mv /root/c.new /root/c; sleep 0.2; done';
     assert.equal((await call(other.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter })).status, 201);
     const read = async (sid: string) => Number((await call(other.url, beta, 'POST', `/v1/sandboxes/${sid}/exec`, { command: 'cat /root/c 2>/dev/null || echo 0' })).json.stdout.trim());
     const moved = async (sid: string, past: number) => {
@@ -349,6 +353,132 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
         await sleep(200);
       }
     }
+  });
+
+  test('a suspended sandbox moved to another host (collimate cluster move) resumes there through a third with its processes and files; a drain moves the rest; the source keeps nothing of them', async () => {
+    const idOf = (h: Host) => [...hostOf.entries()].find(([, x]) => x === h)![0];
+    const cli = (...args: string[]) => {
+      const r = spawnSync(process.execPath, ['--import', 'tsx', CLI, 'cluster', ...args, '--cluster', server.url], { encoding: 'utf8' });
+      return { status: r.status, out: r.stdout, err: r.stderr, json: (() => { try { return JSON.parse(r.stdout); } catch { return null; } })() };
+    };
+    const id = await create(hosts[0], beta);
+    const source = await ownerOf(id);
+    const [target, third] = hosts.filter((h) => h !== source);
+    const exec = async (via: Host, sid: string, command: string) => {
+      const r = await call(via.url, beta, 'POST', `/v1/sandboxes/${sid}/exec`, { command });
+      assert.equal(r.status, 200, r.bytes.toString());
+      return r.json as { stdout: string; exit_code: number };
+    };
+    // A file below a fork point's layer and one above it: the disk that moves is a chain.
+    await exec(third, id, 'echo under-the-fork > /root/a');
+    // Each count is renamed into place: a read never meets the file truncated and empty (which read as 0).
+    const counter = 'i=0; while true; do i=$((i+1)); echo $i > /root/c.new; mv /root/c.new /root/c; sleep 0.2; done';
+    const proc = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/processes`, { command: counter });
+    assert.equal(proc.status, 201, proc.bytes.toString());
+    const f = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/fork`, { count: 1 });
+    assert.equal(f.status, 201, f.bytes.toString());
+    const child = f.json.sandboxes[0].id as string;
+    owned.push({ id: child, key: beta });
+    const big = (await exec(third, id, 'head -c 300000 /dev/urandom > /root/big && sha256sum /root/big')).stdout;
+    const count = async (via: Host) => Number((await exec(via, id, 'cat /root/c')).stdout.trim());
+    while ((await count(third)) < 2) await sleep(100);
+    const atSuspend = await count(third);
+
+    // Running: refused, suspend it first. An unknown id, and the host it is on, refused too.
+    const running = cli('move', id, '--to', idOf(target));
+    assert.equal(running.status, 1);
+    assert.match(running.err, /invalid_state: .*Suspend it first/, running.err);
+    assert.match(cli('move', 'sbx_000000000000').err, /sandbox_not_found/);
+    // Operators only: a tenant's key on the hosts' move endpoint is refused like none.
+    const asTenant = await call(source.url, beta, 'POST', '/cluster/moves', { sandbox: id });
+    assert.equal(asTenant.status, 401, asTenant.bytes.toString());
+    const sus = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/suspend`);
+    assert.equal(sus.status, 200, sus.bytes.toString());
+    assert.match(cli('move', id, '--to', idOf(source)).err, /validation_error: .*already/);
+
+    const moved = cli('move', id, '--to', idOf(target));
+    assert.equal(moved.status, 0, moved.err + moved.out);
+    assert.equal(moved.json.from, idOf(source));
+    assert.equal(moved.json.to, idOf(target));
+    assert.ok(moved.json.transferred < moved.json.bytes, `holes are not sent: ${moved.out}`);
+    process.stderr.write(`# moved a suspended sandbox: ${moved.json.bytes} bytes of files, ${moved.json.transferred} sent, ${moved.json.ms} ms\n`);
+    assert.equal(await ownerOf(id), target);
+    assert.equal((await db.query('SELECT state FROM sandboxes WHERE id = $1', [id])).rows[0].state, 'suspended');
+    const listed = await call(third.url, beta, 'GET', `/v1/sandboxes/${id}`);
+    assert.equal(listed.json.state, 'suspended', listed.bytes.toString());
+
+    // The source keeps nothing of it: no directory, no disk layer, its row deleted saying where it went.
+    const leftovers = (h: Host, sid: string) => [
+      ...readdirSync(join(h.home, 'sandboxes')).filter((n) => n === sid),
+      ...readdirSync(join(h.home, 'disks')).filter((n) => n.startsWith(`${sid}-`)),
+    ];
+    const journal = new Database(dbPathOf(source.home), { readonly: true, fileMustExist: true });
+    const row = journal.prepare('SELECT state, end_reason FROM sandboxes WHERE id = ?').get(id) as { state: string; end_reason: string };
+    const refs = journal.prepare('SELECT owner FROM fork_point_refs').all() as Array<{ owner: string }>;
+    const fpDisks = (journal.prepare('SELECT disk_path FROM fork_points').all() as Array<{ disk_path: string }>).map((r) => basename(r.disk_path));
+    journal.close();
+    assert.equal(row.state, 'deleted');
+    assert.match(row.end_reason, new RegExp(`moved to cluster host ${idOf(target)}`));
+    // The fork point under both stays, held by the child alone; nothing else of the moved one is left.
+    assert.deepEqual(refs.map((r) => r.owner), [child], 'the fork point is held by the child, no longer by the moved sandbox');
+    assert.equal(fpDisks.length, 1);
+    assert.deepEqual(leftovers(source, id).filter((n) => !fpDisks.includes(n)), []);
+
+    // Resumed through the third host: the same process goes on counting, the files are intact.
+    const res = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/resume`);
+    assert.equal(res.status, 200, res.bytes.toString());
+    assert.equal(await ownerOf(id), target);
+    assert.equal((await exec(third, id, 'cat /root/a')).stdout, 'under-the-fork\n');
+    assert.equal((await exec(third, id, 'sha256sum /root/big')).stdout, big);
+    assert.equal((await exec(third, id, `kill -0 ${proc.json.pid} && echo alive`)).stdout, 'alive\n', 'the counter process (same pid) runs on');
+    const after = await count(third);
+    assert.ok(after >= atSuspend, `the count goes on from ${atSuspend} (read ${after})`);
+    const deadline = Date.now() + 30_000;
+    while ((await count(third)) <= after) {
+      assert.ok(Date.now() < deadline, 'the counter moved on after the resume');
+      await sleep(100);
+    }
+
+    // A drain of the source: its suspended sandboxes go, running ones stay (counted).
+    await exec(third, child, 'echo child > /root/d');
+    assert.equal((await call(third.url, beta, 'POST', `/v1/sandboxes/${child}/suspend`)).status, 200);
+    const drained = cli('drain', '--host', idOf(source));
+    assert.equal(drained.status, 0, drained.err + drained.out);
+    assert.deepEqual(drained.json.moved.map((m: { id: string }) => m.id), [child]);
+    assert.equal(drained.json.failed.length, 0);
+    assert.equal(typeof drained.json.running, 'number', 'running sandboxes stay, counted');
+    assert.notEqual(await ownerOf(child), source);
+    assert.equal((await call(third.url, beta, 'POST', `/v1/sandboxes/${child}/resume`)).status, 200);
+    assert.equal((await exec(third, child, 'cat /root/d /root/a')).stdout, 'child\nunder-the-fork\n');
+    // Neither sandbox left a file on the source, and no fork point: both held the one they shared.
+    assert.deepEqual(leftovers(source, child), []);
+    assert.deepEqual(readdirSync(join(source.home, 'forkpoints')), [], 'the fork point went with its last holder');
+
+    // A move racing a resume: whichever wins, the sandbox has one owner, runs there, and no other
+    // host keeps a file of it (a receiver's pending copy is removed when the move fails).
+    assert.equal((await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/suspend`)).status, 200);
+    const racingMove = new Promise<{ status: number | null; err: string }>((resolve) => {
+      const p = spawn(process.execPath, ['--import', 'tsx', CLI, 'cluster', 'move', id, '--cluster', server.url], { stdio: ['ignore', 'ignore', 'pipe'] });
+      let err = '';
+      p.stderr!.on('data', (d) => { err += d; });
+      p.on('exit', (status) => resolve({ status, err }));
+    });
+    let [mv, rs] = await Promise.all([racingMove, call(third.url, beta, 'POST', `/v1/sandboxes/${id}/resume`)]);
+    if (mv.status !== 0) assert.match(mv.err, /invalid_state|conflict/, `a move that lost to the resume says why: ${mv.err}`);
+    if (rs.status !== 200) {
+      // The resume reached the old owner just as the move committed: it says where the sandbox went.
+      assert.equal(mv.status, 0, `${rs.status} ${rs.bytes}`);
+      assert.match(rs.json.error.message, /moved to cluster host/, rs.bytes.toString());
+      rs = await call(third.url, beta, 'POST', `/v1/sandboxes/${id}/resume`);
+    }
+    assert.equal(rs.status, 200, rs.bytes.toString());
+    process.stderr.write(`# a move racing a resume: move exit ${mv.status}, the sandbox on ${(await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id}\n`);
+    assert.equal((await exec(third, id, 'cat /root/a')).stdout, 'under-the-fork\n');
+    const owner = await ownerOf(id);
+    for (const h of hosts) if (h !== owner) assert.deepEqual(leftovers(h, id), [], `no copy of it on ${h.home}`);
+
+    for (const s of [id, child]) await remove(third, beta, s);
+    for (const h of hosts) assert.deepEqual([...leftovers(h, id), ...leftovers(h, child)], [], `nothing of them left on ${h.home}`);
   });
 
   test('a host killed with SIGKILL: its running sandboxes are lost, creates go elsewhere, its suspended one waits for it; restarted, it stops the lost VMs and resumes the suspended one', async () => {

@@ -612,8 +612,8 @@ export type Limits = {
 export type SandboxEvent = {
   /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
   sandbox_id: string;
-  /** What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored). */
-  op: "create" | "fork" | "suspend" | "resume" | "delete" | "lost";
+  /** What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached). */
+  op: "create" | "fork" | "suspend" | "resume" | "delete" | "lost" | "move";
   state: SandboxState;
   /** ISO 8601. */
   at: string;
