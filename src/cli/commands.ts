@@ -447,6 +447,8 @@ async function serve(args: string[], io: Io): Promise<number> {
   const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
   const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
+  // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
+  const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
@@ -454,7 +456,7 @@ async function serve(args: string[], io: Io): Promise<number> {
     ...(node && front && upgrades
       ? {
         beforeRoutes: (app: import('fastify').FastifyInstance) => {
-          front.registerClusterFront(app, node!, tenants, views?.usage);
+          front.registerClusterFront(app, node!, tenants, views?.usage, envs);
           blobs?.register(app);
           app.addHook('preClose', async () => upgrades.closeAll());
         },
@@ -489,6 +491,8 @@ async function serve(args: string[], io: Io): Promise<number> {
       try {
         await api.shutdown();
         blobs?.stop();
+        envs?.stop();
+        await envs?.flushed();
         await views?.stop();
         await node?.leave();
         tenants.close();
