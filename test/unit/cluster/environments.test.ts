@@ -123,6 +123,8 @@ describe('environments across cluster hosts', { skip }, () => {
   const hosts: Host[] = [];
   /** What the mirrors and pullers reported failing (none expected). */
   const errors: string[] = [];
+  /** Publications of what a host holds after a pull (its publisher's publishNow), awaited before the database goes. */
+  const publications: Promise<void>[] = [];
 
   async function startHost(id: string, clusterKey: Buffer): Promise<Host> {
     const home = join(root, id);
@@ -151,7 +153,9 @@ describe('environments across cluster hosts', { skip }, () => {
       madeHere: (t, n) => images.repo.getEnv(t, n) !== undefined,
       registerCopy: (c, rt, d) => images.registerCopy(c, rt, d),
       removeTemplate: (t, n) => engine.removeTemplate(t, n),
-    }, (err, what) => { if (err) errors.push(`${what}: ${(err as Error).message}`); }, () => void blobs.scan().then((b) => locations.publish(id, b)));
+    }, (err, what) => { if (err) errors.push(`${what}: ${(err as Error).message}`); }, () => {
+      publications.push(blobs.scan().then((b) => locations.publish(id, b)).then(() => {}, (err) => { errors.push(`publishing: ${(err as Error).message}`); }));
+    });
     const h: Host = { id, home, cache, ramDir, imports, db, engine, images, mirror, puller, app, served };
     hosts.push(h);
     return h;
@@ -189,6 +193,7 @@ describe('environments across cluster hosts', { skip }, () => {
   });
 
   after(async () => {
+    await Promise.all(publications);
     for (const h of hosts) {
       h.mirror.stop();
       await h.images.close();
@@ -360,5 +365,7 @@ describe('environments across cluster hosts', { skip }, () => {
     assert.ok(b.engine.removed.includes('acme/web'));
     assert.ok(c.engine.removed.includes('acme/web'));
     assert.equal(b.engine.templates.has('acme/web'), false);
+    await Promise.all(publications);
+    assert.deepEqual(errors, [], 'no mirror write, pull log or publication failed');
   });
 });
