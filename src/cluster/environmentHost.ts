@@ -31,7 +31,7 @@ export interface EnvironmentEngine {
  * Starts mirroring this host's environments (writing them all once) and copy reconciliation.
  * `publishNow` tells the cluster what blobs this host holds after a pull (BlobPublisher).
  */
-export async function startClusterEnvironments(node: ClusterNode, engine: EnvironmentEngine, images: ImageService | undefined, publishNow: () => void): Promise<ClusterEnvironmentHost> {
+export async function startClusterEnvironments(node: ClusterNode, engine: EnvironmentEngine, images: ImageService | undefined, publishNow: () => Promise<void>): Promise<ClusterEnvironmentHost> {
   const environments = new ClusterEnvironments(node.pool);
   const log = node.opts.log ?? (() => {});
   const cacheDir = engine.cfg?.cacheDir;
@@ -40,7 +40,7 @@ export async function startClusterEnvironments(node: ClusterNode, engine: Enviro
     return { environments, flushed: async () => {}, stop: () => {} };
   }
   const artifactOf = (tenant: string, name: string) => engine.environmentArtifact!(tenant, name);
-  const mirror = new EnvironmentMirror(environments, node.hostId, compatKey(node.compat), { repo: images.repo, layers: images.layers, ramDir, artifactOf }, log);
+  const mirror = new EnvironmentMirror(environments, node.hostId, compatKey(node.compat), { repo: images.repo, layers: images.layers, ramDir, artifactOf }, log, publishNow);
   await mirror.start();
   const fetcher = new BlobFetcher(new BlobLocations(node.pool), { hostId: node.hostId, secret: () => node.secret, peerHeader: PEER_HEADER });
   const puller = new EnvironmentPuller(environments, fetcher, {
@@ -48,7 +48,7 @@ export async function startClusterEnvironments(node: ClusterNode, engine: Enviro
     madeHere: (tenant, name) => images.repo.getEnv(tenant, name) !== undefined,
     registerCopy: (config, runtime, diffIds) => images.registerCopy(config, runtime, diffIds),
     removeTemplate: (tenant, name) => engine.removeTemplate!(tenant, name),
-  }, log, publishNow);
+  }, log, () => void publishNow());
   puller.start();
   return {
     environments, puller,

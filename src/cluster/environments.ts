@@ -141,6 +141,12 @@ export class EnvironmentMirror {
     private readonly compat: string,
     private readonly src: EnvironmentSource,
     private readonly onError: (err: unknown, what: string) => void = () => {},
+    /**
+     * Publishes what this host holds to blob_locations now (BlobPublisher.publishNow): a ready
+     * environment's row says what to pull only once its blobs can be found, not up to a
+     * publication period later.
+     */
+    private readonly publish: () => Promise<void> = async () => {},
   ) {}
 
   /** Starts mirroring: every local environment is written, and rows of this host no longer here are removed. */
@@ -179,7 +185,9 @@ export class EnvironmentMirror {
   private async write(tenant: string, name: string): Promise<void> {
     const row = this.src.repo.getEnv(tenant, name);
     if (!row) return this.envs.remove(this.hostId, tenant, name);
-    await this.envs.put(this.hostId, this.compat, row, row.state === 'ready' ? await this.copyOf(row) : null);
+    const copy = row.state === 'ready' ? await this.copyOf(row) : null;
+    if (copy) await this.publish();
+    await this.envs.put(this.hostId, this.compat, row, copy);
   }
 
   /** What another host needs to create from `row`, or null when its template or image is not here (yet). */

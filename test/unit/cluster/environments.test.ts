@@ -145,7 +145,8 @@ describe('environments across cluster hosts', { skip }, () => {
     const address = await app.listen({ host: '127.0.0.1', port: 0 });
     await new HostMembership(pool, { id, address, capacity: 4, compat: COMPAT }, () => ({ templates: [], warmPools: {} }), LONG).register();
     const artifactOf = (t: string, n: string) => engine.templates.get(`${t}/${n}`);
-    const mirror = new EnvironmentMirror(envs, id, COMPAT_KEY, { repo: images.repo, layers: images.layers, ramDir, artifactOf }, (err, what) => errors.push(`${what}: ${(err as Error).message}`));
+    const mirror = new EnvironmentMirror(envs, id, COMPAT_KEY, { repo: images.repo, layers: images.layers, ramDir, artifactOf }, (err, what) => errors.push(`${what}: ${(err as Error).message}`),
+      () => publish({ id, cache, ramDir, images }));
     await mirror.start();
     const locations = new BlobLocations(pool);
     const puller = new EnvironmentPuller(envs, new BlobFetcher(locations, { hostId: id, secret: () => SECRET, peerHeader: PEER }), {
@@ -162,7 +163,7 @@ describe('environments across cluster hosts', { skip }, () => {
   }
 
   /** Publishes what a host holds to blob_locations, as its BlobPublisher does. */
-  const publish = async (h: Host) => {
+  const publish = async (h: Pick<Host, 'id' | 'cache' | 'ramDir' | 'images'>) => {
     const blobs = new LocalBlobs({ layers: h.images.layers, artifacts: { dir: homePaths(h.cache).artifacts, ramDir: h.ramDir } });
     await new BlobLocations(pool).publish(h.id, await blobs.scan());
   };
@@ -227,6 +228,8 @@ describe('environments across cluster hosts', { skip }, () => {
     for (const l of copy.layers) assert.equal(l.erofsDigest, await a.images.layers.erofsDigestOf(l.diffId));
     assert.equal(copy.artifact.key, a.engine.templates.get('acme/web')!.key);
     assert.deepEqual(copy.artifact.files.map((f) => f.kind).sort(), ['artifact-disk', 'artifact-mem', 'artifact-state']);
+    const published = await pool.query(`SELECT kind FROM blob_locations WHERE host_id = 'host_a' AND (of = $1 OR digest = ANY($2))`, [copy.artifact.key, copy.layers.map((l) => l.erofsDigest)]);
+    assert.equal(published.rowCount, 5, 'its blobs (two layers, three artifact files) were findable before its row said what to pull');
     assert.match(copy.config.secrets!, /^c1\./, 'sealed under the cluster\'s key');
     assert.ok(!JSON.stringify(row).includes('very-secret-123'), 'no secret value in the database');
     assert.deepEqual((await envs.list('acme')).map((v) => v.name), ['web']);
@@ -256,8 +259,7 @@ describe('environments across cluster hosts', { skip }, () => {
       await placement.release(p.reservationId);
       return p.hostId;
     };
-    await publish(a);
-    // Host A holds the artifact (it baked it); B and C hold nothing of it: A every time.
+    // Host A holds the artifact (it baked it, and published its blobs before its row said what to pull); B and C hold nothing of it: A every time.
     for (let i = 0; i < 5; i++) assert.equal(await place(), 'host_a');
     // A warm pool for it beats holding the artifact (C reports one in its heartbeat).
     await pool.query(`UPDATE hosts SET warm_pools = '{"acme/web": 1}' WHERE id = 'host_c'`);
