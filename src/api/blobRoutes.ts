@@ -108,13 +108,14 @@ export function parseRange(header: string | undefined, size: number): { start: n
  * published to blob_locations (BlobPublisher), from now until `stop`. The first publication hashes
  * artifact files never published before, so it runs in the background rather than delaying start.
  */
-export function serveClusterBlobs(node: ClusterNode, src: { layers?: LayerStore; cacheDir?: string; ramDir?: string }): { blobs: LocalBlobs; register(app: FastifyInstance): void; stop(): void } {
+export function serveClusterBlobs(node: ClusterNode, src: { layers?: LayerStore; cacheDir?: string; ramDir?: string }): { blobs: LocalBlobs; register(app: FastifyInstance): void; publishNow(): Promise<void>; stop(): void } {
   const blobs = new LocalBlobs({ layers: src.layers, artifacts: src.cacheDir && src.ramDir ? { dir: homePaths(src.cacheDir).artifacts, ramDir: src.ramDir } : undefined });
   const publisher = new BlobPublisher(new BlobLocations(node.pool), node.hostId, blobs, node.opts.log);
   void publisher.start();
   return {
     blobs,
     register: (app) => registerBlobRoutes(app, { blobs, isPeer: (h) => node.isPeer(h), peerHeader: PEER_HEADER }),
+    publishNow: () => publisher.publishNow(),
     stop: () => publisher.stop(),
   };
 }

@@ -35,11 +35,13 @@ import { PEER_HEADER, REFUSED_HEADER, type ClusterNode } from '../cluster/node.j
 import type { Placement } from '../cluster/placement.js';
 import type { UsagePush } from '../cluster/usage.js';
 import { doorOf, tokenSandbox, type Door } from './clusterDoors.js';
+import { askedEnvironment, ENVIRONMENT_HEADER, environmentPlacement, routeEnvironmentRequest } from './clusterEnvironments.js';
+import type { ClusterEnvironmentHost } from '../cluster/environmentHost.js';
 import { statsAcrossHosts, usageAcrossHosts } from './clusterViews.js';
 
 /** The Host a forwarded request arrived with at the entry host (trusted only beside the peer secret). */
 const ENTRY_HOST_HEADER = 'x-collimate-entry-host';
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER, ENTRY_HOST_HEADER]);
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', PEER_HEADER, ENTRY_HOST_HEADER, ENVIRONMENT_HEADER]);
 /** How many hosts a create tries when owners refuse it (fenced, full, unreachable). */
 const PLACEMENT_ATTEMPTS = 3;
 
@@ -64,7 +66,7 @@ function jsonBody(req: FastifyRequest): Record<string, unknown> | undefined {
   }
 }
 
-export function registerClusterFront(app: FastifyInstance, node: ClusterNode, tenants: TenantService, usage?: UsagePush): void {
+export function registerClusterFront(app: FastifyInstance, node: ClusterNode, tenants: TenantService, usage?: UsagePush, envs?: ClusterEnvironmentHost): void {
   const keys = tenants.keys as KeyCache;
 
   app.addHook('onRequest', async (req, reply) => {
@@ -82,7 +84,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   // A request that changed a sandbox is answered only once the directory says so, so the next
   // request (on any host) sees the change.
   app.addHook('onSend', async (req, _reply, payload) => {
-    if (req.method !== 'GET') await node.directory.flushed();
+    if (req.method !== 'GET') await Promise.all([node.directory.flushed(), envs?.flushed()]);
     return payload;
   });
 
@@ -94,7 +96,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
     if (door) return node.isPeer(req.headers[PEER_HEADER]) ? ownerSide(req, reply, url, door) : routeDoor(req, reply, door);
     if (!url.startsWith('/v1/')) return;
     try {
-      if (node.isPeer(req.headers[PEER_HEADER])) return ownerSide(req, reply, url);
+      if (node.isPeer(req.headers[PEER_HEADER])) return await ownerSide(req, reply, url);
       let scope: Scope;
       try {
         scope = tenants.authenticate(bearerKey(req.headers.authorization));
@@ -104,6 +106,9 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
       if (url === '/v1/sandboxes' && req.method === 'POST') return await create(req, reply, scope);
       if (url === '/v1/sandboxes' && req.method === 'GET') return await list(req, reply, scope);
       if (url === '/v1/keys' || url === '/v1/keys/:id') return await ownKeys(req, reply, scope, url);
+      if (envs && url.startsWith('/v1/environments')) {
+        return await routeEnvironmentRequest(req, reply, scope, url, jsonBody(req), envs.environments, node.hostId, (address) => proxy(req, reply, address));
+      }
       if (url === '/v1/usage' && req.method === 'GET') return reply.code(200).type('application/json; charset=utf-8').send(await usageAcrossHosts(req, node, scope, usage));
       if (url === '/v1/stats' && req.method === 'GET') return reply.code(200).type('application/json; charset=utf-8').send(await statsAcrossHosts(req, node, tenants, scope, (address) => forward(req, address)));
       if (url === '/v1/limits' && req.method === 'GET') {
@@ -158,8 +163,11 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
     }
   }
 
-  /** A request a peer placed here: re-check the lease and capacity for new sandboxes, then answer locally. */
-  function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string, door?: Door): FastifyReply | undefined {
+  /**
+   * A request a peer placed here: re-check the lease and capacity for new sandboxes, pull the
+   * environment it creates from if this host lacks it, then answer locally.
+   */
+  async function ownerSide(req: FastifyRequest, reply: FastifyReply, url: string, door?: Door): Promise<FastifyReply | undefined> {
     // A door that builds absolute URLs (MCP's expose_port) builds them on the host the client reached.
     const entryHost = req.headers[ENTRY_HOST_HEADER];
     if (door && typeof entryHost === 'string' && entryHost !== '') req.headers.host = entryHost;
@@ -179,6 +187,17 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
     }
     req.clusterSlot = slot;
     reply.raw.once('close', () => slot.release());
+    const asked = askedEnvironment(req);
+    if (asked && envs?.puller) {
+      try {
+        await envs.puller.ensure(asked.tenant, asked.name);
+      } catch (err) {
+        const e = toClientError(err, req.log, req.id);
+        if (door) door.fail(reply, e);
+        else sendError(reply, e);
+        return reply;
+      }
+    }
     return undefined;
   }
 
@@ -226,13 +245,16 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   /** Places a create and forwards it, placing it again elsewhere when a host refuses (PLACEMENT_ATTEMPTS). */
   async function placeCreate(req: FastifyRequest, scope: Scope, template: string | undefined): Promise<Buffered> {
     const exclude: string[] = [];
+    // A tenant's environment goes to any host of its artifact's class, which pulls it if it must.
+    const env = envs && template !== undefined ? await environmentPlacement(envs.environments, scope, template) : null;
     for (let i = 0; ; i++) {
       const p = await node.placement.place({
         tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'create', template, exclude,
         // A VM host places within its own class; an API-only node anywhere.
         ...(node.capacity > 0 ? { compat: compatKey(node.compat) } : {}),
+        ...(env ? { template: undefined, ...env.place } : {}),
       });
-      const r = await forwardPlaced(req, p);
+      const r = await forwardPlaced(req, p, env ? { [ENVIRONMENT_HEADER]: env.header } : undefined);
       if (!r.refused || i + 1 >= PLACEMENT_ATTEMPTS) return r;
       exclude.push(p.hostId);
     }
@@ -243,11 +265,11 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   }
 
   /** Forwards a placed request to its host, holding the reservation until the owner has answered. */
-  async function forwardPlaced(req: FastifyRequest, p: Placement): Promise<Buffered> {
+  async function forwardPlaced(req: FastifyRequest, p: Placement, extra?: OutgoingHttpHeaders): Promise<Buffered> {
     try {
       let up: IncomingMessage;
       try {
-        up = await forward(req, p.address);
+        up = await forward(req, p.address, extra);
       } catch (err) {
         req.log.warn({ err, host: p.hostId }, 'cluster peer unreachable');
         return { status: 503, headers: [], body: Buffer.alloc(0), refused: true, unreachable: p.hostId };
@@ -319,7 +341,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
   }
 
   /** Sends the request on to `address` (http://ADDR:PORT) as it came, with the peer secret. */
-  function forward(req: FastifyRequest, address: string): Promise<IncomingMessage> {
+  function forward(req: FastifyRequest, address: string, extra?: OutgoingHttpHeaders): Promise<IncomingMessage> {
     const target = new URL(address);
     const headers: OutgoingHttpHeaders = {};
     const raw = req.raw.rawHeaders;
@@ -335,6 +357,7 @@ export function registerClusterFront(app: FastifyInstance, node: ClusterNode, te
     headers[PEER_HEADER] = node.secret;
     headers['x-forwarded-for'] = req.ip;
     if (buffered) headers['content-length'] = String((req.body as Buffer).length);
+    Object.assign(headers, extra);
     return new Promise((resolve, reject) => {
       const up = httpRequest({ protocol: target.protocol, hostname: target.hostname, port: target.port, method: req.method, path: req.url, headers }, resolve);
       up.on('error', reject);

@@ -452,6 +452,8 @@ async function serve(args: string[], io: Io): Promise<number> {
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
   const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
   const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
+  // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
+  const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(logLevel),
@@ -459,7 +461,7 @@ async function serve(args: string[], io: Io): Promise<number> {
     ...(node && front && upgrades
       ? {
         beforeRoutes: (app: import('fastify').FastifyInstance) => {
-          front.registerClusterFront(app, node!, tenants, views?.usage);
+          front.registerClusterFront(app, node!, tenants, views?.usage, envs);
           blobs?.register(app);
           // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
           if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
@@ -496,6 +498,8 @@ async function serve(args: string[], io: Io): Promise<number> {
       try {
         await api.shutdown();
         blobs?.stop();
+        envs?.stop();
+        await envs?.flushed();
         await views?.stop();
         await node?.leave();
         tenants.close();

@@ -57,6 +57,7 @@ export class BlobLocations {
 export class BlobPublisher {
   private timer?: NodeJS.Timeout;
   private running?: Promise<void>;
+  private next?: Promise<void>;
   private stopped = false;
 
   constructor(
@@ -74,9 +75,19 @@ export class BlobPublisher {
     this.timer.unref();
   }
 
-  /** One publication (a second caller waits for the one under way rather than starting another). */
+  /**
+   * A publication of what this host holds now: one under way may have scanned before what the
+   * caller needs existed, so callers meanwhile share one more that starts when it ends.
+   */
   publishNow(): Promise<void> {
-    this.running ??= (async () => {
+    if (this.running) {
+      this.next ??= this.running.then(() => {
+        this.next = undefined;
+        return this.publishNow();
+      });
+      return this.next;
+    }
+    this.running = (async () => {
       try {
         const held = await this.blobs.scan();
         if (this.stopped) return;

@@ -148,4 +148,27 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   INSERT INTO cluster_settings (name, value)
   VALUES ('secrets_key', encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text, 'UTF8')), 'hex'));
   `,
+  // 5: environments across hosts (src/cluster/environments.ts): each environment a host made, as
+  // GET /v1/environments shows it, and once it is ready what another host needs to create from it
+  // (its configuration with the sealed secrets, its image's runtime and layers, its artifact).
+  `
+  CREATE TABLE environments (
+    tenant      text NOT NULL,
+    name        text NOT NULL,
+    -- The host that made (bakes, owns) it: its log, its delete and its bake are there.
+    host_id     text NOT NULL REFERENCES hosts (id),
+    -- Its creation time (ms) on that host: a name deleted and made again is another generation.
+    generation  bigint NOT NULL,
+    state       text NOT NULL CHECK (state IN ('pending', 'baking', 'ready', 'failed')),
+    -- The compatibility class its artifact was baked in: only hosts of that class restore it.
+    compat      text NOT NULL,
+    -- JSON as text, not jsonb: a bake log's tail and a layer's facts may hold NUL, which jsonb refuses.
+    view        text NOT NULL,
+    -- Set once ready and its artifact is known (environments.ts EnvironmentCopy); null before.
+    copy        text,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, name)
+  );
+  CREATE INDEX environments_host ON environments (host_id);
+  `,
 ];

@@ -183,7 +183,8 @@ export class ClusterNode {
   private report(): { templates: string[]; warmPools: Record<string, number> } {
     const templates = this.engine.templates().filter((t) => t.ready && t.kind === 'catalog').map((t) => t.id);
     const warmPools: Record<string, number> = {};
-    for (const [id, s] of Object.entries(this.engine.poolStatus?.() ?? {})) if (!id.includes('/')) warmPools[id] = s.ready;
+    // Catalog pools by template id, environments' by tenant/name (what placement asks for them).
+    for (const [id, s] of Object.entries(this.engine.poolStatus?.() ?? {})) warmPools[id] = s.ready;
     return { templates, warmPools };
   }
 

@@ -4,8 +4,13 @@
  *   1. a capped tenant's transaction takes the tenant's advisory lock, so its admissions run one at
  *      a time cluster-wide, then counts its running sandboxes on alive hosts plus the slots of
  *      reservations still leased; over the cap → concurrency_limit;
- *   2. it picks a host: alive, lease current, of the asked compatibility class, holding the template,
- *      with capacity left (capacity − running − reserved ≥ slots); warm pools first, then most room.
+ *   2. it picks a host: alive, lease current, of the asked compatibility class, holding the template
+ *      (any host, for an environment: it pulls what it lacks), with capacity left (capacity − running
+ *      − reserved ≥ slots); warm pools first, then hosts holding the artifact, then most room.
+ *      Warm pools come from each host's heartbeat (every 2 s, so a pool just emptied may still
+ *      count); artifacts held from blob_locations, which every host publishes anyway for pulls
+ *      (every 30 s and after each pull): a host reported late only costs a pull that finds
+ *      everything here, never a wrong answer.
  *      The host row is locked (FOR UPDATE, skipping rows other placements hold, so concurrent creates
  *      spread), which makes the capacity count exact too;
  *   3. it inserts a reservation of the slots on that host with a lease.
@@ -34,6 +39,13 @@ export interface PlaceRequest {
   operation: string;
   /** A new sandbox from this template: any host holding it. */
   template?: string;
+  /**
+   * A new sandbox from a tenant's environment (instead of `template`): any host may take it, since
+   * a host that lacks it pulls it (environmentPull.ts). Hosts with a warm pool for it come first
+   * (`warmKey`, as hosts report their pools), then hosts holding its artifact (`artifactKey`), then
+   * the rest.
+   */
+  environment?: { warmKey: string; artifactKey: string | null };
   /** Only hosts of this compatibility class (compatKey). */
   compat?: string;
   /** The sandbox must go on this host (fork children, a resume). */
@@ -111,10 +123,12 @@ export class ClusterPlacement {
            AND ($3::text IS NULL OR h.compat = $3)
            AND NOT (h.id = ANY($4::text[]))
            AND free >= $5
-         ORDER BY (coalesce((h.warm_pools ->> $2)::int, 0) > 0) DESC, free DESC, random()
+         ORDER BY (coalesce((h.warm_pools ->> coalesce($6, $2))::int, 0) > 0) DESC,
+           (EXISTS (SELECT 1 FROM blob_locations b WHERE b.host_id = h.id AND b.kind = 'artifact-mem' AND b.of = $7)) DESC,
+           free DESC, random()
          LIMIT 1
          FOR UPDATE OF h ${skipLocked ? 'SKIP LOCKED' : ''}`,
-        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots],
+        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots, req.environment?.warmKey ?? null, req.environment?.artifactKey ?? null],
       );
     for (;;) {
       // Skipping locked rows spreads concurrent placements; if every fitting host is locked, wait for one.

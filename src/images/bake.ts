@@ -138,22 +138,32 @@ export async function ensureArtifact(ctx: BakeContext, shape: MachineShape, disk
   mkdirSync(root, { recursive: true });
   // Claimed before its RAM file is looked for: a collector (artifactGc.ts) leaves it alone from now on.
   claimArtifact(root);
-  // Newest complete build whose RAM file is still there.
+  const built = builtArtifact(root, key, ctx.ramDir);
+  if (built) {
+    const a = { ...built, shape };
+    // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
+    // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.
+    // Only memory is at stake: a file that cannot be dug (another server's, read-only here) still serves.
+    await digHoles(a.memPath, ctx.home).catch((e) => ctx.progress?.(`artifact ${key.slice(0, 12)}: its RAM file was not dug: ${(e as Error).message}`));
+    return a;
+  }
+  return bake(ctx, shape, diskMib, key, root, ready);
+}
+
+/**
+ * The newest complete build of artifact `key` under its directory `root` whose RAM file is in
+ * `ramDir` (tmpfs is lost on reboot), with the paths its manifest gives; undefined when there is none.
+ */
+export function builtArtifact(root: string, key: string, ramDir: string): Artifact | undefined {
   const builds = readdirSync(root).filter((d) => !d.startsWith('tmp-')).sort().reverse();
   for (const b of builds) {
     if (!existsSync(join(root, b, ARTIFACT_FILES.manifest))) continue;
     let a: Artifact;
-    try { a = { ...readArtifactManifest(join(root, b), ctx.ramDir), shape }; } catch { continue; } // not one this version reads: baked anew
+    try { a = readArtifactManifest(join(root, b), ramDir); } catch { continue; } // not one this version reads: baked anew
     if (a.key !== key) continue; // a copy put under another key's directory
-    if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) {
-      // The zero pages sandboxes faulted back in since it was dug (src/sandboxes/ramSparse.ts), or
-      // all of them for a build from before RAM files were dug: holes again, while sandboxes may map it.
-      // Only memory is at stake: a file that cannot be dug (another server's, read-only here) still serves.
-      await digHoles(a.memPath, ctx.home).catch((e) => ctx.progress?.(`artifact ${key.slice(0, 12)}: its RAM file was not dug: ${(e as Error).message}`));
-      return a;
-    }
+    if (existsSync(a.memPath) && existsSync(a.devStatePath) && existsSync(a.diskPath)) return a;
   }
-  return bake(ctx, shape, diskMib, key, root, ready);
+  return undefined;
 }
 
 async function bake(ctx: BakeContext, shape: MachineShape, diskMib: number, key: string, root: string, ready?: ReadyParams): Promise<Artifact> {

@@ -148,6 +148,12 @@ function decodeEnv(row: any): EnvironmentRow {
 export const MAX_LOG_CHARS = 256 * 1024;
 
 export class ImageRepo {
+  /**
+   * Told after every write to an environment's row (created, state or progress, log, deleted): a
+   * cluster host mirrors its environments into the cluster database (src/cluster/environments.ts).
+   */
+  onEnvChange?: (tenant: string, name: string) => void;
+
   constructor(private readonly db: Db) {
     applyImageMigrations(db);
   }
@@ -212,19 +218,23 @@ export class ImageRepo {
       VALUES (@tenant, @name, @image, @state, @error, @progress, @log, @description, @interpreter, @ready_command, @ready_probe, @ready_timeout_secs,
         @vcpus, @memory_mib, @disk_mib, @egress, @secrets, @secret_names, @created_at, @updated_at)`)
       .run({ ...r, interpreter: JSON.stringify(r.interpreter), secret_names: JSON.stringify(r.secret_names), egress: JSON.stringify(r.egress) });
+    this.onEnvChange?.(r.tenant, r.name);
   }
 
   updateEnv(tenant: string, name: string, patch: Partial<Pick<EnvironmentRow, 'state' | 'error' | 'progress'>>): void {
     const sets = Object.keys(patch).map((k) => `${k} = @${k}`);
     this.db.prepare(`UPDATE environments SET ${sets.join(', ')}, updated_at = @updated_at WHERE tenant = @tenant AND name = @name`)
       .run({ ...patch, tenant, name, updated_at: Date.now() });
+    this.onEnvChange?.(tenant, name);
   }
 
   appendLog(tenant: string, name: string, text: string): void {
     this.db.prepare(`UPDATE environments SET log = substr(log || @text, -${MAX_LOG_CHARS}) WHERE tenant = @tenant AND name = @name`).run({ tenant, name, text });
+    this.onEnvChange?.(tenant, name);
   }
 
   deleteEnv(tenant: string, name: string): void {
     this.db.prepare('DELETE FROM environments WHERE tenant = ? AND name = ?').run(tenant, name);
+    this.onEnvChange?.(tenant, name);
   }
 }

@@ -6,6 +6,7 @@ import type { Db } from '../store/db.js';
 import { homePaths } from '../host/paths.js';
 import { BakeError } from './bake.js';
 import { CATALOG, type TemplateInfo, type TemplateRecipe } from './templates.js';
+import type { LayerAsset } from './guestAssets.js';
 import { CATALOG_DEFAULTS } from './catalog.js';
 import { LayerStore, type StagedLayer } from './layerStore.js';
 import { collectLayers, writeHomeLayers, type RemovedLayer } from './layerGc.js';
@@ -398,18 +399,7 @@ export class ImageService {
     let buf = '';
     const flush = () => { if (buf) { this.repo.appendLog(tenant, name, buf); buf = ''; } };
     const timer = setInterval(flush, 500);
-    const rt = img.runtime;
-    const recipe: TemplateRecipe = {
-      id: name, tenant, description: env.description, interpreter: env.interpreter,
-      layers: layers.map((l, i) => ({ path: l!.path, digest: layerDigests[i] })),
-      vcpus: env.vcpus, memoryMib: env.memory_mib, diskMib: env.disk_mib,
-      // Ready steps run as root with the image's Env and WorkingDir (a build step); secrets are exec-only.
-      ready: env.ready_command || env.ready_probe
-        ? { command: env.ready_command ?? undefined, probe: env.ready_probe ?? undefined, env: rt.env, cwd: rt.cwd, timeoutSecs: env.ready_timeout_secs ?? undefined }
-        : undefined,
-      execDefaults: { env: { ...rt.env, ...secrets }, cwd: rt.cwd, prefix: rt.prefix },
-      egress: env.egress,
-    };
+    const recipe = environmentRecipe(env, img.runtime, layers.map((l, i) => ({ path: l!.path, digest: layerDigests[i] })), secrets);
     try {
       await this.opts.host.addTemplate(recipe, {
         progress: (m) => { buf += `# ${m}\n`; this.repo.updateEnv(tenant, name, { progress: m }); },
@@ -432,6 +422,29 @@ export class ImageService {
       const msg = e instanceof BakeError ? `the bake failed: ${e.message.split('\n')[0]}` : e instanceof CollimateError ? e.message : `the bake failed: ${(e as Error).message.split('\n')[0]}`;
       fail(msg);
     }
+  }
+
+  /**
+   * Registers with the engine an environment another cluster host made (src/cluster/environmentPull.ts):
+   * its layers are in this host's store by now (`diffIds`, the image's, bottom first) and its
+   * artifact in this host's cache, so the engine finds the artifact under the key it computes and
+   * bakes nothing. This host's own tables are not written: the environment stays the other host's.
+   */
+  async registerCopy(env: EnvironmentConfig, runtime: ImageRuntime, diffIds: string[]): Promise<TemplateInfo> {
+    this.assertOpen();
+    const layers: LayerAsset[] = [];
+    for (const d of diffIds) {
+      const l = this.layers.get(d);
+      if (!l) throw new CollimateError('image_pull_failed', `Layer ${d} of environment ${env.name} is not in this host's layer store after its pull; retry the create.`);
+      layers.push({ path: l.path, digest: await this.layers.erofsDigestOf(d) });
+    }
+    let secrets: Record<string, string> = {};
+    if (env.secrets) {
+      try { secrets = JSON.parse(this.secrets.open(env.secrets, secretAad(env.tenant, env.name)).toString('utf8')); } catch {
+        throw new CollimateError('template_not_ready', `Environment ${env.name}'s secrets cannot be opened on this host (they were sealed with its first host's own secrets.key, before that host joined the cluster); delete and re-create the environment.`);
+      }
+    }
+    return this.opts.host.addTemplate(environmentRecipe(env, runtime, layers, secrets), { poolSize: this.opts.poolSize });
   }
 
   environment(tenant: string, name: string): EnvironmentRow {
@@ -514,6 +527,30 @@ export class ImageService {
     return img.layers.every((l) => existsSync(join(this.layers.dir, `${l.diffId.slice(7)}.erofs`)));
   }
 }
+
+/**
+ * The template an environment is baked into: its image's layers (paths in this host's store, with
+ * the digests of their erofs bytes) and runtime, its configuration, and its opened secrets. One
+ * function for a bake and for a copy registered on another cluster host, so both compute the same
+ * artifact key.
+ */
+export function environmentRecipe(env: EnvironmentConfig, rt: ImageRuntime, layers: LayerAsset[], secrets: Record<string, string>): TemplateRecipe {
+  return {
+    id: env.name, tenant: env.tenant, description: env.description, interpreter: env.interpreter,
+    layers,
+    vcpus: env.vcpus, memoryMib: env.memory_mib, diskMib: env.disk_mib,
+    // Ready steps run as root with the image's Env and WorkingDir (a build step); secrets are exec-only.
+    ready: env.ready_command || env.ready_probe
+      ? { command: env.ready_command ?? undefined, probe: env.ready_probe ?? undefined, env: rt.env, cwd: rt.cwd, timeoutSecs: env.ready_timeout_secs ?? undefined }
+      : undefined,
+    execDefaults: { env: { ...rt.env, ...secrets }, cwd: rt.cwd, prefix: rt.prefix },
+    egress: env.egress,
+  };
+}
+
+/** What of an environment's row its template is made from (its state, log and times are not). */
+export type EnvironmentConfig = Pick<EnvironmentRow,
+  'tenant' | 'name' | 'description' | 'interpreter' | 'ready_command' | 'ready_probe' | 'ready_timeout_secs' | 'vcpus' | 'memory_mib' | 'disk_mib' | 'egress' | 'secrets'>;
 
 function secretAad(tenant: string, name: string): string {
   return `collimate-env-secrets\0${tenant}\0${name}`;

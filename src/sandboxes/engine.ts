@@ -9,7 +9,7 @@ import type { TemplateRecipe } from '../images/templates.js';
 import { netFor, forgetNet, type NetManager } from '../net/netns.js';
 import { SandboxRepo } from './repo.js';
 import { SandboxRegistry, type Running } from './registry.js';
-import { TemplatePools } from './templatePools.js';
+import { envKey, TemplatePools } from './templatePools.js';
 import { dirs, getInfo, infoOf, networkReason, type EngineContext } from './context.js';
 import { createSandbox } from './create.js';
 import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFiles.js';
@@ -288,6 +288,12 @@ export class Engine extends EventEmitter implements SandboxService {
       waitMs: BAKE_ADMISSION_WAIT_MS,
       onWait: (why) => opts.progress?.(`waiting for room on the host: ${why}`),
     });
+  }
+
+  /** The artifact (key, build directory) a tenant's environment template is registered on here, if it is. */
+  environmentArtifact(tenant: string, id: string): { key: string; dir: string } | undefined {
+    const a = this.templatePools.get(envKey(tenant, id))?.artifact;
+    return a && { key: a.key, dir: a.dir };
   }
 
   async removeTemplate(tenant: string, id: string): Promise<void> {

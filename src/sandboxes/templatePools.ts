@@ -268,6 +268,6 @@ export class TemplatePools {
   }
 }
 
-function envKey(tenant: string, id: string): string {
+export function envKey(tenant: string, id: string): string {
   return `${tenant}/${id}`;
 }

@@ -17,11 +17,11 @@
  * another; every host's event stream, live stats and usage cover that sandbox. No QEMU is left after.
  */
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
-import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { createHash, randomBytes } from 'node:crypto';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import Database from 'better-sqlite3';
@@ -37,7 +37,8 @@ import { BlobFetcher } from '../../src/cluster/blobFetcher.ts';
 import { BlobLocations } from '../../src/cluster/blobLocations.ts';
 import { sha256File } from '../../src/host/hash.ts';
 import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
-import { qemuProcesses } from './fixture.js';
+import { qemuProcesses, TEST_CACHE } from './fixture.js';
+import { busyboxEntries, image, layer, writeLayout } from '../support/oci.ts';
 import { waitListening, WS_SERVER } from './guestServers.ts';
 import { e2bKeyOf } from '../../src/service/keys.js';
 
@@ -57,6 +58,8 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
   let gamma = '';
   const owned: Array<{ id: string; key: string }> = [];
   const hostOf = new Map<string, Host>();
+  /** Directories a test made outside the hosts' homes (removed once the hosts are stopped). */
+  const scratch: string[] = [];
 
   before(async () => {
     net = makeHostNet(3);
@@ -87,6 +90,7 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
       assert.deepEqual(qemuProcesses(h.home), [], `no QEMU of ${h.home} left`);
       rmSync(h.home, { recursive: true, force: true });
     }
+    for (const d of scratch) rmSync(d, { recursive: true, force: true });
   });
 
   const ownerOf = async (id: string): Promise<Host> => hostOf.get((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id)!;
@@ -479,6 +483,95 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
 
     for (const s of [id, child]) await remove(third, beta, s);
     for (const h of hosts) assert.deepEqual([...leftovers(h, id), ...leftovers(h, child)], [], `nothing of them left on ${h.home}`);
+  });
+
+  test('an environment baked on one host is created through another on a host that lacks it: that host pulls only the layers it lacks and the artifact, and the sandbox runs', async () => {
+    const ids = [...hostOf.keys()];
+    const [maker, puller, entry] = ids.map((id) => hostOf.get(id)!);
+    // The hosts share the test's cache (layers, artifacts, RAM files); the puller gets a cache of its
+    // own, hard-linked from it (the catalog's assets and artifacts, so it bakes nothing) but without
+    // any image layer, and restarts on it.
+    const cache = mkdtempSync(join(dirname(TEST_CACHE), 'collimate-cluster-envs-'));
+    const ram = mkdtempSync('/dev/shm/collimate-cluster-envs-');
+    scratch.push(cache, ram);
+    execFileSync('cp', ['-al', join(TEST_CACHE, 'assets'), join(TEST_CACHE, 'artifacts'), cache]);
+    execFileSync('cp', ['-al', `/dev/shm/collimate-${createHash('sha256').update(TEST_CACHE).digest('hex').slice(0, 12)}/.`, ram]);
+    await stopClusterHost(puller);
+    const restarted = await startClusterHost({ cluster: server.url, capacity: 14, net, machine: puller.machine, home: puller.home, timings: TIMINGS.join(','), env: { COLLIMATE_CACHE_DIR: cache, COLLIMATE_RAM_DIR: ram } });
+    hosts[hosts.indexOf(puller)] = restarted;
+    hostOf.set(ids[1], restarted);
+
+    // One base layer (busybox) under a variant layer of this run's own bytes.
+    const marker = randomBytes(8).toString('hex');
+    const base = layer(busyboxEntries(), 'gzip');
+    const variant = layer([{ name: 'opt/', type: 'dir' }, { name: 'opt/app/', type: 'dir' }, { name: 'opt/app/marker', data: `${marker}\n` }, { name: 'opt/app/filler', data: randomBytes(300_000) }], 'gzip');
+    const pullImage = async (h: Host, name: string, img: ReturnType<typeof image>) => {
+      const dir = join(h.home, 'imports', name);
+      mkdirSync(dirname(dir), { recursive: true });
+      const r = await call(h.url, beta, 'POST', '/v1/images', { source: { kind: 'oci-layout', path: writeLayout(dir, img) } });
+      assert.equal(r.status, 202, r.bytes.toString());
+      for (let state = r.json.state; state === 'pulling'; state = (await call(h.url, beta, 'GET', `/v1/images/${r.json.id}`)).json.state) await sleep(200);
+      assert.equal((await call(h.url, beta, 'GET', `/v1/images/${r.json.id}`)).json.state, 'ready');
+    };
+    // The puller holds the base layer already (an image on that base was pulled there).
+    await pullImage(restarted, 'base', image([base], {}));
+    const variantImage = image([base, variant], { Env: ['PATH=/bin:/usr/bin', 'GREETING=hi'] });
+    await pullImage(maker, 'variant', variantImage);
+
+    const name = `env-${marker}`;
+    const made = await call(maker.url, beta, 'POST', '/v1/environments', { name, image: variantImage.manifestDigest, ready_command: `echo ${marker} > /root/baked`, secrets: { API_TOKEN: `tok-${marker}` } });
+    assert.equal(made.status, 202, made.bytes.toString());
+    // Listed and shown through every host while it bakes and once ready (from the cluster database).
+    const deadline = Date.now() + 600_000;
+    for (;;) {
+      const got = await call(entry.url, beta, 'GET', `/v1/environments/${name}`);
+      assert.equal(got.status, 200, got.bytes.toString());
+      if (got.json.state === 'ready') break;
+      assert.notEqual(got.json.state, 'failed', got.json.error);
+      assert.ok(Date.now() < deadline, 'the environment was not baked in 10 minutes');
+      await sleep(500);
+    }
+    for (const h of [maker, restarted, entry]) {
+      const listed = await call(h.url, beta, 'GET', '/v1/environments');
+      assert.ok(listed.json.environments.some((e: { name: string; state: string }) => e.name === name && e.state === 'ready'), `listed through ${h.url}`);
+      assert.ok(!(await call(h.url, gamma, 'GET', '/v1/environments')).json.environments.some((e: { name: string }) => e.name === name), 'not another tenant\'s');
+    }
+    assert.equal((await call(entry.url, beta, 'POST', '/v1/environments', { name, image: variantImage.manifestDigest })).status, 409, 'its name is taken cluster-wide');
+
+    // Steer placement off the host that made it (and off the entry): their capacity is reserved.
+    await db.query(`INSERT INTO reservations (id, tenant, host_id, slots, lease_until) SELECT 'rsv_env_fill_' || id, 'test-fill', id, 14, now() + interval '10 minutes' FROM hosts WHERE id = ANY($1)`, [[ids[0], ids[2]]]);
+    let id: string;
+    try {
+      id = await create(entry, beta, { template: name });
+    } finally {
+      await db.query(`DELETE FROM reservations WHERE tenant = 'test-fill'`);
+    }
+    assert.equal(await ownerOf(id), restarted, 'created on the host that lacked it');
+    const out = await call(entry.url, beta, 'POST', `/v1/sandboxes/${id}/exec`, { command: 'cat /opt/app/marker /root/baked; echo "$API_TOKEN $GREETING"' });
+    assert.equal(out.status, 200, out.bytes.toString());
+    assert.equal(out.json.stdout, `${marker}\n${marker}\ntok-${marker} hi\n`, 'its image, its bake and its secret');
+
+    // What moved: the variant layer (the base was held) and the artifact's files, by digest.
+    const line = /pulled environment beta\/env-[0-9a-f]+ from peers: (\{.*\})/.exec(restarted.stderr());
+    assert.ok(line, `the puller reported its pull: ${restarted.stderr().slice(-2000)}`);
+    const report = JSON.parse(line[1]);
+    assert.deepEqual(report.layersHeld, [base.diffId], 'the base layer it had was not fetched');
+    assert.deepEqual(report.layersPulled, [variant.diffId]);
+    assert.equal(report.artifactPulled, true);
+    const layerSize = Number((await db.query(`SELECT size FROM blob_locations WHERE host_id = $1 AND kind = 'layer' AND of = $2`, [ids[0], variant.diffId])).rows[0].size);
+    assert.equal(report.layerBytes, layerSize, 'layer bytes moved: the variant layer\'s erofs bytes');
+    const artifact = (await db.query(`SELECT kind, size FROM blob_locations WHERE host_id = $1 AND of = $2`, [ids[0], report.artifactKey])).rows;
+    const artifactSize = artifact.reduce((n, r) => n + Number(r.size), 0);
+    assert.ok(report.artifactBytes < artifactSize / 2, `the artifact moved as data: ${report.artifactBytes} of ${artifactSize} bytes`);
+    console.log(`environment pulled by another host: layer ${report.layerBytes} bytes (base layer held), artifact ${report.artifactBytes} bytes sent of ${artifactSize}`);
+
+    // This run's artifact goes with the hosts (the shared cache would keep it until a collector's grace ran out).
+    const sharedRam = `/dev/shm/collimate-${createHash('sha256').update(TEST_CACHE).digest('hex').slice(0, 12)}`;
+    scratch.push(join(TEST_CACHE, 'artifacts', report.artifactKey.slice(0, 24)), ...readdirSync(sharedRam).filter((f) => f.startsWith(`artifact-${report.artifactKey.slice(0, 24)}-`)).map((f) => join(sharedRam, f)));
+    await remove(entry, beta, id);
+    // Deleted through the host that pulled it: the host that made it deletes it, and it is gone everywhere.
+    assert.equal((await call(restarted.url, beta, 'DELETE', `/v1/environments/${name}`)).status, 204);
+    for (const h of [maker, restarted, entry]) assert.equal((await call(h.url, beta, 'GET', `/v1/environments/${name}`)).status, 404);
   });
 
   test('a host killed with SIGKILL: its running sandboxes are lost, creates go elsewhere, its suspended one waits for it; restarted, it stops the lost VMs and resumes the suspended one', async () => {

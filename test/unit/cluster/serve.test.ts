@@ -542,6 +542,44 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
     for (const id of ids.slice(3)) await call(hosts[1].url, pro, 'DELETE', `/v1/sandboxes/${id}`);
   });
 
+  test('environments: listed and shown through every host from the cluster database; one name per tenant; unready is template_not_ready; a dead maker\'s log and delete answer 503', async () => {
+    const maker = idOf.get(hosts[0].url)!;
+    const view = (name: string, state: string) => JSON.stringify({ name, image: `sha256:${'1'.repeat(64)}`, state, error: null, progress: null, log_tail: '', description: '', interpreter: ['/bin/sh', '-c'], ready_command: null, ready_probe: null, secret_names: [], vcpus: 1, memory_mib: 256, egress: 'allow', created_at: new Date(1).toISOString(), updated_at: new Date(1).toISOString() });
+    await db.query(`INSERT INTO hosts (id, address, capacity, qemu_version, machine, cpu_model, accel, compat, state, epoch, heartbeat_at, lease_until, registered_at)
+      VALUES ('host_gone', 'http://127.0.0.1:9', 4, 'x', 'microvm', 'max', 'tcg', 'x', 'dead', 2, now(), now(), now())`);
+    await db.query(`INSERT INTO environments (tenant, name, host_id, generation, state, compat, view) VALUES
+      ('pro1', 'web', $1, 1, 'baking', 'c', $2), ('pro1', 'orphan', 'host_gone', 2, 'ready', 'x', $3)`, [maker, view('web', 'baking'), view('orphan', 'ready')]);
+    try {
+      for (const h of hosts) {
+        const listed = await call(h.url, pro, 'GET', '/v1/environments');
+        assert.equal(listed.status, 200);
+        assert.deepEqual(listed.json.environments.map((e: { name: string }) => e.name), ['web', 'orphan'], `through ${h.url}`);
+        assert.deepEqual((await call(h.url, other, 'GET', '/v1/environments')).json.environments, [], 'not another tenant\'s');
+        assert.equal((await call(h.url, other, 'GET', '/v1/environments/web')).status, 404);
+        const created = await call(h.url, pro, 'POST', '/v1/sandboxes', { template: 'web' });
+        assert.equal(created.status, 503);
+        assert.equal(created.json.error.code, 'template_not_ready');
+        assert.match(created.json.error.message, /Environment web is baking/);
+      }
+      for (const h of hosts.slice(1)) {
+        const got = await call(h.url, pro, 'GET', '/v1/environments/web');
+        assert.equal(got.status, 200);
+        assert.equal(got.json.state, 'baking');
+        const taken = await call(h.url, pro, 'POST', '/v1/environments', { name: 'web', image: 'x' });
+        assert.equal(taken.status, 409);
+        assert.equal(taken.json.error.code, 'conflict');
+      }
+      const del = await call(hosts[1].url, pro, 'DELETE', '/v1/environments/orphan');
+      assert.equal(del.status, 503);
+      assert.equal(del.json.error.code, 'host_at_capacity');
+      assert.equal(del.json.error.resource, 'cluster_host');
+      assert.equal((await call(hosts[2].url, pro, 'GET', '/v1/environments/orphan/log')).status, 503);
+    } finally {
+      await db.query(`DELETE FROM environments WHERE tenant = 'pro1'`);
+      await db.query(`DELETE FROM hosts WHERE id = 'host_gone'`);
+    }
+  });
+
   test('bad cluster flags are refused with a message saying what to pass', () => {
     const run = (...args: string[]) => spawnSync(process.execPath, [BIN, 'serve', ...args], { encoding: 'utf8', env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE } });
     const noAdvertise = run('--cluster', cluster);
