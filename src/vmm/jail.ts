@@ -138,7 +138,7 @@ export interface ViewPlan {
    * Transparent huge pages off for the VMM (collimate-vmm-launch --no-thp), given under TCG. QEMU
    * asks for huge pages (madvise) on its translation cache and its firmware's RAM, so with THP on
    * (`madvise`, Debian's default) each sandbox held whole 2 MiB pages of both where it used far
-   * less: an idle sandbox of the base template went from 36.7 to 33.6 MiB PSS (bench/pss.ts, 10
+   * less: an idle sandbox of the base template went from 36.1 to 32.8 MiB PSS (bench/pss.ts, 10
    * sandboxes, median) with no change beyond the noise in the host CPU a busy guest costs. Under
    * KVM there is no translation cache and the guest's RAM is a tmpfs file, so nothing is asked.
    */
