@@ -622,8 +622,9 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
       await remove(survivors[0], beta, id);
     }
 
-    // The VMs kept running without their server; restarted as itself, the host stops them.
-    const back = await startClusterHost({ cluster: server.url, capacity: 14, net, machine: victim.machine, home: victim.home, timings: TIMINGS.join(',') });
+    // The VMs kept running without their server; restarted as itself (on the cache it had: the
+    // environments test moved one host to a cache of its own), the host stops them.
+    const back = await startClusterHost({ cluster: server.url, capacity: 14, net, machine: victim.machine, home: victim.home, timings: TIMINGS.join(','), env: victim.env });
     hosts[hosts.indexOf(victim)] = back;
     for (const [hid, h] of hostOf) if (h === victim) hostOf.set(hid, back);
     const deadline = Date.now() + 60_000;

@@ -19,6 +19,8 @@ export interface ClusterHost {
   child: ChildProcess;
   /** Where it runs: the HostNet machine's index, or undefined on loopback. */
   machine?: number;
+  /** The environment it was started with beyond the defaults (its cache, say): a restart keeps it. */
+  env?: Record<string, string>;
   stderr: () => string;
 }
 
@@ -68,7 +70,7 @@ export async function startClusterHost(o: HostOptions): Promise<ClusterHost> {
     if (Date.now() > deadline) throw new Error(`serve did not become healthy: ${stderr}`);
     await sleep(200);
   }
-  return { url, home, child, machine: o.machine, stderr: () => stderr };
+  return { url, home, child, machine: o.machine, env: o.env, stderr: () => stderr };
 }
 
 /** Stops a host: SIGTERM (a clean stop) or SIGKILL, and waits for its process to end. */
