@@ -14,7 +14,7 @@ import { peerRequest, reconcileMoves, SandboxMoves } from '../../../src/cluster/
 import { createServer } from 'node:http';
 import { PEER_HEADER } from '../../../src/cluster/node.js';
 import { freePort } from '../../support/registry.js';
-import { CollimateError } from '../../../src/errors.js';
+import { refusal } from '../../support/refusal.js';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
 
 const skip = postgresUnavailable() ?? false;
@@ -51,16 +51,6 @@ async function own(pool: pg.Pool, hostId: string, id: string, state: 'running' |
   await dir.flushed();
 }
 
-async function error(p: Promise<unknown>): Promise<CollimateError> {
-  try {
-    await p;
-  } catch (e) {
-    assert.ok(e instanceof CollimateError, String(e));
-    return e;
-  }
-  assert.fail('expected an error');
-}
-
 const ownerOf = async (pool: pg.Pool, id: string) => (await pool.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0]?.host_id;
 
 describe('moving suspended sandboxes: receivers, the owner flip, reconcile (real PostgreSQL)', { skip }, () => {
@@ -85,7 +75,7 @@ describe('moving suspended sandboxes: receivers, the owner flip, reconcile (real
     await own(pool, 'h3', 'sbx_b', 'running');
     assert.deepEqual((await moves.targets({ from: 'h1', compat, artifactKey: KEY })).map((t) => t.hostId), ['h2'], 'a full host receives none');
     assert.deepEqual((await moves.targets({ from: 'h2', compat, artifactKey: KEY })).map((t) => t.hostId), ['h1']);
-    const none = await error(moves.targets({ from: 'h5', compat: compatKey(OTHER), artifactKey: KEY }));
+    const none = await refusal(moves.targets({ from: 'h5', compat: compatKey(OTHER), artifactKey: KEY }));
     assert.equal(none.code, 'host_at_capacity');
     assert.equal(none.details?.reason, 'no_target');
 
@@ -100,7 +90,7 @@ describe('moving suspended sandboxes: receivers, the owner flip, reconcile (real
       ['h3', 'host_at_capacity', 'target_full'],
     ];
     for (const [to, code, reason] of cases) {
-      const e = await error(moves.targets({ from: 'h1', compat, artifactKey: KEY, to }));
+      const e = await refusal(moves.targets({ from: 'h1', compat, artifactKey: KEY, to }));
       assert.equal(e.code, code, `${to}: ${e.message}`);
       assert.equal(e.details?.reason, reason, to);
       assert.ok(e.message.length > 20);

@@ -12,7 +12,7 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
-import { CollimateError } from '../../../src/errors.js';
+import { refusal } from '../../support/refusal.js';
 import { openDb } from '../../../src/store/db.js';
 import { SandboxRepo, type SandboxRow } from '../../../src/sandboxes/repo.js';
 import { SandboxRegistry } from '../../../src/sandboxes/registry.js';
@@ -86,16 +86,6 @@ function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling
   };
   ctx.repo.insert(row);
   return row;
-}
-
-async function refusal(p: Promise<unknown>): Promise<CollimateError> {
-  try {
-    await p;
-  } catch (e) {
-    assert.ok(e instanceof CollimateError, String(e));
-    return e;
-  }
-  assert.fail('expected a refusal');
 }
 
 describe('moving a suspended sandbox: the engine side (real qcow2 chains, real journals)', { skip }, () => {
