@@ -12,6 +12,7 @@ import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
+import { discardRest } from '../wire/streamedBody.js';
 import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
@@ -148,8 +149,9 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           return reply.type('application/json; charset=utf-8').send(result.body);
         } catch (err) {
           if (reply.raw.headersSent) return reply;
-          // A streamed body not read to its end: drained, so the connection serves the next request.
-          if (spec.bodyKind === 'stream' && !req.raw.readableEnded) req.raw.resume();
+          // A streamed body not read to its end is read and discarded first (within a bound), so a
+          // client still sending reads this answer instead of a reset connection.
+          if (spec.bodyKind === 'stream' && !(await discardRest(req.raw))) reply.header('connection', 'close');
           sendError(reply, toClientError(err, req.log, req.id));
           return reply;
         }

@@ -228,6 +228,8 @@ export const ROUTE_TABLE = [
       'The request body is the raw file content (any content type), streamed to the guest in chunks: it is written to a temporary name beside the target ' +
       'and renamed over the target only when complete, so a failed or aborted upload leaves no file and the old one untouched. ' +
       'Missing parent directories are created. At most the server\'s upload limit (COLLIMATE_MAX_UPLOAD_MIB, default 1 GiB): larger is 413 payload_too_large. ' +
+      'An upload refused part-way (over the limit, a sandbox not running) is answered once the rest of its body has been read and dropped (for up to 30 s), ' +
+      'so a client that sends the whole body before it reads the answer gets the error, not a broken connection. ' +
       'The whole body must arrive within the server\'s request timeout (300 s by default).',
     tag: 'sandboxes',
     auth: true,

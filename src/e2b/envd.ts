@@ -20,6 +20,7 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import { toClientError } from '../wire/errors.js';
 import { ConnectError, ServerStream, connectErrorOf, decodeEnvelopes, decodeUnary, sendUnary, sendUnaryError, MAX_ENVELOPE_BYTES, CONNECT_STREAM_TYPE } from './connectRpc.js';
 import type { SandboxEnvStore } from './sandboxEnv.js';
+import { bodyChunks, discardRest } from '../wire/streamedBody.js';
 
 export const E2B_ENVD_PREFIX = '/e2b/envd';
 
@@ -537,10 +538,11 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           }
           if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
           if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) throw new CollimateError('unsupported_media_type', 'gzip-encoded uploads are not supported; send the bytes as they are.');
-          const entry = await opts.backend.writeFile(s, id, queryPath, req.raw);
+          const entry = await opts.backend.writeFile(s, id, queryPath, bodyChunks(req.raw));
           sendJson(res, 200, [writtenEntryJson(entry)]);
         } catch (err) {
-          req.raw.resume();
+          // The rest of the body is read first, so a client still sending reads this answer.
+          if (!(await discardRest(req.raw))) res.setHeader('connection', 'close');
           sendHttpError(res, toClientError(err, req.log));
         }
       });

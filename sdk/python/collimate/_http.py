@@ -59,6 +59,25 @@ _NETWORK_ERRORS = (
 )
 
 
+def _exchange(
+    conn: http.client.HTTPConnection, method: str, target: str, body: Any, headers: Mapping[str, str], *, encode_chunked: bool = False
+) -> http.client.HTTPResponse:
+    """Sends a request and returns its response. A server may answer before it has read the whole
+    body (413 for an upload over its limit, 404 for a sandbox that is gone) and close the
+    connection: writing the rest then fails with a broken pipe or a reset while the answer waits in
+    the socket. That answer is what is returned; the write's error is raised only if there is none."""
+    try:
+        conn.request(method, target, body=body, headers=headers, encode_chunked=encode_chunked)
+    except (BrokenPipeError, ConnectionResetError) as cut:
+        if body is None:
+            raise
+        try:
+            return conn.getresponse()
+        except _NETWORK_ERRORS:
+            raise cut from None
+    return conn.getresponse()
+
+
 class Transport:
     def __init__(self, base_url: str, api_key: Optional[str], *, max_retries: int = 3, timeout: float = 60.0) -> None:
         u = urllib.parse.urlsplit(base_url)
@@ -178,8 +197,7 @@ class Transport:
             wait: Optional[float] = None
             conn = self._acquire(t)
             try:
-                conn.request(method, target, body=body, headers=hdrs, encode_chunked=stream is not None)
-                resp = conn.getresponse()
+                resp = _exchange(conn, method, target, body, hdrs, encode_chunked=stream is not None)
                 data = resp.read()
                 status = resp.status
                 rheaders = {k.lower(): v for k, v in resp.getheaders()}
@@ -275,11 +293,7 @@ class Transport:
         hdrs = self._headers(None, "application/octet-stream" if body is not None else None)
         conn = self._acquire(t)
         try:
-            if body is not None:
-                conn.request(method, self._target(path, query), body=body, headers=hdrs, encode_chunked=True)
-            else:
-                conn.request(method, self._target(path, query), headers=hdrs)
-            resp = conn.getresponse()
+            resp = _exchange(conn, method, self._target(path, query), body, hdrs, encode_chunked=body is not None)
         except socket.timeout:
             conn.close()
             raise self._timeout_error(method, path, t) from None

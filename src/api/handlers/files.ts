@@ -10,6 +10,7 @@ import type { TenantService } from '../../service/tenantService.js';
 import { fileEntryView } from '../../wire/views.js';
 import type { Handlers } from '../binder.js';
 import type { SseStreams } from '../sse.js';
+import { bodyChunks } from '../../wire/streamedBody.js';
 
 type FileOps =
   | 'readFile' | 'writeFile' | 'statPath' | 'listDirectory' | 'pathExists' | 'makeDirectory' | 'removePath' | 'renamePath' | 'watchDirectory';
@@ -74,11 +75,9 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
       const declared = Number(req.headers['content-length']);
       const tooLarge = () =>
         new CollimateError('payload_too_large', `The upload is larger than this server's limit of ${opts.maxUploadBytes} bytes (COLLIMATE_MAX_UPLOAD_MIB); nothing was written.`);
-      if (Number.isFinite(declared) && declared > opts.maxUploadBytes) {
-        reply.header('connection', 'close');
-        throw tooLarge();
-      }
-      const source: AsyncIterable<Buffer> = (body as unknown as Readable | undefined) ?? Readable.from([]);
+      if (Number.isFinite(declared) && declared > opts.maxUploadBytes) throw tooLarge();
+      // What the upload leaves unread is discarded by the binder before it answers an error.
+      const source: AsyncIterable<Buffer> = body ? bodyChunks(body) : Readable.from([]);
       try {
         const written = await tenants.uploadFile(scope, params.id, query.path, source, {
           mode: query.mode === undefined ? undefined : parseInt(query.mode, 8),
@@ -86,8 +85,6 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
         });
         return { status: 200, body: { path: query.path, size: written.bytes } };
       } catch (e) {
-        // The rest of the body is not read: the connection cannot carry another request.
-        reply.header('connection', 'close');
         if (e instanceof CollimateError && e.code === 'payload_too_large') throw tooLarge();
         throw e;
       }

@@ -3,6 +3,7 @@ import type { TenantService } from '../../service/tenantService.js';
 import { notATerminal } from '../terminal.js';
 import type { Handlers } from '../binder.js';
 import type { SseStreams } from '../sse.js';
+import { bodyChunks } from '../../wire/streamedBody.js';
 
 type ProcessOps =
   | 'startProcess' | 'listProcesses' | 'getProcess' | 'processOutput' | 'writeProcessStdin' | 'closeProcessStdin'
@@ -35,7 +36,7 @@ export function processHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async writeProcessStdin({ scope, params, body }) {
       const pid = Number(params.pid);
-      const written = await tenants.writeProcessStdin(scope, params.id, pid, body);
+      const written = await tenants.writeProcessStdin(scope, params.id, pid, bodyChunks(body));
       return { status: 200, body: { pid, written } };
     },
 
