@@ -83,9 +83,8 @@ export interface EngineConfig {
   forkPoolIdleSecs: number;
   /**
    * Resumes take fork receivers and map the RAM image where it lies (suspendResume.ts
-   * resumeOnReceiver). Off by default (COLLIMATE_RESUME_ON_RECEIVERS=1 turns it on): the crash
-   * campaign once found a sandbox resumed so whose VMM could not be adopted after a server kill,
-   * a cause not yet found.
+   * resumeOnReceiver). On by default; COLLIMATE_RESUME_ON_RECEIVERS=0 makes every resume spawn its
+   * VMM while the image is copied to tmpfs.
    */
   resumeOnReceivers: boolean;
   /** Warm VMMs per environment (tenant) template. */
@@ -218,7 +217,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     forkCapture: forkCaptureOf(env.COLLIMATE_FORK_CAPTURE),
     forkPoolMax: intEnv(env, 'COLLIMATE_FORK_POOL_MAX', 16),
     forkPoolIdleSecs: intEnv(env, 'COLLIMATE_FORK_POOL_IDLE_SECS', 600),
-    resumeOnReceivers: env.COLLIMATE_RESUME_ON_RECEIVERS === '1',
+    resumeOnReceivers: env.COLLIMATE_RESUME_ON_RECEIVERS !== '0',
     maxOutputBytes: intEnv(env, 'COLLIMATE_MAX_OUTPUT_BYTES', 1024 * 1024),
     maxDownloadBytes: fileLimits(env).maxDownloadBytes,
     defaultExecTimeoutSecs: 60,

@@ -13,10 +13,6 @@ import { allocatedBytes, mappingOf, privatePageBytes } from '../../src/vmm/memor
 import { backingChain, jailerFor } from '../../src/vmm/jail.ts';
 import { processMatches, readClaim } from '../../src/host/claims.ts';
 
-// Resumes on fork receivers are off by default (src/config.ts): these tests cover them (the crash
-// worker, a child process, inherits it).
-process.env.COLLIMATE_RESUME_ON_RECEIVERS = '1';
-
 const tenant = { tenant: 'it-lifecycle' };
 let engine: Engine;
 let home: string;

@@ -1,6 +1,8 @@
 /**
  * Background processes on real microVMs: through the engine, and over REST (streamed stdin, SSE
- * output). Each test creates its own sandbox; the leak check runs at the end.
+ * output). Each test creates its own sandbox; the leak check runs at the end. Resumes here spawn
+ * their VMM (resumeOnReceivers off) while the RAM image is copied to tmpfs: this file covers that
+ * path, lifecycle.test.ts the default one on VMMs spawned ahead.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,7 +20,7 @@ let key: string;
 
 before(async () => {
   home = testHome('processes');
-  engine = await openEngine(home);
+  engine = await openEngine(home, { resumeOnReceivers: false });
   api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
   baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   key = await createKey(home, tenant.tenant, 'pro');
@@ -159,7 +161,12 @@ test('a process survives suspend and resume with its output, and runs on in a fo
   // Listed while suspended, as it was.
   const whileSuspended = (await engine.listProcesses(s.id, tenant)).find((x) => x.pid === p.pid);
   assert.equal(whileSuspended?.status, 'running');
+  const phases: Array<Record<string, number>> = [];
+  const onPhases = (r: { op: string; phases: Record<string, number> }) => { if (r.op === 'resume') phases.push(r.phases); };
+  engine.on('phases', onPhases);
   await engine.resume(s.id, tenant);
+  engine.off('phases', onPhases);
+  assert.ok(phases[0].spawn !== undefined && phases[0].memory_load !== undefined, `the resume spawned its VMM and copied the image: ${JSON.stringify(phases[0])}`);
 
   const after = await collect(s.id, p.pid, 'start');
   await engine.writeProcessStdin(s.id, p.pid, Buffer.from('after-resume\n'), tenant);
