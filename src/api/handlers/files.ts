@@ -71,7 +71,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
       return null;
     },
 
-    async writeFile({ scope, params, query, body, req, reply }) {
+    async writeFile({ scope, params, query, body, req }) {
       const declared = Number(req.headers['content-length']);
       const tooLarge = () =>
         new CollimateError('payload_too_large', `The upload is larger than this server's limit of ${opts.maxUploadBytes} bytes (COLLIMATE_MAX_UPLOAD_MIB); nothing was written.`);
