@@ -5,6 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step that does something says how long it took.
+setup_t0=$(date +%s%3N)
+step_t0=$setup_t0
+step_done() {
+  local now
+  now=$(date +%s%3N)
+  printf 'collimate setup: %s (%d.%01d s)\n' "$1" $(((now - step_t0) / 1000)) $((((now - step_t0) % 1000) / 100)) >&2
+  step_t0=$now
+}
+
 DEBIAN_PACKAGES=(
   qemu-system-x86 qemu-utils        # the VMM (microvm machine) and qemu-img for qcow2 overlays
   kmod                              # depmod/modprobe to order the guest kernel modules
@@ -44,16 +54,23 @@ if [ "${#missing[@]}" -gt 0 ]; then
       pg_ctlcluster "$ver" "$name" stop || true
     done
   fi
+  step_done "Debian packages installed"
 fi
 # The guest kernel is fetched with `apt-get download`, which needs package lists.
 if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
   apt-get update -qq
+  step_done "package lists updated"
 fi
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "collimate setup: installing npm dependencies" >&2
   npm ci --no-audit --no-fund --loglevel=error
+  step_done "npm dependencies installed"
 fi
 
 # The web console's bundle (dist/console, served at /console): rebuilt only when its sources changed.
 node --import tsx scripts/build-console.ts
+now=$(date +%s%3N)
+if [ $((now - setup_t0)) -ge 5000 ]; then
+  printf 'collimate setup: done in %d.%01d s\n' $(((now - setup_t0) / 1000)) $((((now - setup_t0) % 1000) / 100)) >&2
+fi

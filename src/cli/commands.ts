@@ -374,6 +374,17 @@ async function countClusterTenants(url: string): Promise<number> {
   }
 }
 
+/** When this start began: COLLIMATE_STARTED_AT_MS (set by scripts/start.sh, so set-up counts) or now. */
+function startedAt(env: Record<string, string | undefined>): number {
+  const v = Number(env.COLLIMATE_STARTED_AT_MS);
+  return Number.isFinite(v) && v > 0 && v <= Date.now() ? v : Date.now();
+}
+
+/** Seconds since `t0`: "93.4 s", or padded for progress lines to line up ("  93.4 s"). */
+function elapsed(t0: number, pad = 0): string {
+  return `${((Date.now() - t0) / 1000).toFixed(1).padStart(pad)} s`;
+}
+
 async function serve(args: string[], io: Io): Promise<number> {
   const { values } = parse(args, {
     ...common, ...home, host: { type: 'string' }, port: { type: 'string' }, 'log-level': { type: 'string' }, 'allow-tcg': { type: 'boolean' },
@@ -416,14 +427,17 @@ async function serve(args: string[], io: Io): Promise<number> {
   // The engine module can be swapped for tests (COLLIMATE_ENGINE_MODULE, a path or URL).
   const override = io.env.COLLIMATE_ENGINE_MODULE;
   const spec = override ? (override.includes(':') && !isAbsolute(override) ? override : pathToFileURL(resolve(override)).href) : '../sandboxes/engine.js';
-  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void }): Promise<any> } };
-  io.err(`collimate: opening ${dir} and warming catalog templates...\n`);
-  const engine = await Engine.open({ home: dir, progress: (m: string) => io.err(`  ${m}\n`) });
+  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
+  // Each line carries the time since `npm start` (scripts/start.sh) or since this command began.
+  const t0 = startedAt(io.env);
+  const progress = (m: string) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`);
+  io.err(`collimate: opening ${dir} and warming catalog templates (the first start with a cache builds them: base first, the others once serving)...\n`);
+  const engine = await Engine.open({ home: dir, progress, catalogInBackground: true });
   const confinement = await vmmConfinement(engine);
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
   const { ImageService } = await import('../images/service.js');
-  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: (m: string) => io.err(`  ${m}\n`), clusterSecretsKey }) : undefined;
+  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: progress, clusterSecretsKey }) : undefined;
   if (images) {
     io.err(`collimate: restoring environments...\n`);
     await images.restore();
@@ -478,12 +492,16 @@ async function serve(args: string[], io: Io): Promise<number> {
       confinement,
       network: engine.networkStatus(),
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
+      // Catalog templates a first start still builds after it began serving (creates of them: 503 template_not_ready).
+      ...(typeof engine.catalogStatus === 'function' ? { catalog: engine.catalogStatus() } : {}),
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
       ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
     }),
   });
   const address = await api.app.listen({ host, port });
-  io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel}${node ? `, cluster host ${node.hostId}` : ''})\n`);
+  const stillBuilding = Object.keys(typeof engine.catalogStatus === 'function' ? engine.catalogStatus().building : {});
+  io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel}${node ? `, cluster host ${node.hostId}` : ''}) after ${elapsed(t0)}${io.env.COLLIMATE_STARTED_AT_MS ? ' in all (set-up included)' : ''}` +
+    `${stillBuilding.length ? `; still building ${stillBuilding.join(', ')} in the background (GET /healthz: catalog.building)` : ''}\n`);
   api.app.log.info({ event: 'serving', address, home: dir, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: tls !== undefined, confinement: confinement.enabled }, 'serving');
   await new Promise<void>((done) => {
     let stopping = false;

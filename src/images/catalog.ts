@@ -16,6 +16,8 @@ export interface CatalogEntry {
   diskMib: number;
   /** Builds (or finds cached) the read-only layers, lowest first. */
   layers(home: string, progress: (m: string) => void): Promise<LayerAsset[]>;
+  /** Whether every layer is already built in that cache (then `layers` takes seconds, not minutes); absent: always quick. */
+  layersCached?(home: string): boolean;
 }
 
 export const CATALOG_DEFAULTS = { vcpus: 1, memoryMib: 256, diskMib: 2048 } as const;

@@ -278,6 +278,14 @@ export async function ensureDebianBaseLayer(cacheDir: string, progress: Progress
   return { path, digest };
 }
 
+/** Whether the Debian base layer and the runtime layer `name` are built in `cacheDir` (no build needed). */
+export function debianLayersCached(cacheDir: string, name: RuntimeName): boolean {
+  const assets = homePaths(cacheDir).assets;
+  const digest = baseLayerDigest(hostMirrors());
+  const base = { path: join(assets, `rootfs-debian-base-${digest.slice(0, 16)}`, 'layer.erofs'), digest };
+  return existsSync(base.path) && existsSync(join(assets, `rootfs-debian-${name}-${runtimeLayerDigest(name, base).slice(0, 16)}`, 'layer.erofs'));
+}
+
 export function runtimeLayerDigest(name: RuntimeName, base: LayerAsset): string {
   const tarballs = RUNTIME_TARBALLS[name].map((t) => `${t.name}@${t.version} ${t.integrity}`);
   return sha256Hex(RUNTIME_RECIPE, name, RUNTIME_PACKAGES[name].join(' '), ...tarballs, base.digest);
@@ -353,6 +361,7 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     runtimes: { python: '3.11.2', pip: '23.0.1' },
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'python', progress)],
+    layersCached: (home) => debianLayersCached(home, 'python'),
   },
   {
     id: 'node',
@@ -361,5 +370,6 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     runtimes: { node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version },
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'node', progress)],
+    layersCached: (home) => debianLayersCached(home, 'node'),
   },
 ];

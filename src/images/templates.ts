@@ -82,6 +82,8 @@ export async function guestBase(cfg: EngineConfig, progress: (m: string) => void
   return { kernel, initramfs };
 }
 
+export type GuestBase = Awaited<ReturnType<typeof guestBase>>;
+
 /** The guest kernel's command line: clock set-up under TCG, the NIC's address when networking is on. */
 function guestCmdline(cfg: EngineConfig): string {
   const extra = [...guestClockArgs(cfg.accel.accel), ...(networkingOn(cfg.net) ? [guestNetArg()] : []), ...cfg.guestKernelArgs];
@@ -132,27 +134,33 @@ export const CATALOG: CatalogEntry[] = [
 ];
 
 /** Builds (or finds cached) every guest asset and catalog artifact. Idempotent; the slow path runs once. */
-export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => void, only?: string[]): Promise<ReadyTemplate[]> {
-  const { kernel, initramfs } = await guestBase(cfg, progress);
+export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => void, only?: string[], entries: CatalogEntry[] = CATALOG): Promise<ReadyTemplate[]> {
+  const base = await guestBase(cfg, progress);
   const out: ReadyTemplate[] = [];
-  for (const entry of CATALOG) {
+  for (const entry of entries) {
     if (only && !only.includes(entry.id)) continue;
-    const layers: LayerAsset[] = await entry.layers(cfg.cacheDir, progress);
-    const shape = {
-      vcpus: entry.vcpus,
-      memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
-      kernel: kernel.vmlinuz,
-      initrd: initramfs.path,
-      cmdline: guestCmdline(cfg),
-      layers: layers.map((l) => l.path),
-      ...nicOf(cfg),
-    };
-    const artifact = await ensureArtifact(
-      { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
-      // Catalog layers by their bytes: their recipe digests do not pin them (mkfs.erofs gives each build its own UUID).
-      shape, entry.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: await Promise.all(layers.map((l) => builtFileSha256(l.path))) },
-    );
-    out.push({ id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, runtimes: entry.runtimes, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress });
+    out.push(await catalogTemplate(cfg, entry, base, progress));
   }
   return out;
+}
+
+/** One catalog entry's template: its layers built (or found cached) and its artifact baked (or found). */
+export async function catalogTemplate(cfg: EngineConfig, entry: CatalogEntry, base: GuestBase, progress: (m: string) => void): Promise<ReadyTemplate> {
+  const { kernel, initramfs } = base;
+  const layers: LayerAsset[] = await entry.layers(cfg.cacheDir, progress);
+  const shape = {
+    vcpus: entry.vcpus,
+    memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
+    kernel: kernel.vmlinuz,
+    initrd: initramfs.path,
+    cmdline: guestCmdline(cfg),
+    layers: layers.map((l) => l.path),
+    ...nicOf(cfg),
+  };
+  const artifact = await ensureArtifact(
+    { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
+    // Catalog layers by their bytes: their recipe digests do not pin them (mkfs.erofs gives each build its own UUID).
+    shape, entry.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: await Promise.all(layers.map((l) => builtFileSha256(l.path))) },
+  );
+  return { id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, runtimes: entry.runtimes, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress };
 }

@@ -6,6 +6,7 @@ import { loadConfig, type EngineConfig } from '../config.js';
 import { openDb, type Db } from '../store/db.js';
 import { homePaths } from '../host/paths.js';
 import type { TemplateRecipe } from '../images/templates.js';
+import type { CatalogEntry } from '../images/catalog.js';
 import { netFor, forgetNet, type NetManager } from '../net/netns.js';
 import { SandboxRepo } from './repo.js';
 import { SandboxRegistry, type Running } from './registry.js';
@@ -45,6 +46,14 @@ export interface EngineOptions extends Partial<EngineConfig> {
   progress?: (msg: string) => void;
   /** Catalog templates to warm (default: all of them). */
   catalog?: string[];
+  /**
+   * Open once the guest assets and the first catalog template are ready, and build the other
+   * catalog templates in the background (`serve`: a first start serves sooner). Default: open once
+   * every catalog template is ready.
+   */
+  catalogInBackground?: boolean;
+  /** Test hook: catalog entries in place of the built-in CATALOG. */
+  catalogEntries?: CatalogEntry[];
   /** Skip warming catalog templates (for tools that only read the database, e.g. `keys`). */
   noTemplates?: boolean;
   /** Test hook: called at named points inside multi-step operations (crash injection). */
@@ -138,7 +147,7 @@ export class Engine extends EventEmitter implements SandboxService {
       // Reconcile before the pools spawn anything: every VMM dir found now belongs to the past.
       await reconcile(engine.ctx);
       net?.refill();
-      await engine.templatePools.warmCatalog(opts.progress ?? (() => {}), opts.catalog);
+      await engine.templatePools.warmCatalog(opts.progress ?? (() => {}), opts.catalog, { background: opts.catalogInBackground, entries: opts.catalogEntries });
       engine.reapTimer = setInterval(() => { void engine.reap(); void engine.quiesce(); }, cfg.reapIntervalMs);
       engine.reapTimer.unref();
       engine.flusher = setInterval(() => engine.registry.flushActivity(), 1000);
@@ -247,6 +256,11 @@ export class Engine extends EventEmitter implements SandboxService {
     }
     if (envs) out.environments = envs;
     return out;
+  }
+
+  /** Catalog templates still being built in the background, and those whose build failed (/healthz). */
+  catalogStatus(): { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } {
+    return this.templatePools.catalogStatus();
   }
 
   /** VMMs spawned ahead of forks, ready and wanted, by artifact (forkReceivers.ts). */

@@ -6,7 +6,8 @@ import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
 import { claimArtifact, releaseArtifact } from '../images/artifactGc.js';
 import { ARTIFACT_FILES, readArtifactManifest } from '../images/artifactManifest.js';
-import { loadCatalog, bakeRecipe, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
+import { CATALOG, catalogTemplate, guestBase, loadCatalog, bakeRecipe, type GuestBase, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';
+import type { CatalogEntry } from '../images/catalog.js';
 import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
 import { PoolSizer, fitBudget, type PoolSize } from './poolSizer.js';
@@ -31,18 +32,87 @@ export class TemplatePools {
   private resizer?: NodeJS.Timeout;
   /** Artifacts by key, for restoring sandboxes whose template was made by an earlier build. */
   private readonly artifacts = new Map<string, Artifact>();
+  /** Catalog templates still being built after the server started listening (warmCatalog's background), by id. */
+  private readonly building = new Map<string, { step: string; since: number }>();
+  /** Catalog templates whose background build failed, by id: why, and when. A create starts it again. */
+  private readonly failed = new Map<string, { error: string; at: number }>();
+  /** The catalog's entries (CATALOG, or a test's). */
+  private catalog: CatalogEntry[] = CATALOG;
+  private background?: { base: GuestBase; progress: (msg: string) => void; queue: Promise<void> };
+  private closed = false;
 
   constructor(private readonly cfg: EngineConfig, private readonly net: NetManager | null) {}
 
-  /** Builds (or finds) the catalog's templates and fills their pools; resolves once they are full or after a minute. */
-  async warmCatalog(progress: (msg: string) => void, only?: string[]): Promise<void> {
-    const templates = await loadCatalog(this.cfg, progress, only);
-    for (const t of templates) {
-      this.byKey.set(t.id, t);
-      this.artifacts.set(t.artifact.key, t.artifact);
-      this.newPool(t.id, t, this.cfg.poolSize, (e) => progress(`warm pool ${t.id}: spawn failed: ${(e as Error).message}`));
+  /**
+   * Builds (or finds) the catalog's templates and fills their pools; resolves once they are full or
+   * after a minute. With `background`, resolves once the guest assets, the first catalog template
+   * (`base`) and those whose layers are built already are ready, and builds the others after it,
+   * one at a time: a first start serves in seconds rather than after debootstrap, and a create of a
+   * template still being built is answered template_not_ready (catalogStatus).
+   */
+  async warmCatalog(progress: (msg: string) => void, only?: string[], opts: { background?: boolean; entries?: CatalogEntry[] } = {}): Promise<void> {
+    this.catalog = opts.entries ?? CATALOG;
+    if (!opts.background) {
+      for (const t of await loadCatalog(this.cfg, progress, only, this.catalog)) this.addCatalog(t, progress);
+      for (const [, pool] of this.pools) await pool.waitFull(60_000);
+      return;
     }
-    for (const [, pool] of this.pools) await pool.waitFull(60_000);
+    const entries = this.catalog.filter((e) => !only || only.includes(e.id));
+    const base = await guestBase(this.cfg, progress);
+    this.background = { base, progress, queue: Promise.resolve() };
+    // The first (base) and those whose layers are built already (a bake at most: seconds) now; the rest later.
+    const now = entries.filter((e, i) => i === 0 || e.layersCached?.(this.cfg.cacheDir) !== false);
+    for (const e of now) this.addCatalog(await catalogTemplate(this.cfg, e, base, progress), progress);
+    for (const e of now) await this.pools.get(e.id)!.waitFull(60_000);
+    for (const e of entries) if (!now.includes(e)) this.buildInBackground(e.id);
+  }
+
+  private addCatalog(t: ReadyTemplate, progress: (msg: string) => void): void {
+    this.byKey.set(t.id, t);
+    this.artifacts.set(t.artifact.key, t.artifact);
+    this.newPool(t.id, t, this.cfg.poolSize, (e) => progress(`warm pool ${t.id}: spawn failed: ${(e as Error).message}`));
+  }
+
+  /** Queues the build of catalog template `id` behind the others (one bake at a time). */
+  private buildInBackground(id: string): void {
+    const bg = this.background!;
+    const entry = this.catalog.find((e) => e.id === id)!;
+    this.failed.delete(id);
+    this.building.set(id, { step: 'queued', since: Date.now() });
+    bg.queue = bg.queue.then(async () => {
+      if (this.closed) return;
+      const t0 = Date.now();
+      const progress = (m: string) => {
+        this.building.set(id, { step: m, since: t0 });
+        bg.progress(`${id}: ${m}`);
+      };
+      progress('building');
+      try {
+        const t = await catalogTemplate(this.cfg, entry, bg.base, progress);
+        if (this.closed) return;
+        this.addCatalog(t, bg.progress);
+        bg.progress(`${id}: ready (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+      } catch (e) {
+        this.failed.set(id, { error: (e as Error).message, at: Date.now() });
+        bg.progress(`${id}: build failed: ${(e as Error).message}`);
+      } finally {
+        this.building.delete(id);
+      }
+    });
+  }
+
+  /** Catalog templates still being built (the step they are at, seconds so far) and those whose build failed. */
+  catalogStatus(): { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } {
+    const now = Date.now();
+    return {
+      building: Object.fromEntries([...this.building].map(([id, b]) => [id, { step: b.step, secs: Math.round((now - b.since) / 1000) }])),
+      failed: Object.fromEntries([...this.failed].map(([id, f]) => [id, f.error])),
+    };
+  }
+
+  /** Resolves once every background build queued so far has ended (tests). */
+  async backgroundSettled(): Promise<void> {
+    await this.background?.queue;
   }
 
   /**
@@ -160,18 +230,39 @@ export class TemplatePools {
 
   /** The catalog plus, with a scope, that tenant's environments. */
   list(scope?: Scope): TemplateInfo[] {
-    return [...this.byKey.values()]
+    const ready = [...this.byKey.values()]
       .filter((t) => t.kind === 'catalog' || (scope && t.tenant === scope.tenant))
       .map((t) => this.infoOf(t));
+    // Catalog templates still being built (or failed) are listed too, not ready.
+    const pending = this.catalog.filter((e) => !this.byKey.has(e.id) && (this.building.has(e.id) || this.failed.has(e.id))).map((e): TemplateInfo => ({
+      id: e.id, kind: 'catalog', description: e.description, interpreter: e.interpreter, runtimes: e.runtimes ?? {}, ready: false,
+      vcpus: e.vcpus, memory_mib: this.cfg.catalogMemoryMib ?? e.memoryMib, egress: this.cfg.catalogEgress, network: !!this.net,
+    }));
+    return [...ready, ...pending];
   }
 
   /** A tenant's environment of that name, else the catalog template. */
   resolve(id: string, tenant: string | undefined): ReadyTemplate {
     const t = (tenant !== undefined ? this.byKey.get(envKey(tenant, id)) : undefined) ?? this.byKey.get(id);
+    if (!t) this.assertNotBuilding(id);
     if (!t || (t.kind === 'environment' && t.tenant !== tenant)) {
       throw new CollimateError('template_not_found', `No template ${JSON.stringify(id)}. List them with GET /v1/templates.`);
     }
     return t;
+  }
+
+  /** A catalog template still being built, or whose build failed (then started again), is template_not_ready. */
+  private assertNotBuilding(id: string): void {
+    const b = this.building.get(id);
+    if (b) {
+      const secs = Math.round((Date.now() - b.since) / 1000);
+      throw new CollimateError('template_not_ready', `The catalog template ${id} is still being built (this server's first start with this cache; ${b.step === 'queued' ? 'queued behind another template' : `${secs} s so far, now: ${b.step}`}). Retry in a minute; GET /healthz lists what is still being built.`, { retryAfterSecs: 30 });
+    }
+    const f = this.failed.get(id);
+    if (f && this.background && !this.closed) {
+      this.buildInBackground(id);
+      throw new CollimateError('template_not_ready', `The catalog template ${id} failed to build (${f.error}); it is being built again now. Retry in a minute; GET /healthz shows its progress.`, { retryAfterSecs: 30 });
+    }
   }
 
   infoOf(t: ReadyTemplate): TemplateInfo {
@@ -244,7 +335,10 @@ export class TemplatePools {
 
   /** Stops the pools; their VMMs are destroyed. */
   async close(): Promise<void> {
+    this.closed = true;
     clearInterval(this.resizer);
+    // A background build under way finishes (its files are written in place by rename), but registers nothing.
+    await this.background?.queue;
     await Promise.all([...this.pools.values()].map((p) => p.close()));
   }
 

@@ -844,6 +844,13 @@ export const Health = named(
       }),
       'Admission by what the host has: a create, fork or resume that would take MemAvailable below the reserve, the running sandboxes\' guest memory past limit_mib (COLLIMATE_HOST_MEMORY_MIB), or that arrives while CPU pressure (% of the last 10 s some task waited for a CPU) is at max; an operation that would leave less than the reserve free on the RAM files\' tmpfs (a fork point, a resumed sandbox\'s RAM: up to its guest memory; COLLIMATE_TMPFS_RESERVE_MIB) or on the home\'s disk (a suspend\'s image; COLLIMATE_DISK_RESERVE_MIB); or one that starts more VMMs than VMM uids (COLLIMATE_VMM_UID_COUNT) or network indexes (COLLIMATE_NET_TRANSIT) are free: each gets 503 host_at_capacity with Retry-After, its details naming the resource. refusals counts them since start, by resource.',
     ).optional(),
+    catalog: described(
+      z.strictObject({
+        building: z.record(z.string(), z.strictObject({ step: z.string(), secs: z.number().int() })),
+        failed: z.record(z.string(), z.string()),
+      }),
+      'Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of either is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready.',
+    ).optional(),
     cluster: described(
       z.strictObject({ host_id: z.string(), address: z.string(), capacity: z.number().int(), lease: z.boolean() }),
       'Cluster mode only (docs/cluster.md): this host\'s id and advertised address, the running sandboxes it takes at most (0: an API-only node), and whether it holds its lease (false: it takes no create, fork or resume until a heartbeat succeeds).',

@@ -12,9 +12,12 @@ export class Engine extends FakeSandboxService {
   db!: Db;
   home!: string;
 
-  static async open(opts: { home: string }): Promise<Engine> {
+  static async open(opts: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<Engine> {
     const e = new Engine({ events: true });
     e.home = opts.home;
+    // As the engine's first start with an empty cache: a step line, and python left to the background.
+    opts.progress?.('building initramfs');
+    e.building = opts.catalogInBackground ? { python: { step: 'debootstrap --variant=minbase bookworm', secs: 3 } } : {};
     e.db = openDb(join(opts.home, 'collimate.db'));
     return e;
   }
@@ -26,6 +29,11 @@ export class Engine extends FakeSandboxService {
   }
 
   private readings = 0;
+  private building: Record<string, { step: string; secs: number }> = {};
+
+  catalogStatus(): { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } {
+    return { building: this.building, failed: {} };
+  }
 
   override async close(): Promise<void> {
     await super.close();

@@ -687,6 +687,14 @@ export type Health = {
       net_indexes: number;
     };
   };
+  /** Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of either is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready. */
+  catalog?: {
+    building: Record<string, {
+      step: string;
+      secs: number;
+    }>;
+    failed: Record<string, string>;
+  };
   /** Cluster mode only (docs/cluster.md): this host's id and advertised address, the running sandboxes it takes at most (0: an API-only node), and whether it holds its lease (false: it takes no create, fork or resume until a heartbeat succeeds). */
   cluster?: {
     host_id: string;

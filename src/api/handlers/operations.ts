@@ -22,6 +22,8 @@ export interface HealthInfo {
   pools?: Record<string, { ready: number; target: number; reason: string }>;
   /** The host's budgets for admission and what is used of them (hostCapacity.ts). */
   capacity?: CapacityStatus;
+  /** Catalog templates a first start still builds after it began serving, and those whose build failed. */
+  catalog?: { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> };
   /** Cluster mode: this host's identity and whether it holds its lease (src/cluster/hosts.ts). */
   cluster?: { host_id: string; address: string; capacity: number; lease: boolean };
 }
@@ -66,6 +68,7 @@ export function operationHandlers(deps: {
         ...(h.network ? { network: h.network } : {}),
         ...(h.pools ? { pools: h.pools } : {}),
         ...(h.capacity ? { capacity: capacityBody(h.capacity) } : {}),
+        ...(h.catalog ? { catalog: h.catalog } : {}),
         ...(h.cluster ? { cluster: h.cluster } : {}),
       };
       return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
