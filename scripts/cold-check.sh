@@ -35,7 +35,8 @@ commit=$(git -C "$repo" rev-parse --verify "$ref^{commit}")
 
 base=/tmp/collimate-cold-check
 mkdir -p "$base"
-run=$(mktemp -d "$base/run-XXXXXX")
+# Short: VMM sockets live under the cache and the home, and a Unix socket path has 107 bytes at most.
+run=$(mktemp -d /tmp/cc-XXXXXX)
 clone="$run/clone"
 export COLLIMATE_HOME="$run/home"
 export COLLIMATE_CACHE_DIR="$run/cache"

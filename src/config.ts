@@ -181,11 +181,31 @@ function catalogEgress(env: NodeJS.ProcessEnv): EgressPolicy {
   }
 }
 
+/** sun_path holds 108 bytes with its NUL: the longest Unix socket path bind() and connect() take. */
+export const UNIX_SOCKET_PATH_MAX = 107;
+
+/**
+ * VMM sockets live under the data and cache directories; a directory deep enough to push them past
+ * the Unix socket limit would fail at the first bake or create with a bare ENOENT (libuv truncates
+ * the name). The longest such paths: a bake's QMP/agent socket under the cache,
+ * `<cache>/artifacts/<24 hex>/tmp-<time>-<pid>/agent.sock.<6 hex>` (74 bytes past the directory),
+ * and a sandbox's under the home, `<home>/sandboxes/sbx_<12 hex>/agent.sock.<6 hex>` (45; 52 leaves room).
+ */
+export function assertSocketRoom(home: string, cacheDir: string): void {
+  for (const [dir, what, tail] of [[cacheDir, 'cache directory (COLLIMATE_CACHE_DIR, else the home)', 74], [home, 'home (COLLIMATE_HOME or --home)', 52]] as const) {
+    const n = Buffer.byteLength(dir) + tail;
+    if (n > UNIX_SOCKET_PATH_MAX) {
+      throw new Error(`the ${what} ${dir} is too deep for the VMM sockets under it: they would be ${n} bytes, past the ${UNIX_SOCKET_PATH_MAX} a Unix socket path may have; choose one of at most ${UNIX_SOCKET_PATH_MAX - tail} bytes`);
+    }
+  }
+}
+
 export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.ProcessEnv = process.env): EngineConfig {
   const home = overrides.home ?? defaultHome(env);
   const tag = (p: string) => createHash('sha256').update(p).digest('hex').slice(0, 12);
   const homeTag = tag(home);
   const cacheDir = overrides.cacheDir ?? (env.COLLIMATE_CACHE_DIR || home);
+  assertSocketRoom(home, cacheDir);
   const reapAction = (env.COLLIMATE_REAP_ACTION ?? 'delete') as EngineConfig['reapAction'];
   if (reapAction !== 'delete' && reapAction !== 'suspend') throw new Error('COLLIMATE_REAP_ACTION must be "delete" or "suspend"');
   return {

@@ -432,7 +432,14 @@ async function serve(args: string[], io: Io): Promise<number> {
   const t0 = startedAt(io.env);
   const progress = (m: string) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`);
   io.err(`collimate: opening ${dir} and warming catalog templates (the first start with a cache builds them: base first, the others once serving)...\n`);
-  const engine = await Engine.open({ home: dir, progress, catalogInBackground: true });
+  let engine: any;
+  try {
+    engine = await Engine.open({ home: dir, progress, catalogInBackground: true });
+  } catch (err) {
+    // A first start's failure (a download, a bake, a bad directory) ends in one line, not a stack.
+    io.err(`collimate: cannot start: ${(err as Error).message}\n`);
+    return 1;
+  }
   const confinement = await vmmConfinement(engine);
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
