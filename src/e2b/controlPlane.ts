@@ -12,7 +12,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
-import type { SandboxInfo, SandboxTransition } from '../sandboxes/types.js';
+import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { envVarsProblem, type SandboxEnvStore } from './sandboxEnv.js';
@@ -22,7 +22,6 @@ export const E2B_API_PREFIX = '/e2b/api';
 export const ENVD_VERSION = '0.5.7';
 /** E2B's default when a create gives no timeout. */
 const DEFAULT_TIMEOUT_SECS = 15;
-const MAX_FORK_COUNT = 100;
 
 export interface E2bControlPlaneOptions {
   tenants: TenantService;
@@ -222,10 +221,11 @@ export class E2bControlPlane {
   /** All children are made in one live fork (one fork point), so they succeed or fail together. */
   async fork(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const count = body.count === undefined || body.count === null ? 1 : body.count;
-    if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORK_COUNT) throw bad(`count must be a whole number from 1 to ${MAX_FORK_COUNT}.`);
+    const countProblem = forkCountProblem(count);
+    if (countProblem) throw bad(countProblem);
     const secs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const env = this.opts.env.get(id);
-    const children = await this.tenants.fork(scope, id, { count });
+    const children = await this.tenants.fork(scope, id, { count: count as number });
     const results = children.map((child) => {
       try {
         this.opts.env.set(child.id, env);

@@ -12,7 +12,7 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { execResultView, fileEntryView, sandboxView, templateView } from '../wire/views.js';
-import type { FileChange, WatchEndReason } from '../sandboxes/types.js';
+import { MAX_FORK_COUNT, type FileChange, type WatchEndReason } from '../sandboxes/types.js';
 
 export interface ToolContext {
   tenants: TenantService;
@@ -57,7 +57,7 @@ export const INPUTS = {
   }),
   fork_sandbox: z.strictObject({
     sandbox_id: sandboxId,
-    count: S.ForkRequest.shape.count.describe('Number of children, 1..64 (default 1). Each counts against your concurrency cap.'),
+    count: S.ForkRequest.shape.count.describe(`Number of children, 1..${MAX_FORK_COUNT} (default 1). Each counts against your concurrency cap.`),
     labels: S.ForkRequest.shape.labels.describe("Labels for the children, merged over the parent's."),
   }),
   suspend_sandbox: z.strictObject({ sandbox_id: sandboxId }),

@@ -18,7 +18,7 @@ import { attachDisk, attachMemory } from './forkReceivers.js';
 import type { Running } from './registry.js';
 import { endFork } from './delete.js';
 import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
-import type { ForkOptions, SandboxInfo, Scope } from './types.js';
+import { forkCountProblem, type ForkOptions, type SandboxInfo, type Scope } from './types.js';
 
 /**
  * Fork: a sandbox's memory and disk are frozen into a fork point (a RAM file, a device state and
@@ -59,7 +59,8 @@ interface Unowned {
 export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]> {
   ctx.assertOpen();
   const count = opts.count;
-  if (!Number.isInteger(count) || count < 1 || count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
+  const countProblem = forkCountProblem(count);
+  if (countProblem) throw new CollimateError('validation_error', countProblem);
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') runningFor(ctx, id, scope, 'fork');
   // The fork point's RAM file is at most the guest's memory.

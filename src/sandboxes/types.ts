@@ -322,3 +322,16 @@ export interface SandboxService extends ProcessService {
    */
   setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo;
 }
+
+/**
+ * The most children one fork makes, for every door (REST, MCP, E2B, the SDKs): one fork point
+ * feeds them all, and each is a VMM started at once.
+ */
+export const MAX_FORK_COUNT = 64;
+
+/** Why `count` is not a fork count, in words for any door; undefined when it is one. */
+export function forkCountProblem(count: unknown): string | undefined {
+  return typeof count === 'number' && Number.isInteger(count) && count >= 1 && count <= MAX_FORK_COUNT
+    ? undefined
+    : `count must be a whole number from 1 to ${MAX_FORK_COUNT}, not ${JSON.stringify(count) ?? String(count)}.`;
+}

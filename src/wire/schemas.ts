@@ -8,6 +8,7 @@
  */
 import { z } from 'zod';
 import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE } from '../sandboxes/exec.js';
+import { MAX_FORK_COUNT } from '../sandboxes/types.js';
 import { EGRESS_LIMITS, parseEgress } from '../net/policy.js';
 
 /** Metadata registry for the OpenAPI document: schemas with an `id` become components. */
@@ -233,7 +234,7 @@ export const ListSandboxesQuery = z.strictObject({
 export const ForkRequest = named(
   'ForkRequest',
   z.strictObject({
-    count: described(z.number().int().min(1).max(64), 'Number of children, 1..64 (default 1).').optional(),
+    count: described(z.number().int().min(1).max(MAX_FORK_COUNT), `Number of children, 1..${MAX_FORK_COUNT} (default 1).`).optional(),
     labels: described(Labels.optional(), "Labels for the children (default: the parent's labels)."),
   }),
 );

@@ -45,6 +45,7 @@ import type {
   WatchEndReason,
   WatchHandlers,
 } from '../../src/sandboxes/types.js';
+import { forkCountProblem } from '../../src/sandboxes/types.js';
 import { absoluteGuestPath, checkFsPath } from '../../src/sandboxes/files.js';
 
 interface Box {
@@ -279,7 +280,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const parent = this.find(id, scope);
     // A running parent keeps running, a suspended one stays suspended: its children run either way.
     if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
-    if (!Number.isInteger(opts.count) || opts.count < 1 || opts.count > 64) throw new CollimateError('validation_error', 'count must be an integer from 1 to 64.');
+    const countProblem = forkCountProblem(opts.count);
+    if (countProblem) throw new CollimateError('validation_error', countProblem);
     await sleep(this.opDelayMs);
     const tpl = CATALOG.find((t) => t.id === parent.template) ?? this.template(parent.template, { tenant: parent.tenant });
     const children: SandboxInfo[] = [];

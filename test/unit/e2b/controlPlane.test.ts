@@ -127,6 +127,21 @@ describe('e2b 2.51 fork', () => {
     }
     assert.equal(svc.get(parent.sandboxId).children.length, 2);
   });
+
+  it('takes the fork count limit every door has (64): 65 is a 400 from E2B\'s door with REST\'s words, before any child starts', async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const parent = await e2bNew.Sandbox.create('python', opts);
+    const fork = (count: number) => api.app.inject({ method: 'POST', url: `/e2b/api/sandboxes/${parent.sandboxId}/fork`, headers: { 'x-api-key': key, 'content-type': 'application/json' }, payload: JSON.stringify({ count }) });
+    const over = await fork(65);
+    assert.equal(over.statusCode, 400);
+    assert.equal(over.json().error_code, 'validation_error');
+    assert.equal(over.json().message, 'count must be a whole number from 1 to 64, not 65.');
+    assert.equal(svc.get(parent.sandboxId).children.length, 0);
+    const rest = await api.app.inject({ method: 'POST', url: `/v1/sandboxes/${parent.sandboxId}/fork`, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, payload: JSON.stringify({ count: 65 }) });
+    assert.equal(rest.statusCode, 400);
+    assert.match(rest.json().error.message, /count/);
+    await parent.kill();
+  });
 });
 
 describe('E2B-shaped requests the SDK never sends', () => {
