@@ -491,7 +491,7 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     // The hosts share the test's cache (layers, artifacts, RAM files); the puller gets a cache of its
     // own, hard-linked from it (the catalog's assets and artifacts, so it bakes nothing) but without
     // any image layer, and restarts on it.
-    const cache = mkdtempSync(join(dirname(TEST_CACHE), 'collimate-cluster-envs-'));
+    const cache = mkdtempSync(join(dirname(TEST_CACHE), 'cce-')); // short: VMM sockets go below it (config.ts)
     const ram = mkdtempSync('/dev/shm/collimate-cluster-envs-');
     scratch.push(cache, ram);
     execFileSync('cp', ['-al', join(TEST_CACHE, 'assets'), join(TEST_CACHE, 'artifacts'), cache]);

@@ -25,7 +25,7 @@ test('an artifact directory copied into another cache dir is found and used ther
   await assertNoLeaks(engineA, homeA);
 
   // The second host: its cache and RAM directory elsewhere (hard links need the test cache's file system).
-  const cacheB = mkdtempSync(join(dirname(TEST_CACHE), 'collimate-portable-'));
+  const cacheB = mkdtempSync(join(dirname(TEST_CACHE), 'cp-')); // short: VMM sockets go below it (config.ts)
   const ramB = mkdtempSync('/dev/shm/collimate-portable-');
   cleanup.push(cacheB, ramB);
   execFileSync('cp', ['-al', join(TEST_CACHE, 'assets'), join(cacheB, 'assets')]);

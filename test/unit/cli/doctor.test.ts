@@ -19,7 +19,8 @@ const MAIN = fileURLToPath(new URL('../../../src/cli/main.ts', import.meta.url))
 const hostEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('COLLIMATE_')));
 
 let dir: string;
-before(() => (dir = mkdtempSync(join(tmpdir(), 'collimate-doctor-'))));
+// Short: a home (the cache too, by default) must leave room for the VMM sockets below it (config.ts).
+before(() => (dir = mkdtempSync(join(tmpdir(), 'cd-'))));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 async function doctor(env: Record<string, string | undefined>, ...args: string[]) {
