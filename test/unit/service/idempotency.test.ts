@@ -56,6 +56,22 @@ describe('Idempotency-Key', () => {
     assertErrorBody(await f.req('forkSandbox', { url: `/v1/sandboxes/${s.id}/fork`, key, body: { count: 2 }, headers: { 'idempotency-key': 'fork-1' } }), 'idempotency_key_reused');
   });
 
+  test('resume is idempotent too, on one host as in cluster mode: a retried resume gets its answer, not invalid_state', async () => {
+    const s = (await create({ template: 'base' })).json();
+    await f.req('suspendSandbox', { url: `/v1/sandboxes/${s.id}/suspend`, key });
+    const n = f.svc.calls.filter((c) => c === 'resume').length;
+    const resume = (idem: string) => f.req('resumeSandbox', { url: `/v1/sandboxes/${s.id}/resume`, key, headers: { 'idempotency-key': idem } });
+    const r1 = await resume('resume-1');
+    const r2 = await resume('resume-1');
+    assert.equal(r1.statusCode, 200);
+    assert.equal(r2.statusCode, 200);
+    assert.equal(r2.body, r1.body);
+    assert.equal(r2.headers['idempotent-replayed'], 'true');
+    assert.equal(f.svc.calls.filter((c) => c === 'resume').length, n + 1);
+    // Without a key a second resume is what it always was.
+    assertErrorBody(await f.req('resumeSandbox', { url: `/v1/sandboxes/${s.id}/resume`, key }), 'invalid_state');
+  });
+
   test('concurrent duplicates wait for the first and get its response', async () => {
     const n = creates();
     const rs = await Promise.all(Array.from({ length: 10 }, () => create({ template: 'node' }, 'concurrent-1')));
