@@ -268,16 +268,6 @@ async function countTenants(dir: string): Promise<number> {
   }
 }
 
-/** How this server's VMMs are confined, for /healthz (docs/security.md). */
-async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cacheDir: string } }): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
-  if (!engine.cfg?.jail) return { enabled: false, reason: 'engine without VMM confinement' };
-  const { jailerFor, jailAvailability } = await import('../vmm/jail.js');
-  const j = await jailerFor(engine.cfg);
-  if (!j) return { enabled: false, reason: jailAvailability(engine.cfg.jail).reason };
-  const st = j.status();
-  return { enabled: true, cgroups: st.cgroups };
-}
-
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
 /**
@@ -403,7 +393,7 @@ async function serve(args: string[], io: Io): Promise<number> {
   const logLevel = values['log-level'] ?? io.env.COLLIMATE_LOG_LEVEL ?? 'info';
   if (!LOG_LEVELS.includes(logLevel)) throw new UsageError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, not ${JSON.stringify(logLevel)}`);
   const tls = tlsFiles(values['tls-cert'], values['tls-key']);
-  await import('../service/migrations.js'); // register the API's tables before the engine opens the db
+  await import('../service/migrations.js'); // register the API's tables before the tenant count is read
   // The accelerator policy is decided before anything is spawned.
   const { detectAccel } = await import('../vmm/accel.js');
   const accel = detectAccel(io.env);
@@ -423,93 +413,31 @@ async function serve(args: string[], io: Io): Promise<number> {
     return EXIT_TCG_REFUSED;
   }
   if (policy.banner) io.err(policy.banner);
-  const { buildServer } = await import('../api/server.js');
   // The engine module can be swapped for tests (COLLIMATE_ENGINE_MODULE, a path or URL).
   const override = io.env.COLLIMATE_ENGINE_MODULE;
-  const spec = override ? (override.includes(':') && !isAbsolute(override) ? override : pathToFileURL(resolve(override)).href) : '../sandboxes/engine.js';
-  const { Engine } = (await import(spec)) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
+  const engineModule = override ? (override.includes(':') && !isAbsolute(override) ? override : pathToFileURL(resolve(override)).href) : undefined;
   // Each line carries the time since `npm start` (scripts/start.sh) or since this command began.
   const t0 = startedAt(io.env);
-  const progress = (m: string) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`);
   io.err(`collimate: opening ${dir} and warming catalog templates (the first start with a cache builds them: base first, the others once serving)...\n`);
-  let engine: any;
+  const { startServer, StartError } = await import('../server/assemble.js');
+  let server: Awaited<ReturnType<typeof startServer>>;
   try {
-    engine = await Engine.open({ home: dir, progress, catalogInBackground: true });
+    server = await startServer({
+      home: dir, host, port, logLevel, tls, engineModule,
+      progress: (m) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`),
+      say: (line) => io.err(`${line}\n`),
+      ...(cluster ? { cluster: { url: cluster, shownUrl: redactUrl(cluster), advertise: advertise!, capacity, timings, secretsKey: clusterSecretsKey } } : {}),
+    });
   } catch (err) {
-    // A first start's failure (a download, a bake, a bad directory) ends in one line, not a stack.
-    io.err(`collimate: cannot start: ${(err as Error).message}\n`);
+    // A first start's failure (a download, a bake, a bad directory, the cluster) ends in one line, not a stack.
+    if (!(err instanceof StartError)) throw err;
+    io.err(`collimate: ${err.message}\n`);
     return 1;
   }
-  const confinement = await vmmConfinement(engine);
-  // Own images and environments: ready environments are registered with the engine again before
-  // the server listens (their artifacts are cached), interrupted bakes resume in the background.
-  const { ImageService } = await import('../images/service.js');
-  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: progress, clusterSecretsKey }) : undefined;
-  if (images) {
-    io.err(`collimate: restoring environments...\n`);
-    await images.restore();
-  }
-  let node: import('../cluster/node.js').ClusterNode | undefined;
-  if (cluster) {
-    const { ClusterNode } = await import('../cluster/node.js');
-    io.err(`collimate: joining the cluster at ${redactUrl(cluster)} as ${advertise} (capacity ${capacity})...\n`);
-    try {
-      node = await ClusterNode.join({ url: cluster, advertise: advertise!, capacity, home: dir, ...(timings ? { timings } : {}), log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }, engine);
-    } catch (err) {
-      io.err(`collimate: cannot join the cluster: ${(err as Error).message}\n`);
-      await images?.close();
-      await engine.close();
-      return 1;
-    }
-  }
-  // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
-  const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, { url: cluster!, log: (err, msg) => io.err(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}\n`) }) : undefined;
-  const { TenantService } = await import('../service/tenantService.js');
-  const tenants = new TenantService({ engine, images, db: engine.db, ...(node && views ? { keys: node.keyCache(engine.db), sandboxEvents: views.sandboxEvents } : {}) });
-  if (node) tenants.signer.useKey((await import('../api/clusterDoors.js')).clusterSigningKey(node.secret));
-  const { serverLoggerOptions } = await import('../api/logging.js');
-  const front = node ? await import('../api/clusterFront.js') : undefined;
-  const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
-  // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
-  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
-  const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
-  // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
-  const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
-  const api = await buildServer({
-    tenants,
-    logger: serverLoggerOptions(logLevel),
-    tls,
-    ...(node && front && upgrades
-      ? {
-        beforeRoutes: (app: import('fastify').FastifyInstance) => {
-          front.registerClusterFront(app, node!, tenants, views?.usage, envs);
-          blobs?.register(app);
-          // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
-          if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
-          app.addHook('preClose', async () => upgrades.closeAll());
-        },
-        interceptUpgrade: upgrades.intercept,
-      }
-      : {}),
-    health: () => ({
-      ready: engine.isReady(),
-      accel: engine.accel,
-      mode: engine.accel === 'kvm' ? 'production' : 'development',
-      ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
-      confinement,
-      network: engine.networkStatus(),
-      ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
-      // Catalog templates a first start still builds after it began serving (creates of them: 503 template_not_ready).
-      ...(typeof engine.catalogStatus === 'function' ? { catalog: engine.catalogStatus() } : {}),
-      ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
-      ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
-    }),
-  });
-  const address = await api.app.listen({ host, port });
-  const stillBuilding = Object.keys(typeof engine.catalogStatus === 'function' ? engine.catalogStatus().building : {});
+  const { address, engine, node, api } = server;
+  const stillBuilding = server.stillBuilding();
   io.err(`collimate serving ${address} (home ${dir}, accel ${engine.accel}${node ? `, cluster host ${node.hostId}` : ''}) after ${elapsed(t0)}${io.env.COLLIMATE_STARTED_AT_MS ? ' in all (set-up included)' : ''}` +
     `${stillBuilding.length ? `; still building ${stillBuilding.join(', ')} in the background (GET /healthz: catalog.building)` : ''}\n`);
-  api.app.log.info({ event: 'serving', address, home: dir, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: tls !== undefined, confinement: confinement.enabled }, 'serving');
   await new Promise<void>((done) => {
     let stopping = false;
     const stop = async (signal: string) => {
@@ -521,15 +449,7 @@ async function serve(args: string[], io: Io): Promise<number> {
       io.err(`${signal}: draining requests, then closing (VMs are left running for re-adoption)\n`);
       api.app.log.info({ event: 'stopping', signal }, 'draining requests, then closing; VMs are left running for re-adoption');
       try {
-        await api.shutdown();
-        blobs?.stop();
-        envs?.stop();
-        await envs?.flushed();
-        await views?.stop();
-        await node?.leave();
-        tenants.close();
-        await images?.close();
-        await engine.close();
+        await server.stop();
         api.app.log.info({ event: 'stopped', signal }, 'stopped');
       } catch (err) {
         api.app.log.error({ err, event: 'stopped', signal }, 'stopping failed');

@@ -85,6 +85,9 @@ test('layering: front doors reach the core through the tenant service; low folde
   for (const core of ['sandboxes', 'images', 'service', 'wire']) {
     for (const door of ['api', 'mcp', 'e2b', 'cli']) assert.ok(!imports(core).includes(door), `${core}/ imports ${door}/`);
   }
+  // server/ assembles the server (config in, a listening server out); only the command line starts it.
+  for (const [folder] of g) if (folder !== 'cli') assert.ok(!imports(folder).includes('server'), `${folder}/ imports server/`);
+  assert.ok(imports('cli').includes('server'), 'serve starts the server through server/');
 });
 
 test('the REST server only translates: no views, no tenant policy, no Fastify below the front doors', () => {
@@ -97,7 +100,7 @@ test('the REST server only translates: no views, no tenant policy, no Fastify be
   }
   for (const file of sources(SRC)) {
     const folder = folderOf(file);
-    if (['api', 'mcp', 'cli', 'e2b'].includes(folder)) continue; // the front doors (e2b: E2B's API and envd)
+    if (['api', 'mcp', 'cli', 'e2b', 'server'].includes(folder)) continue; // the front doors (e2b: E2B's API and envd), and server/ that assembles them
     assert.ok(!/from 'fastify'/.test(readFileSync(file, 'utf8')), `${relative(SRC, file)} imports fastify`);
   }
 });

@@ -1,0 +1,158 @@
+/**
+ * The server assembled: configuration in, a listening server out. The engine (or a stand-in
+ * module), the image service, in cluster mode the host's membership with its views, blobs, moves
+ * and environments, the tenant service, and the REST server with its other doors, started in that
+ * order and stopped in the reverse one. `collimate serve` parses its arguments, applies the
+ * accelerator policy and calls this; nothing here reads argv or the process environment.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { ApiServer } from '../api/server.js';
+import type { ClusterNode } from '../cluster/node.js';
+import type { TenantService } from '../service/tenantService.js';
+
+export interface ServerConfig {
+  home: string;
+  host: string;
+  port: number;
+  logLevel: string;
+  tls?: { cert: Buffer; key: Buffer };
+  /** The engine module (a path or URL resolved by the caller); default src/sandboxes/engine.ts. */
+  engineModule?: string;
+  /** Progress lines of the engine's first start and of environments' restore. */
+  progress: (m: string) => void;
+  /** Status lines, whole ("collimate: joining the cluster…", a cluster host's warnings), without the newline. */
+  say: (line: string) => void;
+  /** Cluster mode: the database, this host's advertised address and capacity, its timings and secrets key. */
+  cluster?: {
+    url: string;
+    /** The URL without its password, for messages. */
+    shownUrl: string;
+    advertise: string;
+    capacity: number;
+    timings?: { heartbeatMs: number; leaseMs: number; deadAfterMs: number };
+    secretsKey?: Buffer;
+  };
+}
+
+export interface RunningServer {
+  address: string;
+  /** The engine as opened (the real one or the module's stand-in). */
+  engine: any;
+  tenants: TenantService;
+  api: ApiServer;
+  node?: ClusterNode;
+  /** Catalog templates still being built in the background. */
+  stillBuilding(): string[];
+  /** Drains requests, then stops every part (VMs are left running for re-adoption). */
+  stop(): Promise<void>;
+}
+
+/** Why a start failed at a step the operator can act on (one line, no stack). */
+export class StartError extends Error {}
+
+/** How this server's VMMs are confined, for /healthz (docs/security.md). */
+async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cacheDir: string } }): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
+  if (!engine.cfg?.jail) return { enabled: false, reason: 'engine without VMM confinement' };
+  const { jailerFor, jailAvailability } = await import('../vmm/jail.js');
+  const j = await jailerFor(engine.cfg);
+  if (!j) return { enabled: false, reason: jailAvailability(engine.cfg.jail).reason };
+  return { enabled: true, cgroups: j.status().cgroups };
+}
+
+export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
+  await import('../service/migrations.js'); // register the API's tables before the engine opens the db
+  const { buildServer } = await import('../api/server.js');
+  const { Engine } = (await import(cfg.engineModule ?? '../sandboxes/engine.js')) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
+  let engine: any;
+  try {
+    // The first start with an empty cache builds base first and the other catalog templates once serving.
+    engine = await Engine.open({ home: cfg.home, progress: cfg.progress, catalogInBackground: true });
+  } catch (err) {
+    throw new StartError(`cannot start: ${(err as Error).message}`);
+  }
+  const confinement = await vmmConfinement(engine);
+  // Own images and environments: ready environments are registered with the engine again before
+  // the server listens (their artifacts are cached), interrupted bakes resume in the background.
+  const { ImageService } = await import('../images/service.js');
+  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: cfg.progress, clusterSecretsKey: cfg.cluster?.secretsKey }) : undefined;
+  if (images) {
+    cfg.say('collimate: restoring environments...');
+    await images.restore();
+  }
+  const c = cfg.cluster;
+  const clusterLog = (err: unknown, msg: string) => cfg.say(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}`);
+  let node: ClusterNode | undefined;
+  if (c) {
+    const { ClusterNode } = await import('../cluster/node.js');
+    cfg.say(`collimate: joining the cluster at ${c.shownUrl} as ${c.advertise} (capacity ${c.capacity})...`);
+    try {
+      node = await ClusterNode.join({ url: c.url, advertise: c.advertise, capacity: c.capacity, home: cfg.home, ...(c.timings ? { timings: c.timings } : {}), log: clusterLog }, engine);
+    } catch (err) {
+      await images?.close();
+      await engine.close();
+      throw new StartError(`cannot join the cluster: ${(err as Error).message}`);
+    }
+  }
+  // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
+  const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, { url: c!.url, log: clusterLog }) : undefined;
+  const { TenantService } = await import('../service/tenantService.js');
+  const tenants = new TenantService({ engine, images, db: engine.db, ...(node && views ? { keys: node.keyCache(engine.db), sandboxEvents: views.sandboxEvents } : {}) });
+  if (node) tenants.signer.useKey((await import('../api/clusterDoors.js')).clusterSigningKey(node.secret));
+  const { serverLoggerOptions } = await import('../api/logging.js');
+  const front = node ? await import('../api/clusterFront.js') : undefined;
+  const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
+  // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
+  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
+  const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
+  // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
+  const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
+  const catalogStatus = (): { building: Record<string, unknown>; failed: Record<string, string> } | undefined =>
+    typeof engine.catalogStatus === 'function' ? engine.catalogStatus() : undefined;
+  const api = await buildServer({
+    tenants,
+    logger: serverLoggerOptions(cfg.logLevel),
+    tls: cfg.tls,
+    ...(node && front && upgrades
+      ? {
+        beforeRoutes: (app: FastifyInstance) => {
+          front.registerClusterFront(app, node!, tenants, views?.usage, envs);
+          blobs?.register(app);
+          // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
+          if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
+          app.addHook('preClose', async () => upgrades.closeAll());
+        },
+        interceptUpgrade: upgrades.intercept,
+      }
+      : {}),
+    health: () => ({
+      ready: engine.isReady(),
+      accel: engine.accel,
+      mode: engine.accel === 'kvm' ? 'production' : 'development',
+      ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
+      confinement,
+      network: engine.networkStatus(),
+      ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
+      ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
+      // Catalog templates a first start still builds after it began serving (creates of them: 503 template_not_ready).
+      ...(catalogStatus() ? { catalog: catalogStatus() as { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } } : {}),
+      ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
+    }),
+  });
+  const address = await api.app.listen({ host: cfg.host, port: cfg.port });
+  api.app.log.info({ event: 'serving', address, home: cfg.home, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: cfg.tls !== undefined, confinement: confinement.enabled }, 'serving');
+  return {
+    address, engine, tenants, api, node,
+    stillBuilding: () => Object.keys(catalogStatus()?.building ?? {}),
+    async stop() {
+      await api.shutdown();
+      blobs?.stop();
+      envs?.stop();
+      await envs?.flushed();
+      await views?.stop();
+      await node?.leave();
+      tenants.close();
+      await images?.close();
+      await engine.close();
+    },
+  };
+}
