@@ -107,7 +107,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     connectionsCheckingInterval: Math.max(50, Math.min(30_000, Math.floor(requestTimeout / 4))),
     headersTimeout: Math.min(60_000, requestTimeout),
   };
-  const engine = tenants.engine as { isReady?: () => boolean; accel?: string };
+  const engine = tenants.engine;
   const health: () => HealthInfo =
     opts.health ?? (() => ({ ready: typeof engine.isReady === 'function' ? engine.isReady() : true, accel: engine.accel ?? 'unknown' }));
 

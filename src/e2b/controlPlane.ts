@@ -264,7 +264,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   const plane = new E2bControlPlane(opts);
   const { tenants } = opts;
   // A sandbox deleted by any front door, the reaper or its VM's death takes its envVars with it.
-  const engine = tenants.engine as unknown as { on?: (e: string, f: (ev: SandboxTransition) => void) => void; off?: (e: string, f: (ev: SandboxTransition) => void) => void };
+  const engine = tenants.engine;
   const onTransition = (ev: SandboxTransition) => {
     if (ev.op === 'delete' || ev.op === 'lost') opts.env.forget(ev.id);
   };

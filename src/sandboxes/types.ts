@@ -8,6 +8,8 @@ import type { EgressPolicy } from '../net/policy.js';
 import type { OpenPort } from '../net/ports.js';
 import type { TemplateInfo } from '../images/templates.js';
 import type { ProcessEvent, ProcessInfo } from './processes.js';
+import type { CapacityStatus } from './hostCapacity.js';
+import type { PhaseReport } from './phases.js';
 
 export type { EgressInput, EgressPolicy } from '../net/policy.js';
 export type { OpenPort } from '../net/ports.js';
@@ -335,3 +337,37 @@ export function forkCountProblem(count: unknown): string | undefined {
     ? undefined
     : `count must be a whole number from 1 to ${MAX_FORK_COUNT}, not ${JSON.stringify(count) ?? String(count)}.`;
 }
+
+/**
+ * What a host's engine reports beside the sandbox operations (metrics, /healthz, live stats) and the
+ * events it emits. Every member is optional: the real engine has them all, a fake or a client of a
+ * remote host has those it can answer, and the tenant service reports what is there.
+ */
+export interface HostReadings {
+  isReady?(): boolean;
+  accel?: string;
+  /** Guest restores in this process, by whether the guest acknowledged. */
+  restoreCounts?(): { acknowledged: number; unacknowledged: number };
+  /** Warm pool sizes by template. */
+  poolSizes?(): Record<string, number>;
+  /** Every pool: VMMs ready, the size it holds and why, creates served from it and not. */
+  poolStatus?(): Record<string, { ready: number; target: number; reason: string; hits: number; misses: number }>;
+  /** The host's budgets for admission and what is used of them. */
+  capacity?(): CapacityStatus;
+  /** Sandboxes paused for being quiescent: now, and pauses and wake-ups since start. */
+  idlePauses?(): { pausedNow: number; paused: number; woken: number };
+  /** VMMs spawned ahead of forks, ready and wanted, by artifact. */
+  forkReceiverSizes?(): Record<string, { ready: number; target: number }>;
+  /** CPU seconds so far and resident memory of these sandboxes' VMMs (those running in this process). */
+  vmmUsage?(ids: readonly string[]): Map<string, { cpuSecs: number; rssBytes: number }>;
+  /** Whether sandboxes get a network, and why not. */
+  networkStatus?(): { enabled: boolean; reason?: string };
+  /** `transition` for every acknowledged state change, `phases` for each timed lifecycle operation. */
+  on?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
+  on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
+  off?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
+  off?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
+}
+
+/** The engine as the tenant service uses it: the sandbox operations and the readings it can give. */
+export type ServiceEngine = SandboxService & HostReadings;

@@ -23,7 +23,7 @@ import type { PhaseReport } from '../sandboxes/phases.js';
 import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
-  SandboxInfo, SandboxService, SandboxTransition, TemplateInfo,
+  SandboxInfo, SandboxTransition, ServiceEngine, TemplateInfo,
   DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
@@ -77,7 +77,7 @@ export interface ResolvedPort {
 }
 
 export interface TenantServiceOptions {
-  engine: SandboxService;
+  engine: ServiceEngine;
   /** The database of keys, idempotency records and usage (the engine's own in production). */
   db: Db;
   /** Own images and environments; without it those calls answer not_found. */
@@ -104,10 +104,8 @@ export interface TenantServiceOptions {
 }
 
 type Transition = { id: string; state: string; snapshotBytes?: number };
-type Emitter = { on?: (e: string, f: (ev: never) => void) => unknown; off?: (e: string, f: (ev: never) => void) => unknown };
-
 export class TenantService {
-  readonly engine: SandboxService;
+  readonly engine: ServiceEngine;
   readonly keys: KeyStore;
   readonly admission: Admission;
   readonly idempotency: IdempotencyStore;
@@ -175,38 +173,33 @@ export class TenantService {
       for (const [phase, ms] of Object.entries(r.phases)) phaseSeconds.observe(ms / 1000, { op: r.op, phase });
       phaseSeconds.observe(r.totalMs / 1000, { op: r.op, phase: 'total' });
     };
-    const restores = this.engine as { restoreCounts?: () => { acknowledged: number; unacknowledged: number } };
     this.metrics.register(
       new Gauge('collimate_restores_total', 'Guest restores (creates, fork children, resumes, warm-pool refills) by whether the guest acknowledged; an unacknowledged one is retried with a fresh VMM where it can be.', () => {
-        const c = restores.restoreCounts?.();
+        const c = this.engine.restoreCounts?.();
         return c ? [{ labels: { outcome: 'acknowledged' }, value: c.acknowledged }, { labels: { outcome: 'unacknowledged' }, value: c.unacknowledged }] : [];
       }),
     );
-    const pools = this.engine as { poolSizes?: () => Record<string, number> };
     this.metrics.register(
       new Gauge('collimate_pool_size', 'Warm pool size by template (when the engine reports it).', () =>
-        typeof pools.poolSizes === 'function' ? Object.entries(pools.poolSizes()).map(([template, value]) => ({ labels: { template }, value })) : [],
+        Object.entries(this.engine.poolSizes?.() ?? {}).map(([template, value]) => ({ labels: { template }, value })),
       ),
     );
 
-    const status = this.engine as { poolStatus?: () => Record<string, { ready: number; target: number; hits: number; misses: number }> };
     this.metrics.register(
       new Gauge('collimate_pool_target', 'The size each warm pool holds now (it follows demand: the largest burst of creates since it was last idle, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB; /healthz says why).', () =>
-        typeof status.poolStatus === 'function' ? Object.entries(status.poolStatus()).map(([template, s]) => ({ labels: { template }, value: s.target })) : [],
+        Object.entries(this.engine.poolStatus?.() ?? {}).map(([template, s]) => ({ labels: { template }, value: s.target })),
       ),
     );
     this.metrics.register(
       new Gauge('collimate_pool_takes_total', 'Creates by template: served by a warm VMM (hit) or made on the create path (miss).', () =>
-        typeof status.poolStatus === 'function'
-          ? Object.entries(status.poolStatus()).flatMap(([template, s]) => [
-            { labels: { template, outcome: 'hit' }, value: s.hits },
-            { labels: { template, outcome: 'miss' }, value: s.misses },
-          ])
-          : [],
+        Object.entries(this.engine.poolStatus?.() ?? {}).flatMap(([template, s]) => [
+          { labels: { template, outcome: 'hit' }, value: s.hits },
+          { labels: { template, outcome: 'miss' }, value: s.misses },
+        ]),
       ),
     );
-    const host = this.engine as { capacity?: () => CapacityStatus };
-    if (typeof host.capacity === 'function') {
+    const host = this.engine;
+    if (host.capacity) {
       const cap = () => host.capacity!();
       this.metrics.register(
         new Gauge('collimate_host_memory_bytes', 'Host memory for admission: available (MemAvailable), reserve (COLLIMATE_HOST_MEMORY_RESERVE_MIB), committed (guest memory of running sandboxes), limit (COLLIMATE_HOST_MEMORY_MIB, when set).', () => {
@@ -251,8 +244,8 @@ export class TenantService {
           Object.entries(cap().refusals).map(([resource, value]) => ({ labels: { resource }, value }))),
       );
     }
-    const idle = this.engine as { idlePauses?: () => { pausedNow: number; paused: number; woken: number } };
-    if (typeof idle.idlePauses === 'function') {
+    const idle = this.engine;
+    if (idle.idlePauses) {
       this.metrics.register(
         new Gauge('collimate_idle_paused', 'Sandboxes paused by the host for being quiescent (COLLIMATE_IDLE_PAUSE_SECS): paused now, and pauses and wake-ups since start.', () => {
           const c = idle.idlePauses!();
@@ -260,27 +253,24 @@ export class TenantService {
         }),
       );
     }
-    const receivers = this.engine as { forkReceiverSizes?: () => Record<string, { ready: number; target: number }> };
     this.metrics.register(
       new Gauge('collimate_fork_receivers', 'VMMs spawned ahead of forks by artifact: ready now, and the number the pool keeps (the largest recent fork, capped by COLLIMATE_FORK_POOL_MAX).', () =>
-        typeof receivers.forkReceiverSizes === 'function'
-          ? Object.entries(receivers.forkReceiverSizes()).flatMap(([artifact, s]) => [
-            { labels: { artifact: artifact.slice(0, 12), kind: 'ready' }, value: s.ready },
-            { labels: { artifact: artifact.slice(0, 12), kind: 'target' }, value: s.target },
-          ])
-          : [],
+        Object.entries(this.engine.forkReceiverSizes?.() ?? {}).flatMap(([artifact, s]) => [
+          { labels: { artifact: artifact.slice(0, 12), kind: 'ready' }, value: s.ready },
+          { labels: { artifact: artifact.slice(0, 12), kind: 'target' }, value: s.target },
+        ]),
       ),
     );
 
     // The engine emits a `transition` for every acknowledged state change, the reaper's included;
     // metering from those is exact. Without events the reconcile timer catches up.
-    const emitter = this.engine as unknown as Emitter;
-    if (typeof emitter.on === 'function') {
+    const emitter = this.engine;
+    if (emitter.on) {
       emitter.on('transition', this.onTransition);
       emitter.on('phases', this.onPhases);
     }
     this.reconcile();
-    const period = opts.reconcileIntervalMs ?? (typeof emitter.on === 'function' ? 60_000 : 10_000);
+    const period = opts.reconcileIntervalMs ?? (emitter.on ? 60_000 : 10_000);
     if (period > 0) this.timers.push(setInterval(() => this.reconcile(), period));
     this.timers.push(setInterval(() => this.idempotency.prune(), 60 * 60 * 1000));
     this.timers.forEach((t) => t.unref());
@@ -324,8 +314,8 @@ export class TenantService {
    * started a new VMM). An engine that cannot tell (a fake) reports none.
    */
   liveStats(scope: Scope): Array<{ id: string; cpuPercent: number | null; memoryMib: number }> {
-    const engine = this.engine as { vmmUsage?: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> };
-    if (typeof engine.vmmUsage !== 'function') return [];
+    const engine = this.engine;
+    if (!engine.vmmUsage) return [];
     const running = this.engine.list({ state: 'running', limit: 1000 }, scope).sandboxes.filter((s) => s.tenant === scope.tenant);
     const usage = engine.vmmUsage(running.map((s) => s.id));
     const now = this.now();
@@ -794,8 +784,8 @@ export class TenantService {
     if (this.closed) return;
     this.closed = true;
     this.timers.forEach(clearInterval);
-    const emitter = this.engine as unknown as Emitter;
-    if (typeof emitter.off === 'function') {
+    const emitter = this.engine;
+    if (emitter.off) {
       emitter.off('transition', this.onTransition);
       emitter.off('phases', this.onPhases);
     }
@@ -821,7 +811,7 @@ export class TenantService {
   }
 
   private networkReason(): string {
-    const net = (this.engine as { networkStatus?: () => { enabled: boolean; reason?: string } }).networkStatus?.();
+    const net = this.engine.networkStatus?.();
     return net?.reason ?? (net?.enabled ? "its template was baked without a network" : 'networking is off');
   }
 

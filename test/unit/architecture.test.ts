@@ -104,3 +104,11 @@ test('the REST server only translates: no views, no tenant policy, no Fastify be
     assert.ok(!/from 'fastify'/.test(readFileSync(file, 'utf8')), `${relative(SRC, file)} imports fastify`);
   }
 });
+
+test("the engine's surface is declared, not cast: no source reaches it through `as { … }`", () => {
+  // What the service and the doors use of the engine is SandboxService & HostReadings (sandboxes/types.ts).
+  for (const file of sources(SRC)) {
+    const casts = readFileSync(file, 'utf8').match(/\bengine\s+as\s+(unknown\s+as\s+)?\{[^}]*\}/g) ?? [];
+    assert.deepEqual(casts, [], `${relative(SRC, file)} casts the engine`);
+  }
+});
