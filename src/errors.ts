@@ -75,6 +75,11 @@ export class CollimateError extends Error {
     this.details = opts.details;
   }
 
+  /** The HTTP headers every door sends with this error, whatever the shape of its body: Retry-After for now. */
+  headers(): Record<string, string> {
+    return this.retryAfterSecs !== undefined ? { 'retry-after': String(this.retryAfterSecs) } : {};
+  }
+
   toJSON(): { error: { code: ErrorCode; message: string } & Record<string, unknown> } {
     return { error: { code: this.code, message: this.message, ...(this.details ?? {}) } };
   }

@@ -14,6 +14,9 @@ import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
 import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
+import { bearerKey } from '../service/keys.js';
+
+export { bearerKey };
 
 export interface Ctx<K extends BoundOperationId> {
   /** The caller's scope (routes without auth have none). */
@@ -36,17 +39,13 @@ export interface BindOptions {
   maxFileBytes: number;
 }
 
+
 const JSON_CT = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
 
-/** The API key of a request's `Authorization: Bearer` header, if it has one. */
-export function bearerKey(authorization: string | undefined): string | undefined {
-  const m = typeof authorization === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(authorization) : null;
-  return m?.[1];
-}
 
 export function sendError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;
-  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.headers(err.headers());
   reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
 }
 

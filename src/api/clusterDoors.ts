@@ -194,7 +194,7 @@ function proxyFail(reply: FastifyReply, err: CollimateError): void {
 
 /** envd's plain-HTTP error body (envd.ts answers its own the same way). */
 function envdFail(reply: FastifyReply, err: CollimateError): void {
-  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.headers(err.headers());
   reply.code(err.status).type('application/json').send({ code: err.status, message: err.message });
 }
 

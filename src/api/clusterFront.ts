@@ -403,7 +403,7 @@ interface Buffered {
 function finalOf(r: Buffered): Buffered {
   if (r.unreachable !== undefined) {
     const err = hostUnavailable(`No host the cluster chose could be reached (last: ${r.unreachable})`);
-    return { status: err.status, headers: ['content-type', 'application/json; charset=utf-8', 'retry-after', '5'], body: Buffer.from(JSON.stringify(err.toJSON())), refused: true };
+    return { status: err.status, headers: ['content-type', 'application/json; charset=utf-8', ...Object.entries(err.headers()).flat()], body: Buffer.from(JSON.stringify(err.toJSON())), refused: true };
   }
   return r;
 }

@@ -19,6 +19,7 @@ import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { PortTarget } from '../sandboxes/types.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
+import { bearerKey } from '../service/keys.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
 import { isTerminalPath, type TerminalBridge } from './terminal.js';
@@ -121,10 +122,6 @@ function decodeSafe(s: string): string {
   }
 }
 
-function bearerOf(headers: IncomingHttpHeaders): string | undefined {
-  const m = /^Bearer\s+(\S+)\s*$/i.exec(headers.authorization ?? '');
-  return m?.[1];
-}
 
 /**
  * Authenticates and resolves a proxy request to its target. Throws the API's errors: 401 without a
@@ -140,7 +137,7 @@ function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: Incoming
     const hasKey = headers.authorization !== undefined;
     const scope = !hasKey && typeof traffic === 'string' ? opts.tenants.sandboxScope(id, traffic) : opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    return { ...opts.tenants.portTarget(scope, id, parsePort(p.port)), ...splitUrl(rawUrl, 5), key: bearerOf(headers) };
+    return { ...opts.tenants.portTarget(scope, id, parsePort(p.port)), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
   }
   return { ...opts.tenants.signedPortTarget(p.token), ...splitUrl(rawUrl, 3) };
 }
@@ -219,8 +216,7 @@ function upstreamError(err: NodeJS.ErrnoException, route: Route): CollimateError
 }
 
 function errorHead(err: CollimateError): { status: number; headers: Record<string, string>; body: string } {
-  const headers: Record<string, string> = { 'content-type': 'application/json; charset=utf-8', [PROXY_ERROR_HEADER]: err.code };
-  if (err.retryAfterSecs !== undefined) headers['retry-after'] = String(err.retryAfterSecs);
+  const headers: Record<string, string> = { 'content-type': 'application/json; charset=utf-8', [PROXY_ERROR_HEADER]: err.code, ...err.headers() };
   return { status: err.status, headers, body: JSON.stringify(err.toJSON()) };
 }
 

@@ -12,6 +12,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
+import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
@@ -31,7 +32,7 @@ export interface E2bControlPlaneOptions {
 /** E2B's error body: the HTTP status as `code`, and our stable code beside it as `error_code`. */
 export function sendE2bError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;
-  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.headers(err.headers());
   reply.code(err.status).type('application/json; charset=utf-8').send({ code: err.status, message: err.message, error_code: err.code });
 }
 
@@ -280,7 +281,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
       handler: async (req, reply) => {
         try {
           const header = req.headers['x-api-key'];
-          const bearer = /^Bearer\s+(\S+)\s*$/i.exec(String(req.headers.authorization ?? ''))?.[1];
+          const bearer = bearerKey(req.headers.authorization);
           const key = (Array.isArray(header) ? header[0] : header) ?? bearer;
           const scope = tenants.authenticate(key);
           const out = await handle(scope, req, reply);

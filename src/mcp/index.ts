@@ -37,7 +37,7 @@ const INSTRUCTIONS =
 
 function sendError(reply: FastifyReply, err: CollimateError, headers: Record<string, string> = {}): void {
   for (const [k, v] of Object.entries(headers)) reply.header(k, v);
-  if (err.retryAfterSecs !== undefined) reply.header('retry-after', String(err.retryAfterSecs));
+  reply.headers(err.headers());
   reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
 }
 

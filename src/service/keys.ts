@@ -61,6 +61,12 @@ function randomBase62(n: number): string {
 }
 
 /** A new API key (shown once; only its hash is kept). */
+/** The API key of an `Authorization: Bearer <key>` header, if it is one (every door reads keys so). */
+export function bearerKey(authorization: string | string[] | undefined): string | undefined {
+  const m = typeof authorization === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(authorization) : null;
+  return m?.[1];
+}
+
 export function newApiKey(): string {
   return KEY_PREFIX + randomBase62(KEY_BODY_LEN);
 }

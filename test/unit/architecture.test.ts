@@ -112,3 +112,10 @@ test("the engine's surface is declared, not cast: no source reaches it through `
     assert.deepEqual(casts, [], `${relative(SRC, file)} casts the engine`);
   }
 });
+
+test('which headers an error carries is decided in one place (CollimateError.headers), not by each door', () => {
+  for (const file of sources(SRC)) {
+    if (['errors.ts', join('api', 'openapi.ts')].includes(relative(SRC, file))) continue; // the rule, and its documentation
+    assert.ok(!/['"]retry-after['"]/i.test(readFileSync(file, 'utf8')), `${relative(SRC, file)} writes Retry-After itself`);
+  }
+});
