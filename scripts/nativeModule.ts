@@ -83,7 +83,9 @@ export function nodeGypBuilder(opts: { node: string; nodedir: string; gyp: strin
     if (r.status !== 0) {
       const log = `${r.stdout}\n${r.stderr}`.trim().split('\n');
       opts.log(log.slice(-40).join('\n'));
-      const cause = log.reverse().find((l) => /error|not found|No such file|cannot/i.test(l) && !/^gyp ERR! (cwd|node -v|node-gyp -v|System|command|not ok)/.test(l)) ?? `exit ${r.status}`;
+      // The cause is gyp's own complaint ("gyp: …") or the compiler's first error, not node-gyp's summary after it.
+      const cause = log.find((l) => /^gyp: /.test(l)) ?? log.find((l) => /\berror:|fatal error|No such file/i.test(l) && !/^gyp (ERR|info)/.test(l))
+        ?? log.reverse().find((l) => /^gyp ERR! /.test(l) && !/^gyp ERR! (cwd|node -v|node-gyp -v|System|command|not ok|stack +at)/.test(l)) ?? `exit ${r.status}`;
       throw new Error(`node-gyp rebuild failed: ${cause.trim()}`);
     }
   };
