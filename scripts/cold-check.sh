@@ -2,8 +2,8 @@
 # The newcomer's run: the README's two commands the way someone who has never run Collimate runs
 # them, timed step by step. A warm cache hides missing steps; this run has none of ours:
 #   - a fresh clone of the commit under test (HEAD, or --ref REF): committed work only;
-#   - an empty data directory (COLLIMATE_HOME) for `npm start`, an empty cache directory
-#     (COLLIMATE_CACHE_DIR) for `npm test`, and no node_modules;
+#   - an empty data directory (COLLIMATE_HOME, which holds its cache) for `npm start`, an empty
+#     cache directory (COLLIMATE_CACHE_DIR) for `npm test`, and no node_modules;
 #   - the machine's own npm configuration (~/.npmrc, e.g. nodedir=/usr): nothing npm_config_* is
 #     set or cleared here, so a script that depends on it is caught.
 # Debian packages are the machine's (set-up installs what is missing, and says how long it took).
@@ -38,13 +38,22 @@ mkdir -p "$base"
 # Short: VMM sockets live under the cache and the home, and a Unix socket path has 107 bytes at most.
 run=$(mktemp -d /tmp/cc-XXXXXX)
 clone="$run/clone"
-export COLLIMATE_HOME="$run/home"
-export COLLIMATE_CACHE_DIR="$run/cache"
+# As a newcomer's: `npm start` keeps its cache in its home (no COLLIMATE_CACHE_DIR), and `npm test`
+# its own in COLLIMATE_CACHE_DIR, so neither warms the other's.
+unset COLLIMATE_CACHE_DIR COLLIMATE_HOME
+home="$run/home"
+cache="$run/cache"
 out=${COLD_CHECK_OUT:-$base/summary-$(date -u +%Y%m%dT%H%M%SZ).md}
 server_pid=
 cleanup() {
   if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then kill -TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  if [ "$keep" = no ]; then rm -rf "$run"; else echo "cold-check: kept $run" >&2; fi
+  if [ "$keep" = no ]; then
+    # The RAM files of its templates and sandboxes sit on tmpfs, named after the directory (config.ts).
+    for d in "$home" "$cache"; do rm -rf "/dev/shm/collimate-$(printf '%s' "$d" | sha256sum | cut -c1-12)"; done
+    rm -rf "$run"
+  else
+    echo "cold-check: kept $run" >&2
+  fi
 }
 trap cleanup EXIT
 
@@ -65,7 +74,7 @@ cd "$clone"
 log="$run/start.log"
 t0=$(now)
 # Each line stamped with the ms since npm start began, as it arrives.
-( npm start -- --port "$port" 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$(($(date +%s%3N) - t0))" "$line"; done ) >"$log" &
+( COLLIMATE_HOME="$home" npm start -- --port "$port" 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$(($(date +%s%3N) - t0))" "$line"; done ) >"$log" &
 server_pid=$!
 serving_ms=
 while kill -0 "$server_pid" 2>/dev/null; do
@@ -105,7 +114,7 @@ if [ "$start_only" = no ]; then
   tlog="$run/test.log"
   t0=$(now)
   set +e
-  CI=true npm test 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$(($(date +%s%3N) - t0))" "$line"; done >"$tlog"
+  CI=true COLLIMATE_CACHE_DIR="$cache" npm test 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$(($(date +%s%3N) - t0))" "$line"; done >"$tlog"
   status=${PIPESTATUS[0]}
   set -e
   total=$(($(now) - t0))
