@@ -36,7 +36,7 @@ import { collectArtifactRam } from '../images/artifactGc.js';
 import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
 import type {
-  SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
+  CatalogStatus, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from './types.js';
 
@@ -259,7 +259,7 @@ export class Engine extends EventEmitter implements SandboxService {
   }
 
   /** Catalog templates still being built in the background, and those whose build failed (/healthz). */
-  catalogStatus(): { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } {
+  catalogStatus(): CatalogStatus {
     return this.templatePools.catalogStatus();
   }
 

@@ -13,7 +13,7 @@ import { WarmPool } from './warmPool.js';
 import { PoolSizer, fitBudget, type PoolSize } from './poolSizer.js';
 import { SANDBOX_FOOTPRINT_MIB } from './hostCapacity.js';
 import { newSandboxId, newDiskPath, spawnIncoming, prewarm, destroyPending, type PendingVm } from './runtime.js';
-import type { Scope } from './types.js';
+import type { CatalogStatus, Scope } from './types.js';
 
 /**
  * The templates sandboxes are made from — the catalog's and tenants' environments — each with a
@@ -34,8 +34,8 @@ export class TemplatePools {
   private readonly artifacts = new Map<string, Artifact>();
   /** Catalog templates still being built after the server started listening (warmCatalog's background), by id. */
   private readonly building = new Map<string, { step: string; since: number }>();
-  /** Catalog templates whose background build failed, by id: why, and when. A create starts it again. */
-  private readonly failed = new Map<string, { error: string; at: number }>();
+  /** Catalog templates whose background build failed, by id, with why. A create starts it again. */
+  private readonly failed = new Map<string, string>();
   /** The catalog's entries (CATALOG, or a test's). */
   private catalog: CatalogEntry[] = CATALOG;
   private background?: { base: GuestBase; progress: (msg: string) => void; queue: Promise<void> };
@@ -93,7 +93,7 @@ export class TemplatePools {
         this.addCatalog(t, bg.progress);
         bg.progress(`${id}: ready (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
       } catch (e) {
-        this.failed.set(id, { error: (e as Error).message, at: Date.now() });
+        this.failed.set(id, (e as Error).message);
         bg.progress(`${id}: build failed: ${(e as Error).message}`);
       } finally {
         this.building.delete(id);
@@ -102,11 +102,11 @@ export class TemplatePools {
   }
 
   /** Catalog templates still being built (the step they are at, seconds so far) and those whose build failed. */
-  catalogStatus(): { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } {
+  catalogStatus(): CatalogStatus {
     const now = Date.now();
     return {
       building: Object.fromEntries([...this.building].map(([id, b]) => [id, { step: b.step, secs: Math.round((now - b.since) / 1000) }])),
-      failed: Object.fromEntries([...this.failed].map(([id, f]) => [id, f.error])),
+      failed: Object.fromEntries(this.failed),
     };
   }
 
@@ -259,9 +259,9 @@ export class TemplatePools {
       throw new CollimateError('template_not_ready', `The catalog template ${id} is still being built (this server's first start with this cache; ${b.step === 'queued' ? 'queued behind another template' : `${secs} s so far, now: ${b.step}`}). Retry in a minute; GET /healthz lists what is still being built.`, { retryAfterSecs: 30 });
     }
     const f = this.failed.get(id);
-    if (f && this.background && !this.closed) {
+    if (f !== undefined && this.background && !this.closed) {
       this.buildInBackground(id);
-      throw new CollimateError('template_not_ready', `The catalog template ${id} failed to build (${f.error}); it is being built again now. Retry in a minute; GET /healthz shows its progress.`, { retryAfterSecs: 30 });
+      throw new CollimateError('template_not_ready', `The catalog template ${id} failed to build (${f}); it is being built again now. Retry in a minute; GET /healthz shows its progress.`, { retryAfterSecs: 30 });
     }
   }
 

@@ -360,6 +360,8 @@ export interface HostReadings {
   forkReceiverSizes?(): Record<string, { ready: number; target: number }>;
   /** CPU seconds so far and resident memory of these sandboxes' VMMs (those running in this process). */
   vmmUsage?(ids: readonly string[]): Map<string, { cpuSecs: number; rssBytes: number }>;
+  /** Catalog templates still being built in the background, and those whose build failed. */
+  catalogStatus?(): CatalogStatus;
   /** Whether sandboxes get a network, and why not. */
   networkStatus?(): { enabled: boolean; reason?: string };
   /** `transition` for every acknowledged state change, `phases` for each timed lifecycle operation. */
@@ -367,6 +369,12 @@ export interface HostReadings {
   on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
   off?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   off?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
+}
+
+/** Catalog templates still being built after the server began serving (step, seconds so far), and those whose build failed (why). */
+export interface CatalogStatus {
+  building: Record<string, { step: string; secs: number }>;
+  failed: Record<string, string>;
 }
 
 /** The engine as the tenant service uses it: the sandbox operations and the readings it can give. */

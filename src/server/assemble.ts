@@ -8,6 +8,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ApiServer } from '../api/server.js';
 import type { ClusterNode } from '../cluster/node.js';
+import type { CatalogStatus } from '../sandboxes/types.js';
 import type { TenantService } from '../service/tenantService.js';
 
 export interface ServerConfig {
@@ -106,8 +107,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
   // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
   const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
-  const catalogStatus = (): { building: Record<string, unknown>; failed: Record<string, string> } | undefined =>
-    typeof engine.catalogStatus === 'function' ? engine.catalogStatus() : undefined;
+  const catalogStatus = (): CatalogStatus | undefined => (typeof engine.catalogStatus === 'function' ? engine.catalogStatus() : undefined);
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(cfg.logLevel),
@@ -124,7 +124,9 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
         interceptUpgrade: upgrades.intercept,
       }
       : {}),
-    health: () => ({
+    health: () => {
+      const catalog = catalogStatus();
+      return {
       ready: engine.isReady(),
       accel: engine.accel,
       mode: engine.accel === 'kvm' ? 'production' : 'development',
@@ -134,9 +136,10 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
       // Catalog templates a first start still builds after it began serving (creates of them: 503 template_not_ready).
-      ...(catalogStatus() ? { catalog: catalogStatus() as { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> } } : {}),
+      ...(catalog ? { catalog } : {}),
       ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
-    }),
+      };
+    },
   });
   const address = await api.app.listen({ host: cfg.host, port: cfg.port });
   api.app.log.info({ event: 'serving', address, home: cfg.home, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: cfg.tls !== undefined, confinement: confinement.enabled }, 'serving');

@@ -5,6 +5,7 @@ import type { MetricsRegistry } from '../../service/metrics.js';
 import type { Handlers } from '../binder.js';
 import { renderOpenApi } from '../openapi.js';
 import type { CapacityStatus, StorageStatus } from '../../sandboxes/hostCapacity.js';
+import type { CatalogStatus } from '../../sandboxes/types.js';
 
 type Ops = 'getUsage' | 'getOpenApi' | 'health' | 'metrics';
 
@@ -23,7 +24,7 @@ export interface HealthInfo {
   /** The host's budgets for admission and what is used of them (hostCapacity.ts). */
   capacity?: CapacityStatus;
   /** Catalog templates a first start still builds after it began serving, and those whose build failed. */
-  catalog?: { building: Record<string, { step: string; secs: number }>; failed: Record<string, string> };
+  catalog?: CatalogStatus;
   /** Cluster mode: this host's identity and whether it holds its lease (src/cluster/hosts.ts). */
   cluster?: { host_id: string; address: string; capacity: number; lease: boolean };
 }
