@@ -245,7 +245,7 @@ export async function ensureDebianBaseLayer(cacheDir: string, progress: Progress
   const paths = homePaths(cacheDir);
   const mirrors = hostMirrors();
   const digest = baseLayerDigest(mirrors);
-  const dir = join(paths.assets, `rootfs-debian-base-${digest.slice(0, 16)}`);
+  const dir = debianLayerDir(cacheDir, 'base', digest);
   const path = join(dir, 'layer.erofs');
   await buildOnce(dir, paths.tmp, async (tmp) => {
     const root = join(tmp, 'root');
@@ -278,12 +278,16 @@ export async function ensureDebianBaseLayer(cacheDir: string, progress: Progress
   return { path, digest };
 }
 
+/** Where a Debian layer of that recipe digest is built in `cacheDir`: `base`, or a runtime's diff layer. */
+function debianLayerDir(cacheDir: string, layer: 'base' | RuntimeName, digest: string): string {
+  return join(homePaths(cacheDir).assets, `rootfs-debian-${layer}-${digest.slice(0, 16)}`);
+}
+
 /** Whether the Debian base layer and the runtime layer `name` are built in `cacheDir` (no build needed). */
 export function debianLayersCached(cacheDir: string, name: RuntimeName): boolean {
-  const assets = homePaths(cacheDir).assets;
   const digest = baseLayerDigest(hostMirrors());
-  const base = { path: join(assets, `rootfs-debian-base-${digest.slice(0, 16)}`, 'layer.erofs'), digest };
-  return existsSync(base.path) && existsSync(join(assets, `rootfs-debian-${name}-${runtimeLayerDigest(name, base).slice(0, 16)}`, 'layer.erofs'));
+  const base = { path: join(debianLayerDir(cacheDir, 'base', digest), 'layer.erofs'), digest };
+  return existsSync(base.path) && existsSync(join(debianLayerDir(cacheDir, name, runtimeLayerDigest(name, base)), 'layer.erofs'));
 }
 
 export function runtimeLayerDigest(name: RuntimeName, base: LayerAsset): string {
@@ -302,7 +306,7 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
   const base = await ensureDebianBaseLayer(cacheDir, progress);
   const paths = homePaths(cacheDir);
   const digest = runtimeLayerDigest(name, base);
-  const dir = join(paths.assets, `rootfs-debian-${name}-${digest.slice(0, 16)}`);
+  const dir = debianLayerDir(cacheDir, name, digest);
   const path = join(dir, 'layer.erofs');
   await buildOnce(dir, paths.tmp, async (tmp) => {
     const lower = join(tmp, 'lower');
