@@ -8,11 +8,14 @@ cd "$(dirname "$0")/.."
 # Each step that does something says how long it took.
 setup_t0=$(date +%s%3N)
 step_t0=$setup_t0
+# Seconds since $1 (ms since the epoch), to a tenth: "12.3".
+secs_since() {
+  local ms=$(($(date +%s%3N) - $1))
+  printf '%d.%01d' $((ms / 1000)) $(((ms % 1000) / 100))
+}
 step_done() {
-  local now
-  now=$(date +%s%3N)
-  printf 'collimate setup: %s (%d.%01d s)\n' "$1" $(((now - step_t0) / 1000)) $((((now - step_t0) % 1000) / 100)) >&2
-  step_t0=$now
+  echo "collimate setup: $1 ($(secs_since "$step_t0") s)" >&2
+  step_t0=$(date +%s%3N)
 }
 
 DEBIAN_PACKAGES=(
@@ -70,7 +73,6 @@ fi
 
 # The web console's bundle (dist/console, served at /console): rebuilt only when its sources changed.
 node --import tsx scripts/build-console.ts
-now=$(date +%s%3N)
-if [ $((now - setup_t0)) -ge 5000 ]; then
-  printf 'collimate setup: done in %d.%01d s\n' $(((now - setup_t0) / 1000)) $((((now - setup_t0) % 1000) / 100)) >&2
+if [ $(($(date +%s%3N) - setup_t0)) -ge 5000 ]; then
+  echo "collimate setup: done in $(secs_since "$setup_t0") s" >&2
 fi

@@ -13,10 +13,8 @@ import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
-import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 import { bearerKey } from '../service/keys.js';
-
-export { bearerKey };
+import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
   /** The caller's scope (routes without auth have none). */
@@ -39,9 +37,7 @@ export interface BindOptions {
   maxFileBytes: number;
 }
 
-
 const JSON_CT = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
-
 
 export function sendError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;

@@ -28,7 +28,8 @@ import type { Scope, TenantService } from '../service/tenantService.js';
 import * as S from '../wire/schemas.js';
 import type { DirectoryEntry } from '../cluster/directory.js';
 import type { ClusterNode } from '../cluster/node.js';
-import { bearerKey, sendError } from './binder.js';
+import { sendError } from './binder.js';
+import { bearerKey } from '../service/keys.js';
 import { PROXY_ERROR_HEADER, TRAFFIC_TOKEN_HEADER } from './portsProxy.js';
 
 /** What the cluster front does with a front-door request; undefined: this host answers it. */

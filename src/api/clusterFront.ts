@@ -20,7 +20,8 @@ import { request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders 
 import { connect } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { bearerKey, sendError } from './binder.js';
+import { sendError } from './binder.js';
+import { bearerKey } from '../service/keys.js';
 import { socketError, type UpgradeInterceptor } from './portsProxy.js';
 import { keyView, limitsView } from './handlers/account.js';
 import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';

@@ -122,7 +122,6 @@ function decodeSafe(s: string): string {
   }
 }
 
-
 /**
  * Authenticates and resolves a proxy request to its target. Throws the API's errors: 401 without a
  * valid key or token, 404 for ids that are not the caller's (or deleted), 400 for a bad port, and
