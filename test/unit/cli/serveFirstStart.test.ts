@@ -3,39 +3,29 @@
 // still being built, and /healthz's `catalog`. The engine is the in-memory fake, which reports
 // python as building in the background when serve asks for a background catalog.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
+import { startServe } from '../../support/serveProcess.ts';
 
-const MAIN = fileURLToPath(new URL('../../../src/cli/main.ts', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 
 test('a first start says each step\'s time, the total since npm start, and what still builds; /healthz lists it', async () => {
   const home = mkdtempSync(join(tmpdir(), 'collimate-first-start-'));
-  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--home', home, '--log-level', 'warn'], {
-    env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'tcg', COLLIMATE_STARTED_AT_MS: String(Date.now() - 42_000) },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const serve = await startServe(['--port', '0', '--home', home, '--log-level', 'warn'], {
+    ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'tcg', COLLIMATE_STARTED_AT_MS: String(Date.now() - 42_000),
   });
-  let stderr = '';
+  const stderr = serve.stderr();
   try {
-    const address = await new Promise<string>((resolve, reject) => {
-      child.stderr.on('data', (d) => {
-        stderr += d;
-        const m = /serving http:\/\/\S+?:(\d+)/.exec(stderr);
-        if (m && stderr.includes('\n', m.index)) resolve(`http://127.0.0.1:${m[1]}`);
-      });
-      child.on('exit', (code) => reject(new Error(`serve exited ${code}: ${stderr}`)));
-    });
     assert.match(stderr, /^ {2}\[ {2}4[2-9]\.\d s\] building initramfs$/m);
     assert.match(stderr, /serving http:\S+ \(home .*\) after 4[2-9]\.\d s in all \(set-up included\); still building python in the background \(GET \/healthz: catalog\.building\)$/m);
-    const h = (await (await fetch(`${address}/healthz`)).json()) as { catalog: { building: Record<string, { step: string }> } };
+    const h = (await (await fetch(`${serve.url}/healthz`)).json()) as { catalog: { building: Record<string, { step: string }> } };
     assert.deepEqual(Object.keys(h.catalog.building), ['python']);
     assert.match(h.catalog.building.python.step, /debootstrap/);
   } finally {
-    child.kill('SIGKILL');
+    serve.child.kill('SIGKILL');
     rmSync(home, { recursive: true, force: true });
   }
 });

@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
 import { tcgPolicy, isLoopbackHost, EXIT_TCG_REFUSED } from '../../../src/cli/commands.ts';
+import { startServe } from '../../support/serveProcess.ts';
 
 // `node --import tsx src/cli/main.ts serve ...`, as an operator would run it; the engine is the
 // in-memory fake so that no VM is needed (the policy is decided before the engine opens).
@@ -73,47 +74,32 @@ test('collimate serve under TCG refuses a database with two tenants; `keys creat
 test('collimate serve --allow-tcg starts in development mode and /healthz says so', withHome(async (home) => {
   cli(['keys', 'create', '--tenant', 'alpha', '--home', home], {});
   cli(['keys', 'create', '--tenant', 'beta', '--home', home], {});
-  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--host', '0.0.0.0', '--port', '0', '--home', home, '--allow-tcg', '--log-level', 'warn'], {
-    env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'tcg' },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const serve = await startServe(['--host', '0.0.0.0', '--port', '0', '--home', home, '--allow-tcg', '--log-level', 'warn'], {
+    ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'tcg',
   });
-  let stderr = '';
+  const stderr = serve.stderr();
   try {
-    const address = await new Promise<string>((resolve, reject) => {
-      child.stderr.on('data', (d) => {
-        stderr += d;
-        const m = /serving http:\/\/(\S+?):(\d+)/.exec(stderr);
-        if (m) resolve(`http://127.0.0.1:${m[2]}`);
-      });
-      child.on('exit', (code) => reject(new Error(`serve exited ${code}: ${stderr}`)));
-    });
     assert.match(stderr, /DEVELOPMENT MODE: accelerator TCG/);
     assert.match(stderr, /serving anyway \(--allow-tcg\): the keys table has 2 tenants and --host 0\.0\.0\.0 listens beyond loopback/);
-    const h = (await (await fetch(`${address}/healthz`)).json()) as any;
+    const h = (await (await fetch(`${serve.url}/healthz`)).json()) as any;
     assert.equal(h.mode, 'development');
     assert.equal(h.accel, 'tcg');
     assert.equal(h.isolation, 'QEMU does not treat TCG guest escapes as security bugs');
     assert.equal(typeof h.confinement?.enabled, 'boolean');
   } finally {
-    child.kill('SIGKILL');
+    serve.child.kill('SIGKILL');
   }
 }));
 
 test('with KVM the same multi-tenant, all-interfaces server starts without --allow-tcg and without a banner', withHome(async (home) => {
   cli(['keys', 'create', '--tenant', 'alpha', '--home', home], {});
   cli(['keys', 'create', '--tenant', 'beta', '--home', home], {});
-  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--host', '0.0.0.0', '--port', '0', '--home', home, '--log-level', 'warn'], {
-    env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'kvm' },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const serve = await startServe(['--host', '0.0.0.0', '--port', '0', '--home', home, '--log-level', 'warn'], {
+    ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, COLLIMATE_ACCEL: 'kvm',
   });
-  let stderr = '';
   try {
-    await new Promise<void>((resolve, reject) => {
-      child.stderr.on('data', (d) => { stderr += d; if (/serving http/.test(stderr)) resolve(); });
-      child.on('exit', (code) => reject(new Error(`serve exited ${code}: ${stderr}`)));
-    });
-    assert.doesNotMatch(stderr, /DEVELOPMENT MODE|refusing/);
+    assert.doesNotMatch(serve.stderr(), /DEVELOPMENT MODE|refusing/);
   } finally {
-    child.kill('SIGKILL');
+    serve.child.kill('SIGKILL');
   }
 }));
