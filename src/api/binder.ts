@@ -104,7 +104,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
       handler: async (req, reply) => {
         try {
-          const scope = spec.auth ? tenants.authenticate(bearerKey(req.headers.authorization)) : undefined;
+          const scope = spec.auth ? await tenants.authenticate(bearerKey(req.headers.authorization)) : undefined;
           if (scope) bindToRequest(req, reply, { tenant: scope.tenant });
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {

@@ -15,6 +15,7 @@
 import { request as httpRequest, ServerResponse, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
+import type { PortRoute } from '../service/sandboxHost.js';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { PortTarget } from '../sandboxes/types.js';
@@ -45,7 +46,7 @@ const CONNECT_TIMEOUT_MS = 10_000;
 export interface PortsProxyOptions {
   tenants: TenantService;
   /** The REST API's key check on request headers: the caller's scope, or a thrown `unauthorized`. */
-  authenticate: (headers: IncomingHttpHeaders) => Scope;
+  authenticate: (headers: IncomingHttpHeaders) => Promise<Scope>;
   /** True once the server is shutting down: new requests and upgrades get 503. */
   draining: () => boolean;
   /** WebSocket upgrades of the web terminal's path go here (the one `upgrade` listener serves both). */
@@ -68,7 +69,7 @@ export interface PortsProxy {
 interface Route {
   sandboxId: string;
   port: number;
-  target: PortTarget;
+  target: PortRoute;
   /** The proxy's own part of the path (X-Forwarded-Prefix). */
   prefix: string;
   /** Path and query as the sandbox sees them: what followed the prefix, `/` at least. */
@@ -127,18 +128,28 @@ function decodeSafe(s: string): string {
  * valid key or token, 404 for ids that are not the caller's (or deleted), 400 for a bad port, and
  * whatever portTarget throws (409 invalid_state / network_unavailable).
  */
-function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: IncomingHttpHeaders): Route {
+async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: IncomingHttpHeaders): Promise<Route> {
   const p = proxyPathOf(rawUrl);
   if (!p) throw new CollimateError('not_found', 'Not a ports proxy path.');
   if (p.kind === 'key') {
     const id = decodeSafe(p.id);
     const traffic = headers[TRAFFIC_TOKEN_HEADER];
     const hasKey = headers.authorization !== undefined;
-    const scope = !hasKey && typeof traffic === 'string' ? opts.tenants.sandboxScope(id, traffic) : opts.authenticate(headers);
+    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.sandboxScope(id, traffic) : await opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    return { ...opts.tenants.portTarget(scope, id, parsePort(p.port)), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
+    return { ...(await opts.tenants.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
   }
-  return { ...opts.tenants.signedPortTarget(p.token), ...splitUrl(rawUrl, 3) };
+  return { ...(await opts.tenants.signedPortTarget(p.token)), ...splitUrl(rawUrl, 3) };
+}
+
+/** The tunnel to a port of a sandbox another host runs (undefined: connect to host:port here). */
+async function tunnelOf(route: Route): Promise<Duplex | undefined> {
+  return route.target.connect ? route.target.connect() : undefined;
+}
+
+/** A failed connect as the client is told it: the ports proxy's words for a socket error, or the host's own error. */
+function connectError(err: unknown, route: Route): CollimateError {
+  return err instanceof CollimateError ? err : upstreamError(err as NodeJS.ErrnoException, route);
 }
 
 /**
@@ -246,7 +257,7 @@ function clientOf(req: IncomingMessage): { ip?: string; proto: string; host?: st
 }
 
 /** Streams one HTTP request to the sandbox and its answer back. */
-function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log: FastifyBaseLogger): void {
+function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log: FastifyBaseLogger, tunnel?: Duplex): void {
   const headers = forwardHeaders(req.rawHeaders, route, clientOf(req), false);
   const hasBody = req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined;
   if (req.headers['transfer-encoding'] !== undefined && req.headers['content-length'] === undefined) headers.push('Transfer-Encoding', 'chunked');
@@ -257,7 +268,9 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
     path: route.forwardPath,
     headers,
     setHost: false,
-    agent: false, // a pooled socket to a sandbox that went away fails the next request; connections are cheap here
+    // A pooled socket to a sandbox that went away fails the next request; connections are cheap here.
+    // (Node takes createConnection only without an agent.)
+    ...(tunnel ? { createConnection: () => tunnel as Socket } : { agent: false }),
   });
   let connected = false;
   const connectTimer = setTimeout(() => {
@@ -309,14 +322,22 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       reply.hijack();
       let route: Route;
       try {
-        route = resolveRoute(opts, req.raw.url ?? req.url, req.headers);
+        route = await resolveRoute(opts, req.raw.url ?? req.url, req.headers);
       } catch (err) {
         // Drain what the client sends so the connection stays usable for its next request.
         req.raw.resume();
         sendRawError(reply.raw, toClientError(err, req.log));
         return;
       }
-      proxyHttp(req.raw, reply.raw, route, req.log);
+      let tunnel: Duplex | undefined;
+      try {
+        tunnel = await tunnelOf(route);
+      } catch (err) {
+        req.raw.resume();
+        sendRawError(reply.raw, toClientError(connectError(err, route), req.log));
+        return;
+      }
+      proxyHttp(req.raw, reply.raw, route, req.log, tunnel);
     };
     for (const url of ['/v1/sandboxes/:id/ports/:port', '/v1/sandboxes/:id/ports/:port/*', '/v1/p/:token', '/v1/p/:token/*']) {
       scope.all(url, handler);
@@ -331,6 +352,10 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
   });
 
   function handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
+    void upgrade(req, socket, head).catch((err) => socketError(socket, toClientError(err, app.log)));
+  }
+
+  async function upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     const websocket = /^websocket$/i.test(String(req.headers.upgrade ?? '').trim());
     if (websocket && opts.terminals && isTerminalPath(req.url ?? '')) {
       if (opts.draining()) socketError(socket, new CollimateError('shutting_down', 'The server is shutting down; retry shortly.', { retryAfterSecs: 5 }));
@@ -347,17 +372,18 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       socketError(socket, new CollimateError('shutting_down', 'The server is shutting down; retry shortly.', { retryAfterSecs: 5 }));
       return;
     }
-    let route: Route;
+    const route = await resolveRoute(opts, req.url ?? '/', req.headers);
+    let tunnel: Duplex | undefined;
     try {
-      route = resolveRoute(opts, req.url ?? '/', req.headers);
+      tunnel = await tunnelOf(route);
     } catch (err) {
-      socketError(socket, toClientError(err, app.log));
+      socketError(socket, toClientError(connectError(err, route), app.log));
       return;
     }
-    const upstream = connect({ host: route.target.host, port: route.target.port });
+    const upstream = tunnel ?? connect({ host: route.target.host, port: route.target.port });
     const connectTimer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
     let open = false;
-    upstream.once('connect', () => {
+    const opened = () => {
       clearTimeout(connectTimer);
       open = true;
       tunnels.add(socket);
@@ -368,7 +394,9 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       if (head.length) upstream.write(head);
       upstream.pipe(socket);
       socket.pipe(upstream);
-    });
+    };
+    if (tunnel) opened();
+    else upstream.once('connect', opened);
     upstream.on('error', (err: NodeJS.ErrnoException) => {
       clearTimeout(connectTimer);
       if (!open) socketError(socket, upstreamError(err, route));

@@ -8,11 +8,10 @@ import Fastify, { LogController, type FastifyInstance, type FastifyReply, type F
 import { fileLimits } from '../config.js';
 import { CollimateError } from '../errors.js';
 import type { Admission } from '../service/admission.js';
-import type { IdempotencyStore } from '../service/idempotency.js';
 import type { KeyStore } from '../service/keys.js';
 import type { Meter } from '../service/metering.js';
 import type { MetricsRegistry } from '../service/metrics.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { IdempotencyRunner, Scope, TenantService } from '../service/tenantService.js';
 import { registerMcp } from '../mcp/index.js';
 import { toClientError } from '../wire/errors.js';
 import { bindRoutes, sendError } from './binder.js';
@@ -29,7 +28,7 @@ import { fileHandlers } from './handlers/files.js';
 import { registerHttpMetrics } from './httpMetrics.js';
 import { hostRoutedUrl, registerPortsProxy, type UpgradeInterceptor } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
-import { SandboxEnvStore } from '../e2b/sandboxEnv.js';
+import { SandboxEnvStore, type SandboxEnvs } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
 import { tenantEnvdBackend } from '../e2b/envdBackend.js';
 import { matchPath, ROUTES } from './routes.js';
@@ -68,13 +67,12 @@ export interface BuildServerOptions {
   consoleDir?: string;
   /** What E2B's envd front door drives (default: the tenant service's processes and files); tests give one on the host. */
   envdBackend?: EnvdBackend;
-  /**
-   * Hooks to install before any route (cluster mode's front, src/api/clusterFront.ts): they see every
-   * request first and may answer it themselves.
-   */
+  /** Routes of a cluster host's own (its peers' operations, blobs, moves), installed before the doors. */
   beforeRoutes?: (app: FastifyInstance) => void;
-  /** Sees every HTTP upgrade (WebSocket) first; cluster mode tunnels those of other hosts' sandboxes. */
+  /** Sees every HTTP upgrade first (a cluster host's peer tunnels to its sandboxes' ports). */
   interceptUpgrade?: UpgradeInterceptor;
+  /** Where E2B sandboxes' envVars are kept; default this server's database (a cluster host passes the cluster's). */
+  e2bEnv?: SandboxEnvs;
 }
 
 export interface ApiServer {
@@ -82,8 +80,9 @@ export interface ApiServer {
   tenants: TenantService;
   keys: KeyStore;
   meter: Meter;
-  admission: Admission;
-  idempotency: IdempotencyStore;
+  /** The single-host admission (undefined on a cluster host, whose caps are the cluster's). */
+  admission?: Admission;
+  idempotency: IdempotencyRunner;
   metrics: MetricsRegistry;
   /** Brings the meter in line with the engine's current sandboxes. */
   reconcile(): void;
@@ -197,9 +196,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     { tenants, maxJsonBytes: maxJson, maxFileBytes: maxFile },
   );
   registerConsole(app, opts.consoleDir);
-  const authenticate = (headers: IncomingHttpHeaders): Scope => tenants.authenticate(bearerKey(headers.authorization));
+  const authenticate = (headers: IncomingHttpHeaders): Promise<Scope> => tenants.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
-  const e2bEnv = new SandboxEnvStore(tenants.db);
+  const e2bEnv = opts.e2bEnv ?? new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
   const terminals = terminalBridge(tenants, app.log);

@@ -4,7 +4,7 @@
  * proxies from closing an idle stream. Shutdown aborts open streams with a `shutting_down` error.
  */
 import type { FastifyReply } from 'fastify';
-import type { CollimateError } from '../errors.js';
+import { CollimateError } from '../errors.js';
 import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, SandboxTransition, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
@@ -223,7 +223,7 @@ export class SseStreams {
    * then `end` `{state, error}`. `read` gives the environment now, or null once it is gone. The log
    * lives in the database row the bake writes, so it is read again every `periodMs`.
    */
-  streamBakeLog(reply: FastifyReply, read: () => { log: string; state: string; error: string | null } | null, periodMs = 500): void {
+  streamBakeLog(reply: FastifyReply, read: () => Promise<{ log: string; state: string; error: string | null } | null>, periodMs = 500): void {
     const res = openEventStream(reply);
     const write = (event: string, data: unknown) => {
       if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
@@ -237,8 +237,17 @@ export class SseStreams {
       this.open.delete(abort);
       res.end();
     };
-    const tick = () => {
-      const env = read();
+    let reading = false;
+    const tick = async () => {
+      if (reading || done) return; // a slow read (another host's environment) is not overtaken
+      reading = true;
+      let env: Awaited<ReturnType<typeof read>>;
+      try {
+        env = await read();
+      } finally {
+        reading = false;
+      }
+      if (done) return;
       if (!env) {
         write('end', { state: 'deleted', error: null });
         return finish();
@@ -258,13 +267,14 @@ export class SseStreams {
       finish();
     };
     this.open.add(abort);
-    const timer = setInterval(tick, periodMs);
+    const run = () => void tick().catch((err) => abort(err instanceof CollimateError ? err : new CollimateError('internal_error', 'Reading the bake log failed.')));
+    const timer = setInterval(run, periodMs);
     timer.unref();
     res.once('close', () => {
       done = true;
       clearInterval(timer);
       this.open.delete(abort);
     });
-    tick();
+    run();
   }
 }

@@ -135,6 +135,20 @@ export class KeyCache extends KeyStore {
     return this.tiers.get(tenant) ?? null;
   }
 
+  /** The tenant's tier from the cache, else from the cluster database (a sandbox token names no key to load). */
+  override async findTier(tenant: string): Promise<Tier | null> {
+    const cached = this.tiers.get(tenant);
+    if (cached) return cached;
+    let tier: Tier | null;
+    try {
+      tier = await this.cluster.tierOf(tenant);
+    } catch (err) {
+      throw clusterDatabaseUnavailable(err);
+    }
+    if (tier) this.tiers.set(tenant, tier);
+    return tier;
+  }
+
   override create(): never {
     throw new CollimateError('not_found', 'On a cluster host keys are made in the cluster database: collimate keys create --cluster postgres://… (or POST /v1/keys).');
   }

@@ -171,4 +171,12 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
   );
   CREATE INDEX environments_host ON environments (host_id);
   `,
+  // 6: E2B sandboxes' envVars (src/cluster/sandboxEnvs.ts), which any host's envd applies to the
+  // commands it starts: a sandbox created through one host is driven through any other.
+  `
+  CREATE TABLE e2b_sandbox_env (
+    sandbox  text PRIMARY KEY,
+    env      text NOT NULL
+  );
+  `,
 ];

@@ -2,16 +2,16 @@
  * One host of a cluster: its engine and SQLite journal stay as on a single host; this joins them to
  * the cluster database. It registers the host and keeps its lease (hosts.ts), mirrors every
  * persisted transition of its engine into the sandbox directory (directory.ts), and holds what the
- * HTTP front (src/api/clusterFront.ts) needs: placement, keys, idempotency and the peer secret.
+ * tenant service's cluster placement (sandboxPlacement.ts) needs: placement, keys, idempotency and
+ * the peer secret.
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type pg from 'pg';
 import type { SandboxInfo, SandboxService, SandboxTransition } from '../sandboxes/types.js';
 import type { Db } from '../store/db.js';
-import { sandboxView } from '../wire/views.js';
 import { migrateCluster, openClusterDb } from './db.js';
 import { SandboxDirectory } from './directory.js';
 import { compatKey, DEFAULT_TIMINGS, HostMembership, type CompatClass, type HostTimings } from './hosts.js';
@@ -151,6 +151,11 @@ export class ClusterNode {
     return this.peerSecret;
   }
 
+  /** The key every host signs port URLs and sandbox tokens with: derived from the peer secret, so all hosts share it. */
+  signingKey(): Buffer {
+    return createHmac('sha256', this.peerSecret).update('collimate port url key').digest();
+  }
+
   /**
    * The owner's re-check before it runs a create, fork or resume placed on it: its lease holds and
    * its capacity has room for `slots` more. Returns why not, or null. Takes the slots when it allows.
@@ -197,7 +202,9 @@ export class ClusterNode {
     } catch {
       return; // gone again already: its deletion follows
     }
-    this.directory.record(this.hostId, this.membership.hostEpoch, id, tenant, state, sandboxView(info) as unknown as Record<string, unknown>);
+    // The whole record, so a list through any host renders it as the owner would.
+    const view: Record<string, unknown> = { ...info };
+    this.directory.record(this.hostId, this.membership.hostEpoch, id, tenant, state, view);
   }
 
   /** Writes every local sandbox to the directory and drops rows of this host the engine no longer has. */

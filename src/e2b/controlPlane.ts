@@ -16,7 +16,7 @@ import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
-import { envVarsProblem, type SandboxEnvStore } from './sandboxEnv.js';
+import { envVarsProblem, type SandboxEnvs } from './sandboxEnv.js';
 
 export const E2B_API_PREFIX = '/e2b/api';
 /** The envd version we answer with: the SDK turns off what a lower version lacks (see envd.ts). */
@@ -26,7 +26,7 @@ const DEFAULT_TIMEOUT_SECS = 15;
 
 export interface E2bControlPlaneOptions {
   tenants: TenantService;
-  env: SandboxEnvStore;
+  env: SandboxEnvs;
 }
 
 /** E2B's error body: the HTTP status as `code`, and our stable code beside it as `error_code`. */
@@ -144,7 +144,7 @@ export class E2bControlPlane {
   }
 
   /** A lease of `secs` from now, unless the session already runs at least that long. */
-  private extendTo(scope: Scope, info: SandboxInfo, secs: number | undefined, onlyLonger: boolean): SandboxInfo {
+  private async extendTo(scope: Scope, info: SandboxInfo, secs: number | undefined, onlyLonger: boolean): Promise<SandboxInfo> {
     if (secs === undefined || info.state !== 'running') return info;
     if (onlyLonger && info.remaining_secs !== null && info.remaining_secs >= secs) return info;
     return this.tenants.setTimeout(scope, info.id, Math.max(1, secs));
@@ -167,7 +167,7 @@ export class E2bControlPlane {
     const info = await this.tenants.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) });
     const env = (body.envVars ?? {}) as Record<string, string>;
     try {
-      this.opts.env.set(info.id, env);
+      await this.opts.env.set(info.id, env);
     } catch (err) {
       await this.tenants.delete(scope, info.id).catch(() => undefined);
       throw err;
@@ -175,29 +175,29 @@ export class E2bControlPlane {
     return [201, this.sandboxAnswer(info)];
   }
 
-  list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): { items: unknown[]; next: string | null } {
+  async list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): Promise<{ items: unknown[]; next: string | null }> {
     const q = e2bListQuery(query, runningOnly);
-    const page = this.tenants.list(scope, q.page);
+    const page = await this.tenants.list(scope, q.page);
     return { items: page.sandboxes.filter(q.keep).map(e2bListed), next: page.next };
   }
 
-  get(scope: Scope, id: string): unknown {
-    return this.detail(this.tenants.get(scope, id));
+  async get(scope: Scope, id: string): Promise<unknown> {
+    return this.detail(await this.tenants.get(scope, id));
   }
 
   async kill(scope: Scope, id: string): Promise<void> {
     await this.tenants.delete(scope, id);
-    this.opts.env.forget(id);
+    await this.opts.env.forget(id);
   }
 
-  setTimeout(scope: Scope, id: string, body: Record<string, unknown>): void {
+  async setTimeout(scope: Scope, id: string, body: Record<string, unknown>): Promise<void> {
     const secs = optionalSeconds(body, 'timeout');
     if (secs === undefined) throw bad('timeout is required: seconds from now until the sandbox is deleted.');
-    this.tenants.setTimeout(scope, id, Math.max(1, secs));
+    await this.tenants.setTimeout(scope, id, Math.max(1, secs));
   }
 
   async pause(scope: Scope, id: string): Promise<void> {
-    const info = this.tenants.get(scope, id);
+    const info = await this.tenants.get(scope, id);
     if (info.state === 'suspended') throw new CollimateError('invalid_state', `Sandbox ${id} is already paused.`);
     await this.tenants.suspend(scope, id);
   }
@@ -205,18 +205,18 @@ export class E2bControlPlane {
   /** connect: 200 if it was running (its timeout only ever lengthened), 201 once resumed. */
   async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
-    const info = this.tenants.get(scope, id);
-    if (info.state === 'running') return [200, this.sandboxAnswer(this.extendTo(scope, info, secs, true))];
+    const info = await this.tenants.get(scope, id);
+    if (info.state === 'running') return [200, this.sandboxAnswer(await this.extendTo(scope, info, secs, true))];
     const resumed = await this.tenants.resume(scope, id);
-    return [201, this.sandboxAnswer(this.extendTo(scope, resumed, secs, false))];
+    return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
   }
 
   async resume(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
-    const info = this.tenants.get(scope, id);
+    const info = await this.tenants.get(scope, id);
     if (info.state === 'running') throw new CollimateError('invalid_state', `Sandbox ${id} is already running.`);
     const resumed = await this.tenants.resume(scope, id);
-    return [201, this.sandboxAnswer(this.extendTo(scope, resumed, secs, false))];
+    return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
   }
 
   /** All children are made in one live fork (one fork point), so they succeed or fail together. */
@@ -225,23 +225,23 @@ export class E2bControlPlane {
     const countProblem = forkCountProblem(count);
     if (countProblem) throw bad(countProblem);
     const secs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
-    const env = this.opts.env.get(id);
+    const env = await this.opts.env.get(id);
     const children = await this.tenants.fork(scope, id, { count: count as number });
-    const results = children.map((child) => {
+    const results = await Promise.all(children.map(async (child) => {
       try {
-        this.opts.env.set(child.id, env);
-        return { sandbox: this.sandboxAnswer(this.tenants.setTimeout(scope, child.id, Math.max(1, secs))) };
+        await this.opts.env.set(child.id, env);
+        return { sandbox: this.sandboxAnswer(await this.tenants.setTimeout(scope, child.id, Math.max(1, secs))) };
       } catch (err) {
         const e = toClientError(err);
         return { error: { code: e.status, message: e.message, error_code: e.code } };
       }
-    });
+    }));
     return [201, results];
   }
 
   /** One reading now: E2B returns a series; we have the sandbox's size and no history. */
-  metrics(scope: Scope, id: string): unknown[] {
-    const info = this.tenants.get(scope, id);
+  async metrics(scope: Scope, id: string): Promise<unknown[]> {
+    const info = await this.tenants.get(scope, id);
     const now = new Date();
     return [
       {
@@ -267,7 +267,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   // A sandbox deleted by any front door, the reaper or its VM's death takes its envVars with it.
   const engine = tenants.engine;
   const onTransition = (ev: SandboxTransition) => {
-    if (ev.op === 'delete' || ev.op === 'lost') opts.env.forget(ev.id);
+    if (ev.op === 'delete' || ev.op === 'lost') void Promise.resolve(opts.env.forget(ev.id)).catch((err) => app.log.warn({ err, sandbox: ev.id }, 'forgetting a deleted sandbox\'s envVars failed'));
   };
   engine.on?.('transition', onTransition);
   app.addHook('onClose', async () => engine.off?.('transition', onTransition));
@@ -283,7 +283,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
           const header = req.headers['x-api-key'];
           const bearer = bearerKey(req.headers.authorization);
           const key = (Array.isArray(header) ? header[0] : header) ?? bearer;
-          const scope = tenants.authenticate(key);
+          const scope = await tenants.authenticate(key);
           const out = await handle(scope, req, reply);
           if (reply.sent) return;
           if (out === undefined) return reply.code(204).send();
@@ -299,8 +299,8 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   const create: Handler = (scope, req) => plane.create(scope, jsonBody(req));
   route('POST', '/sandboxes', create);
   route('POST', '/v2/sandboxes', create);
-  const list = (runningOnly: boolean): Handler => (scope, req, reply) => {
-    const page = plane.list(scope, query(req), runningOnly);
+  const list = (runningOnly: boolean): Handler => async (scope, req, reply) => {
+    const page = await plane.list(scope, query(req), runningOnly);
     if (page.next) reply.header('x-next-token', page.next);
     return page.items;
   };

@@ -19,7 +19,7 @@ import { CollimateError } from '../errors.js';
 import type { Scope, TenantService } from '../service/tenantService.js';
 import { toClientError } from '../wire/errors.js';
 import { ConnectError, ServerStream, connectErrorOf, decodeEnvelopes, decodeUnary, sendUnary, sendUnaryError, MAX_ENVELOPE_BYTES, CONNECT_STREAM_TYPE } from './connectRpc.js';
-import type { SandboxEnvStore } from './sandboxEnv.js';
+import type { SandboxEnvs } from './sandboxEnv.js';
 import { bodyChunks, discardRest } from '../wire/streamedBody.js';
 
 export const E2B_ENVD_PREFIX = '/e2b/envd';
@@ -103,7 +103,7 @@ export interface EnvdBackend {
 export interface EnvdOptions {
   tenants: TenantService;
   backend: EnvdBackend;
-  env: SandboxEnvStore;
+  env: SandboxEnvs;
 }
 
 // ---- proto3 JSON of envd's messages --------------------------------------------------------------
@@ -238,19 +238,19 @@ export class Envd {
   }
 
   /** The sandbox a request is for, and the tenant's scope, from its headers (401 without a valid token). */
-  authorize(headers: IncomingMessage['headers']): { scope: Scope; id: string } {
+  async authorize(headers: IncomingMessage['headers']): Promise<{ scope: Scope; id: string }> {
     const id = String(headers['e2b-sandbox-id'] ?? '');
     const token = String(headers['x-access-token'] ?? '');
     if (!id) throw new CollimateError('validation_error', 'E2b-Sandbox-Id is required: envd serves every sandbox at one URL.');
-    const scope = this.opts.tenants.sandboxScope(id, token);
+    const scope = await this.opts.tenants.sandboxScope(id, token);
     return { scope, id };
   }
 
   /** Like authorize, or by a signed URL (signedFileUrl): the running sandbox it was made for is looked for. */
-  authorizeFile(req: FastifyRequest, operation: 'read' | 'write'): { scope: Scope; id: string } {
+  async authorizeFile(req: FastifyRequest, operation: 'read' | 'write'): Promise<{ scope: Scope; id: string }> {
     const matches = signedFileUrl(req, operation);
     if (!matches) return this.authorize(req.headers);
-    const found = this.opts.tenants.sandboxByToken(matches);
+    const found = await this.opts.tenants.sandboxByToken(matches);
     if (!found) throw new CollimateError('unauthorized', 'This signed file URL is not valid for any running sandbox (altered, for another path or operation, or its sandbox is gone).');
     return found;
   }
@@ -397,7 +397,7 @@ export class Envd {
       const pty = msg.pty ? { cols: uint(size?.cols, 'pty.size.cols') ?? 80, rows: uint(size?.rows, 'pty.size.rows') ?? 24 } : undefined;
       const spec: ProcessSpec = {
         argv: await this.argvFor(scope, id, cmd, args),
-        env: { ...this.opts.env.get(id), ...(envs as Record<string, string>) },
+        env: { ...(await this.opts.env.get(id)), ...(envs as Record<string, string>) },
         ...(typeof proc.cwd === 'string' && proc.cwd !== '' ? { cwd: proc.cwd } : {}),
         ...(pty ? { pty } : {}),
         stdin: msg.stdin === true || pty !== undefined,
@@ -493,8 +493,8 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
     scope.get(`${E2B_ENVD_PREFIX}/health`, async (req, reply) => {
       reply.hijack();
       try {
-        const { scope: s, id } = envd.authorize(req.headers);
-        const info = opts.tenants.get(s, id);
+        const { scope: s, id } = await envd.authorize(req.headers);
+        const info = await opts.tenants.get(s, id);
         if (info.state !== 'running') return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id} is ${info.state}` });
         reply.raw.writeHead(204).end();
       } catch (err) {
@@ -508,7 +508,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         reply.hijack();
         const res = reply.raw;
         try {
-          const { scope: s, id } = envd.authorizeFile(req, 'read');
+          const { scope: s, id } = await envd.authorizeFile(req, 'read');
           const path = (req.query as { path?: string }).path;
           if (!path) throw new CollimateError('validation_error', 'path is required.');
           await opts.backend.readFile(s, id, path, {
@@ -529,7 +529,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         reply.hijack();
         const res = reply.raw;
         try {
-          const { scope: s, id } = envd.authorizeFile(req, 'write');
+          const { scope: s, id } = await envd.authorizeFile(req, 'write');
           const queryPath = (req.query as { path?: string }).path;
           const type = String(req.headers['content-type'] ?? '');
           if (/^multipart\/form-data/i.test(type)) {
@@ -554,7 +554,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
       let stream: ServerStream | undefined;
       try {
         const body = await readBody(req.raw, MAX_ENVELOPE_BYTES + 5);
-        const { scope: s, id } = envd.authorize(req.headers);
+        const { scope: s, id } = await envd.authorize(req.headers);
         if (streaming) {
           const messages = String(req.headers['content-type'] ?? '').startsWith(CONNECT_STREAM_TYPE) ? decodeEnvelopes(body) : [decodeUnary(body)];
           const msg = (messages[0] ?? {}) as Record<string, unknown>;

@@ -41,7 +41,17 @@ export function envVarsProblem(env: unknown): string | null {
   return null;
 }
 
-export class SandboxEnvStore {
+/**
+ * Where E2B sandboxes' envVars are kept: this server's database (SandboxEnvStore), or on a cluster
+ * host the cluster's (src/cluster/sandboxEnvs.ts), since any host may start a command in a sandbox.
+ */
+export interface SandboxEnvs {
+  get(sandbox: string): Record<string, string> | Promise<Record<string, string>>;
+  set(sandbox: string, env: Record<string, string>): void | Promise<void>;
+  forget(sandbox: string): void | Promise<void>;
+}
+
+export class SandboxEnvStore implements SandboxEnvs {
   constructor(private readonly db: Db) {
     applyMigrations(db, E2B_MIGRATIONS);
   }

@@ -24,7 +24,7 @@ export const MCP_PATH = '/mcp';
 export interface RegisterMcpOptions {
   tenants: TenantService;
   /** The key check on request headers: the caller's scope, or a thrown `unauthorized` CollimateError. */
-  authenticate: (headers: IncomingHttpHeaders) => Scope;
+  authenticate: (headers: IncomingHttpHeaders) => Promise<Scope>;
   /** Browser origins allowed besides loopback ones (default: $COLLIMATE_MCP_ALLOWED_ORIGINS). */
   allowedOrigins?: string[];
 }
@@ -51,14 +51,14 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
   const version = '0.1.0';
 
   /** Origin first (a foreign page learns nothing, not even whether its key was valid), then the key. */
-  const gate = (req: FastifyRequest, reply: FastifyReply): Scope | null => {
+  const gate = async (req: FastifyRequest, reply: FastifyReply): Promise<Scope | null> => {
     const origin = req.headers.origin;
     if (!originAllowed(origin, allowed)) {
       sendError(reply, new CollimateError('origin_forbidden', `Origin ${String(origin).slice(0, 200)} is not allowed to use ${MCP_PATH}. Allowed: no Origin, loopback origins, and COLLIMATE_MCP_ALLOWED_ORIGINS.`));
       return null;
     }
     try {
-      return opts.authenticate(req.headers);
+      return await opts.authenticate(req.headers);
     } catch (err) {
       sendError(reply, toClientError(err, req.log, req.id), { 'www-authenticate': 'Bearer realm="collimate"' });
       return null;
@@ -69,7 +69,7 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
     method: 'POST',
     url: MCP_PATH,
     handler: async (req, reply) => {
-      const scope = gate(req, reply);
+      const scope = await gate(req, reply);
       if (!scope) return reply;
       let body: unknown;
       try {
@@ -108,7 +108,7 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
       method,
       url: MCP_PATH,
       handler: async (req, reply) => {
-        if (!gate(req, reply)) return reply;
+        if (!(await gate(req, reply))) return reply;
         jsonRpcError(reply, 405, -32000, `Method not allowed: ${MCP_PATH} is stateless; send JSON-RPC messages with POST.`, { allow: 'POST' });
         return reply;
       },

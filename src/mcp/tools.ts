@@ -326,8 +326,8 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
 
   tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.resume(scope, sandboxIdOf(a.sandbox_id))));
 
-  tool('set_sandbox_timeout', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, (a) =>
-    sandboxView(tenants.setTimeout(scope, sandboxIdOf(a.sandbox_id), a.timeout_secs)),
+  tool('set_sandbox_timeout', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, async (a) =>
+    sandboxView(await tenants.setTimeout(scope, sandboxIdOf(a.sandbox_id), a.timeout_secs)),
   );
 
   tool('delete_sandbox', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
@@ -339,15 +339,15 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
 
   tool('expose_port', ExposedPort, { readOnlyHint: false, destructiveHint: false }, async (a) => {
     const info = await tenants.inspect(scope, sandboxIdOf(a.sandbox_id));
-    const u = tenants.portUrl(scope, a.sandbox_id, a.port, a.expires_in_secs);
+    const u = await tenants.portUrl(scope, a.sandbox_id, a.port, a.expires_in_secs);
     return { url: `${ctx.baseUrl}/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString(), listening: info.ports.some((p) => p.port === a.port) };
   });
 
-  tool('list_sandboxes', S.SandboxList, { readOnlyHint: true }, (a) => {
+  tool('list_sandboxes', S.SandboxList, { readOnlyHint: true }, async (a) => {
     for (const k of Object.keys(a.labels ?? {})) {
       if (!S.LABEL_KEY_RE.test(k)) throw new CollimateError('validation_error', `label key ${JSON.stringify(k.slice(0, 100))} must match ${S.LABEL_KEY_RE.source}.`);
     }
-    const r = tenants.list(scope, { state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 });
+    const r = await tenants.list(scope, { state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 });
     return { sandboxes: r.sandboxes.map(sandboxView), next: r.next };
   });
 

@@ -6,10 +6,14 @@
  * accelerator policy and calls this; nothing here reads argv or the process environment.
  */
 import type { FastifyInstance } from 'fastify';
+import { CollimateError } from '../errors.js';
 import type { ApiServer } from '../api/server.js';
 import type { ClusterNode } from '../cluster/node.js';
 import type { CatalogStatus } from '../sandboxes/types.js';
-import type { TenantService } from '../service/tenantService.js';
+import type { TenantService, TenantServiceOptions } from '../service/tenantService.js';
+import type { ClusterEnvironmentHost } from '../cluster/environmentHost.js';
+import type { UsagePush } from '../cluster/usage.js';
+import type { ImageService } from '../images/service.js';
 
 export interface ServerConfig {
   home: string;
@@ -96,32 +100,34 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   }
   // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
   const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, { url: c!.url, log: clusterLog }) : undefined;
-  const { TenantService } = await import('../service/tenantService.js');
-  const tenants = new TenantService({ engine, images, db: engine.db, ...(node && views ? { keys: node.keyCache(engine.db), sandboxEvents: views.sandboxEvents } : {}) });
-  if (node) tenants.signer.useKey((await import('../api/clusterDoors.js')).clusterSigningKey(node.secret));
-  const { serverLoggerOptions } = await import('../api/logging.js');
-  const front = node ? await import('../api/clusterFront.js') : undefined;
-  const upgrades = node && front ? front.clusterUpgrades(node, tenants) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
   const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
-  const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
   // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
   const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
+  const { TenantService } = await import('../service/tenantService.js');
+  const cluster = node && views ? await clusterParts(node, engine, views, envs) : undefined;
+  const tenants = new TenantService({ engine, images, db: engine.db, ...(cluster?.service ?? {}) });
+  if (node) tenants.signer.useKey(node.signingKey());
+  const { serverLoggerOptions } = await import('../api/logging.js');
+  const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
+  const peers = node && cluster ? cluster.peers(tenants, images, envs) : undefined;
   const catalogStatus = (): CatalogStatus | undefined => (typeof engine.catalogStatus === 'function' ? engine.catalogStatus() : undefined);
   const api = await buildServer({
     tenants,
     logger: serverLoggerOptions(cfg.logLevel),
     tls: cfg.tls,
-    ...(node && front && upgrades
+    ...(node && peers
       ? {
         beforeRoutes: (app: FastifyInstance) => {
-          front.registerClusterFront(app, node!, tenants, views?.usage, envs);
+          // Other hosts operate this host's sandboxes (they entered the cluster by another host).
+          peers.register(app);
           blobs?.register(app);
           // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
           if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
-          app.addHook('preClose', async () => upgrades.closeAll());
+          app.addHook('preClose', async () => peers.closeTunnels());
         },
-        interceptUpgrade: upgrades.intercept,
+        interceptUpgrade: (req, socket, head) => peers.tunnel(req, socket, head),
+        e2bEnv: cluster!.e2bEnv,
       }
       : {}),
     health: () => {
@@ -158,4 +164,59 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
       await engine.close();
     },
   };
+}
+
+/**
+ * What a cluster host adds to the tenant service and the server: the cluster's placement, keys,
+ * idempotency, events and E2B envVars for the service, and the peer endpoint other hosts operate
+ * this host's sandboxes through.
+ */
+async function clusterParts(node: ClusterNode, engine: any, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined) {
+  const { ClusterSandboxPlacement } = await import('../cluster/sandboxPlacement.js');
+  const { ClusterSandboxEnvs } = await import('../cluster/sandboxEnvs.js');
+  const { registerPeerHost, peerTunnel } = await import('../api/peerRoutes.js');
+  let placement: InstanceType<typeof ClusterSandboxPlacement> | undefined;
+  const service: Partial<TenantServiceOptions> = {
+    keys: node.keyCache(engine.db),
+    accountKeys: node.keys,
+    idempotency: node.idempotency,
+    sandboxEvents: views.sandboxEvents,
+    cluster: (here) => (placement = new ClusterSandboxPlacement(node, engine, here, envs, views.usage)),
+  };
+  return {
+    service,
+    e2bEnv: new ClusterSandboxEnvs(node.pool),
+    peers(tenants: TenantService, images: ImageService | undefined, envs: ClusterEnvironmentHost | undefined) {
+      const tunnels = new Set<import('node:stream').Duplex>();
+      const opts = {
+        host: placement!.here,
+        isPeer: (secret: string | string[] | undefined) => node.isPeer(secret),
+        admit: (slots: number) => node.admit(slots),
+        ...(envs?.puller ? { pull: (tenant: string, name: string) => envs.puller!.ensure(tenant, name) } : {}),
+        calls: {
+          liveStats: (tenant: string) => tenants.liveStatsHere(tenant),
+          // Its sealed secrets stay on this host.
+          environment: (tenant: string, name: string) => ({ ...imagesOf(images).environment(tenant, name), secrets: null }),
+          deleteEnvironment: async (tenant: string, name: string) => {
+            await imagesOf(images).deleteEnvironment(tenant, name);
+            await envs?.flushed();
+          },
+        },
+      };
+      const tunnel = peerTunnel(opts, tunnels);
+      return {
+        register: (app: FastifyInstance) => registerPeerHost(app, opts),
+        tunnel,
+        closeTunnels() {
+          for (const t of [...tunnels]) t.destroy();
+          tunnels.clear();
+        },
+      };
+    },
+  };
+}
+
+function imagesOf(images: ImageService | undefined): ImageService {
+  if (!images) throw new CollimateError('environment_not_found', 'This host runs without an image service, so it made no environments.');
+  return images;
 }

@@ -154,6 +154,14 @@ export class KeyStore {
     return row ? TIERS[row.tier] : null;
   }
 
+  /** tierOf, for a store that may have to ask elsewhere (the cluster's, src/cluster/keys.ts). */
+  async findTier(tenant: string): Promise<Tier | null> {
+    return this.tierOf(tenant);
+  }
+
+  /** Makes `presented` known to authenticate(); this store reads its own database, so it has nothing to fetch. */
+  async load(_presented: string | undefined): Promise<void> {}
+
   setTier(tenant: string, tier: TierName): void {
     const r = this.db.prepare('UPDATE api_tenants SET tier = ? WHERE id = ?').run(tier, tenant);
     if (r.changes === 0) throw new CollimateError('not_found', `No tenant ${tenant}.`);

@@ -21,15 +21,18 @@ import type { SourceSpec } from '../images/sources.js';
 import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import type { PhaseReport } from '../sandboxes/phases.js';
 import type { CapacityStatus } from '../sandboxes/hostCapacity.js';
+import { forkCountProblem } from '../sandboxes/types.js';
 import type {
   ExecRequest, ExecResult, ExecStreamHandlers, ListFilter, OpenPort, PortTarget, ProcessEvent, ProcessInfo, ProcessStartRequest,
   SandboxInfo, SandboxTransition, ServiceEngine, TemplateInfo,
   DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
-import { Admission } from './admission.js';
+import type { Admission } from './admission.js';
 import { ExecLog, type ExecLogEntry } from './execLog.js';
 import { IdempotencyStore, type StoredResponse } from './idempotency.js';
 import { KeyStore, type KeyRecord } from './keys.js';
+import { LocalPlacement, type Placement } from './placement.js';
+import { localHost, type PortRoute, type SandboxHost } from './sandboxHost.js';
 import { checkUsageRange, Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
 import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
 import { applyApiMigrations } from './migrations.js';
@@ -73,7 +76,49 @@ export interface PortUrl {
 export interface ResolvedPort {
   sandboxId: string;
   port: number;
-  target: PortTarget;
+  target: PortRoute;
+}
+
+/** Runs a request once per (tenant, key): this server's store, or the cluster's (src/cluster/idempotency.ts). */
+export interface IdempotencyRunner {
+  run(tenant: string, key: string, fp: string, exec: () => Promise<StoredResponse>): Promise<StoredResponse & { replayed: boolean }>;
+  /** Drops records past their time (a store that expires its own has none). */
+  prune?(): void;
+}
+
+/** Managing a tenant's keys: this server's store, or the cluster's (src/cluster/keys.ts ClusterKeys). */
+export interface AccountKeys {
+  list(filter: { tenant: string }): KeyRecord[] | Promise<KeyRecord[]>;
+  create(opts: { tenant: string; name?: string }): { key: string; record: KeyRecord } | Promise<{ key: string; record: KeyRecord }>;
+  get(id: string): KeyRecord | null | Promise<KeyRecord | null>;
+  revoke(id: string): unknown;
+}
+
+/** Live use of one running sandbox's VMM. */
+export interface LiveStat {
+  id: string;
+  cpuPercent: number | null;
+  memoryMib: number;
+}
+
+/** Where a cluster host's tenant-wide readings come from: every host, not this one alone. */
+export interface ClusterReadings {
+  /** The tenant's usage over every host. */
+  usage(tenant: string, fromMs: number, toMs: number, opts: { perDay?: boolean }): Promise<UsageReport>;
+  /** The live stats of the tenant's sandboxes on the other hosts (a host that does not answer is left out). */
+  otherHostsStats(tenant: string): Promise<LiveStat[]>;
+  /** A tenant's environment made on another host, as a template to check a create against. */
+  template(tenant: string, name: string): Promise<TemplateInfo | undefined>;
+  /** The tenant's environments as every host last wrote them. */
+  environments(tenant: string): Promise<EnvironmentRow[]>;
+  /**
+   * One of the tenant's environments another host made: as its host last wrote it to the cluster,
+   * or with `fromItsHost` (its whole bake log) asked of that host, 503 while it does not answer.
+   * Undefined when no other host made one by that name.
+   */
+  environmentElsewhere(tenant: string, name: string, fromItsHost: boolean): Promise<EnvironmentRow | undefined>;
+  /** Deletes an environment another host made, on that host; false when no other host made one by that name. */
+  deleteEnvironmentElsewhere(tenant: string, name: string): Promise<boolean>;
 }
 
 export interface TenantServiceOptions {
@@ -84,6 +129,15 @@ export interface TenantServiceOptions {
   images?: ImageService;
   /** Where API keys live; default the database's (a cluster host passes the cluster's, src/cluster/keys.ts). */
   keys?: KeyStore;
+  /** Where a tenant's own keys are listed, made and revoked; default `keys`. */
+  accountKeys?: AccountKeys;
+  /** Idempotency-Key records; default the database's. */
+  idempotency?: IdempotencyRunner;
+  /**
+   * A cluster host: where sandboxes live and new ones go, and tenant-wide readings, over every host
+   * (src/cluster/sandboxPlacement.ts), given this host's sandboxes. Default: this host alone.
+   */
+  cluster?: (here: SandboxHost) => Placement & ClusterReadings;
   /**
    * The key file signing port URLs. Default: `port-urls.key` beside the database; null (or an
    * in-memory database) keeps a key in memory only, so URLs die with the process.
@@ -107,8 +161,15 @@ type Transition = { id: string; state: string; snapshotBytes?: number };
 export class TenantService {
   readonly engine: ServiceEngine;
   readonly keys: KeyStore;
-  readonly admission: Admission;
-  readonly idempotency: IdempotencyStore;
+  readonly accountKeys: AccountKeys;
+  /** Where sandboxes live and new ones go. */
+  readonly placement: Placement;
+  /** This host's sandboxes (what the placement hands out for them, and what peers operate). */
+  readonly here: SandboxHost;
+  /** The single-host admission, when the placement is this host's alone (tests read its in-flight slots). */
+  readonly admission?: Admission;
+  readonly idempotency: IdempotencyRunner;
+  private readonly clusterReadings?: ClusterReadings;
   readonly meter: Meter;
   readonly signer: PortUrlSigner;
   /** Each sandbox's recent execs (what ran, exit code, duration), for GET /v1/sandboxes/{id}/execs. */
@@ -147,11 +208,21 @@ export class TenantService {
     this.db = opts.db;
     applyApiMigrations(opts.db);
     this.keys = opts.keys ?? new KeyStore(opts.db);
-    this.idempotency = new IdempotencyStore(opts.db);
+    this.accountKeys = opts.accountKeys ?? this.keys;
+    this.idempotency = opts.idempotency ?? new IdempotencyStore(opts.db);
     this.execLog = new ExecLog(opts.db);
     this.meter = new Meter(opts.db, this.now);
     this.sandboxEvents = opts.sandboxEvents;
-    this.admission = new Admission(this.engine, opts.admissionWaitMs);
+    this.here = localHost(this.engine, { execLog: this.execLog, meter: this.meter, now: this.now, log: (err, msg) => this.log(err, msg) });
+    if (opts.cluster) {
+      const cluster = opts.cluster(this.here);
+      this.placement = cluster;
+      this.clusterReadings = cluster;
+    } else {
+      const local = new LocalPlacement(this.engine, this.here, opts.admissionWaitMs);
+      this.placement = local;
+      this.admission = local.admission;
+    }
     const dbFile = (opts.db as { name?: string }).name;
     const keyPath = opts.portUrlKeyPath !== undefined ? opts.portUrlKeyPath : dbFile && dbFile !== ':memory:' ? join(dirname(dbFile), 'port-urls.key') : null;
     this.signer = new PortUrlSigner(keyPath, this.now);
@@ -272,15 +343,16 @@ export class TenantService {
     this.reconcile();
     const period = opts.reconcileIntervalMs ?? (emitter.on ? 60_000 : 10_000);
     if (period > 0) this.timers.push(setInterval(() => this.reconcile(), period));
-    this.timers.push(setInterval(() => this.idempotency.prune(), 60 * 60 * 1000));
+    this.timers.push(setInterval(() => this.idempotency.prune?.(), 60 * 60 * 1000));
     this.timers.forEach((t) => t.unref());
   }
 
   // ---- who acts --------------------------------------------------------------------------------
 
   /** The scope of an API key; `unauthorized` when it is missing, unknown or revoked. */
-  authenticate(key: string | undefined): Scope {
+  async authenticate(key: string | undefined): Promise<Scope> {
     if (!key) throw new CollimateError('unauthorized', 'Missing API key. Send Authorization: Bearer <key> (create one with `collimate keys create`).');
+    await this.keys.load(key);
     const p = this.keys.authenticate(key);
     if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
     return { tenant: p.tenant, tier: p.tier };
@@ -289,23 +361,23 @@ export class TenantService {
   // ---- the tenant's account ----------------------------------------------------------------------
 
   /** The tenant's keys that are not revoked (records only; the keys themselves are never kept). */
-  ownKeys(scope: Scope): KeyRecord[] {
-    return this.keys.list({ tenant: scope.tenant });
+  async ownKeys(scope: Scope): Promise<KeyRecord[]> {
+    return this.accountKeys.list({ tenant: scope.tenant });
   }
 
   /** A new key of the same tenant, under its current tier (a key cannot change its own tier). */
-  createOwnKey(scope: Scope, name?: string): { key: string; record: KeyRecord } {
-    const { key, record } = this.keys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
+  async createOwnKey(scope: Scope, name?: string): Promise<{ key: string; record: KeyRecord }> {
+    const { key, record } = await this.accountKeys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
     return { key, record };
   }
 
   /** Revokes one of the tenant's keys by id; another tenant's key is as unknown as one that never was. */
-  revokeOwnKey(scope: Scope, keyId: string): void {
-    const rec = this.keys.get(keyId);
+  async revokeOwnKey(scope: Scope, keyId: string): Promise<void> {
+    const rec = await this.accountKeys.get(keyId);
     if (!rec || rec.tenant !== scope.tenant || rec.revoked_at !== null) {
       throw new CollimateError('not_found', `No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them with GET /v1/keys.`);
     }
-    this.keys.revoke(keyId);
+    await this.accountKeys.revoke(keyId);
   }
 
   /**
@@ -313,7 +385,15 @@ export class TenantService {
    * a percentage of one core since the previous reading (null on the first, or after a resume
    * started a new VMM). An engine that cannot tell (a fake) reports none.
    */
-  liveStats(scope: Scope): Array<{ id: string; cpuPercent: number | null; memoryMib: number }> {
+  async liveStats(scope: Scope): Promise<LiveStat[]> {
+    const here = this.liveStatsHere(scope.tenant);
+    const others = (await this.clusterReadings?.otherHostsStats(scope.tenant)) ?? [];
+    return [...here, ...others].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  /** liveStats of the tenant's sandboxes running on this host (what a cluster peer asks this host for). */
+  liveStatsHere(tenant: string): LiveStat[] {
+    const scope = { tenant };
     const engine = this.engine;
     if (!engine.vmmUsage) return [];
     const running = this.engine.list({ state: 'running', limit: 1000 }, scope).sandboxes.filter((s) => s.tenant === scope.tenant);
@@ -331,8 +411,8 @@ export class TenantService {
   }
 
   /** The tier's limits and how many of the tenant's sandboxes run now. */
-  limits(scope: Scope): { tier: Tier; running: number } {
-    return { tier: scope.tier, running: this.engine.countRunning(scope.tenant) };
+  async limits(scope: Scope): Promise<{ tier: Tier; running: number }> {
+    return { tier: scope.tier, running: await this.placement.running(scope.tenant) };
   }
 
   /**
@@ -356,16 +436,12 @@ export class TenantService {
    * its tenant, under the tenant's tier. 401 for a wrong token or an unknown sandbox alike, so a
    * token-less caller learns nothing about which ids exist.
    */
-  sandboxScope(id: string, token: string): Scope {
+  async sandboxScope(id: string, token: string): Promise<Scope> {
     const refused = () => new CollimateError('unauthorized', 'The sandbox access token (X-Access-Token) is missing or wrong; use the envdAccessToken the create or connect answered.');
     if (!token || !/^sbx_[0-9a-f]{12}$/.test(id) || !this.signer.verifySandboxToken(id, token)) throw refused();
-    let tenant: string;
-    try {
-      tenant = this.engine.get(id).tenant;
-    } catch {
-      throw sandboxNotFound(id);
-    }
-    const tier = this.keys.tierOf(tenant);
+    const tenant = await this.placement.tenantOf(id);
+    if (tenant === null) throw sandboxNotFound(id);
+    const tier = await this.keys.findTier(tenant);
     if (!tier) throw refused();
     return { tenant, tier };
   }
@@ -375,16 +451,11 @@ export class TenantService {
    * For E2B's signed file URLs, which name no sandbox: a signature is a hash over the token, so the
    * only way to find its sandbox is to try each running one (a hash per sandbox, cheap next to a VM).
    */
-  sandboxByToken(matches: (id: string, token: string) => boolean): { id: string; scope: Scope } | null {
-    let after: string | undefined;
-    do {
-      const page = this.engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
-      for (const s of page.sandboxes) {
-        const token = this.signer.sandboxToken(s.id);
-        if (matches(s.id, token)) return { id: s.id, scope: this.sandboxScope(s.id, token) };
-      }
-      after = page.next ?? undefined;
-    } while (after);
+  async sandboxByToken(matches: (id: string, token: string) => boolean): Promise<{ id: string; scope: Scope } | null> {
+    for (const id of await this.placement.runningIds()) {
+      const token = this.signer.sandboxToken(id);
+      if (matches(id, token)) return { id, scope: await this.sandboxScope(id, token) };
+    }
     return null;
   }
 
@@ -421,8 +492,11 @@ export class TenantService {
     this.imagesOrThrow().deleteImage(scope.tenant, id);
   }
 
-  createEnvironment(scope: Scope, spec: EnvironmentSpec): EnvironmentRow {
+  async createEnvironment(scope: Scope, spec: EnvironmentSpec): Promise<EnvironmentRow> {
     requireOwnImages(scope, 'create environments');
+    if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, spec.name) && (await this.clusterReadings.environmentElsewhere(scope.tenant, spec.name, false))) {
+      throw new CollimateError('conflict', `Environment ${spec.name} exists; DELETE /v1/environments/${spec.name} first to replace it.`);
+    }
     const tier = scope.tier;
     if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
       throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
@@ -430,23 +504,38 @@ export class TenantService {
     return this.imagesOrThrow().createEnvironment(scope.tenant, spec);
   }
 
-  environments(scope: Scope): EnvironmentRow[] {
+  async environments(scope: Scope): Promise<EnvironmentRow[]> {
+    if (this.clusterReadings) return this.clusterReadings.environments(scope.tenant);
     return this.images?.environments(scope.tenant) ?? [];
   }
 
-  environment(scope: Scope, name: string): EnvironmentRow {
-    return this.imagesOrThrow().environment(scope.tenant, name);
+  /**
+   * One of the tenant's environments. On a cluster host, one another host made is as that host last
+   * recorded it; `fromItsHost` (its bake log) asks that host, and needs it to answer.
+   */
+  async environment(scope: Scope, name: string, opts: { fromItsHost?: boolean } = {}): Promise<EnvironmentRow> {
+    const here = this.images?.repo.getEnv(scope.tenant, name);
+    if (here || !this.clusterReadings) return this.imagesOrThrow().environment(scope.tenant, name);
+    const elsewhere = await this.clusterReadings.environmentElsewhere(scope.tenant, name, opts.fromItsHost === true);
+    if (!elsewhere) return this.imagesOrThrow().environment(scope.tenant, name); // environment_not_found, in its words
+    return elsewhere;
   }
 
   async deleteEnvironment(scope: Scope, name: string): Promise<void> {
+    if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, name) && (await this.clusterReadings.deleteEnvironmentElsewhere(scope.tenant, name))) return;
     await this.imagesOrThrow().deleteEnvironment(scope.tenant, name);
   }
 
   // ---- reads -----------------------------------------------------------------------------------
 
+  /** The host that runs the tenant's sandbox `id` (sandbox_not_found for ids the tenant does not have). */
+  private where(scope: Scope, id: string): Promise<SandboxHost> {
+    return this.placement.locate(scope.tenant, id);
+  }
+
   /** One sandbox as last observed (ports as last read). Other tenants' ids read as not found. */
-  get(scope: Scope, id: string): SandboxInfo {
-    const info = this.engine.get(id, scope);
+  async get(scope: Scope, id: string): Promise<SandboxInfo> {
+    const info = await (await this.where(scope, id)).get(id, scope);
     // Belt and braces against an engine that leaks across tenants.
     if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
     return info;
@@ -457,11 +546,13 @@ export class TenantService {
    * is not worth failing the read for.
    */
   async inspect(scope: Scope, id: string): Promise<SandboxInfo> {
-    const info = this.get(scope, id);
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
     if (info.state !== 'running') return info;
     let ports: OpenPort[];
     try {
-      ports = await this.engine.openPorts(id, scope);
+      ports = await host.openPorts(id, scope);
     } catch (err) {
       if (err instanceof CollimateError && err.code === 'sandbox_not_found') throw err;
       this.log(err, `reading the open ports of ${id} failed`);
@@ -470,14 +561,13 @@ export class TenantService {
     return { ...info, ports };
   }
 
-  list(scope: Scope, filter: ListFilter): { sandboxes: SandboxInfo[]; next: string | null } {
-    const r = this.engine.list(filter, scope);
-    return { sandboxes: r.sandboxes.filter((s) => s.tenant === scope.tenant), next: r.next };
+  list(scope: Scope, filter: ListFilter): Promise<{ sandboxes: SandboxInfo[]; next: string | null }> {
+    return this.placement.list(scope.tenant, filter);
   }
 
   /** Throws invalid_state unless the sandbox is running (for callers that must know before they start streaming). */
-  requireRunning(scope: Scope, id: string, operation: string): SandboxInfo {
-    const info = this.get(scope, id);
+  async requireRunning(scope: Scope, id: string, operation: string): Promise<SandboxInfo> {
+    const info = await this.get(scope, id);
     if (info.state !== 'running') throw invalidState(id, info.state, operation, ['running']);
     return info;
   }
@@ -496,7 +586,7 @@ export class TenantService {
     }
     // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
     const inCatalog = this.catalog(scope).some((t) => t.id === input.template);
-    const tpl = !tier.ownImages && !inCatalog ? null : this.engine.template(input.template, scope);
+    const tpl = !tier.ownImages && !inCatalog ? null : await this.templateToCreate(scope, input.template);
     if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
       throw new CollimateError(
         'template_forbidden',
@@ -508,32 +598,39 @@ export class TenantService {
     }
     const egress = this.effectiveEgress(tpl, input.egress);
     const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
-    const slot = await this.admission.reserve(scope.tenant, tier, 1, 'create');
-    try {
+    const opts = { template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }) };
+    return this.placement.start({ tenant: scope.tenant, tier, slots: 1, operation: 'create', template: input.template }, async (host) => {
       const stop = this.createSeconds.startTimer();
-      const info = await this.engine.create({ template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }) }, scope);
+      const info = await host.create(opts, scope);
       stop();
-      this.observe(info);
       return info;
-    } finally {
-      slot.release();
+    });
+  }
+
+  /** The template a create names: this host's, else (a cluster) a tenant's environment another host made. */
+  private async templateToCreate(scope: Scope, id: string): Promise<TemplateInfo> {
+    try {
+      return this.engine.template(id, scope);
+    } catch (err) {
+      const elsewhere = err instanceof CollimateError && err.code === 'template_not_found' ? await this.clusterReadings?.template(scope.tenant, id) : undefined;
+      if (elsewhere) return elsewhere;
+      throw err;
     }
   }
 
   async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
+    const host = await this.where(scope, id);
     const stop = this.execSeconds.startTimer();
-    const started = this.now();
-    const t0 = performance.now();
-    const r = await this.engine.exec(id, req, scope, stream);
+    const r = await host.exec(id, req, scope, stream);
     stop();
-    this.execLog.record(scope.tenant, id, req, started, performance.now() - t0, r);
     return r;
   }
 
   /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */
-  recentExecs(scope: Scope, id: string, limit?: number): ExecLogEntry[] {
-    this.get(scope, id);
-    return this.execLog.recent(scope.tenant, id, limit);
+  async recentExecs(scope: Scope, id: string, limit?: number): Promise<ExecLogEntry[]> {
+    const host = await this.where(scope, id);
+    await host.get(id, scope);
+    return host.recentExecs(id, limit, scope);
   }
 
   /**
@@ -542,39 +639,27 @@ export class TenantService {
    */
   async fork(scope: Scope, id: string, input: ForkInput): Promise<SandboxInfo[]> {
     const count = input.count;
-    const parent = this.get(scope, id);
+    const problem = forkCountProblem(count);
+    if (problem) throw new CollimateError('validation_error', problem);
+    const parent = await this.get(scope, id);
     if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
-    const slot = await this.admission.reserve(scope.tenant, scope.tier, count, `fork of ${count}`);
-    try {
+    return this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: count, operation: `fork of ${count}`, near: id }, async (host) => {
       const stop = this.forkSeconds.startTimer({ count: String(count) });
-      const children = await this.engine.fork(id, { count, labels: input.labels }, scope);
+      const children = await host.fork(id, { count, labels: input.labels }, scope);
       stop();
-      children.forEach((c) => this.observe(c));
       return children;
-    } finally {
-      slot.release();
-    }
+    });
   }
 
   async suspend(scope: Scope, id: string): Promise<SandboxInfo> {
-    this.get(scope, id);
-    const info = await this.engine.suspend(id, scope);
-    this.observe(info);
-    return info;
+    return (await this.where(scope, id)).suspend(id, scope);
   }
 
   async resume(scope: Scope, id: string): Promise<SandboxInfo> {
-    const cur = this.get(scope, id);
+    const cur = await this.get(scope, id);
     // Checked before a slot is taken: resuming a running sandbox is invalid_state, not concurrency_limit.
     if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
-    const slot = await this.admission.reserve(scope.tenant, scope.tier, 1, 'resume');
-    try {
-      const info = await this.engine.resume(id, scope);
-      this.observe(info);
-      return info;
-    } finally {
-      slot.release();
-    }
+    return this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'resume', near: id }, (host) => host.resume(id, scope));
   }
 
   /**
@@ -584,10 +669,12 @@ export class TenantService {
    * silently cut short. Only while running: a suspended sandbox's session ended, and a resume starts
    * a new one of timeout_secs (invalid_state).
    */
-  setTimeout(scope: Scope, id: string, timeoutSecs: number): SandboxInfo {
+  async setTimeout(scope: Scope, id: string, timeoutSecs: number): Promise<SandboxInfo> {
     // Checked here too: in-process callers (the RL local fleet) do not go through a schema.
     if (!Number.isInteger(timeoutSecs) || timeoutSecs < 1) throw new CollimateError('validation_error', `timeout_secs must be a whole number of seconds, at least 1 (got ${timeoutSecs}).`);
-    const info = this.requireRunning(scope, id, 'setting its timeout');
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.state !== 'running') throw invalidState(id, info.state, 'setting its timeout', ['running']);
     const tier = scope.tier;
     const now = this.now();
     const startedMs = Date.parse(info.session_started_at);
@@ -603,86 +690,66 @@ export class TenantService {
         { details: { max_session_secs: tier.maxSessionSecs, max_timeout_secs: left } },
       );
     }
-    // No await between the check and the write: a resume cannot start a new session in between.
-    const updated = this.engine.setSessionEnd(id, endsAt, scope);
-    this.observe(updated);
-    return updated;
+    // Only while running: the engine refuses the new end otherwise (a suspend in between is invalid_state).
+    return host.setSessionEnd(id, endsAt, scope);
   }
 
   async delete(scope: Scope, id: string): Promise<void> {
-    this.get(scope, id);
-    await this.engine.delete(id, scope);
-    try {
-      this.meter.deleted(id);
-    } catch (err) {
-      this.log(err, 'metering failed'); // metering must never fail a request
-    }
+    await (await this.where(scope, id)).delete(id, scope);
   }
 
-  readFile(scope: Scope, id: string, path: string): Promise<Buffer> {
-    this.get(scope, id);
-    return this.engine.readFile(id, path, scope);
+  async readFile(scope: Scope, id: string, path: string): Promise<Buffer> {
+    return (await this.where(scope, id)).readFile(id, path, scope);
   }
 
   async writeFile(scope: Scope, id: string, path: string, data: Buffer, mode?: number): Promise<void> {
-    this.get(scope, id);
-    await this.engine.writeFile(id, path, data, scope, mode);
+    await (await this.where(scope, id)).writeFile(id, path, data, scope, mode);
   }
 
   // ---- background processes ---------------------------------------------------------------------
   // A start takes its turn in the sandbox's FIFO like an exec; the rest never waits behind one.
 
-  startProcess(scope: Scope, id: string, req: ProcessStartRequest): Promise<ProcessInfo> {
-    this.get(scope, id);
-    return this.engine.startProcess(id, req, scope);
+  async startProcess(scope: Scope, id: string, req: ProcessStartRequest): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).startProcess(id, req, scope);
   }
 
-  listProcesses(scope: Scope, id: string): Promise<ProcessInfo[]> {
-    this.get(scope, id);
-    return this.engine.listProcesses(id, scope);
+  async listProcesses(scope: Scope, id: string): Promise<ProcessInfo[]> {
+    return (await this.where(scope, id)).listProcesses(id, scope);
   }
 
-  getProcess(scope: Scope, id: string, pid: number): Promise<ProcessInfo> {
-    this.get(scope, id);
-    return this.engine.getProcess(id, pid, scope);
+  async getProcess(scope: Scope, id: string, pid: number): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).getProcess(id, pid, scope);
   }
 
-  watchProcessOutput(scope: Scope, id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void): Promise<() => void> {
-    this.get(scope, id);
-    return this.engine.watchProcessOutput(id, pid, from, listener, scope);
+  async watchProcessOutput(scope: Scope, id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void): Promise<() => void> {
+    return (await this.where(scope, id)).watchProcessOutput(id, pid, from, listener, scope);
   }
 
-  writeProcessStdin(scope: Scope, id: string, pid: number, data: AsyncIterable<Buffer> | Buffer): Promise<number> {
-    this.get(scope, id);
-    return this.engine.writeProcessStdin(id, pid, data, scope);
+  async writeProcessStdin(scope: Scope, id: string, pid: number, data: AsyncIterable<Buffer> | Buffer): Promise<number> {
+    return (await this.where(scope, id)).writeProcessStdin(id, pid, data, scope);
   }
 
-  closeProcessStdin(scope: Scope, id: string, pid: number): Promise<void> {
-    this.get(scope, id);
-    return this.engine.closeProcessStdin(id, pid, scope);
+  async closeProcessStdin(scope: Scope, id: string, pid: number): Promise<void> {
+    return (await this.where(scope, id)).closeProcessStdin(id, pid, scope);
   }
 
-  signalProcess(scope: Scope, id: string, pid: number, signal: string | number): Promise<void> {
-    this.get(scope, id);
-    return this.engine.signalProcess(id, pid, signal, scope);
+  async signalProcess(scope: Scope, id: string, pid: number, signal: string | number): Promise<void> {
+    return (await this.where(scope, id)).signalProcess(id, pid, signal, scope);
   }
 
-  resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void> {
-    this.get(scope, id);
-    return this.engine.resizeProcess(id, pid, cols, rows, scope);
+  async resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void> {
+    return (await this.where(scope, id)).resizeProcess(id, pid, cols, rows, scope);
   }
 
-  waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
-    this.get(scope, id);
-    return this.engine.waitProcess(id, pid, timeoutSecs, scope);
+  async waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).waitProcess(id, pid, timeoutSecs, scope);
   }
 
   // ---- files and directories -------------------------------------------------------------------
   // Paths are guest paths, absolute or relative to /root. Only while running; a paused sandbox wakes.
 
-  fsStat(scope: Scope, id: string, path: string): Promise<FileEntry> {
-    this.get(scope, id);
-    return this.engine.fsStat(id, path, scope);
+  async fsStat(scope: Scope, id: string, path: string): Promise<FileEntry> {
+    return (await this.where(scope, id)).fsStat(id, path, scope);
   }
 
   /** Whether anything (a file, directory, symlink…) is at `path`; a file in the way above it counts as nothing. */
@@ -696,63 +763,57 @@ export class TenantService {
     }
   }
 
-  fsList(scope: Scope, id: string, path: string, depth = 1): Promise<DirListing> {
-    this.get(scope, id);
-    return this.engine.fsList(id, path, depth, scope);
+  async fsList(scope: Scope, id: string, path: string, depth = 1): Promise<DirListing> {
+    return (await this.where(scope, id)).fsList(id, path, depth, scope);
   }
 
-  fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
-    this.get(scope, id);
-    return this.engine.fsMkdir(id, path, mode, scope);
+  async fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
+    return (await this.where(scope, id)).fsMkdir(id, path, mode, scope);
   }
 
-  fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {
-    this.get(scope, id);
-    return this.engine.fsRemove(id, path, scope);
+  async fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {
+    return (await this.where(scope, id)).fsRemove(id, path, scope);
   }
 
-  fsRename(scope: Scope, id: string, from: string, to: string): Promise<FileEntry> {
-    this.get(scope, id);
-    return this.engine.fsRename(id, from, to, scope);
+  async fsRename(scope: Scope, id: string, from: string, to: string): Promise<FileEntry> {
+    return (await this.where(scope, id)).fsRename(id, from, to, scope);
   }
 
-  fsWatch(scope: Scope, id: string, path: string, recursive: boolean, handlers: WatchHandlers): Promise<DirWatch> {
-    this.get(scope, id);
-    return this.engine.fsWatch(id, path, recursive, handlers, scope);
+  async fsWatch(scope: Scope, id: string, path: string, recursive: boolean, handlers: WatchHandlers): Promise<DirWatch> {
+    return (await this.where(scope, id)).fsWatch(id, path, recursive, handlers, scope);
   }
 
   /** Streams a file of any size (up to the server's download limit) to `sink`. */
-  downloadFile(scope: Scope, id: string, path: string, sink: FileSink): Promise<{ size: number }> {
-    this.get(scope, id);
-    return this.engine.downloadFile(id, path, sink, scope);
+  async downloadFile(scope: Scope, id: string, path: string, sink: FileSink): Promise<{ size: number }> {
+    return (await this.where(scope, id)).downloadFile(id, path, sink, scope);
   }
 
   /** Streams `source` into a file, replacing it whole once complete (payload_too_large past `opts.maxBytes`). */
-  uploadFile(scope: Scope, id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}): Promise<FileEntry & { bytes: number }> {
-    this.get(scope, id);
-    return this.engine.uploadFile(id, path, source, opts, scope);
+  async uploadFile(scope: Scope, id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}): Promise<FileEntry & { bytes: number }> {
+    return (await this.where(scope, id)).uploadFile(id, path, source, opts, scope);
   }
 
   // ---- ports -----------------------------------------------------------------------------------
 
   /** A signed URL token for a sandbox port: anyone holding it reaches the port until it expires. */
-  portUrl(scope: Scope, id: string, port: number, expiresInSecs = DEFAULT_PORT_URL_SECS): PortUrl {
-    this.get(scope, id);
+  async portUrl(scope: Scope, id: string, port: number, expiresInSecs = DEFAULT_PORT_URL_SECS): Promise<PortUrl> {
+    await this.get(scope, id);
     const expiresAt = Math.floor(this.now() / 1000) + expiresInSecs;
     return { token: this.signer.sign({ sandboxId: id, port, expiresAt }), port, expiresAt };
   }
 
   /** Where the proxy connects for a tenant's request to a port (invalid_state unless running). */
-  portTarget(scope: Scope, id: string, port: number): ResolvedPort {
-    this.get(scope, id);
-    return { sandboxId: id, port, target: this.engine.portTarget(id, port, scope) };
+  async portTarget(scope: Scope, id: string, port: number): Promise<ResolvedPort> {
+    return { sandboxId: id, port, target: await (await this.where(scope, id)).portTarget(id, port, scope) };
   }
 
   /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */
-  signedPortTarget(token: string): ResolvedPort {
+  async signedPortTarget(token: string): Promise<ResolvedPort> {
     const grant = this.signer.verify(token);
-    const tenant = this.engine.get(grant.sandboxId).tenant;
-    return { sandboxId: grant.sandboxId, port: grant.port, target: this.engine.portTarget(grant.sandboxId, grant.port, { tenant }) };
+    const tenant = await this.placement.tenantOf(grant.sandboxId);
+    if (tenant === null) throw sandboxNotFound(grant.sandboxId);
+    const scope = { tenant };
+    return { sandboxId: grant.sandboxId, port: grant.port, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
   }
 
   // ---- idempotency and usage -------------------------------------------------------------------
@@ -765,8 +826,9 @@ export class TenantService {
     return this.idempotency.run(scope.tenant, key, fingerprint, exec);
   }
 
-  usage(scope: Scope, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): UsageReport {
+  async usage(scope: Scope, fromMs: number, toMs: number, opts: { perDay?: boolean } = {}): Promise<UsageReport> {
     checkUsageRange(fromMs, toMs, opts);
+    if (this.clusterReadings) return this.clusterReadings.usage(scope.tenant, fromMs, toMs, opts);
     return this.meter.usage(scope.tenant, fromMs, toMs, opts);
   }
 

@@ -119,3 +119,24 @@ test('which headers an error carries is decided in one place (CollimateError.hea
     assert.ok(!/['"]retry-after['"]/i.test(readFileSync(file, 'utf8')), `${relative(SRC, file)} writes Retry-After itself`);
   }
 });
+
+test('cluster mode is beneath the tenant service: no door imports cluster/, and nothing below the doors reads their paths or tool names', () => {
+  // The cluster's own HTTP endpoints (peers' operations, blobs, moves) live in api/ beside the doors; they are not doors.
+  const clusterEndpoints = ['peerRoutes.ts', 'blobRoutes.ts', 'moveRoutes.ts'].map((f) => join('api', f));
+  const re = /(?:\bfrom\s+|\bimport\s*\(\s*|\bimport\s+)['"](\.{1,2}\/[^'"]+)['"]/g;
+  for (const file of sources(SRC)) {
+    const rel = relative(SRC, file);
+    if (!['api', 'mcp', 'e2b'].includes(folderOf(file)) || clusterEndpoints.includes(rel)) continue;
+    for (const m of readFileSync(file, 'utf8').matchAll(re)) {
+      const target = relative(SRC, resolve(dirname(file), m[1]));
+      assert.ok(!target.startsWith(`cluster${sep}`), `${rel} imports ${target}: a door reaches the cluster only through the tenant service`);
+    }
+  }
+  // Where a request goes and what it costs is decided from the service's operations, never by parsing a door's request.
+  const doorWords = [/\/v1\/sandboxes\/:id/, /['"`]\/e2b\//, /\bcreate_sandbox\b/, /\bfork_sandbox\b/, /\bresume_sandbox\b/, /tools\/call/, /['"`]\/mcp\b/];
+  for (const file of sources(SRC)) {
+    if (!['cluster', 'service', 'sandboxes'].includes(folderOf(file))) continue;
+    const text = readFileSync(file, 'utf8').split('\n').filter((l) => !/^\s*(\*|\/\/)/.test(l)).join('\n'); // code, not comments
+    for (const w of doorWords) assert.ok(!w.test(text), `${relative(SRC, file)} reads a door's requests (${w.source})`);
+  }
+});

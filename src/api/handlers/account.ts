@@ -28,27 +28,27 @@ export function limitsView(tier: Tier, running: number) {
 
 export function accountHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, AccountOps> {
   return {
-    listKeys({ scope }) {
-      return { status: 200, body: { keys: tenants.ownKeys(scope).map(keyView) } };
+    async listKeys({ scope }) {
+      return { status: 200, body: { keys: (await tenants.ownKeys(scope)).map(keyView) } };
     },
 
-    createKey({ scope, body }) {
-      const { key, record } = tenants.createOwnKey(scope, body.name);
+    async createKey({ scope, body }) {
+      const { key, record } = await tenants.createOwnKey(scope, body.name);
       return { status: 201, body: { key, record: keyView(record) } };
     },
 
-    revokeKey({ scope, params }) {
-      tenants.revokeOwnKey(scope, params.id);
+    async revokeKey({ scope, params }) {
+      await tenants.revokeOwnKey(scope, params.id);
       return { status: 204 };
     },
 
-    getLimits({ scope }) {
-      const { tier, running } = tenants.limits(scope);
+    async getLimits({ scope }) {
+      const { tier, running } = await tenants.limits(scope);
       return { status: 200, body: limitsView(tier, running) };
     },
 
-    getLiveStats({ scope }) {
-      return { status: 200, body: { sandboxes: tenants.liveStats(scope).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
+    async getLiveStats({ scope }) {
+      return { status: 200, body: { sandboxes: (await tenants.liveStats(scope)).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
     },
 
     streamEvents({ scope, reply }) {

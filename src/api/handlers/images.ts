@@ -38,8 +38,8 @@ export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick
       return { status: 204 };
     },
 
-    createEnvironment({ scope, body }) {
-      const env = tenants.createEnvironment(scope, {
+    async createEnvironment({ scope, body }) {
+      const env = await tenants.createEnvironment(scope, {
         name: body.name, image: body.image, description: body.description, interpreter: body.interpreter,
         readyCommand: body.ready_command, readyProbe: body.ready_probe, readyTimeoutSecs: body.ready_timeout_secs,
         secrets: body.secrets, vcpus: body.vcpus, memoryMib: body.memory_mib, egress: body.egress,
@@ -47,25 +47,26 @@ export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick
       return { status: 202, body: environmentView(env) };
     },
 
-    listEnvironments({ scope }) {
-      return { status: 200, body: { environments: tenants.environments(scope).map(environmentView) } };
+    async listEnvironments({ scope }) {
+      return { status: 200, body: { environments: (await tenants.environments(scope)).map(environmentView) } };
     },
 
-    getEnvironment({ scope, params }) {
-      return { status: 200, body: environmentView(tenants.environment(scope, params.name)) };
+    async getEnvironment({ scope, params }) {
+      return { status: 200, body: environmentView(await tenants.environment(scope, params.name)) };
     },
 
-    getEnvironmentLog({ scope, params, req, reply }) {
-      const env = tenants.environment(scope, params.name);
+    async getEnvironmentLog({ scope, params, req, reply }) {
+      const env = await tenants.environment(scope, params.name, { fromItsHost: true });
       if (!wantsSse(req.headers.accept)) {
         reply.code(200).type('text/plain; charset=utf-8').send(env.log);
         return null;
       }
-      streams.streamBakeLog(reply, () => {
+      streams.streamBakeLog(reply, async () => {
         try {
-          return tenants.environment(scope, params.name);
-        } catch {
-          return null; // deleted while followed
+          return await tenants.environment(scope, params.name, { fromItsHost: true });
+        } catch (err) {
+          if (err instanceof CollimateError && err.code === 'environment_not_found') return null; // deleted while followed
+          throw err;
         }
       });
       return null;

@@ -46,12 +46,12 @@ export function operationHandlers(deps: {
 }): Pick<Handlers, Ops> {
   const openApiText = renderOpenApi();
   return {
-    getUsage({ scope, query }) {
+    async getUsage({ scope, query }) {
       const t = deps.now();
       const d = new Date(t);
       const to = query.to === undefined ? t : parseTime(query.to, 'to');
       const from = query.from === undefined ? Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1) : parseTime(query.from, 'from');
-      return { status: 200, body: deps.tenants.usage(scope, from, to, { perDay: query.per === 'day' }) };
+      return { status: 200, body: await deps.tenants.usage(scope, from, to, { perDay: query.per === 'day' }) };
     },
 
     getOpenApi({ reply }) {

@@ -31,8 +31,8 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       return { status: 201, body: sandboxView(info) };
     },
 
-    listSandboxes({ scope, query }) {
-      const r = tenants.list(scope, { state: query.state, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
+    async listSandboxes({ scope, query }) {
+      const r = await tenants.list(scope, { state: query.state, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
       return { status: 200, body: { sandboxes: r.sandboxes.map(sandboxView), next: r.next } };
     },
 
@@ -40,8 +40,8 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       return { status: 200, body: sandboxView(await tenants.inspect(scope, params.id)) };
     },
 
-    createPortUrl({ scope, params, body }) {
-      const u = tenants.portUrl(scope, params.id, body.port, body.expires_in_secs);
+    async createPortUrl({ scope, params, body }) {
+      const u = await tenants.portUrl(scope, params.id, body.port, body.expires_in_secs);
       return { status: 201, body: { url: `/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString() } };
     },
 
@@ -50,13 +50,13 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
         return { status: 200, body: execResultView(await tenants.exec(scope, params.id, body)) };
       }
       // Checked before committing to a 200 stream, so the common mistakes still get their status code.
-      tenants.requireRunning(scope, params.id, 'exec');
+      await tenants.requireRunning(scope, params.id, 'exec');
       await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.exec(scope, params.id, body, handlers));
       return null;
     },
 
-    listExecs({ scope, params, query }) {
-      return { status: 200, body: { execs: tenants.recentExecs(scope, params.id, query.limit) } };
+    async listExecs({ scope, params, query }) {
+      return { status: 200, body: { execs: await tenants.recentExecs(scope, params.id, query.limit) } };
     },
 
     async forkSandbox({ scope, params, body }) {
@@ -72,8 +72,8 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       return { status: 200, body: sandboxView(await tenants.resume(scope, params.id)) };
     },
 
-    setSandboxTimeout({ scope, params, body }) {
-      return { status: 200, body: sandboxView(tenants.setTimeout(scope, params.id, body.timeout_secs)) };
+    async setSandboxTimeout({ scope, params, body }) {
+      return { status: 200, body: sandboxView(await tenants.setTimeout(scope, params.id, body.timeout_secs)) };
     },
 
     async deleteSandbox({ scope, params }) {

@@ -52,7 +52,7 @@ describe('demo tier cap', () => {
       assert.equal(rs.filter((r) => r.statusCode === 429).length, 98);
       assert.ok(max <= 2, `peak ${max}`);
       assert.equal(f.svc.countRunning('stampede'), 2);
-      assert.equal(f.api.admission.inFlight('stampede'), 0);
+      assert.equal(f.api.admission!.inFlight('stampede'), 0);
     } finally {
       f.svc.create = orig;
     }
@@ -83,7 +83,7 @@ describe('demo tier cap', () => {
     f.svc.failCreates = 2;
     const rs = await Promise.all([create(key), create(key)]);
     for (const r of rs) assertErrorBody(r, 'vmm_failed');
-    assert.equal(f.api.admission.inFlight('failing'), 0);
+    assert.equal(f.api.admission!.inFlight('failing'), 0);
     assert.deepEqual((await Promise.all([create(key), create(key)])).map((r) => r.statusCode), [201, 201]);
   });
 

@@ -1,0 +1,170 @@
+/**
+ * The host that runs a sandbox, as the tenant service reaches it. On one host that is this host's
+ * engine (localHost below); in a cluster it may be another host, reached through a client of that
+ * host (src/cluster/remoteHost.ts) that speaks the same interface. The tenant service decides the
+ * rules and asks a Placement (placement.ts) which host to call; it never knows which kind it holds.
+ *
+ * What runs beside the engine on the host that runs the sandbox — the exec log and metering — is
+ * here too, so a sandbox's execs and usage are kept where it runs, whichever host the request
+ * entered by.
+ */
+import type {
+  CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, OpenPort, PortTarget,
+  ProcessEvent, ProcessInfo, ProcessStartRequest, SandboxInfo, Scope, ServiceEngine, UploadOptions, WatchHandlers,
+} from '../sandboxes/types.js';
+import type { Duplex } from 'node:stream';
+import type { ExecLog, ExecLogEntry } from './execLog.js';
+import type { Meter, MeteredSandboxInfo } from './metering.js';
+
+type Maybe<T> = T | Promise<T>;
+
+/** Where a port of a sandbox is reached: an address to connect to, or (another host's sandbox) a tunnel through its host. */
+export interface PortRoute extends PortTarget {
+  /** Opens the connection when it is not a plain TCP connect to host:port (a tunnel through the owning host). */
+  connect?(): Promise<Duplex>;
+}
+
+/**
+ * Every operation on a sandbox the tenant service asks of the host that runs it. Scopes here are the
+ * engine's (the tenant); tier rules were applied before.
+ */
+export interface SandboxHost {
+  create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo>;
+  get(id: string, scope: Scope): Maybe<SandboxInfo>;
+  fork(id: string, opts: ForkOptions, scope: Scope): Promise<SandboxInfo[]>;
+  suspend(id: string, scope: Scope): Promise<SandboxInfo>;
+  resume(id: string, scope: Scope): Promise<SandboxInfo>;
+  delete(id: string, scope: Scope): Promise<void>;
+  setSessionEnd(id: string, endsAtMs: number, scope: Scope): Maybe<SandboxInfo>;
+  exec(id: string, req: ExecRequest, scope: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
+  /** The sandbox's recent execs, newest first. */
+  recentExecs(id: string, limit: number | undefined, scope: Scope): Maybe<ExecLogEntry[]>;
+  readFile(id: string, path: string, scope: Scope): Promise<Buffer>;
+  writeFile(id: string, path: string, data: Buffer, scope: Scope, mode?: number): Promise<void>;
+  fsStat(id: string, path: string, scope: Scope): Promise<FileEntry>;
+  fsList(id: string, path: string, depth: number | undefined, scope: Scope): Promise<DirListing>;
+  fsMkdir(id: string, path: string, mode: number | undefined, scope: Scope): Promise<{ created: boolean; entry: FileEntry }>;
+  fsRemove(id: string, path: string, scope: Scope): Promise<{ removed: number }>;
+  fsRename(id: string, from: string, to: string, scope: Scope): Promise<FileEntry>;
+  fsWatch(id: string, path: string, recursive: boolean, handlers: WatchHandlers, scope: Scope): Promise<DirWatch>;
+  downloadFile(id: string, path: string, sink: FileSink, scope: Scope): Promise<{ size: number }>;
+  uploadFile(id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions | undefined, scope: Scope): Promise<FileEntry & { bytes: number }>;
+  openPorts(id: string, scope: Scope): Promise<OpenPort[]>;
+  portTarget(id: string, port: number, scope: Scope): Maybe<PortRoute>;
+  startProcess(id: string, req: ProcessStartRequest, scope: Scope): Promise<ProcessInfo>;
+  listProcesses(id: string, scope: Scope): Promise<ProcessInfo[]>;
+  getProcess(id: string, pid: number, scope: Scope): Promise<ProcessInfo>;
+  watchProcessOutput(id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void, scope: Scope): Promise<() => void>;
+  writeProcessStdin(id: string, pid: number, data: AsyncIterable<Buffer> | Buffer, scope: Scope): Promise<number>;
+  closeProcessStdin(id: string, pid: number, scope: Scope): Promise<void>;
+  signalProcess(id: string, pid: number, signal: string | number, scope: Scope): Promise<void>;
+  resizeProcess(id: string, pid: number, cols: number, rows: number, scope: Scope): Promise<void>;
+  waitProcess(id: string, pid: number, timeoutSecs: number, scope: Scope): Promise<ProcessInfo>;
+}
+
+/**
+ * How each operation travels to another host (src/cluster/remoteHost.ts, src/api/peerRoutes.ts): `call` is
+ * JSON arguments in, a JSON result out; the others carry a stream or a callback, at the argument
+ * named. Listed once, here, so the client and the serving side cannot disagree on an operation, and
+ * the architecture test checks that every SandboxHost operation is in it.
+ */
+export const HOST_OPERATIONS = {
+  create: { kind: 'call', changes: true },
+  get: { kind: 'call' },
+  fork: { kind: 'call', changes: true },
+  suspend: { kind: 'call', changes: true },
+  resume: { kind: 'call', changes: true },
+  delete: { kind: 'call', changes: true },
+  setSessionEnd: { kind: 'call', changes: true },
+  exec: { kind: 'exec', arg: 3 },
+  recentExecs: { kind: 'call' },
+  readFile: { kind: 'call' },
+  writeFile: { kind: 'call' },
+  fsStat: { kind: 'call' },
+  fsList: { kind: 'call' },
+  fsMkdir: { kind: 'call' },
+  fsRemove: { kind: 'call' },
+  fsRename: { kind: 'call' },
+  fsWatch: { kind: 'watch', arg: 3 },
+  downloadFile: { kind: 'download', arg: 2 },
+  uploadFile: { kind: 'upload', arg: 2 },
+  openPorts: { kind: 'call' },
+  portTarget: { kind: 'tunnel' },
+  startProcess: { kind: 'call' },
+  listProcesses: { kind: 'call' },
+  getProcess: { kind: 'call' },
+  watchProcessOutput: { kind: 'listen', arg: 3 },
+  writeProcessStdin: { kind: 'upload', arg: 2 },
+  closeProcessStdin: { kind: 'call' },
+  signalProcess: { kind: 'call' },
+  resizeProcess: { kind: 'call' },
+  waitProcess: { kind: 'call' },
+} as const satisfies Record<keyof SandboxHost, { kind: 'call' | 'exec' | 'watch' | 'listen' | 'download' | 'upload' | 'tunnel'; arg?: number; changes?: boolean }>;
+
+export type HostOperation = keyof typeof HOST_OPERATIONS;
+
+/** What the host keeps beside its engine: the exec log and the meter. */
+export interface HostBooks {
+  execLog: ExecLog;
+  meter: Meter;
+  now(): number;
+  /** Where a failure of bookkeeping goes (it never fails the operation). */
+  log(err: unknown, msg: string): void;
+}
+
+/** This host's engine as a SandboxHost: each operation the engine's, with the exec log and metering kept here. */
+export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost {
+  const observe = <T extends SandboxInfo | SandboxInfo[]>(r: T): T => {
+    try {
+      for (const info of Array.isArray(r) ? r : [r]) books.meter.observe(info as MeteredSandboxInfo);
+    } catch (err) {
+      books.log(err, 'metering failed'); // metering must never fail a request
+    }
+    return r;
+  };
+  return {
+    create: async (opts, scope) => observe(await engine.create(opts, scope)),
+    get: (id, scope) => engine.get(id, scope),
+    fork: async (id, opts, scope) => observe(await engine.fork(id, opts, scope)),
+    suspend: async (id, scope) => observe(await engine.suspend(id, scope)),
+    resume: async (id, scope) => observe(await engine.resume(id, scope)),
+    async delete(id, scope) {
+      await engine.delete(id, scope);
+      try {
+        books.meter.deleted(id);
+      } catch (err) {
+        books.log(err, 'metering failed');
+      }
+    },
+    setSessionEnd: (id, endsAtMs, scope) => observe(engine.setSessionEnd(id, endsAtMs, scope)),
+    async exec(id, req, scope, stream) {
+      const started = books.now();
+      const t0 = performance.now();
+      const r = await engine.exec(id, req, scope, stream);
+      books.execLog.record(scope.tenant, id, req, started, performance.now() - t0, r);
+      return r;
+    },
+    recentExecs: (id, limit, scope) => books.execLog.recent(scope.tenant, id, limit),
+    readFile: (id, path, scope) => engine.readFile(id, path, scope),
+    writeFile: (id, path, data, scope, mode) => engine.writeFile(id, path, data, scope, mode),
+    fsStat: (id, path, scope) => engine.fsStat(id, path, scope),
+    fsList: (id, path, depth, scope) => engine.fsList(id, path, depth, scope),
+    fsMkdir: (id, path, mode, scope) => engine.fsMkdir(id, path, mode, scope),
+    fsRemove: (id, path, scope) => engine.fsRemove(id, path, scope),
+    fsRename: (id, from, to, scope) => engine.fsRename(id, from, to, scope),
+    fsWatch: (id, path, recursive, handlers, scope) => engine.fsWatch(id, path, recursive, handlers, scope),
+    downloadFile: (id, path, sink, scope) => engine.downloadFile(id, path, sink, scope),
+    uploadFile: (id, path, source, opts, scope) => engine.uploadFile(id, path, source, opts, scope),
+    openPorts: (id, scope) => engine.openPorts(id, scope),
+    portTarget: (id, port, scope) => engine.portTarget(id, port, scope),
+    startProcess: (id, req, scope) => engine.startProcess(id, req, scope),
+    listProcesses: (id, scope) => engine.listProcesses(id, scope),
+    getProcess: (id, pid, scope) => engine.getProcess(id, pid, scope),
+    watchProcessOutput: (id, pid, from, listener, scope) => engine.watchProcessOutput(id, pid, from, listener, scope),
+    writeProcessStdin: (id, pid, data, scope) => engine.writeProcessStdin(id, pid, data, scope),
+    closeProcessStdin: (id, pid, scope) => engine.closeProcessStdin(id, pid, scope),
+    signalProcess: (id, pid, signal, scope) => engine.signalProcess(id, pid, signal, scope),
+    resizeProcess: (id, pid, cols, rows, scope) => engine.resizeProcess(id, pid, cols, rows, scope),
+    waitProcess: (id, pid, timeoutSecs, scope) => engine.waitProcess(id, pid, timeoutSecs, scope),
+  };
+}
