@@ -213,6 +213,10 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
     return (await this.remote(row.hostId, row.hostAddress).call('environment', [tenant, name])) as EnvironmentRow;
   }
 
+  async environmentsWritten(): Promise<void> {
+    await this.envs?.flushed();
+  }
+
   async deleteEnvironmentElsewhere(tenant: string, name: string): Promise<boolean> {
     const row = this.envs ? await this.db(() => this.envs!.environments.get(tenant, name)) : null;
     if (!row || row.hostId === this.node.hostId) return false;

@@ -119,6 +119,8 @@ export interface ClusterReadings {
   environmentElsewhere(tenant: string, name: string, fromItsHost: boolean): Promise<EnvironmentRow | undefined>;
   /** Deletes an environment another host made, on that host; false when no other host made one by that name. */
   deleteEnvironmentElsewhere(tenant: string, name: string): Promise<boolean>;
+  /** Resolves once this host's environment changes so far are in the cluster database (so every host shows them). */
+  environmentsWritten(): Promise<void>;
 }
 
 export interface TenantServiceOptions {
@@ -501,7 +503,9 @@ export class TenantService {
     if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
       throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
     }
-    return this.imagesOrThrow().createEnvironment(scope.tenant, spec);
+    const row = this.imagesOrThrow().createEnvironment(scope.tenant, spec);
+    await this.clusterReadings?.environmentsWritten();
+    return row;
   }
 
   async environments(scope: Scope): Promise<EnvironmentRow[]> {
@@ -524,6 +528,7 @@ export class TenantService {
   async deleteEnvironment(scope: Scope, name: string): Promise<void> {
     if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, name) && (await this.clusterReadings.deleteEnvironmentElsewhere(scope.tenant, name))) return;
     await this.imagesOrThrow().deleteEnvironment(scope.tenant, name);
+    await this.clusterReadings?.environmentsWritten();
   }
 
   // ---- reads -----------------------------------------------------------------------------------
