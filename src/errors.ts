@@ -94,6 +94,15 @@ export function sandboxEnded(id: string, reason: string): CollimateError {
   return new CollimateError('sandbox_not_found', `Sandbox ${id} no longer exists: ${reason}. Its resources were reclaimed; create or fork a new one.`);
 }
 
+/** A create from an environment that is not baked (yet): retry while it bakes, not once it failed. */
+export function environmentNotReady(name: string, state: string, error?: string | null): CollimateError {
+  return new CollimateError(
+    'template_not_ready',
+    `Environment ${name} is ${state}${error ? ` (${error})` : ''}; create sandboxes from it once GET /v1/environments/${name} shows state ready.`,
+    state === 'failed' ? {} : { retryAfterSecs: 10 },
+  );
+}
+
 export function invalidState(id: string, state: string, operation: string, allowed: readonly string[]): CollimateError {
   return new CollimateError(
     'invalid_state',

@@ -7,9 +7,11 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import type { z } from 'zod';
 import { CollimateError, sandboxNotFound } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
+import { parseJsonBody } from '../wire/jsonBody.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
@@ -37,43 +39,11 @@ export interface BindOptions {
   maxFileBytes: number;
 }
 
-const JSON_CT = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
 
 export function sendError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;
   reply.headers(err.headers());
   reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
-}
-
-/** JSON text is UTF-8 (RFC 8259 §8.1): replacing bad bytes with U+FFFD would silently change a command or a file's content. */
-const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-
-function decodeJsonBody(req: FastifyRequest): unknown {
-  const raw = req.body;
-  if (raw === undefined || raw === null) return undefined;
-  const buf = Buffer.isBuffer(raw) ? raw : Buffer.from(String(raw));
-  let text: string | null = null;
-  try { text = utf8.decode(buf); } catch { /* refused below, after the media type */ }
-  if (text !== null && text.trim() === '') return undefined;
-  const ct = req.headers['content-type'];
-  if (ct !== undefined && !JSON_CT.test(ct)) {
-    throw new CollimateError('unsupported_media_type', `Content-Type ${JSON.stringify(ct.slice(0, 100))} is not supported here; send application/json.`);
-  }
-  if (text === null) throw new CollimateError('invalid_json', 'Request body is not valid UTF-8; JSON must be sent as UTF-8.');
-  try {
-    return JSON.parse(text, (k, v) => {
-      // Prototype poisoning guard: such keys are never valid in this API.
-      if (k === '__proto__' || (k === 'constructor' && v && typeof v === 'object' && 'prototype' in v)) {
-        throw new CollimateError('validation_error', `Key ${JSON.stringify(k)} is not allowed.`);
-      }
-      return v;
-    });
-  } catch (e) {
-    if (e instanceof CollimateError) throw e;
-    // The parser's own stack ran out: the message would say so, not what to change.
-    if (e instanceof RangeError) throw new CollimateError('invalid_json', 'Request body nests arrays or objects too deeply to parse; no request here needs more than a few levels.');
-    throw new CollimateError('invalid_json', `Request body is not valid JSON (${(e as Error).message}).`);
-  }
 }
 
 export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindOptions): void {
@@ -104,7 +74,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
       handler: async (req, reply) => {
         try {
-          const scope = spec.auth ? await tenants.authenticate(bearerKey(req.headers.authorization)) : undefined;
+          const scope = spec.auth ? await tenants.accounts.authenticate(bearerKey(req.headers.authorization)) : undefined;
           if (scope) bindToRequest(req, reply, { tenant: scope.tenant });
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
@@ -116,7 +86,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           const query = parseWith(spec.query ?? S.EmptyQuery, req.query ?? {}, 'query');
           let body: unknown;
           if (spec.bodyKind === 'json') {
-            const decoded = decodeJsonBody(req);
+            const decoded = parseJsonBody(req.body, { contentType: req.headers['content-type'] });
             body = parseWith(spec.body!, decoded === undefined && spec.bodyOptional ? {} : decoded, 'body');
           } else if (spec.bodyKind === 'raw') {
             body = req.body;
@@ -129,7 +99,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           if (spec.idempotent && idemKey !== undefined) {
             const key = Array.isArray(idemKey) ? idemKey[0] : idemKey;
             const fp = fingerprint(spec.method, req.url.split('?')[0], body);
-            const r = await tenants.idempotent(scope!, key, fp, async () => {
+            const r = await tenants.sandboxes.idempotent(scope!, key, fp, async () => {
               const out = (await handler(ctx))!;
               return { status: out.status, body: out.body };
             });

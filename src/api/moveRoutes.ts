@@ -1,4 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { parseJsonObject } from '../wire/jsonBody.js';
 import { CollimateError, ERROR_CODES, type ErrorCode } from '../errors.js';
 import type { LocalBlobs } from '../images/localBlobs.js';
 import { BlobFetcher } from '../cluster/blobFetcher.js';
@@ -60,14 +61,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
     }
   };
   /** The request's JSON object (the server hands bodies over as bytes); {} for none. */
-  const bodyOf = (req: FastifyRequest): Record<string, unknown> => {
-    const raw = Buffer.isBuffer(req.body) ? req.body.toString('utf8') : '';
-    if (!raw.trim()) return {};
-    let v: unknown;
-    try { v = JSON.parse(raw); } catch { throw new CollimateError('invalid_json', 'The request body is not JSON.'); }
-    if (!v || typeof v !== 'object' || Array.isArray(v)) throw new CollimateError('validation_error', 'The request body must be a JSON object.');
-    return v as Record<string, unknown>;
-  };
+  const bodyOf = (req: FastifyRequest): Record<string, unknown> => parseJsonObject(req.body);
   const optionalHost = (v: unknown): string | undefined => {
     if (v === undefined || v === null) return undefined;
     if (typeof v !== 'string' || !/^[A-Za-z0-9_-]{1,64}$/.test(v)) throw new CollimateError('validation_error', '"to" must be a host id (e.g. host_0123456789ab).');

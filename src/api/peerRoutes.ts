@@ -45,6 +45,7 @@ function extrasOf(req: IncomingMessage): HostCallExtras {
 
 /** A JSON call's arguments (the server hands JSON bodies over as the bytes that came). */
 function argsOf(body: unknown): unknown[] {
+  // Not parseJsonBody: Buffers and bigints travel in this JSON (remoteHost.ts encode).
   const text = Buffer.isBuffer(body) ? body.toString('utf8') : typeof body === 'string' ? body : JSON.stringify(body ?? {});
   return (decode(text || '{}').args as unknown[]) ?? [];
 }

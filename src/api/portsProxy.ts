@@ -19,7 +19,8 @@ import type { PortRoute } from '../service/sandboxHost.js';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { PortTarget } from '../sandboxes/types.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
@@ -135,11 +136,11 @@ async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: In
     const id = decodeSafe(p.id);
     const traffic = headers[TRAFFIC_TOKEN_HEADER];
     const hasKey = headers.authorization !== undefined;
-    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.sandboxScope(id, traffic) : await opts.authenticate(headers);
+    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic) : await opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    return { ...(await opts.tenants.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
+    return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
   }
-  return { ...(await opts.tenants.signedPortTarget(p.token)), ...splitUrl(rawUrl, 3) };
+  return { ...(await opts.tenants.sandboxes.signedPortTarget(p.token)), ...splitUrl(rawUrl, 3) };
 }
 
 /** The tunnel to a port of a sandbox another host runs (undefined: connect to host:port here). */

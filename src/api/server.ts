@@ -11,7 +11,8 @@ import type { Admission } from '../service/admission.js';
 import type { KeyStore } from '../service/keys.js';
 import type { Meter } from '../service/metering.js';
 import type { MetricsRegistry } from '../service/metrics.js';
-import type { IdempotencyRunner, Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { IdempotencyRunner, Scope } from '../service/types.js';
 import { registerMcp } from '../mcp/index.js';
 import { toClientError } from '../wire/errors.js';
 import { bindRoutes, sendError } from './binder.js';
@@ -196,7 +197,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     { tenants, maxJsonBytes: maxJson, maxFileBytes: maxFile },
   );
   registerConsole(app, opts.consoleDir);
-  const authenticate = (headers: IncomingHttpHeaders): Promise<Scope> => tenants.authenticate(bearerKey(headers.authorization));
+  const authenticate = (headers: IncomingHttpHeaders): Promise<Scope> => tenants.accounts.authenticate(bearerKey(headers.authorization));
   registerMcp(app, { tenants, authenticate });
   const e2bEnv = opts.e2bEnv ?? new SandboxEnvStore(tenants.db);
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
@@ -231,7 +232,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       force.unref();
       await closed;
       clearTimeout(force);
-      tenants.reconcile();
+      tenants.usage.reconcile();
     })();
     return shutdownPromise;
   };
@@ -245,7 +246,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     admission: tenants.admission,
     idempotency: tenants.idempotency,
     metrics: tenants.metrics,
-    reconcile: () => tenants.reconcile(),
+    reconcile: () => tenants.usage.reconcile(),
     shutdown,
   };
 }

@@ -15,7 +15,8 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { z } from 'zod';
 import { CollimateError } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 
@@ -65,14 +66,14 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
     ws.on('message', (data, isBinary) => {
       const bytes = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
       if (isBinary) {
-        typing = typing.then(() => tenants.writeProcessStdin(scope, id, pid, bytes)).catch(fail);
+        typing = typing.then(() => tenants.sandboxes.writeProcessStdin(scope, id, pid, bytes)).catch(fail);
         return;
       }
       let msg: unknown;
       try { msg = JSON.parse(bytes.toString('utf8')); } catch { msg = undefined; }
       const resize = ResizeMessage.safeParse(msg);
       if (!resize.success) return fail(new CollimateError('validation_error', 'A text frame must be {"type":"resize","cols":N,"rows":N}; keystrokes go in binary frames.'));
-      typing = typing.then(() => tenants.resizeProcess(scope, id, pid, resize.data.cols, resize.data.rows)).catch(fail);
+      typing = typing.then(() => tenants.sandboxes.resizeProcess(scope, id, pid, resize.data.cols, resize.data.rows)).catch(fail);
     });
     ws.on('close', () => {
       closed = true;
@@ -80,7 +81,7 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
       unsubscribe?.();
     });
     ws.on('error', () => ws.terminate());
-    tenants
+    tenants.sandboxes
       .watchProcessOutput(scope, id, pid, 'start', (e) => {
         if (ws.readyState !== ws.OPEN) return;
         if (e.type === 'output') {
@@ -99,12 +100,12 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
       void (async () => {
         try {
           const m = TERMINAL_PATH.exec(req.url ?? '')!;
-          const scope = await tenants.authenticate(keyFromSubprotocols(req.headers['sec-websocket-protocol']));
+          const scope = await tenants.accounts.authenticate(keyFromSubprotocols(req.headers['sec-websocket-protocol']));
           const id = decodeURIComponent(m[1]);
           if (!S.SANDBOX_ID_RE.test(id)) throw new CollimateError('sandbox_not_found', `No sandbox with id ${id.slice(0, 100)}. List yours with GET /v1/sandboxes.`);
           if (!/^[1-9][0-9]{0,9}$/.test(m[2])) throw new CollimateError('process_not_found', 'A process is named by its pid, a positive integer.');
           const pid = Number(m[2]);
-          const proc = await tenants.getProcess(scope, id, pid);
+          const proc = await tenants.sandboxes.getProcess(scope, id, pid);
           if (!proc.pty) throw notATerminal(pid);
           if (!String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((p) => p.trim()).includes(TERMINAL_SUBPROTOCOL)) {
             throw new CollimateError('validation_error', `Offer the subprotocol ${TERMINAL_SUBPROTOCOL} beside bearer.<key>.`);

@@ -18,7 +18,7 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CollimateError } from '../errors.js';
+import { CollimateError, environmentNotReady } from '../errors.js';
 import { claimArtifact } from '../images/artifactGc.js';
 import { ARTIFACT_FILES } from '../images/artifactManifest.js';
 import { builtArtifact } from '../images/bake.js';
@@ -116,7 +116,7 @@ export class EnvironmentPuller {
     if (this.target.madeHere(tenant, name)) return null; // this host's own: its image service registers it
     const copy = row.copy;
     if (row.state !== 'ready' || !copy) {
-      throw new CollimateError('template_not_ready', `Environment ${name} is ${row.state}; create sandboxes from it once GET /v1/environments/${name} shows state ready.`);
+      throw environmentNotReady(name, row.state);
     }
     const k = `${tenant}/${name}`;
     const have = this.copies.get(k);

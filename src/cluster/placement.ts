@@ -24,7 +24,7 @@
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
 import { CollimateError } from '../errors.js';
-import { CONCURRENCY_RETRY_AFTER_SECS } from '../service/admission.js';
+import { concurrencyLimit } from '../service/admission.js';
 import type { Tier } from '../service/tiers.js';
 import { inTransaction } from './db.js';
 
@@ -100,16 +100,7 @@ export class ClusterPlacement {
     // One admission of this tenant at a time across the cluster; released at commit or rollback.
     await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended('collimate.tenant:' || $1, 0))`, [req.tenant]);
     const { running, reserved } = await this.occupancy(req.tenant, tx);
-    if (running + reserved + req.slots > max) {
-      throw new CollimateError(
-        'concurrency_limit',
-        `The ${req.tier.name} tier allows ${max} running sandboxes and you have ${running}` +
-          (reserved ? ` (plus ${reserved} starting)` : '') +
-          `; ${req.operation} needs ${req.slots} more. Suspend or delete one (POST /v1/sandboxes/{id}/suspend, ` +
-          `DELETE /v1/sandboxes/{id}) and retry, or upgrade to Pro for no concurrency cap.`,
-        { retryAfterSecs: CONCURRENCY_RETRY_AFTER_SECS, details: { limit: max, running } },
-      );
-    }
+    if (running + reserved + req.slots > max) throw concurrencyLimit(req.tier, running, reserved, req.operation, req.slots);
   }
 
   private async pickHost(tx: pg.PoolClient, req: PlaceRequest): Promise<{ id: string; address: string }> {

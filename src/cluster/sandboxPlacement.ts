@@ -14,12 +14,12 @@
  * - While the cluster database is unreachable this host still serves its own running sandboxes for
  *   what leaves their state as it is; the rest answers 503 cluster_database.
  */
-import { CollimateError, sandboxEnded, sandboxNotFound } from '../errors.js';
+import { CollimateError, environmentNotReady, sandboxEnded, sandboxNotFound } from '../errors.js';
 import type { EnvironmentRow } from '../images/imageRepo.js';
 import type { ListFilter, SandboxInfo, ServiceEngine, TemplateInfo } from '../sandboxes/types.js';
 import type { UsageReport } from '../service/metering.js';
 import { hostRefused, isHostRefusal, type Placement, type StartRequest } from '../service/placement.js';
-import type { ClusterReadings, LiveStat } from '../service/tenantService.js';
+import type { ClusterReadings, LiveStat } from '../service/types.js';
 import { HOST_OPERATIONS, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
 import { clusterDatabaseUnavailable } from './db.js';
 import type { DirectoryEntry } from './directory.js';
@@ -235,13 +235,7 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
     const row = await this.db(() => this.envs!.environments.get(tenant, name));
     if (!row) return undefined;
     const v = row.view as { state?: string; error?: string | null; description?: string; interpreter?: string[]; vcpus?: number; memory_mib?: number; egress?: TemplateInfo['egress'] };
-    if (row.state !== 'ready') {
-      throw new CollimateError(
-        'template_not_ready',
-        `Environment ${name} is ${row.state}${v.error ? ` (${v.error})` : ''}; create sandboxes from it once GET /v1/environments/${name} shows state ready.`,
-        row.state === 'failed' ? {} : { retryAfterSecs: 10 },
-      );
-    }
+    if (row.state !== 'ready') throw environmentNotReady(name, row.state, v.error);
     return {
       id: name, kind: 'environment', description: v.description ?? '', interpreter: v.interpreter ?? [], ready: true,
       vcpus: v.vcpus ?? 1, memory_mib: v.memory_mib ?? 256, egress: v.egress ?? 'none',

@@ -11,11 +11,13 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
+import { parseJsonObject } from '../wire/jsonBody.js';
 import { envVarsProblem, type SandboxEnvs } from './sandboxEnv.js';
 
 export const E2B_API_PREFIX = '/e2b/api';
@@ -40,19 +42,9 @@ function bad(message: string): CollimateError {
   return new CollimateError('validation_error', message);
 }
 
+/** E2B's SDK sends JSON objects; any Content-Type is taken, as E2B's API does. */
 function jsonBody(req: FastifyRequest): Record<string, unknown> {
-  const raw = req.body;
-  if (raw === undefined || raw === null) return {};
-  const text = Buffer.isBuffer(raw) ? raw.toString('utf8') : String(raw);
-  if (text.trim() === '') return {};
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    throw bad('The request body is not valid JSON.');
-  }
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw bad('The request body must be a JSON object.');
-  return value as Record<string, unknown>;
+  return parseJsonObject(req.body);
 }
 
 function optionalSeconds(body: Record<string, unknown>, field: string): number | undefined {
@@ -147,7 +139,7 @@ export class E2bControlPlane {
   private async extendTo(scope: Scope, info: SandboxInfo, secs: number | undefined, onlyLonger: boolean): Promise<SandboxInfo> {
     if (secs === undefined || info.state !== 'running') return info;
     if (onlyLonger && info.remaining_secs !== null && info.remaining_secs >= secs) return info;
-    return this.tenants.setTimeout(scope, info.id, Math.max(1, secs));
+    return this.tenants.sandboxes.setTimeout(scope, info.id, Math.max(1, secs));
   }
 
   async create(scope: Scope, body: Record<string, unknown>): Promise<[number, unknown]> {
@@ -164,12 +156,12 @@ export class E2bControlPlane {
     const labels = metadataOf(body);
     const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const egress = body.allow_internet_access === false ? ('none' as const) : undefined;
-    const info = await this.tenants.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) });
+    const info = await this.tenants.sandboxes.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) });
     const env = (body.envVars ?? {}) as Record<string, string>;
     try {
       await this.opts.env.set(info.id, env);
     } catch (err) {
-      await this.tenants.delete(scope, info.id).catch(() => undefined);
+      await this.tenants.sandboxes.delete(scope, info.id).catch(() => undefined);
       throw err;
     }
     return [201, this.sandboxAnswer(info)];
@@ -177,45 +169,45 @@ export class E2bControlPlane {
 
   async list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): Promise<{ items: unknown[]; next: string | null }> {
     const q = e2bListQuery(query, runningOnly);
-    const page = await this.tenants.list(scope, q.page);
+    const page = await this.tenants.sandboxes.list(scope, q.page);
     return { items: page.sandboxes.filter(q.keep).map(e2bListed), next: page.next };
   }
 
   async get(scope: Scope, id: string): Promise<unknown> {
-    return this.detail(await this.tenants.get(scope, id));
+    return this.detail(await this.tenants.sandboxes.get(scope, id));
   }
 
   async kill(scope: Scope, id: string): Promise<void> {
-    await this.tenants.delete(scope, id);
+    await this.tenants.sandboxes.delete(scope, id);
     await this.opts.env.forget(id);
   }
 
   async setTimeout(scope: Scope, id: string, body: Record<string, unknown>): Promise<void> {
     const secs = optionalSeconds(body, 'timeout');
     if (secs === undefined) throw bad('timeout is required: seconds from now until the sandbox is deleted.');
-    await this.tenants.setTimeout(scope, id, Math.max(1, secs));
+    await this.tenants.sandboxes.setTimeout(scope, id, Math.max(1, secs));
   }
 
   async pause(scope: Scope, id: string): Promise<void> {
-    const info = await this.tenants.get(scope, id);
+    const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'suspended') throw new CollimateError('invalid_state', `Sandbox ${id} is already paused.`);
-    await this.tenants.suspend(scope, id);
+    await this.tenants.sandboxes.suspend(scope, id);
   }
 
   /** connect: 200 if it was running (its timeout only ever lengthened), 201 once resumed. */
   async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
-    const info = await this.tenants.get(scope, id);
+    const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'running') return [200, this.sandboxAnswer(await this.extendTo(scope, info, secs, true))];
-    const resumed = await this.tenants.resume(scope, id);
+    const resumed = await this.tenants.sandboxes.resume(scope, id);
     return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
   }
 
   async resume(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
-    const info = await this.tenants.get(scope, id);
+    const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'running') throw new CollimateError('invalid_state', `Sandbox ${id} is already running.`);
-    const resumed = await this.tenants.resume(scope, id);
+    const resumed = await this.tenants.sandboxes.resume(scope, id);
     return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
   }
 
@@ -226,11 +218,11 @@ export class E2bControlPlane {
     if (countProblem) throw bad(countProblem);
     const secs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const env = await this.opts.env.get(id);
-    const children = await this.tenants.fork(scope, id, { count: count as number });
+    const children = await this.tenants.sandboxes.fork(scope, id, { count: count as number });
     const results = await Promise.all(children.map(async (child) => {
       try {
         await this.opts.env.set(child.id, env);
-        return { sandbox: this.sandboxAnswer(await this.tenants.setTimeout(scope, child.id, Math.max(1, secs))) };
+        return { sandbox: this.sandboxAnswer(await this.tenants.sandboxes.setTimeout(scope, child.id, Math.max(1, secs))) };
       } catch (err) {
         const e = toClientError(err);
         return { error: { code: e.status, message: e.message, error_code: e.code } };
@@ -241,7 +233,7 @@ export class E2bControlPlane {
 
   /** One reading now: E2B returns a series; we have the sandbox's size and no history. */
   async metrics(scope: Scope, id: string): Promise<unknown[]> {
-    const info = await this.tenants.get(scope, id);
+    const info = await this.tenants.sandboxes.get(scope, id);
     const now = new Date();
     return [
       {
@@ -283,7 +275,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
           const header = req.headers['x-api-key'];
           const bearer = bearerKey(req.headers.authorization);
           const key = (Array.isArray(header) ? header[0] : header) ?? bearer;
-          const scope = await tenants.authenticate(key);
+          const scope = await tenants.accounts.authenticate(key);
           const out = await handle(scope, req, reply);
           if (reply.sent) return;
           if (out === undefined) return reply.code(204).send();

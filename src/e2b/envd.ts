@@ -16,7 +16,8 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { Readable } from 'node:stream';
 import Busboy from 'busboy';
 import { CollimateError } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { toClientError } from '../wire/errors.js';
 import { ConnectError, ServerStream, connectErrorOf, decodeEnvelopes, decodeUnary, sendUnary, sendUnaryError, MAX_ENVELOPE_BYTES, CONNECT_STREAM_TYPE } from './connectRpc.js';
 import type { SandboxEnvs } from './sandboxEnv.js';
@@ -242,7 +243,7 @@ export class Envd {
     const id = String(headers['e2b-sandbox-id'] ?? '');
     const token = String(headers['x-access-token'] ?? '');
     if (!id) throw new CollimateError('validation_error', 'E2b-Sandbox-Id is required: envd serves every sandbox at one URL.');
-    const scope = await this.opts.tenants.sandboxScope(id, token);
+    const scope = await this.opts.tenants.accounts.sandboxScope(id, token);
     return { scope, id };
   }
 
@@ -250,7 +251,7 @@ export class Envd {
   async authorizeFile(req: FastifyRequest, operation: 'read' | 'write'): Promise<{ scope: Scope; id: string }> {
     const matches = signedFileUrl(req, operation);
     if (!matches) return this.authorize(req.headers);
-    const found = await this.opts.tenants.sandboxByToken(matches);
+    const found = await this.opts.tenants.accounts.sandboxByToken(matches);
     if (!found) throw new CollimateError('unauthorized', 'This signed file URL is not valid for any running sandbox (altered, for another path or operation, or its sandbox is gone).');
     return found;
   }
@@ -494,7 +495,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
       reply.hijack();
       try {
         const { scope: s, id } = await envd.authorize(req.headers);
-        const info = await opts.tenants.get(s, id);
+        const info = await opts.tenants.sandboxes.get(s, id);
         if (info.state !== 'running') return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id} is ${info.state}` });
         reply.raw.writeHead(204).end();
       } catch (err) {

@@ -29,7 +29,7 @@ function exitOf(p: ProcessInfo): ProcessExit {
 export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadBytes: number }): EnvdBackend {
   return {
     async startProcess(scope, id, spec) {
-      const p = await tenants.startProcess(scope, id, {
+      const p = await tenants.sandboxes.startProcess(scope, id, {
         argv: spec.argv,
         env: spec.env,
         ...(spec.cwd ? { cwd: spec.cwd } : {}),
@@ -40,34 +40,34 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
       return { pid: p.pid };
     },
     attachProcess(scope, id, pid, fromStart, watcher) {
-      return tenants.watchProcessOutput(scope, id, pid, fromStart ? 'start' : 'now', (e) => {
+      return tenants.sandboxes.watchProcessOutput(scope, id, pid, fromStart ? 'start' : 'now', (e) => {
         if (e.type === 'output') watcher.onOutput(e.stream, e.data);
         else if (e.type === 'exit') watcher.onExit(exitOf(e.process));
       });
     },
     async listProcesses(scope, id) {
-      return (await tenants.listProcesses(scope, id))
+      return (await tenants.sandboxes.listProcesses(scope, id))
         .filter((p) => p.status === 'running')
         .map((p) => ({ pid: p.pid, argv: p.argv, cwd: p.cwd, ...(p.tag !== null ? { tag: p.tag } : {}) }));
     },
     async sendInput(scope, id, pid, data) {
-      await tenants.writeProcessStdin(scope, id, pid, data);
+      await tenants.sandboxes.writeProcessStdin(scope, id, pid, data);
     },
-    closeStdin: (scope, id, pid) => tenants.closeProcessStdin(scope, id, pid),
-    signalProcess: (scope, id, pid, signal) => tenants.signalProcess(scope, id, pid, signal),
-    resizeProcess: (scope, id, pid, cols, rows) => tenants.resizeProcess(scope, id, pid, cols, rows),
-    stat: async (scope, id, path) => fsEntry(await tenants.fsStat(scope, id, path)),
-    listDir: async (scope, id, path, depth) => (await tenants.fsList(scope, id, path, depth)).entries.map(fsEntry),
+    closeStdin: (scope, id, pid) => tenants.sandboxes.closeProcessStdin(scope, id, pid),
+    signalProcess: (scope, id, pid, signal) => tenants.sandboxes.signalProcess(scope, id, pid, signal),
+    resizeProcess: (scope, id, pid, cols, rows) => tenants.sandboxes.resizeProcess(scope, id, pid, cols, rows),
+    stat: async (scope, id, path) => fsEntry(await tenants.sandboxes.fsStat(scope, id, path)),
+    listDir: async (scope, id, path, depth) => (await tenants.sandboxes.fsList(scope, id, path, depth)).entries.map(fsEntry),
     async makeDir(scope, id, path) {
-      const made = await tenants.fsMkdir(scope, id, path);
+      const made = await tenants.sandboxes.fsMkdir(scope, id, path);
       return { created: made.created, entry: fsEntry(made.entry) };
     },
-    move: async (scope, id, from, to) => fsEntry(await tenants.fsRename(scope, id, from, to)),
+    move: async (scope, id, from, to) => fsEntry(await tenants.sandboxes.fsRename(scope, id, from, to)),
     async remove(scope, id, path) {
-      await tenants.fsRemove(scope, id, path);
+      await tenants.sandboxes.fsRemove(scope, id, path);
     },
     async watchDir(scope, id, path, recursive, onEvent, onEnd) {
-      const watch = await tenants.fsWatch(scope, id, path, recursive, {
+      const watch = await tenants.sandboxes.fsWatch(scope, id, path, recursive, {
         onChange: (c) => {
           if (c.op !== 'overflow') onEvent({ name: c.name, type: c.op });
         },
@@ -75,8 +75,8 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
       });
       return () => void watch.close();
     },
-    readFile: (scope, id, path, sink) => tenants.downloadFile(scope, id, path, sink),
-    writeFile: async (scope, id, path, data) => fsEntry(await tenants.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes })),
+    readFile: (scope, id, path, sink) => tenants.sandboxes.downloadFile(scope, id, path, sink),
+    writeFile: async (scope, id, path, data) => fsEntry(await tenants.sandboxes.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes })),
   };
 }
 

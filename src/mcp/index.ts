@@ -14,8 +14,10 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import type { IncomingHttpHeaders } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { toClientError } from '../wire/errors.js';
+import { parseJsonBody } from '../wire/jsonBody.js';
 import { allowedOriginsFromEnv, originAllowed } from './origin.js';
 import { registerTools } from './tools.js';
 
@@ -73,8 +75,8 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
       if (!scope) return reply;
       let body: unknown;
       try {
-        const raw = Buffer.isBuffer(req.body) ? req.body.toString('utf8') : '';
-        body = JSON.parse(raw);
+        body = parseJsonBody(req.body);
+        if (body === undefined) throw new Error('empty');
       } catch {
         jsonRpcError(reply, 400, -32700, 'Parse error: the body must be a JSON-RPC message (application/json).');
         return reply;

@@ -8,7 +8,8 @@ import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import { CollimateError, sandboxNotFound } from '../errors.js';
-import type { Scope, TenantService } from '../service/tenantService.js';
+import type { TenantService } from '../service/tenantService.js';
+import type { Scope } from '../service/types.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { execResultView, fileEntryView, sandboxView, templateView } from '../wire/views.js';
@@ -296,10 +297,10 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     );
   };
 
-  tool('list_images', S.ImageList, { readOnlyHint: true }, () => ({ images: tenants.catalog(scope).map(templateView) }));
+  tool('list_images', S.ImageList, { readOnlyHint: true }, () => ({ images: tenants.templates.catalog(scope).map(templateView) }));
 
   tool('create_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) =>
-    sandboxView(await tenants.create(scope, { template: a.template, labels: a.labels, timeoutSecs: a.timeout_secs, egress: a.egress })),
+    sandboxView(await tenants.sandboxes.create(scope, { template: a.template, labels: a.labels, timeoutSecs: a.timeout_secs, egress: a.egress })),
   );
 
   tool('exec', S.ExecResult, { readOnlyHint: false, destructiveHint: true }, async (a, extra) => {
@@ -312,34 +313,34 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
           extra.sendProgress!(bytes, c.toString('utf8'));
         }
       : undefined;
-    return execResultView(await tenants.exec(scope, sandboxIdOf(sandbox_id), parsed, progress ? { onStdout: progress, onStderr: progress } : undefined));
+    return execResultView(await tenants.sandboxes.exec(scope, sandboxIdOf(sandbox_id), parsed, progress ? { onStdout: progress, onStderr: progress } : undefined));
   });
 
   tool('fork_sandbox', S.ForkResponse, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    const children = await tenants.fork(scope, sandboxIdOf(a.sandbox_id), { count: a.count ?? 1, labels: a.labels });
+    const children = await tenants.sandboxes.fork(scope, sandboxIdOf(a.sandbox_id), { count: a.count ?? 1, labels: a.labels });
     return { sandboxes: children.map(sandboxView) };
   });
 
   tool('suspend_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: false }, async (a) =>
-    sandboxView(await tenants.suspend(scope, sandboxIdOf(a.sandbox_id))),
+    sandboxView(await tenants.sandboxes.suspend(scope, sandboxIdOf(a.sandbox_id))),
   );
 
-  tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.resume(scope, sandboxIdOf(a.sandbox_id))));
+  tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.sandboxes.resume(scope, sandboxIdOf(a.sandbox_id))));
 
   tool('set_sandbox_timeout', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, async (a) =>
-    sandboxView(await tenants.setTimeout(scope, sandboxIdOf(a.sandbox_id), a.timeout_secs)),
+    sandboxView(await tenants.sandboxes.setTimeout(scope, sandboxIdOf(a.sandbox_id), a.timeout_secs)),
   );
 
   tool('delete_sandbox', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
-    await tenants.delete(scope, sandboxIdOf(a.sandbox_id));
+    await tenants.sandboxes.delete(scope, sandboxIdOf(a.sandbox_id));
     return { id: a.sandbox_id, deleted: true };
   });
 
-  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await tenants.inspect(scope, sandboxIdOf(a.sandbox_id))));
+  tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await tenants.sandboxes.inspect(scope, sandboxIdOf(a.sandbox_id))));
 
   tool('expose_port', ExposedPort, { readOnlyHint: false, destructiveHint: false }, async (a) => {
-    const info = await tenants.inspect(scope, sandboxIdOf(a.sandbox_id));
-    const u = await tenants.portUrl(scope, a.sandbox_id, a.port, a.expires_in_secs);
+    const info = await tenants.sandboxes.inspect(scope, sandboxIdOf(a.sandbox_id));
+    const u = await tenants.sandboxes.portUrl(scope, a.sandbox_id, a.port, a.expires_in_secs);
     return { url: `${ctx.baseUrl}/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString(), listening: info.ports.some((p) => p.port === a.port) };
   });
 
@@ -347,12 +348,12 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     for (const k of Object.keys(a.labels ?? {})) {
       if (!S.LABEL_KEY_RE.test(k)) throw new CollimateError('validation_error', `label key ${JSON.stringify(k.slice(0, 100))} must match ${S.LABEL_KEY_RE.source}.`);
     }
-    const r = await tenants.list(scope, { state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 });
+    const r = await tenants.sandboxes.list(scope, { state: a.state, labels: a.labels, after: a.after, limit: a.limit ?? 100 });
     return { sandboxes: r.sandboxes.map(sandboxView), next: r.next };
   });
 
   tool('read_file', FileContent, { readOnlyHint: true }, async (a) => {
-    const data = await tenants.readFile(scope, sandboxIdOf(a.sandbox_id), a.path);
+    const data = await tenants.sandboxes.readFile(scope, sandboxIdOf(a.sandbox_id), a.path);
     const text = data.toString('utf8');
     const utf8 = Buffer.from(text, 'utf8').equals(data);
     return { path: a.path, size: data.length, encoding: utf8 ? 'utf8' : 'base64', content: utf8 ? text : data.toString('base64') };
@@ -360,10 +361,10 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
 
   tool('start_process', S.Process, { readOnlyHint: false, destructiveHint: true }, async (a) => {
     const { sandbox_id, ...req } = a;
-    return { ...(await tenants.startProcess(scope, sandboxIdOf(sandbox_id), parseWith(S.ProcessStartRequest, req, 'arguments', ''))) };
+    return { ...(await tenants.sandboxes.startProcess(scope, sandboxIdOf(sandbox_id), parseWith(S.ProcessStartRequest, req, 'arguments', ''))) };
   });
 
-  tool('list_processes', S.ProcessList, { readOnlyHint: true }, async (a) => ({ processes: await tenants.listProcesses(scope, sandboxIdOf(a.sandbox_id)) }));
+  tool('list_processes', S.ProcessList, { readOnlyHint: true }, async (a) => ({ processes: await tenants.sandboxes.listProcesses(scope, sandboxIdOf(a.sandbox_id)) }));
 
   tool('read_process_output', ProcessOutputChunk, { readOnlyHint: true }, async (a) => {
     const id = sandboxIdOf(a.sandbox_id);
@@ -374,7 +375,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     let next = a.from ?? 0;
     let dropped = 0;
     let wake: (() => void) | undefined;
-    const stop = await tenants.watchProcessOutput(scope, id, a.pid, a.from ?? 'start', (e) => {
+    const stop = await tenants.sandboxes.watchProcessOutput(scope, id, a.pid, a.from ?? 'start', (e) => {
       if (e.type === 'gap') {
         if (size === 0) { dropped += e.to - e.from; next = e.to; }
       } else if (e.type === 'output' && size < max && e.offset === next) {
@@ -388,13 +389,13 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     });
     try {
       if (size === 0 && a.wait_secs) {
-        const info = await tenants.getProcess(scope, id, a.pid);
+        const info = await tenants.sandboxes.getProcess(scope, id, a.pid);
         if (info.status === 'running') await new Promise<void>((resolve) => { wake = resolve; setTimeout(resolve, a.wait_secs! * 1000); });
       }
     } finally {
       stop();
     }
-    const info = await tenants.getProcess(scope, id, a.pid);
+    const info = await tenants.sandboxes.getProcess(scope, id, a.pid);
     const data = Buffer.concat(chunks, size);
     const text = data.toString('utf8');
     const utf8 = Buffer.from(text, 'utf8').equals(data);
@@ -407,46 +408,46 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   tool('send_process_input', ProcessInput, { readOnlyHint: false, destructiveHint: true }, async (a) => {
     const id = sandboxIdOf(a.sandbox_id);
     const data = Buffer.from(a.input, 'utf8');
-    const written = data.length ? await tenants.writeProcessStdin(scope, id, a.pid, data) : 0;
-    if (a.close_stdin) await tenants.closeProcessStdin(scope, id, a.pid);
+    const written = data.length ? await tenants.sandboxes.writeProcessStdin(scope, id, a.pid, data) : 0;
+    if (a.close_stdin) await tenants.sandboxes.closeProcessStdin(scope, id, a.pid);
     return { pid: a.pid, written, stdin_closed: !!a.close_stdin };
   });
 
   tool('signal_process', S.Process, { readOnlyHint: false, destructiveHint: true }, async (a) => {
     const id = sandboxIdOf(a.sandbox_id);
-    await tenants.signalProcess(scope, id, a.pid, a.signal);
-    return { ...(await tenants.getProcess(scope, id, a.pid)) };
+    await tenants.sandboxes.signalProcess(scope, id, a.pid, a.signal);
+    return { ...(await tenants.sandboxes.getProcess(scope, id, a.pid)) };
   });
 
-  tool('wait_process', S.Process, { readOnlyHint: true }, async (a) => ({ ...(await tenants.waitProcess(scope, sandboxIdOf(a.sandbox_id), a.pid, a.timeout_secs ?? 30)) }));
+  tool('wait_process', S.Process, { readOnlyHint: true }, async (a) => ({ ...(await tenants.sandboxes.waitProcess(scope, sandboxIdOf(a.sandbox_id), a.pid, a.timeout_secs ?? 30)) }));
 
   tool('write_file', S.PutFileResponse, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
     const data = Buffer.from(a.content, a.encoding === 'base64' ? 'base64' : 'utf8');
-    await tenants.writeFile(scope, sandboxIdOf(a.sandbox_id), a.path, data, a.mode === undefined ? undefined : parseInt(a.mode, 8));
+    await tenants.sandboxes.writeFile(scope, sandboxIdOf(a.sandbox_id), a.path, data, a.mode === undefined ? undefined : parseInt(a.mode, 8));
     return { path: a.path, size: data.length };
   });
 
   tool('list_directory', S.FsListing, { readOnlyHint: true }, async (a) => {
-    const listing = await tenants.fsList(scope, sandboxIdOf(a.sandbox_id), a.path, a.depth ?? 1);
+    const listing = await tenants.sandboxes.fsList(scope, sandboxIdOf(a.sandbox_id), a.path, a.depth ?? 1);
     return { path: a.path, entries: listing.entries.map(fileEntryView), truncated: listing.truncated };
   });
 
-  tool('stat_path', S.FileEntry, { readOnlyHint: true }, async (a) => fileEntryView(await tenants.fsStat(scope, sandboxIdOf(a.sandbox_id), a.path)));
+  tool('stat_path', S.FileEntry, { readOnlyHint: true }, async (a) => fileEntryView(await tenants.sandboxes.fsStat(scope, sandboxIdOf(a.sandbox_id), a.path)));
 
-  tool('path_exists', S.FsExists, { readOnlyHint: true }, async (a) => ({ path: a.path, exists: await tenants.fsExists(scope, sandboxIdOf(a.sandbox_id), a.path) }));
+  tool('path_exists', S.FsExists, { readOnlyHint: true }, async (a) => ({ path: a.path, exists: await tenants.sandboxes.fsExists(scope, sandboxIdOf(a.sandbox_id), a.path) }));
 
   tool('make_directory', S.FsMkdirResponse, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, async (a) => {
-    const made = await tenants.fsMkdir(scope, sandboxIdOf(a.sandbox_id), a.path, a.mode === undefined ? undefined : parseInt(a.mode, 8));
+    const made = await tenants.sandboxes.fsMkdir(scope, sandboxIdOf(a.sandbox_id), a.path, a.mode === undefined ? undefined : parseInt(a.mode, 8));
     return { created: made.created, entry: fileEntryView(made.entry) };
   });
 
   tool('remove_path', S.FsRemoveResponse, { readOnlyHint: false, destructiveHint: true, idempotentHint: false }, async (a) => {
-    const { removed } = await tenants.fsRemove(scope, sandboxIdOf(a.sandbox_id), a.path);
+    const { removed } = await tenants.sandboxes.fsRemove(scope, sandboxIdOf(a.sandbox_id), a.path);
     return { path: a.path, removed };
   });
 
   tool('rename_path', S.FileEntry, { readOnlyHint: false, destructiveHint: true }, async (a) =>
-    fileEntryView(await tenants.fsRename(scope, sandboxIdOf(a.sandbox_id), a.from, a.to)),
+    fileEntryView(await tenants.sandboxes.fsRename(scope, sandboxIdOf(a.sandbox_id), a.from, a.to)),
   );
 
   tool('watch_directory', WatchResult, { readOnlyHint: true }, async (a) => {
@@ -455,7 +456,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     let ended: WatchEndReason | null = null;
     let wake = () => {};
     const done = new Promise<void>((resolve) => (wake = resolve));
-    const watch = await tenants.fsWatch(scope, sandboxIdOf(a.sandbox_id), a.path, a.recursive ?? false, {
+    const watch = await tenants.sandboxes.fsWatch(scope, sandboxIdOf(a.sandbox_id), a.path, a.recursive ?? false, {
       onChange: (c) => {
         if (events.length < max) events.push(c);
         if (events.length >= max) wake();

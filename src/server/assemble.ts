@@ -194,7 +194,7 @@ async function clusterParts(node: ClusterNode, engine: any, views: { sandboxEven
         admit: (slots: number) => node.admit(slots),
         ...(envs?.puller ? { pull: (tenant: string, name: string) => envs.puller!.ensure(tenant, name) } : {}),
         calls: {
-          liveStats: (tenant: string) => tenants.liveStatsHere(tenant),
+          liveStats: (tenant: string) => tenants.usage.liveStatsHere(tenant),
           // Its sealed secrets stay on this host.
           environment: (tenant: string, name: string) => ({ ...imagesOf(images).environment(tenant, name), secrets: null }),
           deleteEnvironment: async (tenant: string, name: string) => {

@@ -22,6 +22,18 @@ export const CONCURRENCY_RETRY_AFTER_SECS = 5;
 /** Longest a request waits for in-flight operations to settle before it is refused. */
 const MAX_WAIT_MS = 30_000;
 
+/** The tier's cap refuses a start: one error, whichever placement (one host, a cluster) counted. */
+export function concurrencyLimit(tier: Tier, running: number, starting: number, operation: string, slots: number): CollimateError {
+  return new CollimateError(
+    'concurrency_limit',
+    `The ${tier.name} tier allows ${tier.maxRunning} running sandboxes and you have ${running}` +
+      (starting ? ` (plus ${starting} starting)` : '') +
+      `; ${operation} needs ${slots} more. Suspend or delete one (POST /v1/sandboxes/{id}/suspend, ` +
+      `DELETE /v1/sandboxes/{id}) and retry, or upgrade to Pro for no concurrency cap.`,
+    { retryAfterSecs: CONCURRENCY_RETRY_AFTER_SECS, details: { limit: tier.maxRunning, running } },
+  );
+}
+
 export interface Reservation {
   readonly slots: number;
   /** Idempotent. */
@@ -54,14 +66,7 @@ export class Admission {
       const inFlight = this.reserved.get(tenant) ?? 0;
       if (running + inFlight + slots > tier.maxRunning) {
         if (running + slots <= tier.maxRunning && inFlight > 0 && !final) return null;
-        throw new CollimateError(
-          'concurrency_limit',
-          `The ${tier.name} tier allows ${tier.maxRunning} running sandboxes and you have ${running}` +
-            (inFlight ? ` (plus ${inFlight} starting)` : '') +
-            `; ${operation} needs ${slots} more. Suspend or delete one (POST /v1/sandboxes/{id}/suspend, ` +
-            `DELETE /v1/sandboxes/{id}) and retry, or upgrade to Pro for no concurrency cap.`,
-          { retryAfterSecs: CONCURRENCY_RETRY_AFTER_SECS, details: { limit: tier.maxRunning, running } },
-        );
+        throw concurrencyLimit(tier, running, inFlight, operation, slots);
       }
     }
     this.reserved.set(tenant, (this.reserved.get(tenant) ?? 0) + slots);

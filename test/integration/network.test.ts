@@ -18,7 +18,8 @@ import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
 import { netSettings } from '../../src/config.ts';
 import { homeNamespaces, netFor } from '../../src/net/netns.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
-import { TenantService, trustedScope } from '../../src/service/tenantService.ts';
+import { TenantService } from '../../src/service/tenantService.ts';
+import { trustedScope } from '../../src/service/types.ts';
 
 const sh = (c: string) => execFileSync('/bin/sh', ['-c', c], { stdio: 'pipe' }).toString();
 const T = { tenant: 'net' };
@@ -307,7 +308,7 @@ out['b80'] = tcp('203.0.113.10', 80)
       // A create through the tenant service may only narrow the environment's policy.
       const tenants = new TenantService({ engine, db: engine.db, reconcileIntervalMs: 0 });
       try {
-        await assert.rejects(tenants.create(trustedScope(T.tenant), { template: 'fetcher', egress: 'allow' }), (e: any) => e.code === 'egress_forbidden');
+        await assert.rejects(tenants.sandboxes.create(trustedScope(T.tenant), { template: 'fetcher', egress: 'allow' }), (e: any) => e.code === 'egress_forbidden');
       } finally {
         tenants.close();
       }

@@ -29,7 +29,7 @@ import {
   type ExecResult,
 } from '../../src/sdk/index.ts';
 import { bestOfN, connect, createLocalFleet, RUN_LABEL, treeSearch, type Sandbox as FleetSandbox } from '../../src/sdk/rl/index.ts';
-import { trustedScope } from '../../src/service/tenantService.ts';
+import { trustedScope } from '../../src/service/types.ts';
 import { openEngine, testHome, assertNoLeaks, serveEngine, createKey, EXAMPLE_OUTPUT, type Served } from './fixture.ts';
 
 const run = promisify(execFile);

@@ -29,30 +29,30 @@ export function limitsView(tier: Tier, running: number) {
 export function accountHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, AccountOps> {
   return {
     async listKeys({ scope }) {
-      return { status: 200, body: { keys: (await tenants.ownKeys(scope)).map(keyView) } };
+      return { status: 200, body: { keys: (await tenants.accounts.ownKeys(scope)).map(keyView) } };
     },
 
     async createKey({ scope, body }) {
-      const { key, record } = await tenants.createOwnKey(scope, body.name);
+      const { key, record } = await tenants.accounts.createOwnKey(scope, body.name);
       return { status: 201, body: { key, record: keyView(record) } };
     },
 
     async revokeKey({ scope, params }) {
-      await tenants.revokeOwnKey(scope, params.id);
+      await tenants.accounts.revokeOwnKey(scope, params.id);
       return { status: 204 };
     },
 
     async getLimits({ scope }) {
-      const { tier, running } = await tenants.limits(scope);
+      const { tier, running } = await tenants.accounts.limits(scope);
       return { status: 200, body: limitsView(tier, running) };
     },
 
     async getLiveStats({ scope }) {
-      return { status: 200, body: { sandboxes: (await tenants.liveStats(scope)).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
+      return { status: 200, body: { sandboxes: (await tenants.usage.liveStats(scope)).map((s) => ({ id: s.id, cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) } };
     },
 
     streamEvents({ scope, reply }) {
-      streams.streamSandboxEvents(reply, (listener) => tenants.watchSandboxes(scope, listener));
+      streams.streamSandboxEvents(reply, (listener) => tenants.events.watch(scope, listener));
       return null;
     },
   };

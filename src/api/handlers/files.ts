@@ -46,7 +46,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
       const res = reply.raw;
       let started = false;
       try {
-        await tenants.downloadFile(scope, params.id, query.path, {
+        await tenants.sandboxes.downloadFile(scope, params.id, query.path, {
           start: ({ size, mode }) => {
             reply.hijack();
             // A pseudo-file (/proc, /sys) states no size: it goes out chunked, to its end.
@@ -79,7 +79,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
       // What the upload leaves unread is discarded by the binder before it answers an error.
       const source: AsyncIterable<Buffer> = body ? bodyChunks(body) : Readable.from([]);
       try {
-        const written = await tenants.uploadFile(scope, params.id, query.path, source, {
+        const written = await tenants.sandboxes.uploadFile(scope, params.id, query.path, source, {
           mode: query.mode === undefined ? undefined : parseInt(query.mode, 8),
           maxBytes: opts.maxUploadBytes,
         });
@@ -91,35 +91,35 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
     },
 
     async statPath({ scope, params, query }) {
-      return { status: 200, body: fileEntryView(await tenants.fsStat(scope, params.id, query.path)) };
+      return { status: 200, body: fileEntryView(await tenants.sandboxes.fsStat(scope, params.id, query.path)) };
     },
 
     async listDirectory({ scope, params, query }) {
-      const listing = await tenants.fsList(scope, params.id, query.path, query.depth ?? 1);
+      const listing = await tenants.sandboxes.fsList(scope, params.id, query.path, query.depth ?? 1);
       return { status: 200, body: { path: query.path, entries: listing.entries.map(fileEntryView), truncated: listing.truncated } };
     },
 
     async pathExists({ scope, params, query }) {
-      return { status: 200, body: { path: query.path, exists: await tenants.fsExists(scope, params.id, query.path) } };
+      return { status: 200, body: { path: query.path, exists: await tenants.sandboxes.fsExists(scope, params.id, query.path) } };
     },
 
     async makeDirectory({ scope, params, body }) {
-      const made = await tenants.fsMkdir(scope, params.id, body.path, body.mode === undefined ? undefined : parseInt(body.mode, 8));
+      const made = await tenants.sandboxes.fsMkdir(scope, params.id, body.path, body.mode === undefined ? undefined : parseInt(body.mode, 8));
       return { status: 200, body: { created: made.created, entry: fileEntryView(made.entry) } };
     },
 
     async removePath({ scope, params, body }) {
-      const { removed } = await tenants.fsRemove(scope, params.id, body.path);
+      const { removed } = await tenants.sandboxes.fsRemove(scope, params.id, body.path);
       return { status: 200, body: { path: body.path, removed } };
     },
 
     async renamePath({ scope, params, body }) {
-      return { status: 200, body: fileEntryView(await tenants.fsRename(scope, params.id, body.from, body.to)) };
+      return { status: 200, body: fileEntryView(await tenants.sandboxes.fsRename(scope, params.id, body.from, body.to)) };
     },
 
     async watchDirectory({ scope, params, query, reply }) {
       const recursive = query.recursive === 'true' || query.recursive === '1';
-      await streams.streamWatch(reply, (handlers) => tenants.fsWatch(scope, params.id, query.path, recursive, handlers));
+      await streams.streamWatch(reply, (handlers) => tenants.sandboxes.fsWatch(scope, params.id, query.path, recursive, handlers));
       return null;
     },
   };

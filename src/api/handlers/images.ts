@@ -20,26 +20,26 @@ function checkImageId(id: string): void {
 export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, ImageOps> {
   return {
     listImages({ scope }) {
-      return { status: 200, body: { images: tenants.catalog(scope).map(templateView), own: tenants.ownImages(scope).map(imageView) } };
+      return { status: 200, body: { images: tenants.templates.catalog(scope).map(templateView), own: tenants.templates.ownImages(scope).map(imageView) } };
     },
 
     async createImage({ scope, body }) {
-      return { status: 202, body: imageView(await tenants.pullImage(scope, body.source)) };
+      return { status: 202, body: imageView(await tenants.templates.pullImage(scope, body.source)) };
     },
 
     getImage({ scope, params }) {
       checkImageId(params.id);
-      return { status: 200, body: imageView(tenants.image(scope, params.id)) };
+      return { status: 200, body: imageView(tenants.templates.image(scope, params.id)) };
     },
 
     deleteImage({ scope, params }) {
       checkImageId(params.id);
-      tenants.deleteImage(scope, params.id);
+      tenants.templates.deleteImage(scope, params.id);
       return { status: 204 };
     },
 
     async createEnvironment({ scope, body }) {
-      const env = await tenants.createEnvironment(scope, {
+      const env = await tenants.templates.createEnvironment(scope, {
         name: body.name, image: body.image, description: body.description, interpreter: body.interpreter,
         readyCommand: body.ready_command, readyProbe: body.ready_probe, readyTimeoutSecs: body.ready_timeout_secs,
         secrets: body.secrets, vcpus: body.vcpus, memoryMib: body.memory_mib, egress: body.egress,
@@ -48,22 +48,22 @@ export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick
     },
 
     async listEnvironments({ scope }) {
-      return { status: 200, body: { environments: (await tenants.environments(scope)).map(environmentView) } };
+      return { status: 200, body: { environments: (await tenants.templates.environments(scope)).map(environmentView) } };
     },
 
     async getEnvironment({ scope, params }) {
-      return { status: 200, body: environmentView(await tenants.environment(scope, params.name)) };
+      return { status: 200, body: environmentView(await tenants.templates.environment(scope, params.name)) };
     },
 
     async getEnvironmentLog({ scope, params, req, reply }) {
-      const env = await tenants.environment(scope, params.name, { fromItsHost: true });
+      const env = await tenants.templates.environment(scope, params.name, { fromItsHost: true });
       if (!wantsSse(req.headers.accept)) {
         reply.code(200).type('text/plain; charset=utf-8').send(env.log);
         return null;
       }
       streams.streamBakeLog(reply, async () => {
         try {
-          return await tenants.environment(scope, params.name, { fromItsHost: true });
+          return await tenants.templates.environment(scope, params.name, { fromItsHost: true });
         } catch (err) {
           if (err instanceof CollimateError && err.code === 'environment_not_found') return null; // deleted while followed
           throw err;
@@ -73,19 +73,19 @@ export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick
     },
 
     async deleteEnvironment({ scope, params }) {
-      await tenants.deleteEnvironment(scope, params.name);
+      await tenants.templates.deleteEnvironment(scope, params.name);
       return { status: 204 };
     },
 
     listTemplates({ scope }) {
-      return { status: 200, body: { templates: tenants.templates(scope).map(templateView) } };
+      return { status: 200, body: { templates: tenants.templates.templates(scope).map(templateView) } };
     },
 
     getTemplate({ scope, params }) {
       if (!S.TEMPLATE_ID_RE.test(params.id)) {
         throw new CollimateError('template_not_found', `No template ${params.id.slice(0, 130)}. List them with GET /v1/templates.`);
       }
-      return { status: 200, body: templateView(tenants.template(scope, params.id)) };
+      return { status: 200, body: templateView(tenants.templates.template(scope, params.id)) };
     },
   };
 }

@@ -51,7 +51,7 @@ export function operationHandlers(deps: {
       const d = new Date(t);
       const to = query.to === undefined ? t : parseTime(query.to, 'to');
       const from = query.from === undefined ? Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1) : parseTime(query.from, 'from');
-      return { status: 200, body: await deps.tenants.usage(scope, from, to, { perDay: query.per === 'day' }) };
+      return { status: 200, body: await deps.tenants.usage.report(scope, from, to, { perDay: query.per === 'day' }) };
     },
 
     getOpenApi({ reply }) {

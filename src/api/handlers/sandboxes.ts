@@ -27,57 +27,57 @@ export function parseLabelFilter(label: string | string[] | undefined): Record<s
 export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, SandboxOps> {
   return {
     async createSandbox({ scope, body }) {
-      const info = await tenants.create(scope, { template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress });
+      const info = await tenants.sandboxes.create(scope, { template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress });
       return { status: 201, body: sandboxView(info) };
     },
 
     async listSandboxes({ scope, query }) {
-      const r = await tenants.list(scope, { state: query.state, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
+      const r = await tenants.sandboxes.list(scope, { state: query.state, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
       return { status: 200, body: { sandboxes: r.sandboxes.map(sandboxView), next: r.next } };
     },
 
     async getSandbox({ scope, params }) {
-      return { status: 200, body: sandboxView(await tenants.inspect(scope, params.id)) };
+      return { status: 200, body: sandboxView(await tenants.sandboxes.inspect(scope, params.id)) };
     },
 
     async createPortUrl({ scope, params, body }) {
-      const u = await tenants.portUrl(scope, params.id, body.port, body.expires_in_secs);
+      const u = await tenants.sandboxes.portUrl(scope, params.id, body.port, body.expires_in_secs);
       return { status: 201, body: { url: `/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString() } };
     },
 
     async execSandbox({ scope, params, body, req, reply }) {
       if (!wantsSse(req.headers.accept)) {
-        return { status: 200, body: execResultView(await tenants.exec(scope, params.id, body)) };
+        return { status: 200, body: execResultView(await tenants.sandboxes.exec(scope, params.id, body)) };
       }
       // Checked before committing to a 200 stream, so the common mistakes still get their status code.
-      await tenants.requireRunning(scope, params.id, 'exec');
-      await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.exec(scope, params.id, body, handlers));
+      await tenants.sandboxes.requireRunning(scope, params.id, 'exec');
+      await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.sandboxes.exec(scope, params.id, body, handlers));
       return null;
     },
 
     async listExecs({ scope, params, query }) {
-      return { status: 200, body: { execs: await tenants.recentExecs(scope, params.id, query.limit) } };
+      return { status: 200, body: { execs: await tenants.sandboxes.recentExecs(scope, params.id, query.limit) } };
     },
 
     async forkSandbox({ scope, params, body }) {
-      const children = await tenants.fork(scope, params.id, { count: body.count ?? 1, labels: body.labels });
+      const children = await tenants.sandboxes.fork(scope, params.id, { count: body.count ?? 1, labels: body.labels });
       return { status: 201, body: { sandboxes: children.map(sandboxView) } };
     },
 
     async suspendSandbox({ scope, params }) {
-      return { status: 200, body: sandboxView(await tenants.suspend(scope, params.id)) };
+      return { status: 200, body: sandboxView(await tenants.sandboxes.suspend(scope, params.id)) };
     },
 
     async resumeSandbox({ scope, params }) {
-      return { status: 200, body: sandboxView(await tenants.resume(scope, params.id)) };
+      return { status: 200, body: sandboxView(await tenants.sandboxes.resume(scope, params.id)) };
     },
 
     async setSandboxTimeout({ scope, params, body }) {
-      return { status: 200, body: sandboxView(await tenants.setTimeout(scope, params.id, body.timeout_secs)) };
+      return { status: 200, body: sandboxView(await tenants.sandboxes.setTimeout(scope, params.id, body.timeout_secs)) };
     },
 
     async deleteSandbox({ scope, params }) {
-      await tenants.delete(scope, params.id);
+      await tenants.sandboxes.delete(scope, params.id);
       return { status: 204 };
     },
 

@@ -9,7 +9,8 @@
  */
 import { CollimateError as ServiceError } from '../../errors.js';
 import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxInfo } from '../../sandboxes/types.js';
-import type { Scope, TenantService } from '../../service/tenantService.js';
+import type { TenantService } from '../../service/tenantService.js';
+import type { Scope } from '../../service/types.js';
 import { sandboxView } from '../../wire/views.js';
 import { errorFromBody, NotFoundError, type ExecHandlers, type ExecRequest, type ExecResult, type SandboxInfo, type SandboxState } from '../../../sdk/typescript/src/index.js';
 import { newRunId, RUN_LABEL, sweep, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from '../../../sdk/typescript/src/rl/index.js';
@@ -48,20 +49,20 @@ export class LocalFleet implements Fleet {
   }
 
   async create(template: string, opts: CreateOptions = {}): Promise<Sandbox> {
-    const info = await mapped(() => this.service.create(this.scope, { template, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }));
+    const info = await mapped(() => this.service.sandboxes.create(this.scope, { template, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }));
     return new LocalSandbox(this, view(info));
   }
 
   /** A fleet handle on an existing sandbox of this scope. */
   async get(id: string): Promise<Sandbox> {
-    return new LocalSandbox(this, view(await mapped(() => this.service.get(this.scope, id))));
+    return new LocalSandbox(this, view(await mapped(() => this.service.sandboxes.get(this.scope, id))));
   }
 
   async listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]> {
     const ids: string[] = [];
     let after: string | undefined;
     for (;;) {
-      const page = await mapped(() => this.service.list(this.scope, { labels: filter.labels, state: filter.state, after, limit: 1000 }));
+      const page = await mapped(() => this.service.sandboxes.list(this.scope, { labels: filter.labels, state: filter.state, after, limit: 1000 }));
       ids.push(...page.sandboxes.map((s) => s.id));
       if (!page.next || page.sandboxes.length === 0) return ids;
       after = page.next;
@@ -69,7 +70,7 @@ export class LocalFleet implements Fleet {
   }
 
   async deleteById(id: string): Promise<void> {
-    await mapped(() => this.service.delete(this.scope, id));
+    await mapped(() => this.service.sandboxes.delete(this.scope, id));
   }
 
   sweep(runId: string = this.runId, opts?: SweepOptions): Promise<number> {
@@ -89,29 +90,29 @@ export class LocalSandbox implements Sandbox {
   }
 
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
-    return mapped(() => this.svc.exec(this.fleet.scope, this.info.id, req as ServiceExecRequest, handlers));
+    return mapped(() => this.svc.sandboxes.exec(this.fleet.scope, this.info.id, req as ServiceExecRequest, handlers));
   }
 
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
-    const kids = await mapped(() => this.svc.fork(this.fleet.scope, this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }));
+    const kids = await mapped(() => this.svc.sandboxes.fork(this.fleet.scope, this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }));
     return kids.map((k) => new LocalSandbox(this.fleet, view(k)));
   }
 
   async suspend(): Promise<void> {
-    this.info = view(await mapped(() => this.svc.suspend(this.fleet.scope, this.info.id)));
+    this.info = view(await mapped(() => this.svc.sandboxes.suspend(this.fleet.scope, this.info.id)));
   }
   async resume(): Promise<void> {
-    this.info = view(await mapped(() => this.svc.resume(this.fleet.scope, this.info.id)));
+    this.info = view(await mapped(() => this.svc.sandboxes.resume(this.fleet.scope, this.info.id)));
   }
   async delete(): Promise<void> {
-    await mapped(() => this.svc.delete(this.fleet.scope, this.info.id));
+    await mapped(() => this.svc.sandboxes.delete(this.fleet.scope, this.info.id));
     this.info = { ...this.info, state: 'deleted' };
   }
   readFile(path: string): Promise<Buffer> {
-    return mapped(() => this.svc.readFile(this.fleet.scope, this.info.id, path));
+    return mapped(() => this.svc.sandboxes.readFile(this.fleet.scope, this.info.id, path));
   }
   writeFile(path: string, data: string | Uint8Array, mode?: number): Promise<void> {
-    return mapped(() => this.svc.writeFile(this.fleet.scope, this.info.id, path, typeof data === 'string' ? Buffer.from(data) : Buffer.from(data), mode));
+    return mapped(() => this.svc.sandboxes.writeFile(this.fleet.scope, this.info.id, path, typeof data === 'string' ? Buffer.from(data) : Buffer.from(data), mode));
   }
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.info.state === 'deleted') return;

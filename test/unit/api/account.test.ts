@@ -148,7 +148,7 @@ describe('events', () => {
   test('a client that goes away is unsubscribed', async () => {
     const key = f.key('acme');
     const stream = await open(key);
-    const watchers = (f.api.tenants as unknown as { sandboxWatchers: Set<unknown> }).sandboxWatchers;
+    const watchers = (f.api.tenants.events as unknown as { watchers: Set<unknown> }).watchers;
     assert.equal(watchers.size, 1);
     stream.close();
     const deadline = Date.now() + 5000;

@@ -22,7 +22,7 @@ import { call, DOORS, type Outcome } from '../../support/doors.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
-const SERVICE = fileURLToPath(new URL('../../../src/service/tenantService.ts', import.meta.url));
+const SERVICE = fileURLToPath(new URL('../../../src/service/sandboxes.ts', import.meta.url));
 const skip = postgresUnavailable() ?? false;
 
 interface Host {

@@ -6,7 +6,8 @@ import { NotFoundError } from '../../../src/sdk/index.js';
 import { bestOfN, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch } from '../../../src/sdk/rl/index.js';
 
 import { openDb } from '../../../src/store/db.js';
-import { TenantService, trustedScope } from '../../../src/service/tenantService.js';
+import { TenantService } from '../../../src/service/tenantService.js';
+import { trustedScope } from '../../../src/service/types.js';
 
 const scope = trustedScope('t1');
 /** The local fleet calls the tenant service, over the fake engine here. */

@@ -1,0 +1,367 @@
+/**
+ * Sandboxes, a part of the tenant service (tenantService.ts): every operation on a tenant's
+ * sandboxes — lifecycle, execs, processes, files, ports — with its rules (tier caps through the
+ * placement, session length, egress narrowing, state pre-checks, idempotency of retries). Where a
+ * sandbox runs and where a new one goes is the placement's (placement.ts); the host that runs it is
+ * reached through the same interface whether it is this one or another (sandboxHost.ts).
+ */
+import { CollimateError, environmentNotReady, invalidState, sandboxNotFound } from '../errors.js';
+import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
+import { forkCountProblem } from '../sandboxes/types.js';
+import type {
+  DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, OpenPort, ProcessEvent, ProcessInfo,
+  ProcessStartRequest, SandboxInfo, ServiceEngine, TemplateInfo, UploadOptions, WatchHandlers,
+} from '../sandboxes/types.js';
+import { DEFAULT_PORT_URL_SECS } from '../wire/schemas.js';
+import type { ExecLogEntry } from './execLog.js';
+import type { StoredResponse } from './idempotency.js';
+import type { Histogram } from './metrics.js';
+import type { Placement } from './placement.js';
+import type { PortUrlSigner } from './portUrls.js';
+import type { SandboxHost } from './sandboxHost.js';
+import type { Templates } from './templates.js';
+import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope } from './types.js';
+
+/** The latencies a service call observes, every front door. */
+export interface LifecycleTimers {
+  createSeconds: Histogram;
+  forkSeconds: Histogram;
+  execSeconds: Histogram;
+}
+
+export interface SandboxesDeps {
+  engine: ServiceEngine;
+  placement: Placement;
+  templates: Templates;
+  signer: PortUrlSigner;
+  idempotency: IdempotencyRunner;
+  timers: LifecycleTimers;
+  clusterReadings?: ClusterReadings;
+  now(): number;
+  log(err: unknown, msg: string): void;
+}
+
+export class Sandboxes {
+  private readonly engine: ServiceEngine;
+  private readonly placement: Placement;
+  private readonly signer: PortUrlSigner;
+  private readonly clusterReadings?: ClusterReadings;
+  private readonly now: () => number;
+  private readonly createSeconds: Histogram;
+  private readonly forkSeconds: Histogram;
+  private readonly execSeconds: Histogram;
+
+  constructor(private readonly d: SandboxesDeps) {
+    this.engine = d.engine;
+    this.placement = d.placement;
+    this.signer = d.signer;
+    this.clusterReadings = d.clusterReadings;
+    this.now = d.now;
+    ({ createSeconds: this.createSeconds, forkSeconds: this.forkSeconds, execSeconds: this.execSeconds } = d.timers);
+  }
+
+  private log(err: unknown, msg: string): void {
+    this.d.log(err, msg);
+  }
+
+  /** The host that runs the tenant's sandbox `id` (sandbox_not_found for ids the tenant does not have). */
+  private where(scope: Scope, id: string): Promise<SandboxHost> {
+    return this.placement.locate(scope.tenant, id);
+  }
+
+  /** One sandbox as last observed (ports as last read). Other tenants' ids read as not found. */
+  async get(scope: Scope, id: string): Promise<SandboxInfo> {
+    const info = await (await this.where(scope, id)).get(id, scope);
+    // Belt and braces against an engine that leaks across tenants.
+    if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
+    return info;
+  }
+
+  /**
+   * One sandbox with its listening ports read now. A failed reading keeps the last one: a port list
+   * is not worth failing the read for.
+   */
+  async inspect(scope: Scope, id: string): Promise<SandboxInfo> {
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.tenant !== scope.tenant) throw sandboxNotFound(id);
+    if (info.state !== 'running') return info;
+    let ports: OpenPort[];
+    try {
+      ports = await host.openPorts(id, scope);
+    } catch (err) {
+      if (err instanceof CollimateError && err.code === 'sandbox_not_found') throw err;
+      this.log(err, `reading the open ports of ${id} failed`);
+      return info;
+    }
+    return { ...info, ports };
+  }
+
+  list(scope: Scope, filter: ListFilter): Promise<{ sandboxes: SandboxInfo[]; next: string | null }> {
+    return this.placement.list(scope.tenant, filter);
+  }
+
+  /** Throws invalid_state unless the sandbox is running (for callers that must know before they start streaming). */
+  async requireRunning(scope: Scope, id: string, operation: string): Promise<SandboxInfo> {
+    const info = await this.get(scope, id);
+    if (info.state !== 'running') throw invalidState(id, info.state, operation, ['running']);
+    return info;
+  }
+
+  async create(scope: Scope, input: CreateInput): Promise<SandboxInfo> {
+    const tier = scope.tier;
+    const unbaked = tier.ownImages ? this.d.templates.unbakedEnvironment(scope, input.template) : undefined;
+    if (unbaked) throw environmentNotReady(input.template, unbaked.state, unbaked.error);
+    // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
+    const inCatalog = this.d.templates.catalog(scope).some((t) => t.id === input.template);
+    const tpl = !tier.ownImages && !inCatalog ? null : await this.templateToCreate(scope, input.template);
+    if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
+      throw new CollimateError(
+        'template_forbidden',
+        `Template ${input.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (GET /v1/images, or list_images over MCP). Upgrade to Pro to use your own images.`,
+      );
+    }
+    if (input.timeoutSecs !== undefined && input.timeoutSecs > tier.maxSessionSecs) {
+      throw new CollimateError('tier_forbidden', `timeout_secs ${input.timeoutSecs} exceeds the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s.`);
+    }
+    const egress = this.effectiveEgress(tpl, input.egress);
+    const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
+    const opts = { template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }) };
+    return this.placement.start({ tenant: scope.tenant, tier, slots: 1, operation: 'create', template: input.template }, async (host) => {
+      const stop = this.createSeconds.startTimer();
+      const info = await host.create(opts, scope);
+      stop();
+      return info;
+    });
+  }
+
+  /** The template a create names: this host's, else (a cluster) a tenant's environment another host made. */
+  private async templateToCreate(scope: Scope, id: string): Promise<TemplateInfo> {
+    try {
+      return this.engine.template(id, scope);
+    } catch (err) {
+      const elsewhere = err instanceof CollimateError && err.code === 'template_not_found' ? await this.clusterReadings?.template(scope.tenant, id) : undefined;
+      if (elsewhere) return elsewhere;
+      throw err;
+    }
+  }
+
+  async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
+    const host = await this.where(scope, id);
+    const stop = this.execSeconds.startTimer();
+    const r = await host.exec(id, req, scope, stream);
+    stop();
+    return r;
+  }
+
+  /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */
+  async recentExecs(scope: Scope, id: string, limit?: number): Promise<ExecLogEntry[]> {
+    const host = await this.where(scope, id);
+    await host.get(id, scope);
+    return host.recentExecs(id, limit, scope);
+  }
+
+  /**
+   * Live fork of a running sandbox, or fork of a suspended one (it stays suspended; the children run
+   * and keep its processes). Every child takes a slot of the tier's cap.
+   */
+  async fork(scope: Scope, id: string, input: ForkInput): Promise<SandboxInfo[]> {
+    const count = input.count;
+    const problem = forkCountProblem(count);
+    if (problem) throw new CollimateError('validation_error', problem);
+    const parent = await this.get(scope, id);
+    if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
+    return this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: count, operation: `fork of ${count}`, near: id }, async (host) => {
+      const stop = this.forkSeconds.startTimer({ count: String(count) });
+      const children = await host.fork(id, { count, labels: input.labels }, scope);
+      stop();
+      return children;
+    });
+  }
+
+  async suspend(scope: Scope, id: string): Promise<SandboxInfo> {
+    return (await this.where(scope, id)).suspend(id, scope);
+  }
+
+  async resume(scope: Scope, id: string): Promise<SandboxInfo> {
+    const cur = await this.get(scope, id);
+    // Checked before a slot is taken: resuming a running sandbox is invalid_state, not concurrency_limit.
+    if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
+    return this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: 1, operation: 'resume', near: id }, (host) => host.resume(id, scope));
+  }
+
+  /**
+   * A lease: ends a running sandbox's session `timeoutSecs` from now, earlier or later than before.
+   * The tier's maximum session still counts from the session's start (create, fork or resume), so a
+   * lease past it is tier_forbidden, saying how much is left (`max_timeout_secs`) rather than
+   * silently cut short. Only while running: a suspended sandbox's session ended, and a resume starts
+   * a new one of timeout_secs (invalid_state).
+   */
+  async setTimeout(scope: Scope, id: string, timeoutSecs: number): Promise<SandboxInfo> {
+    // Checked here too: in-process callers (the RL local fleet) do not go through a schema.
+    if (!Number.isInteger(timeoutSecs) || timeoutSecs < 1) throw new CollimateError('validation_error', `timeout_secs must be a whole number of seconds, at least 1 (got ${timeoutSecs}).`);
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.state !== 'running') throw invalidState(id, info.state, 'setting its timeout', ['running']);
+    const tier = scope.tier;
+    const now = this.now();
+    const startedMs = Date.parse(info.session_started_at);
+    const latestEnd = startedMs + tier.maxSessionSecs * 1000;
+    const endsAt = now + timeoutSecs * 1000;
+    if (endsAt > latestEnd) {
+      const left = Math.max(0, Math.floor((latestEnd - now) / 1000));
+      throw new CollimateError(
+        'tier_forbidden',
+        `timeout_secs ${timeoutSecs} would run sandbox ${id}'s session past the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s, ` +
+          `counted from its start at ${info.session_started_at}: ` +
+          (left >= 1 ? `${left} s of it are left, so ask for at most ${left}.` : 'none of it is left; suspend and resume the sandbox to start a new session.'),
+        { details: { max_session_secs: tier.maxSessionSecs, max_timeout_secs: left } },
+      );
+    }
+    // Only while running: the engine refuses the new end otherwise (a suspend in between is invalid_state).
+    return host.setSessionEnd(id, endsAt, scope);
+  }
+
+  async delete(scope: Scope, id: string): Promise<void> {
+    await (await this.where(scope, id)).delete(id, scope);
+  }
+
+  async readFile(scope: Scope, id: string, path: string): Promise<Buffer> {
+    return (await this.where(scope, id)).readFile(id, path, scope);
+  }
+
+  async writeFile(scope: Scope, id: string, path: string, data: Buffer, mode?: number): Promise<void> {
+    await (await this.where(scope, id)).writeFile(id, path, data, scope, mode);
+  }
+
+  async startProcess(scope: Scope, id: string, req: ProcessStartRequest): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).startProcess(id, req, scope);
+  }
+
+  async listProcesses(scope: Scope, id: string): Promise<ProcessInfo[]> {
+    return (await this.where(scope, id)).listProcesses(id, scope);
+  }
+
+  async getProcess(scope: Scope, id: string, pid: number): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).getProcess(id, pid, scope);
+  }
+
+  async watchProcessOutput(scope: Scope, id: string, pid: number, from: 'start' | 'now' | number, listener: (e: ProcessEvent) => void): Promise<() => void> {
+    return (await this.where(scope, id)).watchProcessOutput(id, pid, from, listener, scope);
+  }
+
+  async writeProcessStdin(scope: Scope, id: string, pid: number, data: AsyncIterable<Buffer> | Buffer): Promise<number> {
+    return (await this.where(scope, id)).writeProcessStdin(id, pid, data, scope);
+  }
+
+  async closeProcessStdin(scope: Scope, id: string, pid: number): Promise<void> {
+    return (await this.where(scope, id)).closeProcessStdin(id, pid, scope);
+  }
+
+  async signalProcess(scope: Scope, id: string, pid: number, signal: string | number): Promise<void> {
+    return (await this.where(scope, id)).signalProcess(id, pid, signal, scope);
+  }
+
+  async resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void> {
+    return (await this.where(scope, id)).resizeProcess(id, pid, cols, rows, scope);
+  }
+
+  async waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
+    return (await this.where(scope, id)).waitProcess(id, pid, timeoutSecs, scope);
+  }
+
+  async fsStat(scope: Scope, id: string, path: string): Promise<FileEntry> {
+    return (await this.where(scope, id)).fsStat(id, path, scope);
+  }
+
+  /** Whether anything (a file, directory, symlink…) is at `path`; a file in the way above it counts as nothing. */
+  async fsExists(scope: Scope, id: string, path: string): Promise<boolean> {
+    try {
+      await this.fsStat(scope, id, path);
+      return true;
+    } catch (e) {
+      if (e instanceof CollimateError && (e.code === 'file_not_found' || e.code === 'not_a_directory')) return false;
+      throw e;
+    }
+  }
+
+  async fsList(scope: Scope, id: string, path: string, depth = 1): Promise<DirListing> {
+    return (await this.where(scope, id)).fsList(id, path, depth, scope);
+  }
+
+  async fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
+    return (await this.where(scope, id)).fsMkdir(id, path, mode, scope);
+  }
+
+  async fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {
+    return (await this.where(scope, id)).fsRemove(id, path, scope);
+  }
+
+  async fsRename(scope: Scope, id: string, from: string, to: string): Promise<FileEntry> {
+    return (await this.where(scope, id)).fsRename(id, from, to, scope);
+  }
+
+  async fsWatch(scope: Scope, id: string, path: string, recursive: boolean, handlers: WatchHandlers): Promise<DirWatch> {
+    return (await this.where(scope, id)).fsWatch(id, path, recursive, handlers, scope);
+  }
+
+  /** Streams a file of any size (up to the server's download limit) to `sink`. */
+  async downloadFile(scope: Scope, id: string, path: string, sink: FileSink): Promise<{ size: number }> {
+    return (await this.where(scope, id)).downloadFile(id, path, sink, scope);
+  }
+
+  /** Streams `source` into a file, replacing it whole once complete (payload_too_large past `opts.maxBytes`). */
+  async uploadFile(scope: Scope, id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}): Promise<FileEntry & { bytes: number }> {
+    return (await this.where(scope, id)).uploadFile(id, path, source, opts, scope);
+  }
+
+  /** A signed URL token for a sandbox port: anyone holding it reaches the port until it expires. */
+  async portUrl(scope: Scope, id: string, port: number, expiresInSecs = DEFAULT_PORT_URL_SECS): Promise<PortUrl> {
+    await this.get(scope, id);
+    const expiresAt = Math.floor(this.now() / 1000) + expiresInSecs;
+    return { token: this.signer.sign({ sandboxId: id, port, expiresAt }), port, expiresAt };
+  }
+
+  /** Where the proxy connects for a tenant's request to a port (invalid_state unless running). */
+  async portTarget(scope: Scope, id: string, port: number): Promise<ResolvedPort> {
+    return { sandboxId: id, port, target: await (await this.where(scope, id)).portTarget(id, port, scope) };
+  }
+
+  /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */
+  async signedPortTarget(token: string): Promise<ResolvedPort> {
+    const grant = this.signer.verify(token);
+    const tenant = await this.placement.tenantOf(grant.sandboxId);
+    if (tenant === null) throw sandboxNotFound(grant.sandboxId);
+    const scope = { tenant };
+    return { sandboxId: grant.sandboxId, port: grant.port, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
+  }
+
+  /**
+   * Runs `exec` once per (tenant, key): a retry with the same key and fingerprint gets the stored
+   * response back (`replayed`), a different request under a used key idempotency_key_reused.
+   */
+  idempotent(scope: Scope, key: string, fingerprint: string, exec: () => Promise<StoredResponse>): Promise<StoredResponse & { replayed: boolean }> {
+    return this.d.idempotency.run(scope.tenant, key, fingerprint, exec);
+  }
+
+  /** The template's policy, or the asked one if it is the same or narrower. */
+  private effectiveEgress(t: TemplateInfo, raw: EgressInput | undefined): EgressPolicy | undefined {
+    // Normalised here too: in-process callers (the RL local fleet) do not go through a schema.
+    const asked = raw === undefined ? undefined : parseEgress(raw);
+    if (!t.network) {
+      if (asked !== undefined && asked !== 'none') {
+        throw new CollimateError('network_unavailable', `This server runs without networking (${this.networkReason()}), so sandboxes have no egress; create without egress or with "none".`);
+      }
+      return 'none';
+    }
+    if (asked === undefined) return undefined;
+    const wider = widening(asked, t.egress);
+    if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than template ${t.id}'s: ${wider}. A sandbox may only narrow its environment's policy.`);
+    return asked;
+  }
+
+  private networkReason(): string {
+    const net = this.engine.networkStatus?.();
+    return net?.reason ?? (net?.enabled ? "its template was baked without a network" : 'networking is off');
+  }
+}

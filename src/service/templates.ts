@@ -1,0 +1,106 @@
+/**
+ * Templates, images and environments, a part of the tenant service (tenantService.ts): the catalog
+ * every tier creates from, a tenant's own images and environments (tier rules: own images, VM size),
+ * and on a cluster host the environments other hosts made.
+ */
+import { CollimateError } from '../errors.js';
+import type { EnvironmentSpec, ImageService } from '../images/service.js';
+import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
+import type { SourceSpec } from '../images/sources.js';
+import type { ServiceEngine, TemplateInfo } from '../sandboxes/types.js';
+import type { ClusterReadings, Scope } from './types.js';
+
+export class Templates {
+  constructor(
+    private readonly engine: ServiceEngine,
+    private readonly images: ImageService | undefined,
+    private readonly clusterReadings: ClusterReadings | undefined,
+  ) {}
+
+  catalog(scope: Scope): TemplateInfo[] {
+    return this.engine.templates(scope).filter((t) => t.kind === 'catalog');
+  }
+
+  /** The catalog and the tenant's environments, baked or not. */
+  templates(scope: Scope): TemplateInfo[] {
+    const baked = this.engine.templates(scope);
+    const unbaked = (this.images?.templateInfos(scope.tenant) ?? []).filter((t) => !t.ready && !baked.some((b) => b.kind === 'environment' && b.id === t.id));
+    return [...baked, ...unbaked];
+  }
+
+  template(scope: Scope, id: string): TemplateInfo {
+    if (this.unbakedEnvironment(scope, id)) return this.images!.templateInfos(scope.tenant).find((t) => t.id === id)!;
+    return this.engine.template(id, scope);
+  }
+
+  ownImages(scope: Scope): ImageRow[] {
+    return this.images?.images(scope.tenant) ?? [];
+  }
+
+  async pullImage(scope: Scope, source: SourceSpec): Promise<ImageRow> {
+    requireOwnImages(scope, 'register images');
+    return this.imagesOrThrow().pull(scope.tenant, source);
+  }
+
+  image(scope: Scope, id: string): ImageRow {
+    return this.imagesOrThrow().image(scope.tenant, id);
+  }
+
+  deleteImage(scope: Scope, id: string): void {
+    this.imagesOrThrow().deleteImage(scope.tenant, id);
+  }
+
+  async createEnvironment(scope: Scope, spec: EnvironmentSpec): Promise<EnvironmentRow> {
+    requireOwnImages(scope, 'create environments');
+    if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, spec.name) && (await this.clusterReadings.environmentElsewhere(scope.tenant, spec.name, false))) {
+      throw new CollimateError('conflict', `Environment ${spec.name} exists; DELETE /v1/environments/${spec.name} first to replace it.`);
+    }
+    const tier = scope.tier;
+    if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
+      throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
+    }
+    const row = this.imagesOrThrow().createEnvironment(scope.tenant, spec);
+    await this.clusterReadings?.environmentsWritten();
+    return row;
+  }
+
+  async environments(scope: Scope): Promise<EnvironmentRow[]> {
+    if (this.clusterReadings) return this.clusterReadings.environments(scope.tenant);
+    return this.images?.environments(scope.tenant) ?? [];
+  }
+
+  /**
+   * One of the tenant's environments. On a cluster host, one another host made is as that host last
+   * recorded it; `fromItsHost` (its bake log) asks that host, and needs it to answer.
+   */
+  async environment(scope: Scope, name: string, opts: { fromItsHost?: boolean } = {}): Promise<EnvironmentRow> {
+    const here = this.images?.repo.getEnv(scope.tenant, name);
+    if (here || !this.clusterReadings) return this.imagesOrThrow().environment(scope.tenant, name);
+    const elsewhere = await this.clusterReadings.environmentElsewhere(scope.tenant, name, opts.fromItsHost === true);
+    if (!elsewhere) return this.imagesOrThrow().environment(scope.tenant, name); // environment_not_found, in its words
+    return elsewhere;
+  }
+
+  async deleteEnvironment(scope: Scope, name: string): Promise<void> {
+    if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, name) && (await this.clusterReadings.deleteEnvironmentElsewhere(scope.tenant, name))) return;
+    await this.imagesOrThrow().deleteEnvironment(scope.tenant, name);
+    await this.clusterReadings?.environmentsWritten();
+  }
+
+  /** An environment the image service knows but the engine has not (yet) registered. */
+  unbakedEnvironment(scope: Scope, id: string): EnvironmentRow | undefined {
+    const env = this.images?.repo.getEnv(scope.tenant, id);
+    return env && env.state !== 'ready' ? env : undefined;
+  }
+
+  private imagesOrThrow(): ImageService {
+    if (!this.images) throw new CollimateError('not_found', 'This server runs without an image service.');
+    return this.images;
+  }
+}
+
+function requireOwnImages(scope: Scope, what: string): void {
+  if (!scope.tier.ownImages) {
+    throw new CollimateError('tier_forbidden', `The ${scope.tier.name} tier cannot ${what}; it creates from catalog images only (GET /v1/images). Upgrade to Pro to bring your own images.`);
+  }
+}
