@@ -155,31 +155,34 @@ export function registerPeerHost(app: FastifyInstance, opts: PeerHostOptions): v
       }
       case 'listen': {
         let out: ReturnType<typeof ndjson> | undefined;
-        const early: unknown[] = [];
-        args[arg] = (event: { type: string }) => {
-          if (out) void out.line({ event });
-          else early.push(event);
-          if (event.type === 'exit') setImmediate(() => out?.end());
-        };
+        let open = false;
+        // Events that come before the stream is open (held output replayed at subscription) wait, in order.
+        const early: Array<{ type: string }> = [];
+        // Each line is written at once, in order; the stream ends once the exit's line is out.
+        const send = (event: { type: string }) => void out!.line({ event }).then(() => event.type === 'exit' && out!.end());
+        args[arg] = (event: { type: string }) => (open ? send(event) : early.push(event));
         const unsubscribe = (await run(args)) as () => void;
         out = ndjson(reply);
         out.res.on('close', unsubscribe);
         await out.line({ ok: true });
-        for (const e of early) await out.line({ event: e });
+        open = true;
+        early.forEach(send);
         return reply;
       }
       case 'watch': {
         let out: ReturnType<typeof ndjson> | undefined;
-        args[arg] = {
-          onChange: (change: unknown) => void out?.line({ change }),
-          onEnd: (reason: string) => {
-            void out?.line({ end: reason }).then(() => out?.end());
-          },
-        };
+        let open = false;
+        // As for `listen`: what comes before the stream is open waits, in order; the end ends it.
+        const early: Array<{ change?: unknown; end?: string }> = [];
+        const send = (line: { change?: unknown; end?: string }) => void out!.line(line).then(() => line.end !== undefined && out!.end());
+        const put = (line: { change?: unknown; end?: string }) => (open ? send(line) : early.push(line));
+        args[arg] = { onChange: (change: unknown) => put({ change }), onEnd: (reason: string) => put({ end: reason }) };
         const watch = (await run(args)) as { close(): Promise<void> };
         out = ndjson(reply);
         out.res.on('close', () => void watch.close().catch(() => {}));
         await out.line({ ok: true });
+        open = true;
+        early.forEach(send);
         return reply;
       }
       default:
