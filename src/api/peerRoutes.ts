@@ -211,15 +211,15 @@ export function peerTunnel(opts: PeerHostOptions, tunnels: Set<Duplex>) {
       const [id, port, scope] = argsHeader(req) as [string, number, { tenant: string }];
       const target = await opts.host.portTarget(id, port, scope);
       const upstream = connect({ host: target.host, port: target.port });
+      let open = false;
       upstream.once('connect', () => {
+        open = true;
         tunnels.add(socket);
         socket.write('HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: collimate-tcp\r\n\r\n');
         if (head.length) upstream.write(head);
         upstream.pipe(socket);
         socket.pipe(upstream);
       });
-      let open = false;
-      upstream.once('connect', () => (open = true));
       upstream.on('error', (err: NodeJS.ErrnoException) => {
         // The calling host renders the connect error as for its own sandboxes (the ports proxy's words).
         if (!open) refuse(502, new CollimateError('port_unreachable', `connect to port ${port} of sandbox ${id} failed: ${err.code ?? err.message}`, { details: { errno: err.code ?? 'ECONNRESET' } }));

@@ -62,8 +62,9 @@ function errorFrom(e: { code: string; message: string; details?: Record<string, 
   return new CollimateError(e.code as ErrorCode, e.message, { ...(e.details ? { details: e.details } : {}), ...(e.retryAfterSecs !== undefined ? { retryAfterSecs: e.retryAfterSecs } : {}) });
 }
 
+/** A host that could not be reached: for a placed create, a refusal like a full host's (the placement tries another). */
 export function hostNotAnswering(address: string, cause?: unknown): CollimateError {
-  return new CollimateError('host_at_capacity', `The host that holds this sandbox (${address}) does not answer; retry shortly.`, { retryAfterSecs: 5, details: { resource: 'cluster_host' }, cause });
+  return new CollimateError('host_at_capacity', `The host that holds this sandbox (${address}) does not answer; retry shortly.`, { retryAfterSecs: 5, details: { resource: 'cluster_host', refused: true }, cause });
 }
 
 /** Calls each line of a newline-delimited JSON stream in turn, waiting for each (so a slow consumer slows the sender). */
