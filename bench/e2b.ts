@@ -9,8 +9,7 @@ import { Sandbox as E2bSandbox } from 'e2b';
 import { Collimate } from '../src/sdk/index.ts';
 import '../src/service/migrations.ts';
 import { Engine } from '../src/sandboxes/engine.ts';
-import { TenantService } from '../src/service/tenantService.ts';
-import { buildServer } from '../src/api/server.ts';
+import { startServer } from '../src/server/assemble.ts';
 import { e2bKeyOf } from '../src/service/keys.ts';
 import { fmt, summary } from './stats.ts';
 
@@ -20,10 +19,11 @@ const home = `/tmp/collimate-bench-e2b-${process.pid}`;
 const log = (m: string) => console.error(`[bench] ${m}`);
 
 const engine = await Engine.open({ home, cacheDir: process.env.COLLIMATE_CACHE_DIR, poolSize: 2, catalog: ['base'], progress: log });
-const tenants = new TenantService({ engine, db: engine.db, reconcileIntervalMs: 0 });
-const api = await buildServer({ tenants });
+// Assembled as `collimate serve` does, over the engine opened above (left open at stop).
+const server = await startServer({ engine, service: { reconcileIntervalMs: 0 } });
+const { api, tenants } = server;
 try {
-  const base = await api.app.listen({ host: '127.0.0.1', port: 0 });
+  const base = server.address;
   const key = tenants.keys.create({ tenant: 'bench', tier: 'pro' }).key;
   const ours = await new Collimate({ apiKey: key, baseUrl: base }).sandboxes.create({ template: 'base' });
   const theirs = await E2bSandbox.create('base', { apiKey: e2bKeyOf(key), apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd`, timeoutMs: 3_600_000 });
@@ -57,8 +57,7 @@ try {
   await theirs.kill();
   await ours.delete();
 } finally {
-  await api.shutdown(1000);
-  tenants.close();
+  await server.stop(1000);
   await engine.deleteAll();
   await engine.close();
   rmSync(home, { recursive: true, force: true });

@@ -9,8 +9,7 @@ import { rmSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import '../src/service/migrations.ts';
-import { buildServer } from '../src/api/server.ts';
-import { TenantService } from '../src/service/tenantService.ts';
+import { startServer } from '../src/server/assemble.ts';
 import { trustedScope } from '../src/service/types.ts';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { connect, createLocalFleet, type Sandbox } from '../src/sdk/rl/index.ts';
@@ -33,9 +32,10 @@ const engine = await Engine.open({
   catalog: ['base'],
   progress: log,
 });
-const tenants = new TenantService({ engine, db: engine.db, reconcileIntervalMs: 0 });
-const api = await buildServer({ tenants });
-const baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
+// Assembled as `collimate serve` does, over the engine opened above (left open at stop).
+const server = await startServer({ engine, service: { reconcileIntervalMs: 0 } });
+const { api, tenants } = server;
+const baseUrl = server.address;
 const tenant = 'bench-rl';
 const key = api.keys.create({ tenant, tier: 'pro' }).key;
 
@@ -109,8 +109,7 @@ print(json.dumps({"samples": out, "connections": f.client.http.connections_opene
   }
 } finally {
   await sb.delete().catch(() => {});
-  await api.shutdown(500);
-  tenants.close();
+  await server.stop(500);
   await engine.deleteAll();
   await engine.close();
   rmSync(home, { recursive: true, force: true });

@@ -3,7 +3,9 @@
  * module), the image service, in cluster mode the host's membership with its views, blobs, moves
  * and environments, the tenant service, and the REST server with its other doors, started in that
  * order and stopped in the reverse one. `collimate serve` parses its arguments, applies the
- * accelerator policy and calls this; nothing here reads argv or the process environment.
+ * accelerator policy and calls this; the tests and benches call it with an engine they opened
+ * themselves (`engine`), so what they serve is wired as `serve` wires it. Nothing here reads argv or
+ * the process environment.
  */
 import type { FastifyInstance } from 'fastify';
 import { CollimateError } from '../errors.js';
@@ -14,19 +16,41 @@ import type { TenantService, TenantServiceOptions } from '../service/tenantServi
 import type { ClusterEnvironmentHost } from '../cluster/environmentHost.js';
 import type { UsagePush } from '../cluster/usage.js';
 import type { ImageService } from '../images/service.js';
+import type { BuildServerOptions } from '../api/server.js';
+import type { ServiceEngine } from '../sandboxes/types.js';
+import type { Db } from '../store/db.js';
+
+/** The server's knobs a caller may set beyond the defaults (body limits, grace, clock, console, envd backend, health). */
+export type ServerTuning = Partial<Omit<BuildServerOptions, 'tenants' | 'tls' | 'beforeRoutes' | 'interceptUpgrade' | 'e2bEnv'>>;
 
 export interface ServerConfig {
-  home: string;
-  host: string;
-  port: number;
-  logLevel: string;
+  /** The server's home (database, sandboxes); required unless `engine` is given. */
+  home?: string;
+  /** Where to listen; default 127.0.0.1, port 0 (any free one). */
+  host?: string;
+  port?: number;
+  /** Don't listen: the caller injects requests (`api.app.inject`). */
+  listen?: boolean;
+  /** The JSON log lines' level (logging.ts); none when unset. */
+  logLevel?: string;
   tls?: { cert: Buffer; key: Buffer };
   /** The engine module (a path or URL resolved by the caller); default src/sandboxes/engine.ts. */
   engineModule?: string;
+  /**
+   * An engine the caller opened (tests, benches; a fake implements the same interface), with the
+   * database of keys and usage (default its own) and its image service if it has one. The server
+   * uses them as they are and leaves them open when it stops.
+   */
+  engine?: ServiceEngine;
+  db?: Db;
+  images?: ImageService;
+  /** The tenant service's clock, port-URL key file and metering period (tests). */
+  service?: { now?: () => number; portUrlKeyPath?: string | null; reconcileIntervalMs?: number };
+  server?: ServerTuning;
   /** Progress lines of the engine's first start and of environments' restore. */
-  progress: (m: string) => void;
+  progress?: (m: string) => void;
   /** Status lines, whole ("collimate: joining the cluster…", a cluster host's warnings), without the newline. */
-  say: (line: string) => void;
+  say?: (line: string) => void;
   /** Cluster mode: the database, this host's advertised address and capacity, its timings and secrets key. */
   cluster?: {
     url: string;
@@ -40,6 +64,7 @@ export interface ServerConfig {
 }
 
 export interface RunningServer {
+  /** Where it listens ('' with `listen: false`). */
   address: string;
   /** The engine as opened (the real one or the module's stand-in). */
   engine: any;
@@ -48,8 +73,11 @@ export interface RunningServer {
   node?: ClusterNode;
   /** Catalog templates still being built in the background. */
   stillBuilding(): string[];
-  /** Drains requests, then stops every part (VMs are left running for re-adoption). */
-  stop(): Promise<void>;
+  /**
+   * Drains requests (for `graceMs`, default the server's), then stops every part it started (VMs are
+   * left running for re-adoption; an engine and images the caller gave stay open).
+   */
+  stop(graceMs?: number): Promise<void>;
 }
 
 /** Why a start failed at a step the operator can act on (one line, no stack). */
@@ -58,6 +86,7 @@ export class StartError extends Error {}
 /** How this server's VMMs are confined, for /healthz (docs/security.md). */
 async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cacheDir: string } }): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
   if (!engine.cfg?.jail) return { enabled: false, reason: 'engine without VMM confinement' };
+  if (!engine.cfg.homeTag) return { enabled: false, reason: 'engine without VMM confinement' };
   const { jailerFor, jailAvailability } = await import('../vmm/jail.js');
   const j = await jailerFor(engine.cfg);
   if (!j) return { enabled: false, reason: jailAvailability(engine.cfg.jail).reason };
@@ -67,34 +96,43 @@ async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cach
 export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   await import('../service/migrations.js'); // register the API's tables before the engine opens the db
   const { buildServer } = await import('../api/server.js');
-  const { Engine } = (await import(cfg.engineModule ?? '../sandboxes/engine.js')) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
-  let engine: any;
-  try {
-    // The first start with an empty cache builds base first and the other catalog templates once serving.
-    engine = await Engine.open({ home: cfg.home, progress: cfg.progress, catalogInBackground: true });
-  } catch (err) {
-    throw new StartError(`cannot start: ${(err as Error).message}`);
+  const say = cfg.say ?? (() => {});
+  const progress = cfg.progress ?? (() => {});
+  const given = cfg.engine !== undefined;
+  let engine: any = cfg.engine;
+  if (!given) {
+    if (!cfg.home) throw new StartError('cannot start: no home directory given (--home)');
+    const { Engine } = (await import(cfg.engineModule ?? '../sandboxes/engine.js')) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
+    try {
+      // The first start with an empty cache builds base first and the other catalog templates once serving.
+      engine = await Engine.open({ home: cfg.home, progress, catalogInBackground: true });
+    } catch (err) {
+      throw new StartError(`cannot start: ${(err as Error).message}`);
+    }
   }
   const confinement = await vmmConfinement(engine);
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
-  const { ImageService } = await import('../images/service.js');
-  const images = typeof engine.addTemplate === 'function' ? new ImageService({ host: engine, db: engine.db, log: cfg.progress, clusterSecretsKey: cfg.cluster?.secretsKey }) : undefined;
-  if (images) {
-    cfg.say('collimate: restoring environments...');
+  let images = cfg.images;
+  if (!given && typeof engine.addTemplate === 'function') {
+    const { ImageService } = await import('../images/service.js');
+    images = new ImageService({ host: engine, db: engine.db, log: progress, clusterSecretsKey: cfg.cluster?.secretsKey });
+    say('collimate: restoring environments...');
     await images.restore();
   }
   const c = cfg.cluster;
-  const clusterLog = (err: unknown, msg: string) => cfg.say(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}`);
+  const clusterLog = (err: unknown, msg: string) => say(`collimate cluster: ${msg}${err ? `: ${(err as Error).message}` : ''}`);
   let node: ClusterNode | undefined;
   if (c) {
     const { ClusterNode } = await import('../cluster/node.js');
-    cfg.say(`collimate: joining the cluster at ${c.shownUrl} as ${c.advertise} (capacity ${c.capacity})...`);
+    say(`collimate: joining the cluster at ${c.shownUrl} as ${c.advertise} (capacity ${c.capacity})...`);
     try {
-      node = await ClusterNode.join({ url: c.url, advertise: c.advertise, capacity: c.capacity, home: cfg.home, ...(c.timings ? { timings: c.timings } : {}), log: clusterLog }, engine);
+      node = await ClusterNode.join({ url: c.url, advertise: c.advertise, capacity: c.capacity, home: cfg.home ?? engine.cfg.home, ...(c.timings ? { timings: c.timings } : {}), log: clusterLog }, engine);
     } catch (err) {
-      await images?.close();
-      await engine.close();
+      if (!given) {
+        await images?.close();
+        await engine.close();
+      }
       throw new StartError(`cannot join the cluster: ${(err as Error).message}`);
     }
   }
@@ -106,7 +144,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
   const { TenantService } = await import('../service/tenantService.js');
   const cluster = node && views ? await clusterParts(node, engine, views, envs) : undefined;
-  const tenants = new TenantService({ engine, images, db: engine.db, ...(cluster?.service ?? {}) });
+  const tenants = new TenantService({ engine, images, db: cfg.db ?? engine.db, ...cfg.service, ...(cluster?.service ?? {}) });
   if (node) tenants.signer.useKey(node.signingKey());
   const { serverLoggerOptions } = await import('../api/logging.js');
   const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
@@ -114,7 +152,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   const catalogStatus = (): CatalogStatus | undefined => (typeof engine.catalogStatus === 'function' ? engine.catalogStatus() : undefined);
   const api = await buildServer({
     tenants,
-    logger: serverLoggerOptions(cfg.logLevel),
+    logger: cfg.logLevel ? serverLoggerOptions(cfg.logLevel) : false,
     tls: cfg.tls,
     ...(node && peers
       ? {
@@ -133,12 +171,12 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
     health: () => {
       const catalog = catalogStatus();
       return {
-      ready: engine.isReady(),
-      accel: engine.accel,
+      ready: typeof engine.isReady === 'function' ? engine.isReady() : true,
+      accel: engine.accel ?? 'unknown',
       mode: engine.accel === 'kvm' ? 'production' : 'development',
       ...(engine.accel === 'kvm' ? {} : { isolation: 'QEMU does not treat TCG guest escapes as security bugs' }),
       confinement,
-      network: engine.networkStatus(),
+      ...(typeof engine.networkStatus === 'function' ? { network: engine.networkStatus() } : {}),
       ...(typeof engine.poolHealth === 'function' ? { pools: engine.poolHealth() } : {}),
       ...(typeof engine.capacity === 'function' ? { capacity: engine.capacity() } : {}),
       // Catalog templates a first start still builds after it began serving (creates of them: 503 template_not_ready).
@@ -146,20 +184,22 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
       ...(node ? { cluster: { host_id: node.hostId, address: node.address, capacity: node.capacity, lease: node.membership.holdsLease() } } : {}),
       };
     },
+    ...cfg.server,
   });
-  const address = await api.app.listen({ host: cfg.host, port: cfg.port });
-  api.app.log.info({ event: 'serving', address, home: cfg.home, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: cfg.tls !== undefined, confinement: confinement.enabled }, 'serving');
+  const address = cfg.listen === false ? '' : await api.app.listen({ host: cfg.host ?? '127.0.0.1', port: cfg.port ?? 0 });
+  if (address) api.app.log.info({ event: 'serving', address, home: cfg.home, accel: engine.accel, mode: engine.accel === 'kvm' ? 'production' : 'development', tls: cfg.tls !== undefined, confinement: confinement.enabled }, 'serving');
   return {
     address, engine, tenants, api, node,
     stillBuilding: () => Object.keys(catalogStatus()?.building ?? {}),
-    async stop() {
-      await api.shutdown();
+    async stop(graceMs?: number) {
+      await api.shutdown(graceMs);
       blobs?.stop();
       envs?.stop();
       await envs?.flushed();
       await views?.stop();
       await node?.leave();
       tenants.close();
+      if (given) return;
       await images?.close();
       await engine.close();
     },

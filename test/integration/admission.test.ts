@@ -30,7 +30,7 @@ const LIMIT_MIB = 768;
 before(async () => {
   home = testHome('admission');
   engine = await openEngine(home, { host: { ...loadConfig({ home }).host, memoryMib: LIMIT_MIB, cpuPressureMax: 0 } });
-  api = await serveEngine(engine, { logger: false, health: () => ({ ready: engine.isReady(), accel: engine.accel, capacity: engine.capacity() }) });
+  api = await serveEngine(engine);
   base = await api.app.listen({ host: '127.0.0.1', port: 0 });
   key = api.keys.create({ tenant: 'acme', tier: 'enterprise' }).key;
 });

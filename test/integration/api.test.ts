@@ -38,7 +38,7 @@ async function call(op: string | null, method: string, path: string, key: string
 before(async () => {
   home = testHome('api');
   engine = await openEngine(home);
-  api = await serveEngine(engine, { logger: false, health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine);
   const addr = await api.app.listen({ host: '127.0.0.1', port: 0 });
   base = addr;
   proKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;

@@ -135,7 +135,7 @@ before(async () => {
   engine = await openEngine(home, { poolSize: 2 });
   images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
   await images.restore();
-  api = await serveEngine(engine, { images, logger: false });
+  api = await serveEngine(engine, { images });
   base = (await api.app.listen({ host: '127.0.0.1', port: 0 })).replace('localhost', '127.0.0.1');
   acmeKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
   otherKey = api.keys.create({ tenant: 'other', tier: 'pro' }).key;

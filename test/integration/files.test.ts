@@ -138,7 +138,7 @@ class Watch {
 before(async () => {
   home = testHome('files');
   engine = await openEngine(home, { idlePauseSecs: IDLE_SECS });
-  api = await serveEngine(engine, { logger: false, maxFileBytes: BIG + MiB });
+  api = await serveEngine(engine, { maxFileBytes: BIG + MiB });
   base = await api.app.listen({ host: '127.0.0.1', port: 0 });
   key = api.keys.create({ tenant: 'files-it', tier: 'pro' }).key;
 });

@@ -8,8 +8,8 @@ import { Engine, type EngineOptions } from '../../src/sandboxes/engine.ts';
 import { jailerFor } from '../../src/vmm/jail.ts';
 import { qemuProcessesNaming } from '../../src/sandboxes/runtime.ts';
 import { homeNamespaces } from '../../src/net/netns.ts';
-import { buildServer, type ApiServer, type BuildServerOptions } from '../../src/api/server.ts';
-import { TenantService } from '../../src/service/tenantService.ts';
+import type { ApiServer } from '../../src/api/server.ts';
+import { startServer, type ServerTuning } from '../../src/server/assemble.ts';
 import type { ImageService } from '../../src/images/service.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
@@ -72,19 +72,16 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
 }
 
 /**
- * The API over a real engine, wired as `collimate serve` does: one tenant service (images optional)
- * under REST, MCP and the ports proxy. `close` shuts the server and the service (not the engine).
+ * The API over a real engine, assembled as `collimate serve` does (src/server/assemble.ts): one
+ * tenant service (images optional) under every door, /healthz included, not listening until the test
+ * listens. `close` shuts the server and the service (not the engine).
  */
 export type Served = ApiServer & { close(graceMs?: number): Promise<void> };
 
-export async function serveEngine(
-  engine: Engine,
-  opts: Omit<BuildServerOptions, 'tenants'> & { images?: ImageService } = {},
-): Promise<Served> {
+export async function serveEngine(engine: Engine, opts: ServerTuning & { images?: ImageService } = {}): Promise<Served> {
   const { images, ...server } = opts;
-  const tenants = new TenantService({ engine, db: engine.db, images, reconcileIntervalMs: 0 });
-  const api = await buildServer({ tenants, ...server });
-  return { ...api, close: async (graceMs = 1000) => { await api.shutdown(graceMs); tenants.close(); } };
+  const s = await startServer({ engine, images, listen: false, service: { reconcileIntervalMs: 0 }, server });
+  return { ...s.api, close: (graceMs = 1000) => s.stop(graceMs) };
 }
 
 /** `collimate keys create` against a server's home, as an operator would; the key is the last line. */

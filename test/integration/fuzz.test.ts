@@ -126,13 +126,11 @@ before(async () => {
   await images.restore();
   api = await serveEngine(engine, {
     images,
-    logger: false,
     // Small limits, so that bodies over them are cheap to send many times.
     maxJsonBodyBytes: HUGE_JSON,
     maxFileBytes: HUGE_FILE - 1,
     // A stalled body is given up on after this (slow clients the fuzz sends finish within ~1.5 s).
     requestTimeoutMs: 3000,
-    health: () => ({ ready: engine.isReady(), accel: engine.accel, capacity: engine.capacity() }),
   });
   base = new URL(await api.app.listen({ host: '127.0.0.1', port: 0 }));
 });

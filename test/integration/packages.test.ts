@@ -65,7 +65,7 @@ function assertPrints(file: string, stdout: string): void {
 before(async () => {
   home = testHome('packages');
   engine = await openEngine(home);
-  api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine);
   const baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   const apiKey = await createKey(home, 'packages', 'pro');
   userEnv = { PATH: process.env.PATH, HOME: process.env.HOME, COLLIMATE_BASE_URL: baseUrl, COLLIMATE_API_KEY: apiKey };

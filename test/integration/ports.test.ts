@@ -30,7 +30,7 @@ describe('ports proxy on real VMs', { skip: net.enabled ? false : `networking un
   before(async () => {
     home = testHome('ports');
     engine = await openEngine(home, { catalog: ['python', 'node'], poolSize: 1 });
-    api = await serveEngine(engine, { logger: false });
+    api = await serveEngine(engine);
     base = await api.app.listen({ host: '127.0.0.1', port: 0 });
     key = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
     otherKey = api.keys.create({ tenant: 'globex', tier: 'pro' }).key;

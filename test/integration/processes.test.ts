@@ -21,7 +21,7 @@ let key: string;
 before(async () => {
   home = testHome('processes');
   engine = await openEngine(home, { resumeOnReceivers: false });
-  api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine);
   baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   key = await createKey(home, tenant.tenant, 'pro');
 });

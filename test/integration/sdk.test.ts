@@ -56,7 +56,7 @@ async function liveIds(tenantKey: string, labels: Record<string, string>): Promi
 before(async () => {
   home = testHome('sdk');
   engine = await openEngine(home);
-  api = await serveEngine(engine, { health: () => ({ ready: engine.isReady(), accel: engine.accel }) });
+  api = await serveEngine(engine);
   baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   proTenant = 'sdk-pro';
   proKey = await createKey(home, proTenant, 'pro');

@@ -28,7 +28,7 @@ async function call(method: string, path: string, body?: unknown): Promise<{ sta
 before(async () => {
   home = testHome('smoke');
   engine = await openEngine(home, { poolSize: 1 });
-  api = await serveEngine(engine, { logger: false });
+  api = await serveEngine(engine);
   base = await api.app.listen({ host: '127.0.0.1', port: 0 });
   key = api.keys.create({ tenant: 'smoke', tier: 'pro' }).key;
 });

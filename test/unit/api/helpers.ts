@@ -11,8 +11,9 @@ import { ERROR_CODES } from '../../../src/errors.js';
 import '../../../src/service/migrations.js';
 import { routeById } from '../../../src/api/routes.js';
 import { ErrorBody } from '../../../src/wire/schemas.js';
-import { buildServer, type ApiServer, type BuildServerOptions } from '../../../src/api/server.js';
-import { TenantService, type TenantServiceOptions } from '../../../src/service/tenantService.js';
+import type { ApiServer, BuildServerOptions } from '../../../src/api/server.js';
+import type { TenantServiceOptions } from '../../../src/service/tenantService.js';
+import { startServer } from '../../../src/server/assemble.js';
 import { openDb, type Db } from '../../../src/store/db.js';
 import type { TierName } from '../../../src/service/tiers.js';
 import { FakeSandboxService, type FakeOptions } from '../../support/fakeSandboxService.js';
@@ -41,11 +42,11 @@ export interface ReqOpts {
 /** Server options, and the tenant service's that tests set (images, clock, signing key, reconcile period). */
 export type ServerOptions = Partial<Omit<BuildServerOptions, 'tenants'>> & Partial<Pick<TenantServiceOptions, 'images' | 'now' | 'portUrlKeyPath' | 'reconcileIntervalMs'>>;
 
-/** A tenant service and an API server over `engine` (the fake), the way `collimate serve` wires them. */
+/** A tenant service and an API server over `engine` (the fake), assembled as `collimate serve` does (not listening). */
 export async function serverOn(engine: TenantServiceOptions['engine'], db: Db, opts: ServerOptions = {}): Promise<ApiServer> {
   const { images, now, portUrlKeyPath, reconcileIntervalMs, ...server } = opts;
-  const tenants = new TenantService({ engine, db, images, now, portUrlKeyPath, reconcileIntervalMs: reconcileIntervalMs ?? 0 });
-  return buildServer({ tenants, now, ...server });
+  const s = await startServer({ engine, db, images, listen: false, service: { now, portUrlKeyPath, reconcileIntervalMs: reconcileIntervalMs ?? 0 }, server: { now, ...server } });
+  return s.api;
 }
 
 export async function fixture(opts: { fake?: FakeOptions; server?: ServerOptions; dbPath?: string } = {}): Promise<Fixture> {

@@ -8,11 +8,16 @@ test('healthz: 200 ok once the service is ready, 503 before', async () => {
     f.svc.ready = false;
     let r = await f.req('health', { url: '/healthz' });
     assert.equal(r.statusCode, 503);
-    assert.deepEqual(r.json(), { status: 'starting', accel: 'tcg', templates_ready: false });
+    // What `collimate serve` answers (src/server/assemble.ts): under TCG a development host, and the fake has no VMM jail.
+    const served = {
+      accel: 'tcg', mode: 'development', isolation: 'QEMU does not treat TCG guest escapes as security bugs',
+      confinement: { enabled: false, reason: 'engine without VMM confinement' }, network: { enabled: true },
+    };
+    assert.deepEqual(r.json(), { status: 'starting', templates_ready: false, ...served });
     f.svc.ready = true;
     r = await f.req('health', { url: '/healthz' });
     assert.equal(r.statusCode, 200);
-    assert.deepEqual(r.json(), { status: 'ok', accel: 'tcg', templates_ready: true });
+    assert.deepEqual(r.json(), { status: 'ok', templates_ready: true, ...served });
   } finally {
     await f.close();
   }
