@@ -58,6 +58,44 @@ export const ERROR_CODES = {
 
 export type ErrorCode = keyof typeof ERROR_CODES;
 
+/**
+ * An operation a message points its reader to ("list yours with …"), named by its operation id in
+ * the REST table (src/api/routes.ts), with the path parameters it is called with. Each door names it
+ * its own way: REST by method and path, MCP by its tool, E2B's door by the SDK call.
+ */
+export interface See { op: string; params?: Record<string, string> }
+/** A message's text and the operations it points to, in order. */
+export type MessagePart = string | { see: See };
+/** How a door names an operation; undefined when it has none, and the pointer is left out. */
+export type DoorNames = (s: See) => string | undefined;
+
+/** The pointer to an operation inside a `msg` template: `List yours${see('listSandboxes')}.` */
+export function see(op: string, params?: Record<string, string>): { see: See } {
+  return { see: params ? { op, params } : { op } };
+}
+
+/**
+ * A door-neutral message: the values are text, except `see(…)` pointers, which each door renders as
+ * " with <its name for the operation>" (nothing where it has none, and in `message`).
+ */
+export function msg(strings: TemplateStringsArray, ...values: unknown[]): MessagePart[] {
+  const parts: MessagePart[] = [strings[0]];
+  values.forEach((v, i) => {
+    if (v && typeof v === 'object' && 'see' in v) parts.push(v as { see: See });
+    else parts.push(String(v));
+    parts.push(strings[i + 1]);
+  });
+  return parts;
+}
+
+function render(parts: MessagePart[], names?: DoorNames): string {
+  return parts.map((p) => {
+    if (typeof p === 'string') return p;
+    const name = typeof names === 'function' ? names(p.see) : undefined; // JSON.stringify passes a key
+    return name ? ` with ${name}` : '';
+  }).join('');
+}
+
 export class CollimateError extends Error {
   readonly code: ErrorCode;
   readonly status: number;
@@ -65,14 +103,22 @@ export class CollimateError extends Error {
   readonly retryAfterSecs?: number;
   /** Extra machine-readable detail, safe to send to clients. */
   readonly details?: Record<string, unknown>;
+  /** The message with its pointers to operations (`msg`); `message` is it without them. */
+  readonly parts?: MessagePart[];
 
-  constructor(code: ErrorCode, message: string, opts: { retryAfterSecs?: number; details?: Record<string, unknown>; cause?: unknown } = {}) {
-    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+  constructor(code: ErrorCode, message: string | MessagePart[], opts: { retryAfterSecs?: number; details?: Record<string, unknown>; cause?: unknown } = {}) {
+    super(typeof message === 'string' ? message : render(message), opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = 'CollimateError';
     this.code = code;
     this.status = ERROR_CODES[code];
     this.retryAfterSecs = opts.retryAfterSecs;
     this.details = opts.details;
+    if (typeof message !== 'string') this.parts = message;
+  }
+
+  /** The message as a door shows it: the operations it points to named by that door. */
+  text(names?: DoorNames): string {
+    return this.parts ? render(this.parts, names) : this.message;
   }
 
   /** The HTTP headers every door sends with this error, whatever the shape of its body: Retry-After for now. */
@@ -80,13 +126,14 @@ export class CollimateError extends Error {
     return this.retryAfterSecs !== undefined ? { 'retry-after': String(this.retryAfterSecs) } : {};
   }
 
-  toJSON(): { error: { code: ErrorCode; message: string } & Record<string, unknown> } {
-    return { error: { code: this.code, message: this.message, ...(this.details ?? {}) } };
+  /** The error body REST (and what shares its shape) sends, with the message as `names` words it. */
+  toJSON(names?: DoorNames): { error: { code: ErrorCode; message: string } & Record<string, unknown> } {
+    return { error: { code: this.code, message: this.text(names), ...(this.details ?? {}) } };
   }
 }
 
 export function sandboxNotFound(id: string): CollimateError {
-  return new CollimateError('sandbox_not_found', `No sandbox with id ${id}. List yours with GET /v1/sandboxes.`);
+  return new CollimateError('sandbox_not_found', msg`No sandbox with id ${id}. List yours${see('listSandboxes')}.`);
 }
 
 /** A sandbox that ended other than by its tenant's delete (its VM died): not found, saying why. */
@@ -98,7 +145,7 @@ export function sandboxEnded(id: string, reason: string): CollimateError {
 export function environmentNotReady(name: string, state: string, error?: string | null): CollimateError {
   return new CollimateError(
     'template_not_ready',
-    `Environment ${name} is ${state}${error ? ` (${error})` : ''}; create sandboxes from it once GET /v1/environments/${name} shows state ready.`,
+    msg`Environment ${name} is ${state}${error ? ` (${error})` : ''}; create sandboxes from it once it shows state ready (watch it${see('getEnvironment', { name })}).`,
     state === 'failed' ? {} : { retryAfterSecs: 10 },
   );
 }
@@ -106,8 +153,9 @@ export function environmentNotReady(name: string, state: string, error?: string 
 export function invalidState(id: string, state: string, operation: string, allowed: readonly string[]): CollimateError {
   return new CollimateError(
     'invalid_state',
-    `Sandbox ${id} is ${state}; ${operation} needs it to be ${allowed.join(' or ')}.` +
-      (state === 'suspended' ? ' Resume it first with POST /v1/sandboxes/{id}/resume.' : ''),
+    state === 'suspended'
+      ? msg`Sandbox ${id} is ${state}; ${operation} needs it to be ${allowed.join(' or ')}. Resume it first${see('resumeSandbox', { id })}.`
+      : `Sandbox ${id} is ${state}; ${operation} needs it to be ${allowed.join(' or ')}.`,
     { details: { state } },
   );
 }

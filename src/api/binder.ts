@@ -16,7 +16,7 @@ import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
 import { bearerKey } from '../service/keys.js';
-import { ROUTES, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
+import { ROUTES, restNames, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
   /** The caller's scope (routes without auth have none). */
@@ -43,7 +43,7 @@ export interface BindOptions {
 export function sendError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;
   reply.headers(err.headers());
-  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
+  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON(restNames));
 }
 
 export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindOptions): void {

@@ -16,7 +16,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { FileSink } from '../sandboxes/types.js';
 import { hostRefused } from '../service/placement.js';
-import { HOST_OPERATIONS, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
+import { HOST_OPERATIONS, invoke, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
 import { ARGS_HEADER, decode, encode, errorOf, EXTRAS_HEADER, PEER_HOST_PATH, type HostCallExtras } from '../cluster/remoteHost.js';
 
 export interface PeerHostOptions {
@@ -72,7 +72,6 @@ function ndjson(reply: FastifyReply): { line(v: unknown): Promise<void>; end(): 
 }
 
 export function registerPeerHost(app: FastifyInstance, opts: PeerHostOptions): void {
-  const ops = opts.host as unknown as Record<HostOperation, (...a: unknown[]) => unknown>;
 
   app.register(async (scope) => {
     // An upload's body is the bytes themselves, read by the operation as they come.
@@ -113,7 +112,7 @@ export function registerPeerHost(app: FastifyInstance, opts: PeerHostOptions): v
 
   async function serve(req: FastifyRequest, reply: FastifyReply, op: HostOperation, kind: string, arg: number): Promise<FastifyReply> {
     const args = kind === 'upload' ? argsHeader(req.raw) : argsOf(req.body);
-    const run = (a: unknown[]) => ops[op](...a);
+    const run = (a: unknown[]) => invoke(opts.host, op, a);
     switch (kind) {
       case 'call': {
         const result = await run(args);

@@ -13,6 +13,7 @@
  * `X-Collimate-Error: <code>`, so a client can tell them from the sandbox server's own answers.
  */
 import { request as httpRequest, ServerResponse, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
+import { restNames } from './routes.js';
 import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { PortRoute } from '../service/sandboxHost.js';
@@ -228,7 +229,7 @@ function upstreamError(err: NodeJS.ErrnoException, route: Route): CollimateError
 
 function errorHead(err: CollimateError): { status: number; headers: Record<string, string>; body: string } {
   const headers: Record<string, string> = { 'content-type': 'application/json; charset=utf-8', [PROXY_ERROR_HEADER]: err.code, ...err.headers() };
-  return { status: err.status, headers, body: JSON.stringify(err.toJSON()) };
+  return { status: err.status, headers, body: JSON.stringify(err.toJSON(restNames)) };
 }
 
 function sendRawError(res: ServerResponse, err: CollimateError): void {

@@ -4,7 +4,7 @@
  * response schema of (operation, status) here. Nothing here touches the service.
  */
 import type { z } from 'zod';
-import type { ErrorCode } from '../errors.js';
+import type { DoorNames, ErrorCode } from '../errors.js';
 import * as S from '../wire/schemas.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT' | 'DELETE';
@@ -798,6 +798,15 @@ export const ROUTE_TABLE = [
 
 /** The same table, for code that walks every route alike (OpenAPI, the binder, tests). */
 export const ROUTES: readonly RouteSpec[] = ROUTE_TABLE;
+
+/**
+ * REST's name for an operation an error message points to (errors.ts `see`): its method and path,
+ * with the parameters it was called with (`GET /v1/sandboxes/sbx_…/processes`).
+ */
+export const restNames: DoorNames = ({ op, params }) => {
+  const r = ROUTES.find((x) => x.operationId === op);
+  return r && `${r.method} ${r.path.replace(/:(\w+)/g, (_, k: string) => params?.[k] ?? `{${k}}`)}`;
+};
 
 export function routeById(operationId: string): RouteSpec {
   const r = ROUTES.find((x) => x.operationId === operationId);

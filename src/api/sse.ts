@@ -4,6 +4,7 @@
  * proxies from closing an idle stream. Shutdown aborts open streams with a `shutting_down` error.
  */
 import type { FastifyReply } from 'fastify';
+import { restNames } from './routes.js';
 import { CollimateError } from '../errors.js';
 import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, SandboxTransition, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
@@ -54,7 +55,7 @@ export class SseStreams {
       res.end();
     };
     const abort = (err: CollimateError) => {
-      send('error', err.toJSON());
+      send('error', err.toJSON(restNames));
       finish();
     };
     this.open.add(abort);
@@ -67,7 +68,7 @@ export class SseStreams {
       });
       send('result', execResultView(r));
     } catch (err) {
-      send('error', toClientError(err, log, requestId).toJSON());
+      send('error', toClientError(err, log, requestId).toJSON(restNames));
     } finally {
       finish();
     }
@@ -95,7 +96,7 @@ export class SseStreams {
       res.end();
     };
     const abort = (err: CollimateError) => {
-      send('error', err.toJSON());
+      send('error', err.toJSON(restNames));
       finish();
     };
     this.open.add(abort);
@@ -209,7 +210,7 @@ export class SseStreams {
       this.open.delete(abort);
     };
     const abort = (err: CollimateError) => {
-      write('error', err.toJSON());
+      write('error', err.toJSON(restNames));
       finish();
       res.end();
     };
@@ -263,7 +264,7 @@ export class SseStreams {
       }
     };
     const abort = (err: CollimateError) => {
-      write('error', err.toJSON());
+      write('error', err.toJSON(restNames));
       finish();
     };
     this.open.add(abort);

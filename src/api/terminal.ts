@@ -17,6 +17,7 @@ import { z } from 'zod';
 import { CollimateError } from '../errors.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
+import { restNames } from './routes.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 
@@ -58,7 +59,7 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
     const fail = (err: unknown) => {
       if (ws.readyState !== ws.OPEN) return;
       const e = toClientError(err, log);
-      ws.send(JSON.stringify({ type: 'error', error: e.toJSON().error }));
+      ws.send(JSON.stringify({ type: 'error', error: e.toJSON(restNames).error }));
       ws.close(1011, e.code);
     };
     // Keystrokes are written one after another, in the order they came.

@@ -18,7 +18,7 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CollimateError, environmentNotReady } from '../errors.js';
+import { CollimateError, environmentNotReady, msg, see } from '../errors.js';
 import { claimArtifact } from '../images/artifactGc.js';
 import { ARTIFACT_FILES } from '../images/artifactManifest.js';
 import { builtArtifact } from '../images/bake.js';
@@ -112,7 +112,7 @@ export class EnvironmentPuller {
 
   private async pull(tenant: string, name: string): Promise<PullReport | null> {
     const row = await this.envs.get(tenant, name);
-    if (!row) throw new CollimateError('template_not_found', `No template ${JSON.stringify(name)}. List them with GET /v1/templates.`);
+    if (!row) throw new CollimateError('template_not_found', msg`No template ${JSON.stringify(name)}. List them${see('listTemplates')}.`);
     if (this.target.madeHere(tenant, name)) return null; // this host's own: its image service registers it
     const copy = row.copy;
     if (row.state !== 'ready' || !copy) {

@@ -9,7 +9,7 @@
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type pg from 'pg';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { fromE2bKey, hashKey, KEY_RE, KeyStore, newApiKey, TENANT_RE, toRecord, type KeyRecord, type Principal } from '../service/keys.js';
 import { isTierName, TIERS, type Tier, type TierName } from '../service/tiers.js';
 import type { Db } from '../store/db.js';
@@ -150,6 +150,6 @@ export class KeyCache extends KeyStore {
   }
 
   override create(): never {
-    throw new CollimateError('not_found', 'On a cluster host keys are made in the cluster database: collimate keys create --cluster postgres://… (or POST /v1/keys).');
+    throw new CollimateError('not_found', msg`On a cluster host keys are made in the cluster database: collimate keys create --cluster postgres://… (or make one${see('createKey')}).`);
   }
 }

@@ -23,7 +23,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { concurrencyLimit } from '../service/admission.js';
 import type { Tier } from '../service/tiers.js';
 import { inTransaction } from './db.js';
@@ -149,7 +149,7 @@ export class ClusterPlacement {
     if (req.template) {
       const any = await tx.query(`SELECT 1 FROM hosts WHERE state = 'alive' AND $1 = ANY(templates) LIMIT 1`, [req.template]);
       if (any.rowCount === 0) {
-        return new CollimateError('template_not_found', `No host of the cluster offers template ${req.template}. List templates with GET /v1/templates.`);
+        return new CollimateError('template_not_found', msg`No host of the cluster offers template ${req.template}. List templates${see('listTemplates')}.`);
       }
     }
     return new CollimateError(

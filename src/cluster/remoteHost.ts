@@ -16,9 +16,9 @@
  */
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { CollimateError, type ErrorCode } from '../errors.js';
+import { CollimateError, type ErrorCode, type MessagePart } from '../errors.js';
 import type { FileChange, Scope, WatchEndReason } from '../sandboxes/types.js';
-import { HOST_OPERATIONS, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
+import { hostOf, type SandboxHost } from '../service/sandboxHost.js';
 import { PEER_HEADER } from './node.js';
 
 /** Where peer operations are served on every host. */
@@ -53,12 +53,12 @@ export function decode(text: string): any {
   });
 }
 
-export function errorOf(e: unknown): { code: string; message: string; details?: Record<string, unknown>; retryAfterSecs?: number } {
-  if (e instanceof CollimateError) return { code: e.code, message: e.message, ...(e.details ? { details: e.details } : {}), ...(e.retryAfterSecs !== undefined ? { retryAfterSecs: e.retryAfterSecs } : {}) };
+export function errorOf(e: unknown): { code: string; message: string | MessagePart[]; details?: Record<string, unknown>; retryAfterSecs?: number } {
+  if (e instanceof CollimateError) return { code: e.code, message: e.parts ?? e.message, ...(e.details ? { details: e.details } : {}), ...(e.retryAfterSecs !== undefined ? { retryAfterSecs: e.retryAfterSecs } : {}) };
   return { code: 'internal_error', message: 'Internal error on the host that runs this sandbox; it is in that host\'s log.' };
 }
 
-function errorFrom(e: { code: string; message: string; details?: Record<string, unknown>; retryAfterSecs?: number }): CollimateError {
+function errorFrom(e: { code: string; message: string | MessagePart[]; details?: Record<string, unknown>; retryAfterSecs?: number }): CollimateError {
   return new CollimateError(e.code as ErrorCode, e.message, { ...(e.details ? { details: e.details } : {}), ...(e.retryAfterSecs !== undefined ? { retryAfterSecs: e.retryAfterSecs } : {}) });
 }
 
@@ -91,22 +91,18 @@ export class RemoteHost {
 
   /** This client as a SandboxHost: every operation of HOST_OPERATIONS, sent the way it says. */
   asHost(): SandboxHost {
-    const host = {} as Record<HostOperation, (...args: unknown[]) => unknown>;
-    for (const [op, how] of Object.entries(HOST_OPERATIONS) as Array<[HostOperation, (typeof HOST_OPERATIONS)[HostOperation]]>) {
+    return hostOf((op, how, args) => {
       const arg = 'arg' in how ? how.arg : -1;
-      host[op] = (...args: unknown[]) => {
-        switch (how.kind) {
-          case 'call': return this.call(op, args);
-          case 'exec': return this.exec(op, args, arg);
-          case 'download': return this.download(op, args, arg);
-          case 'listen': return this.listen(op, args, arg);
-          case 'watch': return this.watch(op, args, arg);
-          case 'upload': return this.upload(op, args, arg);
-          case 'tunnel': return this.tunnelTarget(args);
-        }
-      };
-    }
-    return host as unknown as SandboxHost;
+      switch (how.kind) {
+        case 'call': return this.call(op, args);
+        case 'exec': return this.exec(op, args, arg);
+        case 'download': return this.download(op, args, arg);
+        case 'listen': return this.listen(op, args, arg);
+        case 'watch': return this.watch(op, args, arg);
+        case 'upload': return this.upload(op, args, arg);
+        case 'tunnel': return this.tunnelTarget(args);
+      }
+    });
   }
 
   private send(op: string, body: string | AsyncIterable<Buffer | Uint8Array | string> | Buffer, headers: Record<string, string> = {}): Promise<{ res: IncomingMessage; abort: () => void }> {

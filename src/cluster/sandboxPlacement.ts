@@ -20,7 +20,7 @@ import type { ListFilter, SandboxInfo, ServiceEngine, TemplateInfo } from '../sa
 import type { UsageReport } from '../service/metering.js';
 import { hostRefused, isHostRefusal, type Placement, type StartRequest } from '../service/placement.js';
 import type { ClusterReadings, LiveStat } from '../service/types.js';
-import { HOST_OPERATIONS, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
+import { hostOf, invoke, type SandboxHost } from '../service/sandboxHost.js';
 import { clusterDatabaseUnavailable } from './db.js';
 import type { DirectoryEntry } from './directory.js';
 import type { ClusterEnvironmentHost } from './environmentHost.js';
@@ -39,27 +39,19 @@ function hostUnavailable(id: string): CollimateError {
 
 /** Every operation of `host`, each followed by `after()` when it changes a sandbox's state. */
 function settling(host: SandboxHost, after: () => Promise<void>): SandboxHost {
-  const out = { ...host } as Record<HostOperation, (...a: unknown[]) => unknown>;
-  const ops = host as unknown as Record<HostOperation, (...a: unknown[]) => unknown>;
-  for (const [op, how] of Object.entries(HOST_OPERATIONS) as Array<[HostOperation, { changes?: boolean }]>) {
-    if (how.changes) out[op] = async (...a: unknown[]) => {
-      const r = await ops[op](...a);
+  return hostOf((op, how, args) => {
+    if (!('changes' in how)) return invoke(host, op, args);
+    return (async () => {
+      const r = await invoke(host, op, args);
       await after();
       return r;
-    };
-  }
-  return out as unknown as SandboxHost;
+    })();
+  });
 }
 
 /** `host` with every operation that changes a sandbox's state refused (the directory cannot record it now). */
 function readOnly(host: SandboxHost, cause: unknown): SandboxHost {
-  const out = { ...host } as Record<HostOperation, (...a: unknown[]) => unknown>;
-  for (const [op, how] of Object.entries(HOST_OPERATIONS) as Array<[HostOperation, { changes?: boolean }]>) {
-    if (how.changes) out[op] = async () => {
-      throw clusterDatabaseUnavailable(cause);
-    };
-  }
-  return out as unknown as SandboxHost;
+  return hostOf((op, how, args) => ('changes' in how ? Promise.reject(clusterDatabaseUnavailable(cause)) : invoke(host, op, args)));
 }
 
 /** An environment row as its host last wrote its view to the cluster database (the log's tail only). */

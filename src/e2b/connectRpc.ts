@@ -7,6 +7,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import { CollimateError } from '../errors.js';
+import { e2bNames } from './names.js';
 
 export const CONNECT_STREAM_TYPE = 'application/connect+json';
 const END_STREAM = 0x02;
@@ -54,7 +55,7 @@ export function connectErrorOf(err: CollimateError): ConnectError {
   };
   // A sandbox that is not running has no envd: the SDK reads `unavailable` as "it timed out".
   const code: ConnectCode = err.code === 'invalid_state' ? 'unavailable' : byStatus();
-  return new ConnectError(code, err.message);
+  return new ConnectError(code, err.text(e2bNames));
 }
 
 export function envelope(message: unknown, flags = 0): Buffer {

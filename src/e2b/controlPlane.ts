@@ -19,6 +19,7 @@ import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
 import { envVarsProblem, type SandboxEnvs } from './sandboxEnv.js';
+import { e2bNames } from './names.js';
 
 export const E2B_API_PREFIX = '/e2b/api';
 /** The envd version we answer with: the SDK turns off what a lower version lacks (see envd.ts). */
@@ -35,7 +36,7 @@ export interface E2bControlPlaneOptions {
 export function sendE2bError(reply: FastifyReply, err: CollimateError): void {
   if (reply.sent || reply.raw.headersSent) return;
   reply.headers(err.headers());
-  reply.code(err.status).type('application/json; charset=utf-8').send({ code: err.status, message: err.message, error_code: err.code });
+  reply.code(err.status).type('application/json; charset=utf-8').send({ code: err.status, message: err.text(e2bNames), error_code: err.code });
 }
 
 function bad(message: string): CollimateError {
@@ -225,7 +226,7 @@ export class E2bControlPlane {
         return { sandbox: this.sandboxAnswer(await this.tenants.sandboxes.setTimeout(scope, child.id, Math.max(1, secs))) };
       } catch (err) {
         const e = toClientError(err);
-        return { error: { code: e.status, message: e.message, error_code: e.code } };
+        return { error: { code: e.status, message: e.text(e2bNames), error_code: e.code } };
       }
     }));
     return [201, results];

@@ -21,6 +21,7 @@ import type { Scope } from '../service/types.js';
 import { toClientError } from '../wire/errors.js';
 import { ConnectError, ServerStream, connectErrorOf, decodeEnvelopes, decodeUnary, sendUnary, sendUnaryError, MAX_ENVELOPE_BYTES, CONNECT_STREAM_TYPE } from './connectRpc.js';
 import type { SandboxEnvs } from './sandboxEnv.js';
+import { e2bNames } from './names.js';
 import { bodyChunks, discardRest } from '../wire/streamedBody.js';
 
 export const E2B_ENVD_PREFIX = '/e2b/envd';
@@ -479,7 +480,7 @@ function sendJson(res: ServerResponse, status: number, body: unknown): void {
 /** envd's plain-HTTP error: `{code, message}` with the HTTP status (the SDK maps 404 to its not-found errors). */
 function sendHttpError(res: ServerResponse, err: CollimateError): void {
   const status = err.code === 'invalid_state' ? 502 : err.status;
-  sendJson(res, status, { code: status, message: err.message });
+  sendJson(res, status, { code: status, message: err.text(e2bNames) });
 }
 
 export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {

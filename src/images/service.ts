@@ -1,6 +1,6 @@
 import { mkdirSync, mkdtempSync, rmSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { parseEgress } from '../net/policy.js';
 import type { Db } from '../store/db.js';
 import { homePaths } from '../host/paths.js';
@@ -278,7 +278,7 @@ export class ImageService {
 
   image(tenant: string, id: string): ImageRow {
     const r = this.repo.getImage(tenant, id);
-    if (!r) throw new CollimateError('image_not_found', `No image ${id.slice(0, 80)}. List yours with GET /v1/images.`);
+    if (!r) throw new CollimateError('image_not_found', msg`No image ${id.slice(0, 80)}. List yours${see('listImages')}.`);
     return r;
   }
 
@@ -337,10 +337,10 @@ export class ImageService {
     this.assertOpen();
     if (!ENVIRONMENT_NAME_RE.test(spec.name)) throw new CollimateError('validation_error', `environment name must match ${ENVIRONMENT_NAME_RE.source}`);
     if (CATALOG.some((c) => c.id === spec.name)) throw new CollimateError('conflict', `${spec.name} is a catalog template; choose another name for your environment.`);
-    if (this.repo.getEnv(tenant, spec.name)) throw new CollimateError('conflict', `Environment ${spec.name} exists; DELETE /v1/environments/${spec.name} first to replace it.`);
+    if (this.repo.getEnv(tenant, spec.name)) throw new CollimateError('conflict', msg`Environment ${spec.name} exists; delete it first${see('deleteEnvironment', { name: spec.name })} to replace it.`);
     const egress = spec.egress === undefined ? 'allow' : parseEgress(spec.egress, 'egress');
     const img = spec.image.startsWith('sha256:') ? this.repo.getImage(tenant, spec.image) : this.repo.imageByRef(tenant, spec.image);
-    if (!img) throw new CollimateError('image_not_found', `No image ${spec.image.slice(0, 100)}. Register it with POST /v1/images first.`);
+    if (!img) throw new CollimateError('image_not_found', msg`No image ${spec.image.slice(0, 100)}. Register it first${see('createImage')}.`);
     if (img.state === 'failed') throw new CollimateError('validation_error', `Image ${img.id} failed to pull (${img.error}); pull it again first.`);
     const secrets = spec.secrets ?? {};
     const names = Object.keys(secrets).sort();
@@ -449,7 +449,7 @@ export class ImageService {
 
   environment(tenant: string, name: string): EnvironmentRow {
     const r = this.repo.getEnv(tenant, name);
-    if (!r) throw new CollimateError('environment_not_found', `No environment ${name.slice(0, 80)}. List yours with GET /v1/environments.`);
+    if (!r) throw new CollimateError('environment_not_found', msg`No environment ${name.slice(0, 80)}. List yours${see('listEnvironments')}.`);
     return r;
   }
 

@@ -19,7 +19,7 @@ import type { Scope } from '../service/types.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonBody } from '../wire/jsonBody.js';
 import { allowedOriginsFromEnv, originAllowed } from './origin.js';
-import { registerTools } from './tools.js';
+import { mcpNames, registerTools } from './tools.js';
 
 export const MCP_PATH = '/mcp';
 
@@ -40,7 +40,7 @@ const INSTRUCTIONS =
 function sendError(reply: FastifyReply, err: CollimateError, headers: Record<string, string> = {}): void {
   for (const [k, v] of Object.entries(headers)) reply.header(k, v);
   reply.headers(err.headers());
-  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON());
+  reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON(mcpNames));
 }
 
 function jsonRpcError(reply: FastifyReply, status: number, code: number, message: string, headers: Record<string, string> = {}): void {

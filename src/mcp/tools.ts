@@ -7,7 +7,7 @@
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError, sandboxNotFound, type DoorNames } from '../errors.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { parseWith, toClientError } from '../wire/errors.js';
@@ -255,10 +255,17 @@ function ok(value: Record<string, unknown>): CallToolResult {
   return { content: [{ type: 'text', text: JSON.stringify(value) }], structuredContent: value };
 }
 
+/** The tools an error message points to (errors.ts `see`); operations without a tool are left out of the message. */
+const TOOL_OF: Partial<Record<string, keyof typeof INPUTS>> = {
+  listSandboxes: 'list_sandboxes', suspendSandbox: 'suspend_sandbox', resumeSandbox: 'resume_sandbox', deleteSandbox: 'delete_sandbox',
+  listProcesses: 'list_processes', listImages: 'list_images', listTemplates: 'list_images', createPortUrl: 'expose_port',
+};
+export const mcpNames: DoorNames = ({ op }) => (TOOL_OF[op] ? `the ${TOOL_OF[op]} tool` : undefined);
+
 /** An error result: the text starts with the stable API code, like REST's error.code. */
 export function errorResult(err: CollimateError): CallToolResult {
   const extra = err.retryAfterSecs !== undefined ? ` (retry after ${err.retryAfterSecs} s)` : '';
-  return { content: [{ type: 'text', text: `${err.code}: ${err.message}${extra}` }], isError: true };
+  return { content: [{ type: 'text', text: `${err.code}: ${err.text(mcpNames)}${extra}` }], isError: true };
 }
 
 /** Sandbox ids are checked before any call: a malformed one reads as not found, like REST's path check. */

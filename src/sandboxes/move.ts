@@ -1,7 +1,7 @@
 import { constants as fsConstants, mkdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { sha256File } from '../host/hash.js';
 import { run } from '../host/run.js';
 import { newDiskPath } from './runtime.js';
@@ -88,7 +88,7 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
   return ctx.registry.serialized(id, async () => {
     const row = rowFor(ctx, id);
     if (row.state !== 'suspended') {
-      throw new CollimateError('invalid_state', `Sandbox ${id} is ${row.state === 'deleting' ? 'being deleted' : row.state}; only a suspended sandbox moves to another host. Suspend it first with POST /v1/sandboxes/${id}/suspend.`, { details: { state: row.state } });
+      throw new CollimateError('invalid_state', msg`Sandbox ${id} is ${row.state === 'deleting' ? 'being deleted' : row.state}; only a suspended sandbox moves to another host. Suspend it first${see('suspendSandbox', { id })}.`, { details: { state: row.state } });
     }
     if (row.pending_op) throw new CollimateError('conflict', `Sandbox ${id} is being ${row.pending_op.op === 'move' ? 'moved' : row.pending_op.op === 'fork' ? 'forked' : 'suspended'} already; retry once that is done.`);
     const snap = row.snapshot;

@@ -1,5 +1,5 @@
 import { constants } from 'node:os';
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import type { ProcStartRequest } from '../guest/protocol.js';
 import { execSeed } from './exec.js';
@@ -106,7 +106,7 @@ export function processError(id: string, pid: number | undefined, e: unknown): E
 }
 
 export function processNotFound(id: string, pid: number): CollimateError {
-  return new CollimateError('process_not_found', `Sandbox ${id} has no background process ${pid}. List them with GET /v1/sandboxes/${id}/processes.`);
+  return new CollimateError('process_not_found', msg`Sandbox ${id} has no background process ${pid}. List them${see('listProcesses', { id })}.`);
 }
 
 export function checkPid(pid: unknown): number {

@@ -1,6 +1,6 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { Artifact } from '../images/bake.js';
@@ -246,7 +246,7 @@ export class TemplatePools {
     const t = (tenant !== undefined ? this.byKey.get(envKey(tenant, id)) : undefined) ?? this.byKey.get(id);
     if (!t) this.assertNotBuilding(id);
     if (!t || (t.kind === 'environment' && t.tenant !== tenant)) {
-      throw new CollimateError('template_not_found', `No template ${JSON.stringify(id)}. List them with GET /v1/templates.`);
+      throw new CollimateError('template_not_found', msg`No template ${JSON.stringify(id)}. List them${see('listTemplates')}.`);
     }
     return t;
   }
@@ -256,12 +256,12 @@ export class TemplatePools {
     const b = this.building.get(id);
     if (b) {
       const secs = Math.round((Date.now() - b.since) / 1000);
-      throw new CollimateError('template_not_ready', `The catalog template ${id} is still being built (this server's first start with this cache; ${b.step === 'queued' ? 'queued behind another template' : `${secs} s so far, now: ${b.step}`}). Retry in a minute; GET /healthz lists what is still being built.`, { retryAfterSecs: 30 });
+      throw new CollimateError('template_not_ready', msg`The catalog template ${id} is still being built (this server's first start with this cache; ${b.step === 'queued' ? 'queued behind another template' : `${secs} s so far, now: ${b.step}`}). Retry in a minute; the server's health lists what is still being built${see('health')}.`, { retryAfterSecs: 30 });
     }
     const f = this.failed.get(id);
     if (f !== undefined && this.background && !this.closed) {
       this.buildInBackground(id);
-      throw new CollimateError('template_not_ready', `The catalog template ${id} failed to build (${f}); it is being built again now. Retry in a minute; GET /healthz shows its progress.`, { retryAfterSecs: 30 });
+      throw new CollimateError('template_not_ready', msg`The catalog template ${id} failed to build (${f}); it is being built again now. Retry in a minute; the server's health shows its progress${see('health')}.`, { retryAfterSecs: 30 });
     }
   }
 

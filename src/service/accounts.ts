@@ -2,7 +2,7 @@
  * Accounts and keys, a part of the tenant service (tenantService.ts): who acts (an API key, or a
  * sandbox's own token, turned into a Scope), the tenant's own keys, and its tier's limits.
  */
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import type { KeyRecord, KeyStore } from './keys.js';
 import type { Placement } from './placement.js';
 import type { PortUrlSigner } from './portUrls.js';
@@ -42,7 +42,7 @@ export class Accounts {
   async revokeOwnKey(scope: Scope, keyId: string): Promise<void> {
     const rec = await this.accountKeys.get(keyId);
     if (!rec || rec.tenant !== scope.tenant || rec.revoked_at !== null) {
-      throw new CollimateError('not_found', `No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them with GET /v1/keys.`);
+      throw new CollimateError('not_found', msg`No key ${JSON.stringify(keyId.slice(0, 100))} of yours; list them${see('listKeys')}.`);
     }
     await this.accountKeys.revoke(keyId);
   }

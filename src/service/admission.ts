@@ -13,7 +13,7 @@
  *   otherwise        → wait until an in-flight operation of this tenant settles, and decide again.
  * That never overshoots and never refuses a request that would fit once the counts are exact.
  */
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import type { SandboxService } from '../sandboxes/types.js';
 import type { Tier } from './tiers.js';
 
@@ -26,10 +26,10 @@ const MAX_WAIT_MS = 30_000;
 export function concurrencyLimit(tier: Tier, running: number, starting: number, operation: string, slots: number): CollimateError {
   return new CollimateError(
     'concurrency_limit',
-    `The ${tier.name} tier allows ${tier.maxRunning} running sandboxes and you have ${running}` +
-      (starting ? ` (plus ${starting} starting)` : '') +
-      `; ${operation} needs ${slots} more. Suspend or delete one (POST /v1/sandboxes/{id}/suspend, ` +
-      `DELETE /v1/sandboxes/{id}) and retry, or upgrade to Pro for no concurrency cap.`,
+    [
+      ...msg`The ${tier.name} tier allows ${tier.maxRunning} running sandboxes and you have ${running}${starting ? ` (plus ${starting} starting)` : ''}; `,
+      ...msg`${operation} needs ${slots} more. Suspend one${see('suspendSandbox')} or delete one${see('deleteSandbox')} and retry, or upgrade to Pro for no concurrency cap.`,
+    ],
     { retryAfterSecs: CONCURRENCY_RETRY_AFTER_SECS, details: { limit: tier.maxRunning, running } },
   );
 }

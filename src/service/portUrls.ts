@@ -9,7 +9,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 
 const VERSION = 1;
 const BODY_BYTES = 1 + 6 + 2 + 5;
@@ -84,7 +84,7 @@ export class PortUrlSigner {
    */
   verify(token: string): PortGrant {
     const invalid = () =>
-      new CollimateError('unauthorized', 'This port URL is not valid: it was altered, truncated or signed by another server. Ask its owner for a new one (POST /v1/sandboxes/{id}/port-urls).');
+      new CollimateError('unauthorized', msg`This port URL is not valid: it was altered, truncated or signed by another server. Ask its owner for a new one${see('createPortUrl')}.`);
     if (!/^[A-Za-z0-9_-]+$/.test(token)) throw invalid();
     const raw = Buffer.from(token, 'base64url');
     if (raw.length !== BODY_BYTES + MAC_BYTES || raw.toString('base64url') !== token) throw invalid();
@@ -96,7 +96,7 @@ export class PortUrlSigner {
       expiresAt: body.readUIntBE(9, 5),
     };
     if (grant.expiresAt * 1000 <= this.now()) {
-      throw new CollimateError('url_expired', `This port URL expired at ${new Date(grant.expiresAt * 1000).toISOString()}. Ask its owner for a new one (POST /v1/sandboxes/{id}/port-urls).`);
+      throw new CollimateError('url_expired', msg`This port URL expired at ${new Date(grant.expiresAt * 1000).toISOString()}. Ask its owner for a new one${see('createPortUrl')}.`);
     }
     return grant;
   }

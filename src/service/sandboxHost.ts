@@ -103,6 +103,29 @@ export const HOST_OPERATIONS = {
 
 export type HostOperation = keyof typeof HOST_OPERATIONS;
 
+/** Any operation of the table, untyped: what a forwarder (a peer, a wrapper) passes on as it came. */
+type AnyOperation = (...args: unknown[]) => unknown;
+
+/**
+ * Calls one operation of `host` by name with arguments that came over the wire or through a
+ * wrapper. The arguments were typed where they were made (the caller's SandboxHost); this and
+ * `hostOf` are the two places the table meets the interface without the type checker's help.
+ */
+export function invoke(host: SandboxHost, op: HostOperation, args: unknown[]): unknown {
+  return (host[op] as AnyOperation).apply(host, args);
+}
+
+/**
+ * A SandboxHost whose every operation is `each(op, how, args)` (a client of another host, a
+ * wrapper that refuses or follows some of them). The table names every operation of the
+ * interface (`satisfies` above), so the object made has all of them.
+ */
+export function hostOf(each: <K extends HostOperation>(op: K, how: (typeof HOST_OPERATIONS)[K], args: unknown[]) => unknown): SandboxHost {
+  const host: Partial<Record<HostOperation, AnyOperation>> = {};
+  for (const op of Object.keys(HOST_OPERATIONS) as HostOperation[]) host[op] = (...args) => each(op, HOST_OPERATIONS[op], args);
+  return host as unknown as SandboxHost;
+}
+
 /** What the host keeps beside its engine: the exec log and the meter. */
 export interface HostBooks {
   execLog: ExecLog;

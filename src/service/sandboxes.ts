@@ -5,7 +5,7 @@
  * sandbox runs and where a new one goes is the placement's (placement.ts); the host that runs it is
  * reached through the same interface whether it is this one or another (sandboxHost.ts).
  */
-import { CollimateError, environmentNotReady, invalidState, sandboxNotFound } from '../errors.js';
+import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, msg, see } from '../errors.js';
 import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
@@ -118,7 +118,7 @@ export class Sandboxes {
     if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
       throw new CollimateError(
         'template_forbidden',
-        `Template ${input.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (GET /v1/images, or list_images over MCP). Upgrade to Pro to use your own images.`,
+        msg`Template ${input.template} is not in the catalog; the ${tier.name} tier can only create from catalog images (list them${see('listImages')}). Upgrade to Pro to use your own images.`,
       );
     }
     if (input.timeoutSecs !== undefined && input.timeoutSecs > tier.maxSessionSecs) {

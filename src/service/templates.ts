@@ -3,7 +3,7 @@
  * every tier creates from, a tenant's own images and environments (tier rules: own images, VM size),
  * and on a cluster host the environments other hosts made.
  */
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import type { EnvironmentSpec, ImageService } from '../images/service.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type { SourceSpec } from '../images/sources.js';
@@ -53,7 +53,7 @@ export class Templates {
   async createEnvironment(scope: Scope, spec: EnvironmentSpec): Promise<EnvironmentRow> {
     requireOwnImages(scope, 'create environments');
     if (this.clusterReadings && !this.images?.repo.getEnv(scope.tenant, spec.name) && (await this.clusterReadings.environmentElsewhere(scope.tenant, spec.name, false))) {
-      throw new CollimateError('conflict', `Environment ${spec.name} exists; DELETE /v1/environments/${spec.name} first to replace it.`);
+      throw new CollimateError('conflict', msg`Environment ${spec.name} exists; delete it first${see('deleteEnvironment', { name: spec.name })} to replace it.`);
     }
     const tier = scope.tier;
     if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
@@ -101,6 +101,6 @@ export class Templates {
 
 function requireOwnImages(scope: Scope, what: string): void {
   if (!scope.tier.ownImages) {
-    throw new CollimateError('tier_forbidden', `The ${scope.tier.name} tier cannot ${what}; it creates from catalog images only (GET /v1/images). Upgrade to Pro to bring your own images.`);
+    throw new CollimateError('tier_forbidden', msg`The ${scope.tier.name} tier cannot ${what}; it creates from catalog images only (list them${see('listImages')}). Upgrade to Pro to bring your own images.`);
   }
 }

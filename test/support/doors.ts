@@ -25,6 +25,11 @@ export interface Door {
   suspend(base: string, key: string, id: string): Promise<Outcome>;
   resume(base: string, key: string, id: string): Promise<Outcome>;
   remove(base: string, key: string, id: string): Promise<Outcome>;
+  /**
+   * How this door's error messages name the operations they point the user to (errors.ts `see`);
+   * null where the door has none and the message leaves the pointer out.
+   */
+  names: { suspend: string | null; resume: (id: string) => string | null; list: string | null };
 }
 
 export async function call(base: string, key: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}) {
@@ -52,6 +57,7 @@ export const rest: Door = {
   suspend: async (base, key, id) => restOutcome(await call(base, key, 'POST', `/v1/sandboxes/${id}/suspend`), 200),
   resume: async (base, key, id) => restOutcome(await call(base, key, 'POST', `/v1/sandboxes/${id}/resume`), 200),
   remove: async (base, key, id) => restOutcome(await call(base, key, 'DELETE', `/v1/sandboxes/${id}`), 204),
+  names: { suspend: 'POST /v1/sandboxes/{id}/suspend', resume: (id) => `POST /v1/sandboxes/${id}/resume`, list: 'GET /v1/sandboxes' },
 };
 
 async function tool(base: string, key: string, name: string, args: Record<string, unknown>): Promise<Outcome> {
@@ -73,6 +79,7 @@ export const mcp: Door = {
   suspend: (base, key, id) => tool(base, key, 'suspend_sandbox', { sandbox_id: id }),
   resume: (base, key, id) => tool(base, key, 'resume_sandbox', { sandbox_id: id }),
   remove: (base, key, id) => tool(base, key, 'delete_sandbox', { sandbox_id: id }),
+  names: { suspend: 'the suspend_sandbox tool', resume: () => 'the resume_sandbox tool', list: 'the list_sandboxes tool' },
 };
 
 async function e2bCall(base: string, key: string, method: string, path: string, body: unknown, ok: number[]): Promise<Outcome> {
@@ -93,6 +100,8 @@ export const e2b: Door = {
   // E2B's resume of a paused sandbox (connect resumes too, and answers 200 for a running one).
   resume: (base, key, id) => e2bCall(base, key, 'POST', `/sandboxes/${id}/resume`, {}, [201]),
   remove: (base, key, id) => e2bCall(base, key, 'DELETE', `/sandboxes/${id}`, undefined, [204]),
+  // A pause of a paused sandbox is E2B's own message ("already paused"), with nothing to point to.
+  names: { suspend: 'sandbox.pause()', resume: () => null, list: 'Sandbox.list()' },
 };
 
 export const DOORS: Door[] = [rest, mcp, e2b];

@@ -18,7 +18,7 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
 import { freePort } from '../../support/registry.ts';
-import { call, DOORS, type Outcome } from '../../support/doors.ts';
+import { call, DOORS, type Door, type Outcome } from '../../support/doors.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
@@ -79,6 +79,12 @@ interface Deployment {
 
 const expectOk = (o: Outcome, what: string) => assert.ok(o.ok, `${what}: ${o.raw}`);
 const expectCode = (o: Outcome, code: string, what: string) => assert.equal(o.ok ? 'ok' : o.code, code, `${what}: ${o.raw}`);
+/** An error's message points to the operation that fixes it by the door's own name, and names no other door's routes or tools. */
+const expectPointer = (door: Door, o: Outcome, name: string | null, what: string) => {
+  if (name) assert.ok(o.raw.includes(` with ${name}`), `${what} points to ${name}: ${o.raw}`);
+  if (door.name !== 'rest') assert.doesNotMatch(o.raw, /\/v1\//, `${what} names no REST route to a ${door.name} user`);
+  if (door.name !== 'mcp') assert.doesNotMatch(o.raw, /_sandbox tool/, `${what} names no MCP tool to a ${door.name} user`);
+};
 
 /** The contract: what a user of each door gets, the same on one host and on a cluster. */
 function contract(get: () => Deployment) {
@@ -91,7 +97,9 @@ function contract(get: () => Deployment) {
       expectOk(a, 'first create');
       const b = await door.create(h1.url, key);
       expectOk(b, 'second create');
-      expectCode(await door.create(h2.url, key), 'concurrency_limit', 'a third create');
+      const third = await door.create(h2.url, key);
+      expectCode(third, 'concurrency_limit', 'a third create');
+      expectPointer(door, third, door.names.suspend, 'concurrency_limit');
       expectCode(await door.fork(h2.url, key, a.id!), 'concurrency_limit', 'a fork at the cap');
       expectOk(await door.suspend(h1.url, key, b.id!), 'suspend');
       const c = await door.fork(h2.url, key, a.id!);
@@ -111,11 +119,15 @@ function contract(get: () => Deployment) {
       expectOk(a, 'create');
       expectCode(await door.resume(h.url, key, a.id!), 'invalid_state', 'resume of a running sandbox');
       expectOk(await door.suspend(h.url, key, a.id!), 'suspend');
-      expectCode(await door.suspend(h.url, key, a.id!), 'invalid_state', 'suspend of a suspended sandbox');
+      const again = await door.suspend(h.url, key, a.id!);
+      expectCode(again, 'invalid_state', 'suspend of a suspended sandbox');
+      expectPointer(door, again, door.names.resume(a.id!), 'invalid_state');
       expectCode(await door.fork(h.url, other, a.id!), 'sandbox_not_found', "another tenant's fork");
       expectOk(await door.remove(h.url, key, a.id!), 'delete');
       expectCode(await door.resume(d.hosts[0].url, key, a.id!), 'sandbox_not_found', 'resume of a deleted sandbox');
-      expectCode(await door.fork(h.url, key, a.id!), 'sandbox_not_found', 'fork of a deleted sandbox');
+      const gone = await door.fork(h.url, key, a.id!);
+      expectCode(gone, 'sandbox_not_found', 'fork of a deleted sandbox');
+      expectPointer(door, gone, door.names.list, 'sandbox_not_found');
     });
   }
 
