@@ -18,6 +18,7 @@ import type { FileSink } from '../sandboxes/types.js';
 import { hostRefused } from '../service/placement.js';
 import { HOST_OPERATIONS, invoke, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
 import { ARGS_HEADER, decode, encode, errorOf, EXTRAS_HEADER, PEER_HOST_PATH, type HostCallExtras } from '../cluster/remoteHost.js';
+import { splice } from './portsProxy.js';
 
 export interface PeerHostOptions {
   host: SandboxHost;
@@ -210,27 +211,12 @@ export function peerTunnel(opts: PeerHostOptions, tunnels: Set<Duplex>) {
       const [id, port, scope] = argsHeader(req) as [string, number, { tenant: string }];
       const target = await opts.host.portTarget(id, port, scope);
       const upstream = connect({ host: target.host, port: target.port });
-      let open = false;
+      // The calling host renders a connect error as for its own sandboxes (the ports proxy's words).
+      const join = splice(socket, upstream, tunnels, (err) => refuse(502, new CollimateError('port_unreachable', `connect to port ${port} of sandbox ${id} failed: ${err.code ?? err.message}`, { details: { errno: err.code ?? 'ECONNRESET' } })));
       upstream.once('connect', () => {
-        open = true;
-        tunnels.add(socket);
         socket.write('HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: collimate-tcp\r\n\r\n');
-        if (head.length) upstream.write(head);
-        upstream.pipe(socket);
-        socket.pipe(upstream);
+        join([head]);
       });
-      upstream.on('error', (err: NodeJS.ErrnoException) => {
-        // The calling host renders the connect error as for its own sandboxes (the ports proxy's words).
-        if (!open) refuse(502, new CollimateError('port_unreachable', `connect to port ${port} of sandbox ${id} failed: ${err.code ?? err.message}`, { details: { errno: err.code ?? 'ECONNRESET' } }));
-        else socket.destroy();
-      });
-      const end = () => {
-        tunnels.delete(socket);
-        upstream.destroy();
-        socket.destroy();
-      };
-      upstream.on('close', () => open && end());
-      socket.on('close', end);
     })().catch((err) => refuse(200, err));
     return true;
   };

@@ -384,33 +384,19 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
     }
     const upstream = tunnel ?? connect({ host: route.target.host, port: route.target.port });
     const connectTimer = setTimeout(() => upstream.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
-    let open = false;
+    const join = splice(socket, upstream, tunnels, (err) => {
+      clearTimeout(connectTimer);
+      socketError(socket, upstreamError(err, route));
+    });
     const opened = () => {
       clearTimeout(connectTimer);
-      open = true;
-      tunnels.add(socket);
       const headers = forwardHeaders(req.rawHeaders, route, clientOf(req), true);
       let head0 = `${req.method} ${route.forwardPath} HTTP/1.1\r\n`;
       for (let i = 0; i < headers.length; i += 2) head0 += `${headers[i]}: ${headers[i + 1].replace(/[\r\n]/g, '')}\r\n`;
-      upstream.write(head0 + '\r\n');
-      if (head.length) upstream.write(head);
-      upstream.pipe(socket);
-      socket.pipe(upstream);
+      join([head0 + '\r\n', head]);
     };
     if (tunnel) opened();
     else upstream.once('connect', opened);
-    upstream.on('error', (err: NodeJS.ErrnoException) => {
-      clearTimeout(connectTimer);
-      if (!open) socketError(socket, upstreamError(err, route));
-      else socket.destroy();
-    });
-    const end = () => {
-      tunnels.delete(socket);
-      upstream.destroy();
-      socket.destroy();
-    };
-    upstream.on('close', () => open && end());
-    socket.on('close', end);
   }
 
   return {
@@ -441,4 +427,32 @@ function plainRequest(app: FastifyInstance, req: IncomingMessage, socket: Duplex
   });
   req.push(null);
   app.server.emit('request', req, res);
+}
+
+/**
+ * Joins a client's socket and an upstream connection both ways. Until the returned function is
+ * called with what goes upstream first (the request head, the bytes the client sent after it), an
+ * upstream error goes to `failed`; from then on the socket is in `tunnels` (the server ends them at
+ * shutdown) and either end closing or failing ends both.
+ */
+export function splice(socket: Duplex, upstream: Duplex, tunnels: Set<Duplex>, failed: (err: NodeJS.ErrnoException) => void): (first: Array<string | Buffer>) => void {
+  let open = false;
+  upstream.on('error', (err: NodeJS.ErrnoException) => {
+    if (!open) failed(err);
+    else socket.destroy();
+  });
+  const end = () => {
+    tunnels.delete(socket);
+    upstream.destroy();
+    socket.destroy();
+  };
+  upstream.on('close', () => open && end());
+  socket.on('close', end);
+  return (first) => {
+    open = true;
+    tunnels.add(socket);
+    for (const chunk of first) if (chunk.length) upstream.write(chunk);
+    upstream.pipe(socket);
+    socket.pipe(upstream);
+  };
 }

@@ -32,11 +32,12 @@ export interface Door {
   names: { suspend: string | null; resume: (id: string) => string | null; list: string | null };
 }
 
+/** One HTTP request with a key (none when ''): a string or Buffer body is sent as it is, anything else as JSON. */
 export async function call(base: string, key: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}) {
   const res = await fetch(base + path, {
     method,
     headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-    body: body === undefined ? undefined : JSON.stringify(body),
+    body: body === undefined ? undefined : typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body),
   });
   const bytes = Buffer.from(await res.arrayBuffer());
   let json: any = null;

@@ -9,59 +9,24 @@
  * placement to start something), so an operation added there fails this test until it is covered.
  */
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
-import { freePort } from '../../support/registry.ts';
+import { startFakeHost, stopFakeHost, type FakeHost } from '../../support/serveProcess.ts';
 import { call, DOORS, type Door, type Outcome } from '../../support/doors.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
-const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 const SERVICE = fileURLToPath(new URL('../../../src/service/sandboxes.ts', import.meta.url));
 const skip = postgresUnavailable() ?? false;
 
-interface Host {
-  url: string;
-  child: ChildProcess;
-  home: string;
-}
-
-async function startHost(args: string[], home: string): Promise<Host> {
-  for (let attempt = 1; ; attempt++) {
-    const port = await freePort();
-    const url = `http://127.0.0.1:${port}`;
-    const child = spawn(process.execPath, [BIN, 'serve', '--port', String(port), '--home', home, '--log-level', 'warn', '--allow-tcg', ...args.map((a) => a.replace('$URL', url))], {
-      env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    let stderr = '';
-    const up = await new Promise<boolean>((resolve, reject) => {
-      child.stderr!.on('data', (d) => {
-        stderr += d;
-        if (/collimate serving http/.test(stderr)) resolve(true);
-      });
-      child.on('exit', (code) => (/EADDRINUSE/.test(stderr) && attempt < 3 ? resolve(false) : reject(new Error(`serve exited ${code}: ${stderr}`))));
-    });
-    if (up) {
-      process.once('exit', () => child.kill('SIGKILL'));
-      return { url, child, home };
-    }
-  }
-}
-
-async function stopHost(h: Host): Promise<void> {
-  if (h.child.exitCode === null && h.child.signalCode === null) {
-    const exited = new Promise((r) => h.child.once('exit', r));
-    h.child.kill('SIGTERM');
-    await exited;
-  }
-  rmSync(h.home, { recursive: true, force: true });
-}
+type Host = FakeHost;
+const startHost = (args: string[], home: string) => startFakeHost(args, home);
+const stopHost = (h: Host) => stopFakeHost(h);
 
 function makeKey(where: string[], tenant: string, tier: string): string {
   const r = spawnSync(process.execPath, [BIN, 'keys', 'create', '--tenant', tenant, '--tier', tier, ...where], { encoding: 'utf8' });

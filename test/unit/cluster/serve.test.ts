@@ -6,8 +6,8 @@
  * holds across nodes, and another tenant sees nothing anywhere.
  */
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,53 +15,21 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { WebSocket, WebSocketServer } from 'ws';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';
-import { freePort } from '../../support/registry.ts';
+import { startFakeHost, stopFakeHost, type FakeHost } from '../../support/serveProcess.ts';
+import { call } from '../../support/doors.ts';
 import { e2bKeyOf } from '../../../src/service/keys.js';
 
 const BIN = fileURLToPath(new URL('../../../bin/collimate.js', import.meta.url));
 const FAKE_ENGINE = fileURLToPath(new URL('../../support/fakeEngine.ts', import.meta.url));
 const skip = postgresUnavailable() ?? false;
 
-interface Host {
-  url: string;
-  child: ChildProcess;
-  home: string;
-  stderr: () => string;
+type Host = FakeHost;
+
+function startHost(cluster: string, capacity: number, env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), 'collimate-cluster-host-'))): Promise<Host> {
+  return startFakeHost(['--cluster', cluster, '--advertise', '$URL', '--capacity', String(capacity)], home, env);
 }
 
-async function startHost(cluster: string, capacity: number, env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), 'collimate-cluster-host-'))): Promise<Host> {
-  for (let attempt = 1; ; attempt++) {
-    const port = await freePort();
-    const url = `http://127.0.0.1:${port}`;
-    const child = spawn(
-      process.execPath,
-      [BIN, 'serve', '--port', String(port), '--home', home, '--log-level', 'warn', '--allow-tcg', '--cluster', cluster, '--advertise', url, '--capacity', String(capacity)],
-      { env: { ...process.env, COLLIMATE_ENGINE_MODULE: FAKE_ENGINE, ...env }, stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    let stderr = '';
-    const up = await new Promise<boolean>((resolve, reject) => {
-      child.stderr!.on('data', (d) => {
-        stderr += d;
-        if (/collimate serving http/.test(stderr)) resolve(true);
-      });
-      child.on('exit', (code) => (/EADDRINUSE/.test(stderr) && attempt < 3 ? resolve(false) : reject(new Error(`serve exited ${code}: ${stderr}`))));
-    });
-    if (up) {
-      // A test process that ends early takes its hosts with it.
-      process.once('exit', () => child.kill('SIGKILL'));
-      return { url, child, home, stderr: () => stderr };
-    }
-  }
-}
-
-async function stopHost(h: Host, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
-  if (h.child.exitCode === null && h.child.signalCode === null) {
-    const exited = new Promise((r) => h.child.once('exit', r));
-    h.child.kill(signal);
-    await exited;
-  }
-  rmSync(h.home, { recursive: true, force: true });
-}
+const stopHost = stopFakeHost;
 
 async function until<T>(what: string, probe: () => Promise<T | undefined | false>, ms = 60_000): Promise<T> {
   const deadline = Date.now() + ms;
@@ -78,20 +46,6 @@ function keyFor(cluster: string, tenant: string, tier = 'demo'): string {
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /valid on every host of the cluster/);
   return r.stdout.trimEnd().split('\n').pop()!;
-}
-
-async function call(base: string, key: string, method: string, path: string, body?: unknown, headers: Record<string, string> = {}) {
-  const res = await fetch(base + path, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-    body: body === undefined ? undefined : typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body),
-  });
-  const bytes = Buffer.from(await res.arrayBuffer());
-  let json: any = null;
-  try {
-    json = JSON.parse(bytes.toString('utf8'));
-  } catch { /* not JSON */ }
-  return { status: res.status, headers: res.headers, bytes, json };
 }
 
 describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)', { skip }, () => {
