@@ -5,7 +5,7 @@ import { detectAccel, type AccelChoice } from './vmm/accel.js';
 import type { JailSettings } from './vmm/jail.js';
 import type { CgroupMode } from './vmm/cgroup.js';
 import type { NetSettings } from './net/netns.js';
-import { parseEgress, type EgressPolicy } from './net/policy.js';
+import { parseEgress, parseOpenCidrs, type EgressPolicy } from './net/policy.js';
 
 /** Engine settings with their embedded defaults. Every knob has an environment override. */
 export interface EngineConfig {
@@ -168,6 +168,7 @@ export function netSettings(env: NodeJS.ProcessEnv = process.env): NetSettings {
     transitCidr: env.COLLIMATE_NET_TRANSIT || '10.201.0.0/16',
     dnsUpstream: env.COLLIMATE_DNS_UPSTREAM || undefined,
     runDir: env.COLLIMATE_RUN_DIR || '/run/collimate',
+    openCidrs: parseOpenCidrs(env.COLLIMATE_EGRESS_OPEN_CIDRS),
   };
 }
 

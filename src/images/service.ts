@@ -1,7 +1,7 @@
 import { mkdirSync, mkdtempSync, rmSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { CollimateError, msg, see } from '../errors.js';
-import { parseEgress } from '../net/policy.js';
+import { assertTenantEgress, parseEgress } from '../net/policy.js';
 import type { Db } from '../store/db.js';
 import { homePaths } from '../host/paths.js';
 import { BakeError } from './bake.js';
@@ -37,6 +37,8 @@ export interface TemplateHost {
    * being deleted) sit on: a suspended sandbox resumes on them after its environment and image are gone.
    */
   artifactLayers(): string[];
+  /** Blocked ranges the operator lets tenants' egress allowlists name; none when absent. */
+  egressOpened?(): readonly string[];
 }
 
 export interface ImageServiceOptions {
@@ -339,6 +341,7 @@ export class ImageService {
     if (CATALOG.some((c) => c.id === spec.name)) throw new CollimateError('conflict', `${spec.name} is a catalog template; choose another name for your environment.`);
     if (this.repo.getEnv(tenant, spec.name)) throw new CollimateError('conflict', msg`Environment ${spec.name} exists; delete it first${see('deleteEnvironment', { name: spec.name })} to replace it.`);
     const egress = spec.egress === undefined ? 'allow' : parseEgress(spec.egress, 'egress');
+    assertTenantEgress(egress, this.opts.host.egressOpened?.() ?? []);
     const img = spec.image.startsWith('sha256:') ? this.repo.getImage(tenant, spec.image) : this.repo.imageByRef(tenant, spec.image);
     if (!img) throw new CollimateError('image_not_found', msg`No image ${spec.image.slice(0, 100)}. Register it first${see('createImage')}.`);
     if (img.state === 'failed') throw new CollimateError('validation_error', `Image ${img.id} failed to pull (${img.error}); pull it again first.`);

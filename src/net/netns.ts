@@ -36,6 +36,8 @@ export interface NetSettings {
   dnsUpstream?: string;
   /** Host-wide state (index claims), shared with the jailer's run dir. */
   runDir: string;
+  /** Blocked ranges tenants' allowlists may name (COLLIMATE_EGRESS_OPEN_CIDRS; policy.ts parseOpenCidrs). */
+  openCidrs: string[];
 }
 
 /** What a VMM record keeps of its namespace, so that a later server can adopt or remove it. */
@@ -290,7 +292,7 @@ export class NetManager {
     }
     try {
       await inNs(rec.ns, '/usr/sbin/nft', ['-f', '-'], sandboxRuleset({
-        policy, hostIp: rec.hostIp, nsIp: rec.nsIp, transitCidr: this.settings.transitCidr, hostAddrs: this.hostAddrs,
+        policy, hostIp: rec.hostIp, nsIp: rec.nsIp, transitCidr: this.settings.transitCidr, hostAddrs: this.hostAddrs, opened: this.settings.openCidrs,
         resolver: resolver ? { ip: resolver.ip, port: resolver.port } : undefined,
       }));
     } catch (e) {

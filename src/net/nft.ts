@@ -4,8 +4,9 @@
  * Inside each sandbox's namespace, table `ip collimate`:
  *   - the guest (172.16.0.2 on tap0) reaches the outside only through the `egress` chain, which is
  *     the policy: first the resolver (only as the target of the DNS DNAT), then the host's own
- *     addresses and the transit range (never), then the policy's CIDRs (explicit, so they may name
- *     otherwise blocked ranges), then the blocked ranges, then what the policy's resolver answered
+ *     addresses, the transit range and link-local (never), then the policy's CIDRs inside ranges
+ *     the operator opened, then the blocked ranges, then the policy's other CIDRs (their blocked
+ *     parts are closed by then), then what the policy's resolver answered
  *     (set `dns4`, filled as names resolve), else reject — fast, with an ICMP error, so a connect
  *     fails at once instead of timing out;
  *   - DNS to the gateway is DNATed to the policy's resolver on the host; with "none" there is none
@@ -19,7 +20,7 @@
  * from sandboxes is masqueraded on its way out, and the only host service a sandbox may talk to is
  * the resolver address.
  */
-import { BLOCKED_RANGES, type EgressPolicy } from './policy.js';
+import { BLOCKED_RANGES, NEVER_OPENED, openedCidrs, type EgressPolicy } from './policy.js';
 
 export const GUEST_IP = '172.16.0.2';
 export const GATEWAY_IP = '172.16.0.1';
@@ -41,6 +42,8 @@ export interface SandboxRulesetInput {
   transitCidr: string;
   /** Every address of the host (all its interfaces), which no sandbox may reach. */
   hostAddrs: string[];
+  /** Blocked ranges the operator lets policies name (COLLIMATE_EGRESS_OPEN_CIDRS). */
+  opened?: readonly string[];
 }
 
 const set = (xs: readonly (string | number)[]) => `{ ${xs.join(', ')} }`;
@@ -59,8 +62,14 @@ function egressRules(inp: SandboxRulesetInput): string[] {
     return out;
   }
   const ports = p !== 'allow' && p.ports.length ? ` meta l4proto { tcp, udp } th dport ${set(p.ports)}` : '';
-  if (p !== 'allow' && p.cidrs.length) out.push(`ip daddr ${set(p.cidrs)}${ports} accept`);
+  out.push(`ip daddr ${NEVER_OPENED} ${reject}`);
+  // A policy's CIDRs inside a range the operator opened come before the blocked ranges; the others
+  // after them, so that whatever a policy names, an unopened blocked range stays closed.
+  const early = openedCidrs(p, inp.opened ?? []);
+  const late = p !== 'allow' ? p.cidrs.filter((c) => !early.includes(c)) : [];
+  if (early.length) out.push(`ip daddr ${set(early)}${ports} accept`);
   out.push(`ip daddr ${set(BLOCKED_RANGES)} ${reject}`);
+  if (late.length) out.push(`ip daddr ${set(late)}${ports} accept`);
   if (p === 'allow') out.push('accept');
   else if (!p.domains.length && !p.cidrs.length) out.push(`${ports.trim()} accept`);
   else if (p.domains.length) out.push(`ip daddr @dns4${ports} accept`);

@@ -12,10 +12,13 @@
  *       apply to every listed destination (empty or absent: any port). With no domains and no cidrs
  *       the ports apply to every public address.
  *
- * Always blocked, whatever the policy, unless a listed CIDR names them: link-local and metadata
- * addresses, private, loopback, multicast and reserved ranges. Never reachable at all: the host's own
- * addresses, the API server and other sandboxes. Addresses a listed domain resolves to are subject to
- * the blocked ranges too (a public name that resolves to 169.254.169.254 does not open it).
+ * Always blocked, whatever the policy: link-local and metadata addresses, private, loopback,
+ * multicast and reserved ranges (BLOCKED). A tenant's CIDRs may name one only where the operator
+ * opened it (COLLIMATE_EGRESS_OPEN_CIDRS; link-local never); naming another is 403 egress_forbidden,
+ * and the host's rules keep every unopened blocked range closed whatever a stored policy says. Never
+ * reachable at all: the host's own addresses, the API server and other sandboxes. Addresses a listed
+ * domain resolves to are subject to the blocked ranges too (a public name that resolves to
+ * 169.254.169.254 does not open it).
  */
 import { CollimateError } from '../errors.js';
 
@@ -191,8 +194,73 @@ export function widening(child: EgressPolicy, parent: EgressPolicy): string | nu
   return null;
 }
 
-/** Ranges no policy reaches unless a listed CIDR names them. */
-export const BLOCKED_RANGES = [
-  '0.0.0.0/8', '10.0.0.0/8', '100.64.0.0/10', '127.0.0.0/8', '169.254.0.0/16', '172.16.0.0/12',
-  '192.0.0.0/24', '192.168.0.0/16', '198.18.0.0/15', '224.0.0.0/4', '240.0.0.0/4',
-] as const;
+/**
+ * Ranges no policy reaches unless the operator opened them (COLLIMATE_EGRESS_OPEN_CIDRS), each with
+ * what is there, for the error that refuses a tenant naming one.
+ */
+export const BLOCKED = {
+  '0.0.0.0/8': 'this network',
+  '10.0.0.0/8': 'private addresses (the operator\'s network, cluster peers, databases)',
+  '100.64.0.0/10': 'carrier-grade NAT',
+  '127.0.0.0/8': 'loopback',
+  '169.254.0.0/16': 'link-local (cloud metadata services)',
+  '172.16.0.0/12': 'private addresses (the operator\'s network, cluster peers, databases)',
+  '192.0.0.0/24': 'IETF protocol assignments',
+  '192.168.0.0/16': 'private addresses (the operator\'s network, cluster peers, databases)',
+  '198.18.0.0/15': 'benchmarking',
+  '224.0.0.0/4': 'multicast',
+  '240.0.0.0/4': 'reserved',
+} as const;
+export const BLOCKED_RANGES = Object.keys(BLOCKED) as Array<keyof typeof BLOCKED>;
+
+/** Link-local: cloud metadata (169.254.169.254) lives here; no configuration opens it. */
+export const NEVER_OPENED = '169.254.0.0/16';
+
+const overlap = (a: Cidr, b: Cidr) => cidrWithin(a, b) || cidrWithin(b, a);
+
+/**
+ * The operator's list of blocked ranges tenants may name in an allowlist (COLLIMATE_EGRESS_OPEN_CIDRS,
+ * comma- or space-separated CIDRs, e.g. "10.20.0.0/16" for a package mirror on the LAN). Link-local
+ * cannot be opened.
+ */
+export function parseOpenCidrs(text: string | undefined, field = 'COLLIMATE_EGRESS_OPEN_CIDRS'): string[] {
+  const list = (text ?? '').split(/[\s,]+/).filter(Boolean).map((c) => parseCidr(c, field));
+  const never = cidrOf(NEVER_OPENED)!;
+  const bad = list.find((c) => overlap(cidrOf(c)!, never));
+  if (bad) throw new CollimateError('validation_error', `${field}: ${bad} overlaps ${NEVER_OPENED} (link-local, cloud metadata), which is never opened to sandboxes`);
+  return uniqSorted(list);
+}
+
+/**
+ * The policy's CIDRs that reach into a blocked range, each within a range the operator opened
+ * (`opened`): the egress chain accepts these before it rejects the blocked ranges, every other CIDR
+ * only after (so its blocked part stays blocked).
+ */
+export function openedCidrs(p: EgressPolicy, opened: readonly string[]): string[] {
+  if (typeof p === 'string') return [];
+  const blocked = BLOCKED_RANGES.map((r) => cidrOf(r)!);
+  const open = opened.map((c) => cidrOf(c)!);
+  return p.cidrs.filter((c) => {
+    const x = cidrOf(c)!;
+    return blocked.some((b) => overlap(x, b)) && open.some((o) => cidrWithin(x, o));
+  });
+}
+
+/**
+ * Refuses a tenant's policy (an environment's, a sandbox's) that names a blocked range the operator
+ * did not open: 403 egress_forbidden saying which range and why.
+ */
+export function assertTenantEgress(p: EgressPolicy, opened: readonly string[]): void {
+  if (typeof p === 'string') return;
+  const open = opened.map((c) => cidrOf(c)!);
+  for (const c of p.cidrs) {
+    const x = cidrOf(c)!;
+    if (open.some((o) => cidrWithin(x, o))) continue;
+    const hit = BLOCKED_RANGES.find((r) => overlap(x, cidrOf(r)!));
+    if (!hit) continue;
+    const how = hit === NEVER_OPENED
+      ? 'it is never opened to sandboxes'
+      : 'sandboxes reach it only where the server\'s operator opened it (COLLIMATE_EGRESS_OPEN_CIDRS)';
+    throw new CollimateError('egress_forbidden', `egress.cidrs: ${c} reaches into ${hit}, ${BLOCKED[hit]}; ${how}. Name public addresses only${x.bits < 8 ? ', or use "allow" for every public address' : ''}.`, { details: { cidr: c, blocked: hit } });
+  }
+}

@@ -494,6 +494,11 @@ export class Engine extends EventEmitter implements SandboxService {
     return this.net ? { enabled: true } : { enabled: false, reason: this.networkReason() };
   }
 
+  /** Blocked ranges the operator lets tenants' egress allowlists name (COLLIMATE_EGRESS_OPEN_CIDRS). */
+  egressOpened(): readonly string[] {
+    return this.cfg.net.openCidrs;
+  }
+
   /** Why this server runs without networking (for network_unavailable messages). */
   networkReason(): string {
     return networkReason(this.cfg);

@@ -364,6 +364,8 @@ export interface HostReadings {
   catalogStatus?(): CatalogStatus;
   /** Whether sandboxes get a network, and why not. */
   networkStatus?(): { enabled: boolean; reason?: string };
+  /** Blocked ranges the operator lets tenants' egress allowlists name; none when absent. */
+  egressOpened?(): readonly string[];
   /** `transition` for every acknowledged state change, `phases` for each timed lifecycle operation. */
   on?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;

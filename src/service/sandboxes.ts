@@ -6,7 +6,7 @@
  * reached through the same interface whether it is this one or another (sandboxHost.ts).
  */
 import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, msg, see } from '../errors.js';
-import { parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
+import { assertTenantEgress, parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
   DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, OpenPort, ProcessEvent, ProcessInfo,
@@ -348,6 +348,7 @@ export class Sandboxes {
   private effectiveEgress(t: TemplateInfo, raw: EgressInput | undefined): EgressPolicy | undefined {
     // Normalised here too: in-process callers (the RL local fleet) do not go through a schema.
     const asked = raw === undefined ? undefined : parseEgress(raw);
+    if (asked !== undefined) assertTenantEgress(asked, this.engine.egressOpened?.() ?? []);
     if (!t.network) {
       if (asked !== undefined && asked !== 'none') {
         throw new CollimateError('network_unavailable', `This server runs without networking (${this.networkReason()}), so sandboxes have no egress; create without egress or with "none".`);

@@ -53,7 +53,7 @@ interface TestHost { ns: string; veth: string; proc: ChildProcess }
  */
 function dropStaleHosts(): void {
   for (const line of sh('ip netns list').split('\n')) {
-    const m = /^(ctest-[ab]-(\w+))\b/.exec(line);
+    const m = /^(ctest-[abc]-(\w+))\b/.exec(line);
     if (!m) continue;
     const pid = /^\d+$/.test(m[2]) ? Number(m[2]) : 0;
     if (pid === process.pid) continue;
@@ -158,10 +158,13 @@ describe('networking', { timeout: 900_000 }, () => {
   let home: string;
   let hostA: TestHost;
   let hostB: TestHost;
+  /** On a private address: blocked for every policy except where the operator opened it. */
+  let hostC: TestHost;
   let dns: { port: number; close(): void };
   let api: Server;
   let apiPort: number;
-  const engineOpts = () => ({ catalog: ['base', 'python'], net: { ...netSettings(), dnsUpstream: `127.0.0.1:${dns.port}` } });
+  // The operator opened host C's address alone (COLLIMATE_EGRESS_OPEN_CIDRS) of the private ranges.
+  const engineOpts = () => ({ catalog: ['base', 'python'], net: { ...netSettings(), dnsUpstream: `127.0.0.1:${dns.port}`, openCidrs: ['10.250.7.10/32'] } });
   const hostAddr = Object.values(networkInterfaces()).flat().find((a) => a && a.family === 'IPv4' && !a.internal)?.address ?? '127.0.0.1';
 
   before(async () => {
@@ -171,6 +174,7 @@ describe('networking', { timeout: 900_000 }, () => {
     dropStaleHosts();
     hostA = await makeHost('a', 'host A', '198.51.100.10', '198.51.100.1', script);
     hostB = await makeHost('b', 'host B', '203.0.113.10', '203.0.113.1', script);
+    hostC = await makeHost('c', 'host C', '10.250.7.10', '10.250.7.1', script);
     dns = await testDns({ 'a.test': '198.51.100.10', 'b.test': '203.0.113.10', 'meta.test': '169.254.169.254' });
     // Stands in for the API server: listening on every host address.
     api = createServer((_q, res) => res.end('api'));
@@ -192,6 +196,7 @@ describe('networking', { timeout: 900_000 }, () => {
       dns?.close();
       if (hostA) dropHost(hostA);
       if (hostB) dropHost(hostB);
+      if (hostC) dropHost(hostC);
     }
   });
 
@@ -240,6 +245,21 @@ out['private'] = tcp('10.255.255.1', 80)
     assert.equal(out.b, 'host B');
     for (const k of ['meta', 'api_host', 'api_gw', 'api_resolver', 'private']) assert.notEqual(out[k][0], 'ok', `${k} must be blocked: ${JSON.stringify(out[k])}`);
     await engine.delete(s.id, T);
+  });
+
+  it('a private address opens only where the operator opened it: a policy naming a wider private range (stored before the check) reaches nothing of it', async () => {
+    // The engine takes policies as stored; the tenant service refuses unopened blocked ranges before they get here (api tests).
+    const wide = await engine.create({ template: 'python', egress: { domains: [], cidrs: ['10.250.0.0/16', '169.254.169.254/32'], ports: [] } }, T);
+    const narrow = await engine.create({ template: 'python', egress: { domains: [], cidrs: ['10.250.7.10/32'], ports: [] } }, T);
+    try {
+      const closed = await probe(engine, wide.id, `out['c'] = tcp('10.250.7.10', 81)`);
+      assert.notEqual(closed.c[0], 'ok', `10.250.0.0/16 is not opened, so host C stays closed: ${JSON.stringify(closed.c)}`);
+      const open = await probe(engine, narrow.id, `out['c'] = http('http://10.250.7.10:81/')`);
+      assert.equal(open.c, 'host C', 'the opened address is reachable by a policy that names it');
+    } finally {
+      await engine.delete(wide.id, T);
+      await engine.delete(narrow.id, T);
+    }
   });
 
   it('"none": connects fail fast and DNS fails', async () => {

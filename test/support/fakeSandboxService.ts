@@ -129,6 +129,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   readonly portMap = new Map<number, number>();
   /** Make portTarget throw network_unavailable, like an engine without networking. */
   networkUnavailable = false;
+  /** Blocked ranges the operator opened to tenants' policies (COLLIMATE_EGRESS_OPEN_CIDRS). */
+  openCidrs: string[] = [];
   /** Sandbox ids and ports portTarget was asked for, for assertions. */
   readonly portCalls: Array<{ id: string; port: number; tenant?: string }> = [];
 
@@ -547,6 +549,10 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   /** Networking as /healthz shows it (Engine.networkStatus; `collimate serve` reports it). */
   networkStatus(): { enabled: boolean; reason?: string } {
     return this.networkUnavailable ? { enabled: false, reason: 'the fake service has networking switched off' } : { enabled: true };
+  }
+
+  egressOpened(): readonly string[] {
+    return this.openCidrs;
   }
 
   /** Test hook: the ports servers listen on inside the sandbox (what openPorts reads). */

@@ -103,6 +103,12 @@ describe('REST /v1/images and /v1/environments', () => {
     for (const egress of [{ domains: ['bad_name'] }, {}, { cidrs: ['1.2.3.4/8'] }, 'deny']) {
       assertErrorBody(await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'net', image: id, egress } }), 'validation_error');
     }
+    // An environment naming cloud metadata or the operator's LAN is refused before it is recorded.
+    for (const cidrs of [['10.0.0.0/8', '169.254.169.254/32'], ['172.16.0.0/12']]) {
+      const r = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'net', image: id, egress: { cidrs } } });
+      assertErrorBody(r, 'egress_forbidden');
+      assert.match(r.json().error.message, new RegExp(`${cidrs[0].replace(/\./g, '\\.')} reaches into`));
+    }
     const c = await f.req('createEnvironment', { url: '/v1/environments', key, body: { name: 'net', image: id, egress: { domains: ['PyPI.org', '*.pythonhosted.org'], ports: [443] } } });
     assert.equal(c.statusCode, 202, c.body);
     const policy = { domains: ['*.pythonhosted.org', 'pypi.org'], cidrs: [], ports: [443] };

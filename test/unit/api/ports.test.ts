@@ -457,6 +457,23 @@ describe('egress at create', () => {
     }
   });
 
+  test('a blocked range is 403 egress_forbidden naming it, even where the template allows everything; one the operator opened is fine', async () => {
+    for (const [cidr, blocked] of [['169.254.169.254/32', '169.254.0.0/16'], ['10.0.0.0/8', '10.0.0.0/8'], ['192.168.1.0/24', '192.168.0.0/16'], ['0.0.0.0/0', '0.0.0.0/8']]) {
+      const r = await create({ template: 'python', egress: { cidrs: [cidr] } });
+      assertErrorBody(r, 'egress_forbidden');
+      assert.ok(r.json().error.message.includes(`${cidr} reaches into ${blocked}`), r.body);
+      assert.equal(r.json().error.blocked, blocked);
+    }
+    f.svc.openCidrs = ['10.20.0.0/16'];
+    try {
+      assert.equal((await create({ template: 'python', egress: { cidrs: ['10.20.3.0/24'] } })).statusCode, 201);
+      assertErrorBody(await create({ template: 'python', egress: { cidrs: ['10.0.0.0/8'] } }), 'egress_forbidden');
+      assert.match((await create({ template: 'python', egress: { cidrs: ['169.254.169.254/32'] } })).json().error.message, /never opened/);
+    } finally {
+      f.svc.openCidrs = [];
+    }
+  });
+
   test('wider than the template is 403 egress_forbidden; narrower is fine', async () => {
     for (const egress of ['allow', { domains: ['evil.com'], ports: [443] }, { domains: ['api.example.com'] }, { domains: ['api.example.com'], ports: [80] }]) {
       const r = await create({ template: 'node', egress });

@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { parseEgress, widening, resolvesName, domainMatches, policyKey } from '../../../src/net/policy.ts';
+import { assertTenantEgress, parseEgress, parseOpenCidrs, widening, resolvesName, domainMatches, policyKey } from '../../../src/net/policy.ts';
 import { sandboxRuleset, hostRuleset } from '../../../src/net/nft.ts';
 import { listeningPorts } from '../../../src/net/ports.ts';
 import { answerAddresses, emptyResponse, parseQuestion } from '../../../src/net/resolver.ts';
@@ -42,6 +42,23 @@ describe('narrowing', () => {
     assert.match(widening(parseEgress({ ports: [443] }), env)!, /no destinations/);
     assert.match(widening(parseEgress({ domains: ['pypi.org'] }), 'none')!, /none/);
   });
+  it('a tenant naming a blocked range is egress_forbidden, saying which and why, unless the operator opened it; link-local never', () => {
+    const forbidden = (p: unknown, opened: string[], re: RegExp) => assert.throws(() => assertTenantEgress(parseEgress(p), opened), (e: any) => e.code === 'egress_forbidden' && e.status === 403 && re.test(e.message));
+    forbidden({ cidrs: ['169.254.169.254/32'] }, [], /169\.254\.169\.254\/32 reaches into 169\.254\.0\.0\/16, link-local \(cloud metadata services\); it is never opened/);
+    forbidden({ cidrs: ['10.0.0.0/8'] }, [], /10\.0\.0\.0\/8 reaches into 10\.0\.0\.0\/8, private addresses .*COLLIMATE_EGRESS_OPEN_CIDRS/);
+    forbidden({ cidrs: ['0.0.0.0/0'] }, [], /0\.0\.0\.0\/0 reaches into 0\.0\.0\.0\/8.*use "allow"/);
+    forbidden({ cidrs: ['192.168.1.0/24'] }, ['10.0.0.0/8'], /192\.168\.0\.0\/16/);
+    forbidden({ cidrs: ['10.0.0.0/8'] }, ['10.20.0.0/16'], /10\.0\.0\.0\/8/); // wider than what was opened
+    assert.doesNotThrow(() => assertTenantEgress(parseEgress({ cidrs: ['10.20.1.0/24', '203.0.113.0/24'] }), ['10.20.0.0/16']));
+    for (const p of ['allow', 'none', { domains: ['pypi.org'] }, { ports: [443] }]) assert.doesNotThrow(() => assertTenantEgress(parseEgress(p), []));
+  });
+  it('the operator cannot open link-local', () => {
+    assert.deepEqual(parseOpenCidrs(' 10.20.0.0/16,192.168.5.0/24 10.20.0.0/16'), ['10.20.0.0/16', '192.168.5.0/24']);
+    assert.deepEqual(parseOpenCidrs(undefined), []);
+    assert.throws(() => parseOpenCidrs('169.254.0.0/16'), /never opened/);
+    assert.throws(() => parseOpenCidrs('128.0.0.0/1'), /never opened/);
+    assert.throws(() => parseOpenCidrs('10.0.0.1/8'), /host bits/);
+  });
   it('matches names like the resolver does', () => {
     assert.ok(domainMatches('*.example.com', 'a.b.example.com'));
     assert.ok(!domainMatches('*.example.com', 'example.com'));
@@ -61,21 +78,33 @@ describe('nftables rulesets', () => {
     assert.doesNotMatch(r, /dport 53 dnat/);
     assert.match(r, /chain egress \{\n    ip daddr \{ 192\.0\.2\.2 \} reject with icmp type admin-prohibited\n    ip daddr 10\.201\.0\.0\/16 reject with icmp type admin-prohibited\n    reject with icmp type admin-prohibited\n  \}/);
   });
-  it('an allowlist: resolver first, host and transit never, listed CIDRs before the blocked ranges, resolved names after', () => {
-    const r = sandboxRuleset({ ...base, policy: parseEgress({ domains: ['a.test'], cidrs: ['10.1.0.0/16'], ports: [443] }), resolver: { ip: '10.201.0.1', port: 5353 } });
-    const egress = r.slice(r.indexOf('chain egress'), r.indexOf('chain input')).split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('chain') && l !== '}');
-    assert.deepEqual(egress, [
+  const egressOf = (r: string) => r.slice(r.indexOf('chain egress'), r.indexOf('chain input')).split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('chain') && l !== '}');
+  const BLOCKED_RULE = 'ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 224.0.0.0/4, 240.0.0.0/4 } reject with icmp type admin-prohibited';
+  it('an allowlist: resolver first, host, transit and link-local never, opened CIDRs before the blocked ranges, other CIDRs and resolved names after', () => {
+    const policy = parseEgress({ domains: ['a.test'], cidrs: ['10.1.0.0/16', '10.9.0.0/16', '203.0.113.0/24'], ports: [443] });
+    const r = sandboxRuleset({ ...base, policy, resolver: { ip: '10.201.0.1', port: 5353 }, opened: ['10.1.0.0/16'] });
+    assert.deepEqual(egressOf(r), [
       'ip daddr 10.201.0.1 meta l4proto { tcp, udp } th dport 5353 ct status dnat accept',
       'ip daddr { 192.0.2.2 } reject with icmp type admin-prohibited',
       'ip daddr 10.201.0.0/16 reject with icmp type admin-prohibited',
+      'ip daddr 169.254.0.0/16 reject with icmp type admin-prohibited',
       'ip daddr { 10.1.0.0/16 } meta l4proto { tcp, udp } th dport { 443 } accept',
-      'ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 224.0.0.0/4, 240.0.0.0/4 } reject with icmp type admin-prohibited',
+      BLOCKED_RULE,
+      // 10.9.0.0/16 was not opened (a policy stored before the check): listed after the blocked ranges, it opens nothing of them.
+      'ip daddr { 10.9.0.0/16, 203.0.113.0/24 } meta l4proto { tcp, udp } th dport { 443 } accept',
       'ip daddr @dns4 meta l4proto { tcp, udp } th dport { 443 } accept',
       'reject with icmp type admin-prohibited',
     ]);
     assert.match(r, /iifname "tap0" ip daddr 172\.16\.0\.1 udp dport 53 dnat to 10\.201\.0\.1:5353/);
     assert.match(r, /iifname "eth0" ip saddr 10\.201\.0\.5 ip daddr 10\.201\.0\.6 meta l4proto tcp dnat to 172\.16\.0\.2/);
     assert.ok(r.startsWith('table ip collimate {}\ndelete table ip collimate\n'), 'replaces the table atomically');
+  });
+  it('a stored policy naming metadata and the LAN opens neither when the operator opened nothing', () => {
+    const r = sandboxRuleset({ ...base, policy: { domains: [], cidrs: ['10.0.0.0/8', '169.254.169.254/32'], ports: [] } });
+    const egress = egressOf(r);
+    const blockedAt = egress.indexOf(BLOCKED_RULE);
+    assert.ok(blockedAt > 0);
+    assert.ok(egress.indexOf('ip daddr { 10.0.0.0/8, 169.254.169.254/32 } accept') > blockedAt, egress.join('\n'));
   });
   it('the host table drops sandbox-to-sandbox traffic first', () => {
     const r = hostRuleset({ transitCidr: '10.201.0.0/16', resolverIp: '10.201.0.1' });
