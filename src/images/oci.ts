@@ -99,7 +99,8 @@ function parseJson(bytes: Buffer, what: string): any {
   try {
     return JSON.parse(bytes.toString('utf8'));
   } catch (e) {
-    throw invalid(`${what} is not valid JSON (${(e as Error).message})`);
+    // Not JSON.parse's message: it quotes the document's first bytes (an HTML page, a secret).
+    throw invalid(`${what} is not valid JSON`);
   }
 }
 

@@ -1,5 +1,10 @@
+import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
+import { isIP } from 'node:net';
+import { networkInterfaces } from 'node:os';
 import { Readable } from 'node:stream';
+import { Agent, fetch, type Response } from 'undici';
 import { CollimateError } from '../errors.js';
+import { BLOCKED_RANGES, cidrOf, ipInCidr, ipv4ToInt } from '../net/policy.js';
 import { ACCEPT_MANIFESTS, DIGEST_RE, MAX_MANIFEST_BYTES, digestOf, invalid, type Descriptor } from './oci.js';
 
 /**
@@ -7,6 +12,12 @@ import { ACCEPT_MANIFESTS, DIGEST_RE, MAX_MANIFEST_BYTES, digestOf, invalid, typ
  * access, HTTP basic credentials, and bearer tokens (a 401 with `WWW-Authenticate: Bearer realm=,
  * service=, scope=` sends it to the token endpoint, with the basic credentials if it has any). Also
  * pushes (monolithic blob uploads and manifest PUT), which tests and mirroring use.
+ *
+ * A pull reaches no more than a sandbox may: every connection (the registry, each redirect, the
+ * token realm) is to an address outside the blocked ranges and the host's own addresses, checked
+ * on the address actually connected to, and over HTTPS — except registries the operator lists as
+ * private (COLLIMATE_INSECURE_REGISTRIES: its LAN's, the test suite's on loopback), which may be
+ * plain HTTP at any address. Errors carry no bytes of what a registry answered.
  */
 
 export interface ImageReference {
@@ -60,9 +71,11 @@ export interface RegistryCredentials {
 }
 
 export interface RegistryClientOptions extends RegistryCredentials {
-  /** Plain HTTP. Default: only for loopback hosts and those in COLLIMATE_INSECURE_REGISTRIES (comma-separated host[:port]). */
-  insecure?: boolean;
-  fetch?: typeof fetch;
+  /**
+   * Registries (host, or host:port) that may be plain HTTP and at blocked addresses. Default
+   * COLLIMATE_INSECURE_REGISTRIES (comma-separated); none otherwise, loopback included.
+   */
+  privateRegistries?: string[];
   timeoutMs?: number;
 }
 
@@ -77,10 +90,53 @@ export interface TransferStats {
   blobGets: string[];
 }
 
-function isLoopback(host: string): boolean {
-  const h = host.replace(/:\d+$/, '').replace(/^\[|\]$/g, '');
-  return h === 'localhost' || h === '::1' || /^127\./.test(h);
+/** How many redirects one request follows (a blob GET to a CDN takes one). */
+const MAX_REDIRECTS = 5;
+
+/** The operator's private registries (COLLIMATE_INSECURE_REGISTRIES). */
+export function privateRegistriesFromEnv(env: NodeJS.ProcessEnv = process.env): string[] {
+  return (env.COLLIMATE_INSECURE_REGISTRIES ?? '').split(',').map((s) => s.trim().toLowerCase()).filter(Boolean);
 }
+
+/** Whether `url`'s host is listed: an entry without a port names every port of its host. */
+function listedIn(url: URL, list: readonly string[]): boolean {
+  const host = url.hostname.toLowerCase();
+  const port = url.port || (url.protocol === 'http:' ? '80' : '443');
+  return list.some((e) => e === host || e === `${host}:${port}` || e === url.host.toLowerCase());
+}
+
+/** Why a pull may not connect to `address` (null when it may): the ranges sandboxes cannot reach, and this host. */
+export function blockedAddress(address: string): string | null {
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
+  const v4 = mapped ? mapped[1] : isIP(address) === 4 ? address : undefined;
+  if (v4) {
+    const n = ipv4ToInt(v4)!;
+    const range = BLOCKED_RANGES.find((r) => ipInCidr(n, cidrOf(r)!));
+    if (range) return `the blocked range ${range}`;
+  }
+  if (Object.values(networkInterfaces()).flat().some((a) => a?.address === (v4 ?? address))) return 'an address of this host';
+  if (v4) return null;
+  // IPv6: global unicast only (2000::/3), not loopback, link-local, unique-local or multicast.
+  return /^[23]/.test(address) ? null : 'a non-global IPv6 address';
+}
+
+type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
+
+/** dns.lookup for the connections of a pull: a name that resolves into a blocked address fails to connect. */
+function guardedLookup(hostname: string, options: { all?: boolean; family?: number }, callback: LookupCallback): void {
+  dnsLookup(hostname, { family: options.family ?? 0, all: true }, (err, addrs) => {
+    if (err) return callback(err, []);
+    const bad = addrs.map((a) => [a.address, blockedAddress(a.address)] as const).find(([, why]) => why);
+    if (bad) return callback(Object.assign(new Error(`${hostname} resolves to ${bad[0]}, ${bad[1]}, which pulls do not reach unless the operator lists the registry in COLLIMATE_INSECURE_REGISTRIES`), { code: 'EBLOCKED' }), []);
+    if (options.all) callback(null, addrs);
+    else callback(null, addrs[0].address, addrs[0].family);
+  });
+}
+
+/** Connections of pulls from registries that are not listed: each address checked as it is connected to. */
+const guarded = new Agent({ connect: { lookup: guardedLookup as never } });
+/** Connections to listed registries. */
+const open = new Agent();
 
 function pullFailed(message: string, cause?: unknown): CollimateError {
   return new CollimateError('image_pull_failed', message, cause === undefined ? {} : { cause });
@@ -101,19 +157,54 @@ export class RegistryClient {
   readonly ref: ImageReference;
   readonly stats: TransferStats = { requests: 0, blobBytes: 0, layerBytes: 0, manifestBytes: 0, blobGets: [] };
   private readonly base: string;
-  private readonly fetchFn: typeof fetch;
   private readonly timeoutMs: number;
+  private readonly privateRegistries: string[];
   private authorization?: string;
   private readonly tokens = new Map<string, string>();
 
   constructor(ref: ImageReference, private readonly opts: RegistryClientOptions = {}) {
     this.ref = ref;
     const host = ref.registry === DOCKER_HUB ? 'registry-1.docker.io' : ref.registry;
-    const listed = (process.env.COLLIMATE_INSECURE_REGISTRIES ?? '').split(',').map((s) => s.trim()).filter(Boolean);
-    const insecure = opts.insecure ?? (isLoopback(host) || listed.includes(host));
+    this.privateRegistries = opts.privateRegistries ?? privateRegistriesFromEnv();
+    const insecure = listedIn(new URL(`http://${host}`), this.privateRegistries);
     this.base = `${insecure ? 'http' : 'https'}://${host}`;
-    this.fetchFn = opts.fetch ?? fetch;
     this.timeoutMs = opts.timeoutMs ?? 300_000;
+  }
+
+  /**
+   * One HTTP exchange on the pull's rules: HTTPS and a public address unless the host is a listed
+   * private registry; redirects followed here, each hop checked the same way, with the credentials
+   * kept for the host they were given for.
+   */
+  private async fetchChecked(url: URL, init: { method: string; headers: Record<string, string>; body?: Buffer; timeoutMs: number }, what: string): Promise<Response> {
+    let at = url;
+    let headers = init.headers;
+    for (let hop = 0; ; hop++) {
+      const listed = listedIn(at, this.privateRegistries);
+      if (!listed && at.protocol !== 'https:') {
+        throw pullFailed(`${what} of ${this.ref.registry} leads to plain ${at.protocol.replace(':', '').toUpperCase()} at ${at.host}; pulls use HTTPS unless the operator lists the registry in COLLIMATE_INSECURE_REGISTRIES`);
+      }
+      const literal = at.hostname.replace(/^\[|\]$/g, '');
+      const why = !listed && isIP(literal) ? blockedAddress(literal) : null;
+      if (why) throw pullFailed(`${what} of ${this.ref.registry} leads to ${at.host}, ${why}, which pulls do not reach unless the operator lists the registry in COLLIMATE_INSECURE_REGISTRIES`);
+      let res: Response;
+      try {
+        res = await fetch(at, { method: init.method, headers, body: init.body, redirect: 'manual', signal: AbortSignal.timeout(init.timeoutMs), dispatcher: listed ? open : guarded });
+      } catch (e) {
+        const cause = (e as Error).cause as Error | undefined;
+        throw pullFailed(`cannot reach ${what} of ${this.ref.registry} (${cause?.message ?? (e as Error).message})`, e);
+      }
+      this.stats.requests++;
+      const location = res.status >= 300 && res.status < 400 ? res.headers.get('location') : null;
+      if (!location) return res;
+      await res.body?.cancel();
+      if (hop >= MAX_REDIRECTS) throw pullFailed(`${what} of ${this.ref.registry} redirects more than ${MAX_REDIRECTS} times`);
+      let next: URL;
+      try { next = new URL(location, at); } catch { throw pullFailed(`${what} of ${this.ref.registry} redirects to an invalid location`); }
+      // Credentials are the registry's: a redirect to another host (a CDN's signed URL) goes without them.
+      if (next.host !== at.host) headers = Object.fromEntries(Object.entries(headers).filter(([k]) => k.toLowerCase() !== 'authorization'));
+      at = next;
+    }
   }
 
   private get basic(): string | undefined {
@@ -129,18 +220,12 @@ export class RegistryClient {
     const cached = this.tokens.get(key);
     if (cached) return cached;
     let url: URL;
-    try { url = new URL(realm); } catch { throw pullFailed(`registry ${this.ref.registry} names an invalid token realm ${realm}`); }
+    try { url = new URL(realm); } catch { throw pullFailed(`registry ${this.ref.registry} names an invalid token realm`); }
     if (ch.params.service) url.searchParams.set('service', ch.params.service);
     for (const s of want.split(' ').filter(Boolean)) url.searchParams.append('scope', s);
     const headers: Record<string, string> = {};
     if (this.basic) headers.authorization = this.basic;
-    let res: Response;
-    try {
-      res = await this.fetchFn(url, { headers, signal: AbortSignal.timeout(60_000) });
-    } catch (e) {
-      throw pullFailed(`cannot reach the token service of ${this.ref.registry} (${(e as Error).message})`, e);
-    }
-    this.stats.requests++;
+    const res = await this.fetchChecked(url, { method: 'GET', headers, timeoutMs: 60_000 }, 'the token service');
     if (res.status === 401 || res.status === 403) {
       await res.body?.cancel();
       throw pullFailed(`the token service of ${this.ref.registry} refused the credentials${this.basic ? '' : ' (none were given: pass username and password)'}`);
@@ -158,18 +243,12 @@ export class RegistryClient {
 
   /** One request with the auth dance: a 401 gets one retry with basic credentials or a bearer token. */
   async request(method: string, pathOrUrl: string, init: { headers?: Record<string, string>; body?: Buffer; push?: boolean } = {}): Promise<Response> {
-    const url = /^https?:\/\//.test(pathOrUrl) ? pathOrUrl : `${this.base}${pathOrUrl}`;
+    const url = new URL(/^https?:\/\//.test(pathOrUrl) ? pathOrUrl : `${this.base}${pathOrUrl}`);
     const scope = `repository:${this.ref.repository}:${init.push ? 'pull,push' : 'pull'}`;
     for (let attempt = 0; ; attempt++) {
       const headers: Record<string, string> = { ...(init.headers ?? {}) };
       if (this.authorization) headers.authorization = this.authorization;
-      let res: Response;
-      try {
-        res = await this.fetchFn(url, { method, headers, body: init.body, redirect: 'follow', signal: AbortSignal.timeout(this.timeoutMs) });
-      } catch (e) {
-        throw pullFailed(`cannot reach registry ${this.ref.registry} (${(e as Error).cause ? ((e as Error).cause as Error).message : (e as Error).message})`, e);
-      }
-      this.stats.requests++;
+      const res = await this.fetchChecked(url, { method, headers, body: init.body, timeoutMs: this.timeoutMs }, 'the registry');
       if (res.status !== 401 || attempt > 0) {
         if (res.status === 401) {
           await res.body?.cancel();
@@ -191,9 +270,13 @@ export class RegistryClient {
   }
 
   private async failure(res: Response, what: string): Promise<CollimateError> {
-    const text = (await res.text().catch(() => '')).slice(0, 300);
+    const text = (await res.text().catch(() => '')).slice(0, 4096);
+    // Only a registry error code (UPPER_SNAKE) is named; no other byte of the answer goes into the message.
     let code = '';
-    try { code = JSON.parse(text).errors?.[0]?.code ?? ''; } catch { /* not JSON */ }
+    try {
+      const c = JSON.parse(text).errors?.[0]?.code;
+      if (typeof c === 'string' && /^[A-Z_]{1,40}$/.test(c)) code = c;
+    } catch { /* not JSON */ }
     if (res.status === 404 || code === 'MANIFEST_UNKNOWN' || code === 'NAME_UNKNOWN' || code === 'BLOB_UNKNOWN') {
       return new CollimateError(what.startsWith('manifest') ? 'image_not_found' : 'image_pull_failed', `${what} not found in ${formatReference({ ...this.ref, tag: undefined, digest: undefined })}${code ? ` (${code})` : ''}`);
     }
@@ -264,14 +347,14 @@ export class RegistryClient {
     const url = new URL(loc, this.base);
     url.searchParams.set('digest', digest);
     const put = await this.request('PUT', url.toString(), { body: data, push: true, headers: { 'content-type': 'application/octet-stream' } });
-    if (put.status !== 201) throw pullFailed(`registry ${this.ref.registry} answered ${put.status} to the upload of ${digest}: ${(await put.text()).slice(0, 200)}`);
+    if (put.status !== 201) throw await this.failure(put, `the upload of ${digest}`);
     await put.body?.cancel();
     return digest;
   }
 
   async pushManifest(reference: string, bytes: Buffer, mediaType: string): Promise<string> {
     const res = await this.request('PUT', `/v2/${this.ref.repository}/manifests/${reference}`, { body: bytes, push: true, headers: { 'content-type': mediaType } });
-    if (res.status !== 201) throw pullFailed(`registry ${this.ref.registry} answered ${res.status} to the manifest push: ${(await res.text()).slice(0, 300)}`);
+    if (res.status !== 201) throw await this.failure(res, 'the manifest push');
     await res.body?.cancel();
     return digestOf(bytes);
   }

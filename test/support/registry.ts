@@ -11,6 +11,16 @@ import { join } from 'node:path';
 
 export const REGISTRY_BINARY = '/usr/bin/docker-registry';
 
+/**
+ * Lists a test registry the way an operator lists a private one (COLLIMATE_INSECURE_REGISTRIES):
+ * pulls reach it over plain HTTP on loopback, which they refuse for any registry not listed. Servers
+ * this process spawns afterwards inherit the list.
+ */
+export function listPrivateRegistry(host: string): void {
+  const list = (process.env.COLLIMATE_INSECURE_REGISTRIES ?? '').split(',').filter(Boolean);
+  if (!list.includes(host)) process.env.COLLIMATE_INSECURE_REGISTRIES = [...list, host].join(',');
+}
+
 export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer();
@@ -57,6 +67,7 @@ ${authYaml}`);
   let stderr = '';
   child.stderr!.on('data', (d) => (stderr += d));
   const host = `127.0.0.1:${port}`;
+  listPrivateRegistry(host);
   const deadline = Date.now() + 20_000;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`docker-registry exited: ${stderr}`);
@@ -106,6 +117,7 @@ export async function countingProxy(target: string): Promise<CountingProxy> {
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   p.host = `127.0.0.1:${(server.address() as AddressInfo).port}`;
+  listPrivateRegistry(p.host);
   p.stop = () => new Promise<void>((r) => { for (const s of sockets) s.destroy(); server.close(() => r()); });
   return p;
 }
