@@ -28,9 +28,12 @@ export function requestIdOf(req: IncomingMessage): string {
   return typeof sent === 'string' && CLIENT_REQUEST_ID.test(sent) ? sent : `req-${randomBytes(8).toString('hex')}`;
 }
 
-/** A URL as logged: the token of a signed port URL (/v1/p/{token}/…) is a credential and is cut out. */
+/**
+ * A URL as logged: credentials are cut out — the token of a signed port URL (/v1/p/{token}/…), and
+ * query values that carry one (a signed URL's token on a port's own origin, E2B's file signatures).
+ */
 export function loggedUrl(url: string): string {
-  return url.replace(/^\/v1\/p\/[^/?]+/, '/v1/p/<token>');
+  return url.replace(/^\/v1\/p\/[^/?]+/, '/v1/p/<token>').replace(/([?&](?:token|signature|access_token)=)[^&#]*/gi, '$1<redacted>');
 }
 
 /**

@@ -21,7 +21,7 @@ import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { PortTarget } from '../sandboxes/types.js';
 import type { TenantService } from '../service/tenantService.js';
-import type { Scope } from '../service/types.js';
+import type { ResolvedPort, Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
@@ -32,6 +32,13 @@ export const PROXY_ERROR_HEADER = 'x-collimate-error';
 export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
 /** `Host: <port>-<sandbox id>.<anything>`: E2B's `sandbox.getHost(port)`, routed to that port. */
 const HOST_ROUTE_RE = /^(\d{1,5})-(sbx_[0-9a-f]{12})\.[^/\s]+$/i;
+/**
+ * On a sandbox port's own origin, the path that takes a signed URL's token (`?token=…&next=/…`) into
+ * PORT_COOKIE and sends the browser on; it never reaches the sandbox.
+ */
+export const SIGNED_ENTRY = '/__collimate/signed';
+/** The cookie a sandbox port's own origin keeps a signed URL's token in: HttpOnly, that host only, removed before requests reach the sandbox. */
+export const PORT_COOKIE = '__collimate_port';
 
 /**
  * The proxy path a Host-routed request stands for (`3000-sbx_….localhost:8080` → the keyed path of
@@ -49,6 +56,13 @@ export interface PortsProxyOptions {
   tenants: TenantService;
   /** The REST API's key check on request headers: the caller's scope, or a thrown `unauthorized`. */
   authenticate: (headers: IncomingHttpHeaders) => Promise<Scope>;
+  /**
+   * Where sandbox ports have origins of their own: `<port>-<id>.<sandboxDomain>` (with its port, if
+   * not the default). Default: for requests to `localhost[:port]`, `localhost:<port>` (browsers
+   * resolve *.localhost to loopback); otherwise none, and browsers stay on the API's origin,
+   * confined (SHARED_ORIGIN_CSP).
+   */
+  sandboxDomain?: string;
   /** True once the server is shutting down: new requests and upgrades get 503. */
   draining: () => boolean;
   /** WebSocket upgrades of the web terminal's path go here (the one `upgrade` listener serves both). */
@@ -137,11 +151,51 @@ async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: In
     const id = decodeSafe(p.id);
     const traffic = headers[TRAFFIC_TOKEN_HEADER];
     const hasKey = headers.authorization !== undefined;
+    const signed = !hasKey && traffic === undefined && ownOrigin(headers) ? cookieOf(headers.cookie, PORT_COOKIE) : undefined;
+    if (signed !== undefined) return { ...(await signedFor(opts, signed, id, p.port)), ...splitUrl(rawUrl, 5) };
     const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic) : await opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
     return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
   }
   return { ...(await opts.tenants.sandboxes.signedPortTarget(p.token)), ...splitUrl(rawUrl, 3) };
+}
+
+/** A signed URL's target, refused unless it names this sandbox and port (a token of another port's origin proves nothing here). */
+async function signedFor(opts: PortsProxyOptions, token: string, id: string, port: string): Promise<ResolvedPort> {
+  const r = await opts.tenants.sandboxes.signedPortTarget(token);
+  if (r.sandboxId !== id || String(r.port) !== port) throw new CollimateError('unauthorized', 'This signed URL is for another sandbox port; open the URL its owner gave you.');
+  return r;
+}
+
+/** One cookie's value from a Cookie header. */
+function cookieOf(header: string | undefined, name: string): string | undefined {
+  for (const part of (header ?? '').split(';')) {
+    const eq = part.indexOf('=');
+    if (eq > 0 && part.slice(0, eq).trim() === name) return part.slice(eq + 1).trim();
+  }
+  return undefined;
+}
+
+/** The Cookie header without `name` (undefined when nothing is left). */
+function withoutCookie(header: string, name: string): string | undefined {
+  const kept = header.split(';').map((p) => p.trim()).filter((p) => p && !p.startsWith(`${name}=`));
+  return kept.length ? kept.join('; ') : undefined;
+}
+
+/**
+ * The origin a sandbox port's traffic gets in browsers (`http://8000-sbx_….localhost:7070`), or
+ * undefined when there is none for this request's host.
+ */
+export function portOrigin(req: IncomingMessage, sandboxDomain: string | undefined, id: string, port: number): string | undefined {
+  const proto = (req.socket as { encrypted?: boolean }).encrypted ? 'https' : 'http';
+  let domain = sandboxDomain;
+  if (!domain) {
+    // Addressed as localhost, browsers resolve <port>-<id>.localhost to this machine too.
+    const m = /^localhost(:\d+)?$/i.exec(req.headers.host ?? '');
+    if (!m) return undefined;
+    domain = `localhost${m[1] ?? ''}`;
+  }
+  return `${proto}://${port}-${id}.${domain}`;
 }
 
 /** The tunnel to a port of a sandbox another host runs (undefined: connect to host:port here). */
@@ -180,6 +234,11 @@ export function forwardHeaders(raw: string[], route: Route, client: { ip?: strin
       continue;
     }
     if (HOP_BY_HOP.has(lower) || named.has(lower)) continue;
+    if (lower === 'cookie' && value.includes(`${PORT_COOKIE}=`)) {
+      const rest = withoutCookie(value, PORT_COOKIE);
+      if (rest) out.push(name, rest);
+      continue;
+    }
     if (route.key !== undefined) {
       // Keyed requests: the key and anything that could carry it stay here.
       if (lower === 'authorization' || lower === 'x-api-key' || (route.key && value.includes(route.key))) continue;
@@ -199,6 +258,37 @@ export function forwardHeaders(raw: string[], route: Route, client: { ip?: strin
 }
 
 /** Response headers going back to the client: the sandbox's, minus hop-by-hop ones. */
+/**
+ * What a sandbox's page may not do on the API's (and the console's) origin: keep state there or
+ * run as it. Its answers there get a Content-Security-Policy `sandbox` (the page runs in an opaque
+ * origin of its own: no storage, cookies or service workers of the console's origin, no access to
+ * its windows), and lose the headers that act on the origin.
+ */
+export const SHARED_ORIGIN_CSP = 'sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads';
+const ORIGIN_HEADERS = new Set(['set-cookie', 'service-worker-allowed', 'clear-site-data']);
+
+/**
+ * The sandbox's answer headers as the client gets them: on the API's origin (path-based and signed
+ * URLs) confined by SHARED_ORIGIN_CSP; on the sandbox's own origin (`<port>-<id>.<domain>`) as
+ * they are, except that a cookie cannot name a wider domain than that host.
+ */
+function originHeaders(raw: string[], shared: boolean): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const lower = raw[i].toLowerCase();
+    if (shared && ORIGIN_HEADERS.has(lower)) continue;
+    if (!shared && lower === 'set-cookie') out.push(raw[i], raw[i + 1].replace(/;\s*domain=[^;]*/gi, ''));
+    else out.push(raw[i], raw[i + 1]);
+  }
+  if (shared) out.push('Content-Security-Policy', SHARED_ORIGIN_CSP);
+  return out;
+}
+
+/** Whether a request came by its sandbox port's own origin (`<port>-<id>.<domain>`) rather than the API's. */
+function ownOrigin(headers: IncomingHttpHeaders): boolean {
+  return HOST_ROUTE_RE.test(headers.host ?? '');
+}
+
 function backwardHeaders(raw: string[]): string[] {
   const named = new Set<string>();
   for (let i = 0; i < raw.length; i += 2) {
@@ -287,7 +377,7 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
   });
   upstream.on('response', (ures) => {
     clearTimeout(connectTimer);
-    res.writeHead(ures.statusCode ?? 502, ures.statusMessage, backwardHeaders(ures.rawHeaders));
+    res.writeHead(ures.statusCode ?? 502, ures.statusMessage, originHeaders(backwardHeaders(ures.rawHeaders), !ownOrigin(req.headers)));
     res.flushHeaders();
     ures.pipe(res);
     ures.on('error', () => res.destroy());
@@ -324,7 +414,13 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       reply.hijack();
       let route: Route;
       try {
+        if (req.headers['service-worker'] === 'script' && !ownOrigin(req.headers)) {
+          // A service worker on the API's origin would see every later request of the console.
+          throw new CollimateError('origin_forbidden', "A sandbox's scripts cannot be service workers on the API's origin; serve the page from the sandbox's own origin (<port>-<sandbox id>.<domain>).");
+        }
+        if (await signedEntry(req.raw, reply.raw)) return;
         route = await resolveRoute(opts, req.raw.url ?? req.url, req.headers);
+        if (toOwnOrigin(req.raw, reply.raw, route)) return;
       } catch (err) {
         // Drain what the client sends so the connection stays usable for its next request.
         req.raw.resume();
@@ -345,6 +441,46 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       scope.all(url, handler);
     }
   });
+
+  /**
+   * A browser opening a signed URL on the API's origin goes to the port's own origin instead,
+   * through SIGNED_ENTRY: there the page keeps cookies and storage of its own and the console's are
+   * out of reach. Other clients (no Sec-Fetch-Dest: document) are answered here, confined.
+   */
+  function toOwnOrigin(req: IncomingMessage, res: ServerResponse, route: Route): boolean {
+    const p = proxyPathOf(req.url ?? '/');
+    if (p?.kind !== 'signed' || req.method !== 'GET' || req.headers['sec-fetch-dest'] !== 'document' || req.headers['sec-fetch-mode'] !== 'navigate') return false;
+    const origin = portOrigin(req, opts.sandboxDomain, route.sandboxId, route.port);
+    if (!origin) return false;
+    req.resume();
+    res.writeHead(302, { location: `${origin}${SIGNED_ENTRY}?token=${p.token}&next=${encodeURIComponent(route.forwardPath)}`, 'cache-control': 'no-store', 'content-length': '0' });
+    res.end();
+    return true;
+  }
+
+  /** SIGNED_ENTRY on a port's own origin: checks the token is this port's, keeps it in PORT_COOKIE, sends the browser to `next`. */
+  async function signedEntry(req: IncomingMessage, res: ServerResponse): Promise<boolean> {
+    const own = HOST_ROUTE_RE.exec(req.headers.host ?? '');
+    const p = proxyPathOf(req.url ?? '/');
+    if (!own || p?.kind !== 'key') return false;
+    const { forwardPath } = splitUrl(req.url ?? '/', 5);
+    const at = new URL(forwardPath, 'http://x');
+    if (at.pathname !== SIGNED_ENTRY) return false;
+    const token = at.searchParams.get('token') ?? '';
+    const granted = await signedFor(opts, token, decodeSafe(p.id), p.port);
+    const next = at.searchParams.get('next') ?? '/';
+    const secure = (req.socket as { encrypted?: boolean }).encrypted ? '; Secure' : '';
+    const maxAge = Math.max(0, (granted.expiresAt ?? 0) - Math.floor(Date.now() / 1000));
+    req.resume();
+    res.writeHead(302, {
+      location: next.startsWith('/') && !next.startsWith('//') ? next : '/',
+      'set-cookie': `${PORT_COOKIE}=${token}; Path=/; HttpOnly; SameSite=Lax; Max-Age=${maxAge}${secure}`,
+      'cache-control': 'no-store',
+      'content-length': '0',
+    });
+    res.end();
+    return true;
+  }
 
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     socket.on('error', () => socket.destroy());

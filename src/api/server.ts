@@ -74,6 +74,8 @@ export interface BuildServerOptions {
   interceptUpgrade?: UpgradeInterceptor;
   /** Where E2B sandboxes' envVars are kept; default this server's database (a cluster host passes the cluster's). */
   e2bEnv?: SandboxEnvs;
+  /** The domain under which sandbox ports have origins of their own (`<port>-<id>.<domain>`); see PortsProxyOptions. */
+  sandboxDomain?: string;
 }
 
 export interface ApiServer {
@@ -203,7 +205,11 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
   registerE2bControlPlane(app, { tenants, env: e2bEnv });
   registerEnvd(app, { tenants, env: e2bEnv, backend: opts.envdBackend ?? tenantEnvdBackend(tenants, { maxUploadBytes: maxFile }) });
   const terminals = terminalBridge(tenants, app.log);
-  const proxy = registerPortsProxy(app, { tenants, authenticate, draining: () => draining, terminals, ...(opts.interceptUpgrade ? { interceptUpgrade: opts.interceptUpgrade } : {}) });
+  const proxy = registerPortsProxy(app, {
+    tenants, authenticate, draining: () => draining, terminals,
+    ...(opts.interceptUpgrade ? { interceptUpgrade: opts.interceptUpgrade } : {}),
+    ...(opts.sandboxDomain ? { sandboxDomain: opts.sandboxDomain } : {}),
+  });
   app.addHook('preClose', async () => {
     // app.close() waits for every connection, and a WebSocket tunnel may never end by itself.
     if (!draining) {

@@ -424,6 +424,8 @@ async function serve(args: string[], io: Io): Promise<number> {
   try {
     server = await startServer({
       home: dir, host, port, logLevel, tls, engineModule,
+      // Sandbox ports' own origins, <port>-<id>.<domain> (wildcard DNS to this server): docs/security.md.
+      ...(io.env.COLLIMATE_SANDBOX_DOMAIN ? { server: { sandboxDomain: io.env.COLLIMATE_SANDBOX_DOMAIN } } : {}),
       progress: (m) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`),
       say: (line) => io.err(`${line}\n`),
       ...(cluster ? { cluster: { url: cluster, shownUrl: redactUrl(cluster), advertise: advertise!, capacity, timings, secretsKey: clusterSecretsKey } } : {}),

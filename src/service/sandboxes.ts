@@ -333,7 +333,7 @@ export class Sandboxes {
     const tenant = await this.placement.tenantOf(grant.sandboxId);
     if (tenant === null) throw sandboxNotFound(grant.sandboxId);
     const scope = { tenant };
-    return { sandboxId: grant.sandboxId, port: grant.port, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
+    return { sandboxId: grant.sandboxId, port: grant.port, expiresAt: grant.expiresAt, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
   }
 
   /**

@@ -48,6 +48,8 @@ export interface ResolvedPort {
   sandboxId: string;
   port: number;
   target: PortRoute;
+  /** A signed URL's expiry (unix seconds). */
+  expiresAt?: number;
 }
 
 /** Runs a request once per (tenant, key): this server's store, or the cluster's (src/cluster/idempotency.ts). */

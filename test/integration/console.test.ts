@@ -58,8 +58,8 @@ async function rest(method: string, path: string, key: string, body?: unknown): 
   return text ? JSON.parse(text) : undefined;
 }
 
-/** A fresh browser session (its own sessionStorage) signed in with `key` by typing it and pressing Enter. */
-async function signedIn(key: string): Promise<Page> {
+/** A fresh browser session (its own sessionStorage) signed in with `key` by typing it and pressing Enter, on the console at `at`. */
+async function signedIn(key: string, at = base): Promise<Page> {
   const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
   contexts.push(context);
   const page = await context.newPage();
@@ -75,7 +75,7 @@ async function signedIn(key: string): Promise<Page> {
   page.on('requestfailed', (r) => (pending.delete(name(r)), refused.push(`${name(r)}: ${r.failure()?.errorText}`)));
   page.on('response', (r) => void (r.status() >= 400 && refused.push(`${name(r.request())} → ${r.status()}`)));
   current = { page, pending, refused };
-  await page.goto(`${base}/console/`);
+  await page.goto(`${at}/console/`);
   await page.locator('#key').fill(key);
   await page.locator('#key').press('Enter');
   await page.locator('table#sandboxes').waitFor();
@@ -284,6 +284,52 @@ browserTest('a server in the sandbox shows among its ports, with a signed URL th
   assert.equal(res.status, 200);
   assert.equal(await res.text(), 'served-by-busybox\n');
   await shot(page, 'ports');
+});
+
+browserTest("a sandbox's page cannot read the console's key, open the console to read it, or register a service worker on the console's origin", { timeout: SLOW }, async () => {
+  // The attack a sandbox's owner (or anyone who controls its web server) could mount on whoever opens its signed URL.
+  const attack = `<!doctype html><body><script>
+window.attack = (async () => {
+  const r = {};
+  try { r.storage = String(sessionStorage.getItem('collimate.key')); } catch (e) { r.storage = 'blocked: ' + e.name; }
+  try { await navigator.serviceWorker.register('sw.js'); r.sw = 'registered at ' + location.origin; } catch (e) { r.sw = 'blocked: ' + e.name; }
+  try {
+    const w = window.open('/console/');
+    await new Promise((ok) => setTimeout(ok, 2000));
+    r.popup = w ? String(w.sessionStorage.getItem('collimate.key')) : 'blocked: no window';
+    w && w.close();
+  } catch (e) { r.popup = 'blocked: ' + e.name; }
+  return r;
+})();
+</script></body>`;
+  await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, {
+    command: `cat > /root/www/attack.html <<'EOF'\n${attack}\nEOF\necho "self.addEventListener('fetch', () => {});" > /root/www/sw.js`,
+  });
+  const { url } = await rest('POST', `/v1/sandboxes/${sandboxId}/port-urls`, acmeKey, { port: 8000 });
+  const stolen = async (page: Page, where: string) => {
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('collimate.key')), acmeKey, 'the console holds the key in this tab');
+    await page.goto(`${where}${url}attack.html`);
+    const got = await page.evaluate(() => (window as unknown as { attack: Promise<Record<string, string>> }).attack);
+    for (const [what, v] of Object.entries(got)) assert.ok(!v.includes(acmeKey), `${what}: the page read the key (${where})`);
+    return got;
+  };
+
+  // The console addressed as localhost: the signed URL takes the browser to the port's own origin.
+  const local = base.replace('127.0.0.1', 'localhost');
+  const onLocalhost = await signedIn(acmeKey, local);
+  const own = await stolen(onLocalhost, local);
+  assert.equal(new URL(onLocalhost.url()).hostname, `8000-${sandboxId}.localhost`);
+  assert.equal(own.storage, 'null', "its origin's storage is its own");
+
+  // Addressed by IP there is no origin per port: the page is answered on the console's origin, where it runs in an opaque origin.
+  const onIp = await signedIn(acmeKey);
+  const shared = await stolen(onIp, base);
+  for (const [what, v] of Object.entries(shared)) assert.match(v, /^blocked: /, `${what} on the console's origin: ${v}`);
+
+  for (const [page, at] of [[onLocalhost, local], [onIp, base]] as const) {
+    await page.goto(`${at}/console/`);
+    assert.equal(await page.evaluate(async () => (await (globalThis as any).navigator.serviceWorker.getRegistrations()).length), 0, `no service worker on the console's origin ${at}`);
+  }
 });
 
 browserTest('usage shows the tier, its cap and concurrency, and a chart per day', {}, async () => {

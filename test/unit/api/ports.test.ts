@@ -56,7 +56,7 @@ function backend() {
       return;
     }
     if (path === '/teapot') {
-      res.writeHead(418, "I'm a teapot", ['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'X-Custom', 'yes', 'Content-Type', 'text/plain']);
+      res.writeHead(418, "I'm a teapot", ['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2; Domain=localhost; Path=/', 'Service-Worker-Allowed', '/', 'X-Custom', 'yes', 'Content-Type', 'text/plain']);
       res.end('short and stout');
       return;
     }
@@ -162,13 +162,63 @@ describe('ports proxy', () => {
         assert.equal(r.json().bytes, body ? 10 : 0, method);
       }
     }
-    const t = await call(proxied('/teapot'), { headers: auth() });
+    // On the sandbox port's own origin (Host <port>-<id>.<domain>), the answer as sent; a cookie stays on that host.
+    const t = await call(`${base}/teapot`, { headers: { ...auth(), host: `${SANDBOX_PORT}-${id}.localhost` } });
     assert.equal(t.status, 418);
     assert.equal(t.message, "I'm a teapot");
-    assert.deepEqual(t.headers['set-cookie'], ['a=1', 'b=2']);
+    assert.deepEqual(t.headers['set-cookie'], ['a=1', 'b=2; Path=/']);
+    assert.equal(t.headers['service-worker-allowed'], '/');
     assert.equal(t.headers['x-custom'], 'yes');
     assert.equal(t.body.toString(), 'short and stout');
     assert.equal(t.headers['x-collimate-error'], undefined, "the sandbox's own answers are not marked as proxy errors");
+    assert.equal(t.headers['content-security-policy'], undefined);
+  });
+
+  test("on the API's origin a sandbox's answer runs in an opaque origin and cannot set cookies or widen a service worker's scope; a service worker script is refused", async () => {
+    const signed = (await f.req('createPortUrl', { url: `/v1/sandboxes/${id}/port-urls`, key, body: { port: SANDBOX_PORT } })).json().url;
+    for (const url of [proxied('/teapot'), `${base}${signed}teapot`]) {
+      const t = await call(url, { headers: auth() });
+      assert.equal(t.status, 418, url);
+      assert.equal(t.headers['content-security-policy'], 'sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads');
+      for (const h of ['set-cookie', 'service-worker-allowed']) assert.equal(t.headers[h], undefined, `${h} on ${url}`);
+      assert.equal(t.headers['x-custom'], 'yes');
+      const sw = await call(url, { headers: { ...auth(), 'service-worker': 'script' } });
+      assert.equal(sw.status, 403);
+      assert.equal(sw.json().error.code, 'origin_forbidden');
+    }
+  });
+
+  test("a browser opening a signed URL goes to the port's own origin, which keeps the token in an HttpOnly cookie of its own that never reaches the sandbox", async () => {
+    const { url } = (await f.req('createPortUrl', { url: `/v1/sandboxes/${id}/port-urls`, key, body: { port: SANDBOX_PORT } })).json();
+    const token = url.split('/')[3];
+    const nav = { 'sec-fetch-dest': 'document', 'sec-fetch-mode': 'navigate' };
+    const apiPort = new URL(base).port;
+    // Addressed by IP, the API cannot name an origin per port: the answer stays here, confined.
+    assert.equal((await call(`${base}${url}teapot?x=1`, { headers: nav })).status, 418);
+    const go = await call(`${base}${url}teapot?x=1`, { headers: { ...nav, host: `localhost:${apiPort}` } });
+    assert.equal(go.status, 302);
+    const own = `${SANDBOX_PORT}-${id}.localhost:${apiPort}`;
+    assert.equal(go.headers.location, `http://${own}/__collimate/signed?token=${token}&next=${encodeURIComponent('/teapot?x=1')}`);
+    // The entry on the port's origin: the token becomes a cookie of that host, the browser goes on.
+    const entry = new URL(go.headers.location!);
+    const set = await call(`${base}${entry.pathname}${entry.search}`, { headers: { ...nav, host: own } });
+    assert.equal(set.status, 302);
+    assert.equal(set.headers.location, '/teapot?x=1');
+    const cookie = set.headers['set-cookie']![0];
+    assert.match(cookie, new RegExp(`^__collimate_port=${token}; Path=/; HttpOnly; SameSite=Lax; Max-Age=\\d+$`));
+    // Requests on that origin with the cookie reach the port; the sandbox sees its own cookies only.
+    const r = await call(`${base}/seen`, { headers: { host: own, cookie: `app=1; __collimate_port=${token}` } });
+    assert.equal(r.status, 200, r.body.toString());
+    assert.equal(r.json().headers.cookie, 'app=1');
+    assert.equal(r.headers['content-security-policy'], undefined, 'its own origin: not confined');
+    // The token proves nothing on another port's origin, and a forged one nothing anywhere.
+    const other = await call(`${base}/seen`, { headers: { host: `${CLOSED_PORT}-${id}.localhost:${apiPort}`, cookie: `__collimate_port=${token}` } });
+    assert.equal(other.status, 401);
+    assert.match(other.json().error.message, /another sandbox port/);
+    assert.equal((await call(`${base}/seen`, { headers: { host: own, cookie: `__collimate_port=${token.slice(0, -2)}xx` } })).status, 401);
+    assert.equal((await call(`${base}/__collimate/signed?token=nope&next=/`, { headers: { host: own } })).status, 401);
+    // A client that is not navigating a browser tab is answered on the API's origin, confined.
+    assert.equal((await call(`${base}${url}teapot`)).status, 418);
   });
 
   for (const framing of ['chunked', 'content-length'] as const) {
