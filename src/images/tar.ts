@@ -140,6 +140,24 @@ function checksumOk(h: Buffer): boolean {
   return stored === unsigned || stored === signed;
 }
 
+/**
+ * At most this many pax records apply to one entry: its own and the archive's global ones (type 'g',
+ * which last to the end of the archive) counted together. Every entry's header is resolved against
+ * them, so without a bound one crafted layer made each of its files cost a scan of a megabyte of
+ * records.
+ */
+export const MAX_PAX_RECORDS = 1024;
+
+/** Adds the records of a pax header to `into`, refusing an entry that would then have more than MAX_PAX_RECORDS. */
+function addPax(into: Map<string, Buffer>, body: Buffer, others: number, global: boolean): void {
+  for (const [k, v] of parsePax(body)) {
+    into.set(k, v);
+    if (into.size + others > MAX_PAX_RECORDS) {
+      throw new TarError(`more than ${MAX_PAX_RECORDS} pax records apply to one entry${global ? ' (global headers last to the end of the archive)' : ''}`);
+    }
+  }
+}
+
 function parsePax(body: Buffer): Map<string, Buffer> {
   const out = new Map<string, Buffer>();
   let off = 0;
@@ -175,7 +193,7 @@ export interface TarEntry {
  */
 export async function* readTar(src: AsyncIterable<Buffer | Uint8Array | string>): AsyncGenerator<TarEntry> {
   const r = new ByteReader(src);
-  let paxGlobal = new Map<string, Buffer>();
+  const paxGlobal = new Map<string, Buffer>();
   let pax = new Map<string, Buffer>();
   let longName: string | undefined;
   let longLink: string | undefined;
@@ -195,8 +213,8 @@ export async function* readTar(src: AsyncIterable<Buffer | Uint8Array | string>)
       if (size > MAX_META_BYTES) throw new TarError(`tar metadata header of ${size} bytes`);
       const body = (await r.read(padded)).subarray(0, size);
       if (body.length < size) throw new TarError('archive ends in a metadata header');
-      if (flag === 'x') pax = new Map([...pax, ...parsePax(body)]);
-      else if (flag === 'g') paxGlobal = new Map([...paxGlobal, ...parsePax(body)]);
+      if (flag === 'x') addPax(pax, body, paxGlobal.size, false);
+      else if (flag === 'g') addPax(paxGlobal, body, pax.size, true);
       else if (flag === 'L') longName = cstr(body, 0, body.length);
       else longLink = cstr(body, 0, body.length);
       continue;
@@ -206,7 +224,8 @@ export async function* readTar(src: AsyncIterable<Buffer | Uint8Array | string>)
       const what = flag === 'S' ? 'GNU sparse file' : flag === 'V' ? 'volume label' : flag === 'M' ? 'multi-volume continuation' : `type ${JSON.stringify(flag)}`;
       throw new TarError(`unsupported tar entry (${what}) at byte ${r.consumed - BLOCK}`);
     }
-    const p = new Map([...paxGlobal, ...pax]);
+    // The entry's own records, then the archive's global ones (looked up, not merged per entry).
+    const p = { get: (k: string) => pax.get(k) ?? paxGlobal.get(k), has: (k: string) => pax.has(k) || paxGlobal.has(k) };
     const magic = h.subarray(257, 263).toString('latin1');
     const prefix = magic.startsWith('ustar') && magic !== 'ustar ' ? cstr(h, 345, 155) : '';
     const baseName = cstr(h, 0, 100);
@@ -222,7 +241,7 @@ export async function* readTar(src: AsyncIterable<Buffer | Uint8Array | string>)
     if (p.has('path')) name = p.get('path')!.toString('utf8');
     if (p.has('linkpath')) linkname = p.get('linkpath')!.toString('utf8');
     const xattrs: Record<string, Buffer> = {};
-    for (const [k, v] of p) if (k.startsWith('SCHILY.xattr.')) xattrs[k.slice('SCHILY.xattr.'.length)] = v;
+    for (const m of [paxGlobal, pax]) for (const [k, v] of m) if (k.startsWith('SCHILY.xattr.')) xattrs[k.slice('SCHILY.xattr.'.length)] = v;
     const realSize = type === 'file' ? pnum('size', size) : 0;
     const header: TarHeader = {
       name, type, linkname, xattrs,

@@ -9,6 +9,7 @@ import type { Engine } from '../../src/sandboxes/engine.ts';
 import { CATALOG } from '../../src/images/templates.ts';
 import type { CatalogEntry } from '../../src/images/catalog.ts';
 import { CollimateError } from '../../src/errors.ts';
+import { restNames } from '../../src/api/routes.ts';
 import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
 
 const tenant = { tenant: 'it-first-start' };
@@ -66,7 +67,9 @@ test('the engine opens with base and the cached entry ready while the others bui
 
   const e = await refusal(engine.create({ template: 'slow' }, tenant));
   assert.equal(e.code, 'template_not_ready');
-  assert.match(e.message, /slow is still being built.*now: building the slow layer.*GET \/healthz/);
+  assert.match(e.message, /slow is still being built.*now: building the slow layer/);
+  // Where the build's progress shows, as REST names it.
+  assert.match((e as CollimateError).text(restNames), /health lists what is still being built with GET \/healthz/);
 
   // Base serves meanwhile, from its warm pool.
   const sb = await engine.create({ template: 'base' }, tenant);

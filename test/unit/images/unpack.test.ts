@@ -48,6 +48,46 @@ describe('tar', () => {
     await assert.rejects(async () => { for await (const _ of readTar(once(bad))); }, /checksum/);
   });
 
+  test('pax global headers apply to every later entry, under the entry\'s own; more than MAX_PAX_RECORDS for one entry is refused', async () => {
+    // A global ('g') header: what writeTar never writes, built here the way GNU tar lays it out.
+    const record = (k: string, v: string) => {
+      const body = ` ${k}=${v}\n`;
+      let len = body.length + 1;
+      while (String(len).length + body.length !== len) len = String(len).length + body.length;
+      return `${len}${body}`;
+    };
+    const global = (records: string) => {
+      const h = Buffer.alloc(512);
+      h.write('pax_global_header', 0, 'latin1');
+      for (const [off, len, v] of [[100, 8, 0o644], [108, 8, 0], [116, 8, 0], [124, 12, Buffer.byteLength(records)], [136, 12, 0]] as const) h.write(v.toString(8).padStart(len - 1, '0') + '\0', off, len, 'latin1');
+      h.write('g', 156, 'latin1');
+      h.write('ustar\0', 257, 'latin1');
+      h.write('00', 263, 'latin1');
+      h.fill(32, 148, 156);
+      let sum = 0;
+      for (const b of h) sum += b;
+      h.write(sum.toString(8).padStart(6, '0') + '\0 ', 148, 8, 'latin1');
+      const body = Buffer.from(records);
+      return Buffer.concat([h, body, Buffer.alloc((512 - (body.length % 512)) % 512)]);
+    };
+    const files = writeTar([{ name: 'a', data: 'A', xattrs: { 'user.own': 'mine' } }, { name: 'b', data: 'B' }]);
+    const read = async (tar: Buffer) => {
+      const out: Array<{ name: string; xattrs: Record<string, string> }> = [];
+      for await (const e of readTar(once(tar))) {
+        out.push({ name: e.header.name, xattrs: Object.fromEntries(Object.entries(e.header.xattrs).map(([k, v]) => [k, v.toString()])) });
+        await e.read(() => {});
+      }
+      return out;
+    };
+    const tagged = await read(Buffer.concat([global(record('SCHILY.xattr.user.all', 'g') + record('SCHILY.xattr.user.own', 'global')), files]));
+    assert.deepEqual(tagged, [{ name: 'a', xattrs: { 'user.all': 'g', 'user.own': 'mine' } }, { name: 'b', xattrs: { 'user.all': 'g', 'user.own': 'global' } }]);
+    // 1,025 tiny global records (a few kB) would otherwise be scanned for every entry of the layer.
+    const many = Array.from({ length: 1025 }, (_, i) => record(`k${i}`, 'v')).join('');
+    await assert.rejects(read(Buffer.concat([global(many), files])), /more than 1024 pax records apply to one entry \(global headers/);
+    const split = Array.from({ length: 2 }, (_, j) => global(Array.from({ length: 600 }, (_, i) => record(`k${j}-${i}`, 'v')).join('')));
+    await assert.rejects(read(Buffer.concat([...split, files])), /more than 1024 pax records/, 'counted across global headers');
+  });
+
   test('indexTarFile finds members by offset', () => {
     const d = fresh();
     const f = join(d, 'a.tar');
