@@ -76,6 +76,8 @@ export interface BuildServerOptions {
   e2bEnv?: SandboxEnvs;
   /** The domain under which sandbox ports have origins of their own (`<port>-<id>.<domain>`); see PortsProxyOptions. */
   sandboxDomain?: string;
+  /** The operator's bearer token for a /metrics scrape that names tenants' environments; without it they are summed. */
+  metricsToken?: string;
 }
 
 export interface ApiServer {
@@ -194,7 +196,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
       ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
       ...imageHandlers(tenants, streams),
       ...accountHandlers(tenants, streams),
-      ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now }),
+      ...operationHandlers({ tenants, metrics: tenants.metrics, health, draining: () => draining, now, ...(opts.metricsToken ? { metricsToken: opts.metricsToken } : {}) }),
     },
     { tenants, maxJsonBytes: maxJson, maxFileBytes: maxFile },
   );

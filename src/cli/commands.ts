@@ -425,7 +425,11 @@ async function serve(args: string[], io: Io): Promise<number> {
     server = await startServer({
       home: dir, host, port, logLevel, tls, engineModule,
       // Sandbox ports' own origins, <port>-<id>.<domain> (wildcard DNS to this server): docs/security.md.
-      ...(io.env.COLLIMATE_SANDBOX_DOMAIN ? { server: { sandboxDomain: io.env.COLLIMATE_SANDBOX_DOMAIN } } : {}),
+      server: {
+        ...(io.env.COLLIMATE_SANDBOX_DOMAIN ? { sandboxDomain: io.env.COLLIMATE_SANDBOX_DOMAIN } : {}),
+        // A /metrics scrape with this bearer token names tenants' environments (docs/operations.md).
+        ...(io.env.COLLIMATE_METRICS_TOKEN ? { metricsToken: io.env.COLLIMATE_METRICS_TOKEN } : {}),
+      },
       progress: (m) => io.err(`  [${elapsed(t0, 6)}] ${m}\n`),
       say: (line) => io.err(`${line}\n`),
       ...(cluster ? { cluster: { url: cluster, shownUrl: redactUrl(cluster), advertise: advertise!, capacity, timings, secretsKey: clusterSecretsKey } } : {}),

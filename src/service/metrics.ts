@@ -23,8 +23,13 @@ function fmt(n: number): string {
   return String(n);
 }
 
+/** What a scrape may see: `names` — tenants' environments by name (the operator's authenticated scrape). */
+export interface RenderOptions {
+  names: boolean;
+}
+
 interface Metric {
-  render(): string;
+  render(o: RenderOptions): string;
 }
 
 export class Counter implements Metric {
@@ -46,13 +51,13 @@ export class Counter implements Metric {
 export class Gauge implements Metric {
   private readonly values = new Map<string, { labels: Labels; value: number }>();
   /** `collect`, when given, replaces the stored values at every scrape. */
-  constructor(readonly name: string, readonly help: string, private readonly collect?: () => Array<{ labels: Labels; value: number }>) {}
+  constructor(readonly name: string, readonly help: string, private readonly collect?: (o: RenderOptions) => Array<{ labels: Labels; value: number }>) {}
   set(labels: Labels, value: number): void {
     this.values.set(keyOf(labels), { labels, value });
   }
-  render(): string {
+  render(o: RenderOptions): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} gauge\n`;
-    const values = this.collect ? this.collect() : [...this.values.values()];
+    const values = this.collect ? this.collect(o) : [...this.values.values()];
     for (const { labels, value } of values) out += `${this.name}${labelText(labels)} ${fmt(value)}\n`;
     return out;
   }
@@ -98,7 +103,8 @@ export class MetricsRegistry {
     this.metrics.push(m);
     return m;
   }
-  render(): string {
-    return this.metrics.map((m) => m.render()).join('');
+  /** The text format; without `names`, nothing in it names a tenant or an environment. */
+  render(o: RenderOptions = { names: false }): string {
+    return this.metrics.map((m) => m.render(o)).join('');
   }
 }

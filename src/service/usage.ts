@@ -4,7 +4,7 @@
  * on a cluster host), live stats of running sandboxes, and the Prometheus instruments.
  */
 import { checkUsageRange, Meter, type MeteredSandboxInfo, type UsageReport } from './metering.js';
-import { Gauge, Histogram, MetricsRegistry } from './metrics.js';
+import { Gauge, Histogram, MetricsRegistry, type RenderOptions } from './metrics.js';
 import type { PhaseReport } from '../sandboxes/phases.js';
 import type { SandboxInfo, ServiceEngine } from '../sandboxes/types.js';
 import type { LifecycleTimers } from './sandboxes.js';
@@ -56,21 +56,21 @@ export class Usage {
       }),
     );
     this.metrics.register(
-      new Gauge('collimate_pool_size', 'Warm pool size by template (when the engine reports it).', () =>
-        Object.entries(this.engine.poolSizes?.() ?? {}).map(([template, value]) => ({ labels: { template }, value })),
+      new Gauge('collimate_pool_size', 'Warm pool size by template (when the engine reports it); tenants\' environments summed under template="environments" unless the scrape may see names.', (o) =>
+        byTemplate(Object.entries(this.engine.poolSizes?.() ?? {}), o, (n) => [n], (t, [value]) => [{ labels: { template: t }, value }]),
       ),
     );
 
     this.metrics.register(
-      new Gauge('collimate_pool_target', 'The size each warm pool holds now (it follows demand: the largest burst of creates since it was last idle, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB; /healthz says why).', () =>
-        Object.entries(this.engine.poolStatus?.() ?? {}).map(([template, s]) => ({ labels: { template }, value: s.target })),
+      new Gauge('collimate_pool_target', 'The size each warm pool holds now (it follows demand: the largest burst of creates since it was last idle, within COLLIMATE_POOL_MIN/MAX and COLLIMATE_POOL_MEMORY_MIB; /healthz says why).', (o) =>
+        byTemplate(Object.entries(this.engine.poolStatus?.() ?? {}), o, (s) => [s.target], (t, [value]) => [{ labels: { template: t }, value }]),
       ),
     );
     this.metrics.register(
-      new Gauge('collimate_pool_takes_total', 'Creates by template: served by a warm VMM (hit) or made on the create path (miss).', () =>
-        Object.entries(this.engine.poolStatus?.() ?? {}).flatMap(([template, s]) => [
-          { labels: { template, outcome: 'hit' }, value: s.hits },
-          { labels: { template, outcome: 'miss' }, value: s.misses },
+      new Gauge('collimate_pool_takes_total', 'Creates by template: served by a warm VMM (hit) or made on the create path (miss).', (o) =>
+        byTemplate(Object.entries(this.engine.poolStatus?.() ?? {}), o, (s) => [s.hits, s.misses], (t, [hits, misses]) => [
+          { labels: { template: t, outcome: 'hit' }, value: hits },
+          { labels: { template: t, outcome: 'miss' }, value: misses },
         ]),
       ),
     );
@@ -211,4 +211,23 @@ export class Usage {
     }
     return out;
   }
+}
+
+/**
+ * Pool readings by template for /metrics: catalog templates by id; tenants' environments (keyed
+ * `<tenant>/<name>`) by name only when the scrape may see names, else summed under `environments`.
+ */
+function byTemplate<T>(
+  entries: Array<[string, T]>, o: RenderOptions, values: (t: T) => number[],
+  samples: (template: string, v: number[]) => Array<{ labels: Record<string, string>; value: number }>,
+): Array<{ labels: Record<string, string>; value: number }> {
+  const out: Array<{ labels: Record<string, string>; value: number }> = [];
+  let envs: number[] | undefined;
+  for (const [template, t] of entries) {
+    const v = values(t);
+    if (o.names || !template.includes('/')) out.push(...samples(template, v));
+    else envs = envs ? envs.map((x, i) => x + v[i]) : v;
+  }
+  if (envs) out.push(...samples('environments', envs));
+  return out;
 }

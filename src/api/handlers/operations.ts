@@ -1,5 +1,7 @@
 /** Handlers of usage, the OpenAPI document, health and metrics. */
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { CollimateError } from '../../errors.js';
+import { bearerKey } from '../../service/keys.js';
 import type { TenantService } from '../../service/tenantService.js';
 import type { MetricsRegistry } from '../../service/metrics.js';
 import type { Handlers } from '../binder.js';
@@ -43,6 +45,8 @@ export function operationHandlers(deps: {
   health: () => HealthInfo;
   draining: () => boolean;
   now: () => number;
+  /** The operator's token for a /metrics scrape that names tenants' environments (COLLIMATE_METRICS_TOKEN); none: never named. */
+  metricsToken?: string;
 }): Pick<Handlers, Ops> {
   const openApiText = renderOpenApi();
   return {
@@ -75,8 +79,9 @@ export function operationHandlers(deps: {
       return { status: status === 'ok' ? 200 : 503, body: { status, accel: h.accel, templates_ready: h.ready, ...extra } };
     },
 
-    metrics({ reply }) {
-      reply.code(200).type('text/plain; version=0.0.4; charset=utf-8').send(deps.metrics.render());
+    metrics({ req, reply }) {
+      const names = deps.metricsToken !== undefined && sameSecret(bearerKey(req.headers.authorization), deps.metricsToken);
+      reply.code(200).type('text/plain; version=0.0.4; charset=utf-8').send(deps.metrics.render({ names }));
       return null;
     },
   };
@@ -96,4 +101,11 @@ function capacityBody(c: CapacityStatus) {
 
 function storageBody(s: StorageStatus) {
   return { path: s.path, free_mib: s.freeMib, reserve_mib: s.reserveMib, starting_mib: s.startingMib };
+}
+
+/** Whether `given` is `secret`, compared in constant time. */
+function sameSecret(given: string | undefined, secret: string): boolean {
+  const a = createHash('sha256').update(given ?? '').digest();
+  const b = createHash('sha256').update(secret).digest();
+  return given !== undefined && timingSafeEqual(a, b);
 }

@@ -23,6 +23,24 @@ test('healthz: 200 ok once the service is ready, 503 before', async () => {
   }
 });
 
+test("metrics name no tenant or environment, unless the operator's scrape carries COLLIMATE_METRICS_TOKEN", async () => {
+  const f = await fixture({ server: { metricsToken: 'operator-secret' } });
+  try {
+    f.svc.poolSizes = () => ({ python: 2, 'acme/app': 1, 'globex/secret-project': 3 });
+    const scrape = async (authorization?: string) => (await f.req('metrics', { url: '/metrics', ...(authorization ? { headers: { authorization } } : {}) })).body;
+    for (const text of [await scrape(), await scrape('Bearer wrong'), await scrape(`Bearer ${f.key('acme', 'pro')}`)]) {
+      assert.match(text, /collimate_pool_size\{template="python"\} 2/);
+      assert.match(text, /collimate_pool_size\{template="environments"\} 4/);
+      assert.doesNotMatch(text, /acme|globex|secret-project/);
+    }
+    const named = await scrape('Bearer operator-secret');
+    assert.match(named, /collimate_pool_size\{template="acme\/app"\} 1/);
+    assert.match(named, /collimate_pool_size\{template="globex\/secret-project"\} 3/);
+  } finally {
+    await f.close();
+  }
+});
+
 test('metrics: Prometheus text with latency histograms, sandboxes by state, pool sizes', async () => {
   const f = await fixture();
   try {
