@@ -128,6 +128,9 @@ test('the internal cause is logged with the request id while the client gets onl
 test('signed port-URL tokens never reach the log', () => {
   assert.equal(loggedUrl('/v1/p/eyJhbGciOi.sig/index.html?x=1'), '/v1/p/<token>/index.html?x=1');
   assert.equal(loggedUrl('/v1/p/tok'), '/v1/p/<token>');
+  // E2B's file signatures and a signed URL's token on a port's own origin are credentials too.
+  assert.equal(loggedUrl('/e2b/envd/files?path=/a&signature=v1_abc&signature_expiration=9&username=user'), '/e2b/envd/files?path=/a&signature=<redacted>&signature_expiration=9&username=user');
+  assert.equal(loggedUrl('/v1/sandboxes/sbx_1/ports/80/__collimate/signed?token=AbC-_&next=%2F'), '/v1/sandboxes/sbx_1/ports/80/__collimate/signed?token=<redacted>&next=%2F');
   assert.equal(loggedUrl('/v1/sandboxes/sbx_0123456789ab/ports/80/'), '/v1/sandboxes/sbx_0123456789ab/ports/80/');
 });
 
