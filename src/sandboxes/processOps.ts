@@ -65,7 +65,10 @@ export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Reco
   }
   const cwd = req.cwd ?? defaults?.cwd;
   return {
-    argv, env, seed: execSeed(req.seed),
+    argv, env,
+    // A background process (a server, a shell, a PTY) is seeded only when asked: unseeded it keeps
+    // ASLR and the kernel's randomness (docs/determinism.md). Execs are always seeded.
+    ...(req.seed !== undefined ? { seed: execSeed(req.seed) } : {}),
     ...(cwd !== undefined ? { cwd } : {}),
     ...(pty ? { pty } : {}),
     ...(req.stdin ? { stdinOpen: true } : {}),

@@ -359,7 +359,11 @@ export const ProcessStartRequest = named(
       ).optional(),
       stdin: described(z.boolean(), 'Keep stdin open for POST …/stdin (else it reads /dev/null). A pty always takes input.').optional(),
       tag: described(z.string().max(256), 'A label of yours, listed with the process.').optional(),
-      seed: described(execSeed(), ExecSeedDescription).optional(),
+      seed: described(
+        execSeed(),
+        'Run seeded, like an exec: user-space randomness from this CRNG seed and address-space randomization off, so the process replays. ' +
+          'Absent: not seeded — a server, a shell or a PTY keeps ASLR and the kernel\'s randomness (docs/determinism.md). ' + ExecSeedDescription,
+      ).optional(),
     })
     .refine((r) => (r.command === undefined) !== (r.argv === undefined), { message: 'exactly one of command, argv is required' }),
   'Exactly one of command, argv. The start takes its turn in the sandbox\'s operation queue (FIFO, like an exec) and returns once the process runs.',

@@ -260,3 +260,25 @@ test('a server that restarts adopts the VM and learns its processes from the gue
     if (second) await assertNoLeaks(second, restartHome);
   }
 });
+
+test('a background process and a PTY keep ASLR and unseeded randomness unless started with a seed; an exec is always seeded', async () => {
+  const s = await engine.create({ template: 'base' }, tenant);
+  try {
+    // personality 0x0040000 is ADDR_NO_RANDOMIZE; COLLIMATE_SEED is set only in seeded process trees.
+    const probe = 'echo "persona=$(cat /proc/self/personality) seed=${COLLIMATE_SEED:-none}"';
+    const run = async (extra: { seed?: string; pty?: { cols: number; rows: number } }) => {
+      const p = await engine.startProcess(s.id, { command: probe, ...extra }, tenant);
+      const out = await collect(s.id, p.pid);
+      const text = await out.until(/persona=\S+ seed=\S+/);
+      out.stop();
+      return /persona=(\S+) seed=(\S+)/.exec(text)!.slice(1);
+    };
+    assert.deepEqual(await run({}), ['00000000', 'none'], 'a background process: ASLR on, not seeded');
+    assert.deepEqual(await run({ pty: { cols: 80, rows: 24 } }), ['00000000', 'none'], 'a PTY: ASLR on, not seeded');
+    assert.deepEqual(await run({ seed: '42' }), ['00040000', '42'], 'asked for: seeded and replayable');
+    const exec = await engine.exec(s.id, { command: probe }, tenant);
+    assert.match(exec.stdout, new RegExp(`persona=00040000 seed=${exec.seed}`), 'an exec reports the seed it ran with');
+  } finally {
+    await engine.delete(s.id, tenant);
+  }
+});

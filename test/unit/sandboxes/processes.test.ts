@@ -218,7 +218,8 @@ describe('process operations', () => {
     assert.deepEqual(buildProcStart({ command: 'ls' }).argv, ['/bin/sh', '-c', 'ls']);
     assert.deepEqual(buildProcStart({ argv: ['ls', '-l'], pty: {} }).pty, { cols: 80, rows: 24 });
     assert.equal(buildProcStart({ argv: ['ls'], stdin: true }).stdinOpen, true);
-    assert.equal(typeof buildProcStart({ argv: ['ls'] }).seed, 'bigint');
+    assert.equal(buildProcStart({ argv: ['ls'] }).seed, undefined, 'unseeded unless asked');
+    assert.equal(buildProcStart({ argv: ['ls'], seed: '42' }).seed, 42n);
     const { argv, env, cwd } = buildProcStart({ argv: ['ls'], env: { B: '2' } }, { prefix: ['runuser', '-u', 'app', '--'], env: { A: '1' }, cwd: '/app' });
     assert.deepEqual({ argv, env, cwd }, { argv: ['runuser', '-u', 'app', '--', 'ls'], env: { A: '1', B: '2' }, cwd: '/app' });
     for (const bad of [{}, { command: 'a', argv: ['a'] }, { argv: [] }, { argv: ['ls'], cwd: 'rel' }, { argv: ['ls'], pty: { cols: 0 } }, { argv: ['ls'], tag: 'x'.repeat(257) }]) {
