@@ -62,6 +62,9 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
   });
 }
 
+/** The scope each authenticated request's key gave (set before its body is read). */
+const scopes = new WeakMap<FastifyRequest, Scope>();
+
 function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, opts: BindOptions): void {
   const { tenants } = opts;
   {
@@ -72,10 +75,26 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
       method: route.method,
       url: spec.path,
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
+      // The key is checked before a byte of the body is read: a request without a valid one costs a
+      // lookup, and its body is never parsed (the connection closes after the answer instead).
+      ...(spec.auth
+        ? {
+          onRequest: async (req: FastifyRequest, reply: FastifyReply) => {
+            try {
+              const scope = await tenants.accounts.authenticate(bearerKey(req.headers.authorization));
+              scopes.set(req, scope);
+              bindToRequest(req, reply, { tenant: scope.tenant });
+            } catch (err) {
+              if (req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined) reply.header('connection', 'close');
+              sendError(reply, toClientError(err, req.log, req.id));
+              return reply;
+            }
+          },
+        }
+        : {}),
       handler: async (req, reply) => {
         try {
-          const scope = spec.auth ? await tenants.accounts.authenticate(bearerKey(req.headers.authorization)) : undefined;
-          if (scope) bindToRequest(req, reply, { tenant: scope.tenant });
+          const scope = scopes.get(req);
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { connect } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { ROUTES } from '../../../src/api/routes.js';
 import { assertErrorBody, fixture, type Fixture } from './helpers.js';
@@ -30,6 +31,30 @@ describe('authentication', () => {
         const r = await f.req(route.operationId, { method: methodOf(route.method), url: urlOf(route.path), headers: h, body: route.bodyKind === 'json' ? {} : undefined });
         assertErrorBody(r, 'unauthorized');
       }
+    }
+  });
+
+  test('the key is checked before the body is read: a request without a valid one is answered while its body is still coming', async () => {
+    const base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = new URL(base);
+    for (const path of ['/v1/sandboxes', `/v1/sandboxes/sbx_000000000000/files?path=/x`]) {
+      const method = path.includes('files') ? 'PUT' : 'POST';
+      const socket = connect(Number(port), '127.0.0.1');
+      // Headers announce 8 MiB; 1 KiB is sent and the rest never comes.
+      socket.write(`${method} ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer clm_${'A'.repeat(40)}\r\ncontent-type: ${method === 'PUT' ? 'application/octet-stream' : 'application/json'}\r\ncontent-length: ${8 * 1024 * 1024}\r\n\r\n${'{'.repeat(1024)}`);
+      const answer = await new Promise<string>((resolve, reject) => {
+        let got = '';
+        const bound = setTimeout(() => reject(new Error(`no answer to ${method} ${path} before its body came`)), 10_000);
+        socket.on('data', (d) => {
+          got += d;
+          if (got.includes('\r\n\r\n') && got.includes('"code"')) { clearTimeout(bound); resolve(got); }
+        });
+        socket.on('error', reject);
+      });
+      socket.destroy();
+      assert.match(answer, /^HTTP\/1\.1 401 /);
+      assert.match(answer, /connection: close/i);
+      assert.match(answer, /"code":"unauthorized"/);
     }
   });
 
