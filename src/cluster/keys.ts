@@ -100,9 +100,20 @@ export class ClusterKeys {
 export class KeyCache extends KeyStore {
   private readonly principals = new Map<string, { principal: Principal | null; at: number }>();
   private readonly tiers = new Map<string, Tier>();
+  /** Lookups of keys this host has no answer for, allowed now (a bucket refilled at `missesPerSec`). */
+  private missTokens: number;
+  private missAt = Date.now();
 
-  constructor(db: Db, private readonly cluster: ClusterKeys, private readonly refreshMs = 2000) {
+  /**
+   * `refreshMs`: how long a known key's answer holds before it is asked again (a revocation reaches
+   * this host within it). `negativeMs`: how long "no such key" holds — a key unknown now never
+   * becomes known (keys are random and their holders learn them only once they exist; a revoked one
+   * stays revoked). `missesPerSec`: lookups of keys with no answer here, at most; beyond it such a
+   * key is unknown without asking, so a flood of made-up keys costs a hash each, not a query each.
+   */
+  constructor(db: Db, private readonly cluster: ClusterKeys, private readonly refreshMs = 2000, private readonly negativeMs = 600_000, private readonly missesPerSec = 100) {
     super(db);
+    this.missTokens = missesPerSec;
   }
 
   /** Looks the key up in the cluster unless a fresh answer is cached; keeps the last answer when the database fails. */
@@ -112,7 +123,14 @@ export class KeyCache extends KeyStore {
     if (!KEY_RE.test(key)) return;
     const hash = hashKey(key);
     const cached = this.principals.get(hash);
-    if (cached && Date.now() - cached.at < this.refreshMs) return;
+    const now = Date.now();
+    if (cached && now - cached.at < (cached.principal ? this.refreshMs : this.negativeMs)) return;
+    if (!cached) {
+      this.missTokens = Math.min(this.missesPerSec, this.missTokens + ((now - this.missAt) / 1000) * this.missesPerSec);
+      this.missAt = now;
+      if (this.missTokens < 1) return;
+      this.missTokens -= 1;
+    }
     try {
       const principal = await this.cluster.authenticate(key);
       // Bounded: well-formed unknown keys are cached too (as null), and anyone can send those.
