@@ -10,7 +10,11 @@ import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
 
-/** Bytes a process output stream may have waiting to be sent before it skips output (as a gap). */
+/**
+ * Bytes an event stream may have waiting for its client: past it a process output stream skips
+ * output (reported as a gap), a watch drops changes (reported as one `overflow` change), and the
+ * sandbox event stream is closed (the client reconnects and lists again).
+ */
 export const SSE_PENDING_MAX = 4 * 1024 * 1024;
 
 export function wantsSse(accept: string | undefined): boolean {
@@ -147,10 +151,21 @@ export class SseStreams {
     const write = (event: string, data: unknown) => {
       if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
     };
+    // A client behind by more than SSE_PENDING_MAX loses changes, and is told so once it catches up.
+    let lost = false;
+    const change = (c: FileChange) => {
+      if (res.writableLength > SSE_PENDING_MAX) {
+        lost = true;
+        return;
+      }
+      if (lost) write('change', { op: 'overflow', name: '' });
+      lost = false;
+      write('change', c);
+    };
     let finish = (_reason: WatchEndReason) => {};
     // Events can arrive before the stream is open (in the same read as the watch's reply): kept until then.
     const watch = await start({
-      onChange: (c) => (live ? write('change', c) : early.push(c)),
+      onChange: (c) => (live ? change(c) : early.push(c)),
       onEnd: (reason) => (live ? finish(reason) : (endedEarly = reason)),
     });
     openEventStream(reply);
@@ -194,7 +209,10 @@ export class SseStreams {
     // changes (it lists the sandboxes after that), and a reader waiting for bytes gets some.
     res.write(': open\n\n');
     const write = (event: string, data: unknown) => {
-      if (!res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+      if (res.writableEnded || res.destroyed) return;
+      // A client this far behind is cut off rather than buffered for: it reconnects and lists again.
+      if (res.writableLength > SSE_PENDING_MAX) res.destroy();
+      else res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
     };
     const unsubscribe = subscribe((t) =>
       write('sandbox', { sandbox_id: t.id, op: t.op, state: t.state, at: new Date().toISOString() }),

@@ -25,6 +25,8 @@ export const TERMINAL_SUBPROTOCOL = 'collimate.terminal';
 const TERMINAL_PATH = /^\/v1\/sandboxes\/([^/?#]+)\/processes\/([^/?#]+)\/terminal\/?(?:\?.*)?$/;
 /** Output waiting to be sent past which the terminal stops reading more (a client that reads slowly). */
 const PENDING_MAX = 4 * 1024 * 1024;
+/** Keystroke bytes waiting to go into the process before the client's socket is paused. */
+const INPUT_PENDING_MAX = 1024 * 1024;
 
 const ResizeMessage = z.strictObject({ type: z.literal('resize'), cols: z.number().int().min(1).max(65535), rows: z.number().int().min(1).max(65535) });
 
@@ -62,12 +64,20 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
       ws.send(JSON.stringify({ type: 'error', error: e.toJSON(restNames).error }));
       ws.close(1011, e.code);
     };
-    // Keystrokes are written one after another, in the order they came.
+    // Keystrokes are written one after another, in the order they came. A client typing (pasting)
+    // faster than the terminal takes it is paused, not buffered for: reading its socket resumes
+    // once what is waiting has gone in.
     let typing: Promise<unknown> = Promise.resolve();
+    let waiting = 0;
     ws.on('message', (data, isBinary) => {
       const bytes = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
       if (isBinary) {
-        typing = typing.then(() => tenants.sandboxes.writeProcessStdin(scope, id, pid, bytes)).catch(fail);
+        waiting += bytes.length;
+        if (waiting > INPUT_PENDING_MAX) ws.pause();
+        typing = typing.then(() => tenants.sandboxes.writeProcessStdin(scope, id, pid, bytes)).catch(fail).finally(() => {
+          waiting -= bytes.length;
+          if (waiting <= INPUT_PENDING_MAX && ws.isPaused) ws.resume();
+        });
         return;
       }
       let msg: unknown;

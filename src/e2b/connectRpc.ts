@@ -119,6 +119,13 @@ export function sendUnaryError(res: ServerResponse, err: ConnectError): void {
  * One server-streaming response. Errors before the first message still go out as a stream (status
  * 200, an end-stream envelope with the error), which is what Connect clients expect of a stream.
  */
+/**
+ * Bytes a server stream may have waiting for a client that does not read before it is cut off:
+ * producers (a process's output, a directory's changes) do not wait for a client, so without a
+ * bound a stalled one would hold all of it in the server's memory.
+ */
+export const STREAM_PENDING_MAX = 4 * 1024 * 1024;
+
 export class ServerStream {
   private ended = false;
   private keepalive?: NodeJS.Timeout;
@@ -132,9 +139,18 @@ export class ServerStream {
     return this.ended || this.res.destroyed;
   }
 
-  /** Writes one message; resolves when the socket took it (backpressure reaches the producer). */
+  /**
+   * Writes one message; resolves when the socket took it (backpressure reaches a producer that
+   * waits). A client more than STREAM_PENDING_MAX behind is cut off: its connection is closed.
+   */
   send(message: unknown): Promise<void> {
     if (this.closed) return Promise.resolve();
+    if (this.res.writableLength > STREAM_PENDING_MAX) {
+      this.ended = true;
+      if (this.keepalive) clearInterval(this.keepalive);
+      this.res.destroy();
+      return Promise.resolve();
+    }
     const ok = this.res.write(envelope(message));
     if (ok) return Promise.resolve();
     return new Promise((resolve) => {
