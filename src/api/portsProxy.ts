@@ -28,7 +28,7 @@ import { SANDBOX_ID_RE } from '../wire/schemas.js';
 import { isTerminalPath, type TerminalBridge } from './terminal.js';
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
-/** E2B's header for a sandbox's traffic token: a sandbox access token (PortUrlSigner.sandboxToken) instead of a key. */
+/** E2B's header for a sandbox's traffic token (PortUrlSigner.sandboxToken 'traffic': its ports, nothing else) instead of a key. */
 export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
 /** `Host: <port>-<sandbox id>.<anything>`: E2B's `sandbox.getHost(port)`, routed to that port. */
 const HOST_ROUTE_RE = /^(\d{1,5})-(sbx_[0-9a-f]{12})\.[^/\s]+$/i;
@@ -153,7 +153,7 @@ async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: In
     const hasKey = headers.authorization !== undefined;
     const signed = !hasKey && traffic === undefined && ownOrigin(headers) ? cookieOf(headers.cookie, PORT_COOKIE) : undefined;
     if (signed !== undefined) return { ...(await signedFor(opts, signed, id, p.port)), ...splitUrl(rawUrl, 5) };
-    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic) : await opts.authenticate(headers);
+    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic, 'traffic') : await opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
     return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
   }

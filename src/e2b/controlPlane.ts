@@ -127,7 +127,7 @@ export class E2bControlPlane {
       envdVersion: ENVD_VERSION,
       envdAccessToken: this.tenants.signer.sandboxToken(info.id),
       // getHost(port) URLs reach the ports proxy by Host; this token (header e2b-traffic-access-token) admits them.
-      trafficAccessToken: this.tenants.signer.sandboxToken(info.id),
+      trafficAccessToken: this.tenants.signer.sandboxToken(info.id, 'traffic'),
       domain: null,
     };
   }

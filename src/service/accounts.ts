@@ -5,7 +5,7 @@
 import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import type { KeyRecord, KeyStore } from './keys.js';
 import type { Placement } from './placement.js';
-import type { PortUrlSigner } from './portUrls.js';
+import type { PortUrlSigner, SandboxTokenKind } from './portUrls.js';
 import type { Tier } from './tiers.js';
 import type { AccountKeys, Scope } from './types.js';
 
@@ -58,9 +58,11 @@ export class Accounts {
    * its tenant, under the tenant's tier. 401 for a wrong token or an unknown sandbox alike, so a
    * token-less caller learns nothing about which ids exist.
    */
-  async sandboxScope(id: string, token: string): Promise<Scope> {
-    const refused = () => new CollimateError('unauthorized', 'The sandbox access token (X-Access-Token) is missing or wrong; use the envdAccessToken the create or connect answered.');
-    if (!token || !/^sbx_[0-9a-f]{12}$/.test(id) || !this.signer.verifySandboxToken(id, token)) throw refused();
+  async sandboxScope(id: string, token: string, kind: SandboxTokenKind = 'envd'): Promise<Scope> {
+    const refused = () => new CollimateError('unauthorized', kind === 'envd'
+      ? 'The sandbox access token (X-Access-Token) is missing or wrong; use the envdAccessToken the create or connect answered.'
+      : "The traffic access token is missing or wrong; use the trafficAccessToken the create or connect answered (it reaches the sandbox's ports only).");
+    if (!token || !/^sbx_[0-9a-f]{12}$/.test(id) || !this.signer.verifySandboxToken(id, token, kind)) throw refused();
     const tenant = await this.placement.tenantOf(id);
     if (tenant === null) throw sandboxNotFound(id);
     const tier = await this.keys.findTier(tenant);

@@ -16,8 +16,13 @@ const BODY_BYTES = 1 + 6 + 2 + 5;
 const MAC_BYTES = 32;
 /** The HMAC input starts with a label, so this key can never sign anything else by accident. */
 const DOMAIN = Buffer.from('collimate port url\0');
-/** Sandbox access tokens (the E2B front door's envd token) are MACs under the same key, another label. */
-const SANDBOX_TOKEN_DOMAIN = Buffer.from('collimate sandbox token\0');
+/**
+ * Sandbox access tokens are MACs under the same key, with a label per job: `envd` controls the
+ * sandbox (E2B's envdAccessToken: commands, files), `traffic` only reaches its ports (E2B's
+ * trafficAccessToken, which a browser holds). One is never the other.
+ */
+const SANDBOX_TOKEN_DOMAIN = { envd: Buffer.from('collimate sandbox token\0'), traffic: Buffer.from('collimate sandbox traffic token\0') } as const;
+export type SandboxTokenKind = keyof typeof SANDBOX_TOKEN_DOMAIN;
 
 export interface PortGrant {
   sandboxId: string;
@@ -105,13 +110,13 @@ export class PortUrlSigner {
    * A token that grants access to one sandbox for as long as it exists (E2B's envdAccessToken): a MAC
    * of its id, so nothing is stored and a forked child gets its own.
    */
-  sandboxToken(sandboxId: string): string {
-    return createHmac('sha256', this.getKey()).update(SANDBOX_TOKEN_DOMAIN).update(sandboxId).digest('base64url');
+  sandboxToken(sandboxId: string, kind: SandboxTokenKind = 'envd'): string {
+    return createHmac('sha256', this.getKey()).update(SANDBOX_TOKEN_DOMAIN[kind]).update(sandboxId).digest('base64url');
   }
 
-  /** Whether `token` is sandboxToken(sandboxId), compared in constant time. */
-  verifySandboxToken(sandboxId: string, token: string): boolean {
-    const want = Buffer.from(this.sandboxToken(sandboxId));
+  /** Whether `token` is sandboxToken(sandboxId, kind), compared in constant time. */
+  verifySandboxToken(sandboxId: string, token: string, kind: SandboxTokenKind = 'envd'): boolean {
+    const want = Buffer.from(this.sandboxToken(sandboxId, kind));
     const got = Buffer.from(token);
     return got.length === want.length && timingSafeEqual(got, want);
   }

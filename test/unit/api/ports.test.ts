@@ -259,7 +259,7 @@ describe('ports proxy', () => {
 
   test("by Host, as E2B's getHost(port) names it: with the sandbox's traffic token or a key, never without", async () => {
     const host = `${SANDBOX_PORT}-${id}.localhost:${new URL(base).port}`;
-    const token = f.api.tenants.signer.sandboxToken(id);
+    const token = f.api.tenants.signer.sandboxToken(id, 'traffic');
     const viaToken = await call(`${base}/a?b=1`, { headers: { host, 'e2b-traffic-access-token': token } });
     assert.equal(viaToken.status, 200);
     const seen = viaToken.json() as Seen;
@@ -267,7 +267,10 @@ describe('ports proxy', () => {
     assert.equal(seen.headers['e2b-traffic-access-token'], undefined, 'the token stays at the proxy');
     assert.equal((await call(`${base}/`, { headers: { host, ...auth() } })).status, 200);
     assert.equal((await call(`${base}/`, { headers: { host } })).status, 401);
-    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken('sbx_000000000000') } })).status, 401);
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken('sbx_000000000000', 'traffic') } })).status, 401);
+    // One job each: the envd token (which runs commands) opens no port, and the traffic token no envd.
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken(id) } })).status, 401);
+    await assert.rejects(f.api.tenants.accounts.sandboxScope(id, token), (e: { code?: string }) => e.code === 'unauthorized');
     // Another Host is the API itself.
     assert.equal((await call(`${base}/healthz`)).status, 200);
   });

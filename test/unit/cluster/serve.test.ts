@@ -410,8 +410,8 @@ describe('collimate serve --cluster (three hosts, fake engines, real PostgreSQL)
       }
       const signedWs = await call(hosts[2].url, pro, 'POST', `/v1/sandboxes/${id}/port-urls`, { port: wsPort });
       const wsPath = new URL(signedWs.json.url, 'http://x').pathname;
-      // E2B's getHost: the sandbox's envd token as e2b-traffic-access-token, no key.
-      const token = (await call(hosts[0].url, '', 'GET', `/e2b/api/sandboxes/${id}`, undefined, { 'x-api-key': e2bKeyOf(pro), authorization: '' })).json.envdAccessToken as string;
+      // E2B's getHost: the sandbox's traffic token (from connect) as e2b-traffic-access-token, no key.
+      const token = (await call(hosts[0].url, '', 'POST', `/e2b/api/sandboxes/${id}/connect`, { timeout: 300 }, { 'x-api-key': e2bKeyOf(pro), authorization: '' })).json.trafficAccessToken as string;
       for (const h of hosts) {
         const viaToken = await fetch(`${h.url}/v1/sandboxes/${id}/ports/${httpPort}/t`, { headers: { 'e2b-traffic-access-token': token } });
         assert.equal(await viaToken.text(), 'port says /t', `traffic token through ${h.url}`);
