@@ -6,8 +6,13 @@
  * only to what the name resolved to). AAAA queries get an empty answer: guests have IPv4 only.
  *
  * Runs inside the server process: one UDP socket and one TCP listener per policy on the resolver
- * address (on the host's loopback), so nothing is left once the last sandbox goes.
+ * address (on the host's loopback), and one UDP socket towards the upstream, so nothing is left
+ * once the last sandbox goes. A sandbox asks at most QUERY_RATE queries a second (bursts to
+ * QUERY_BURST) with QUERY_INFLIGHT at once and holds QUERY_TCP_CONNS TCP connections; past that
+ * it is REFUSED at once, and a sandbox flooding DNS costs the host neither sockets nor upstream
+ * queries.
  */
+import { randomInt } from 'node:crypto';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { createServer, type Server, type Socket } from 'node:net';
 import { resolvesName, type EgressPolicy } from './policy.js';
@@ -18,6 +23,11 @@ const TYPE_ANY = 255;
 const RCODE_SERVFAIL = 2;
 const RCODE_REFUSED = 5;
 const UPSTREAM_TIMEOUT_MS = 3000;
+/** Per sandbox: queries a second, the burst above it, upstream queries at once, TCP connections. */
+export const QUERY_RATE = 50;
+export const QUERY_BURST = 200;
+export const QUERY_INFLIGHT = 32;
+export const QUERY_TCP_CONNS = 4;
 
 export interface DnsQuestion {
   name: string;
@@ -108,23 +118,68 @@ export function upstreamFromResolvConf(text: string): string {
   return '127.0.0.1:53';
 }
 
-function askUpstream(upstream: string, query: Buffer): Promise<Buffer> {
-  const i = upstream.lastIndexOf(':');
-  const host = upstream.slice(0, i);
-  const port = Number(upstream.slice(i + 1));
-  return new Promise((resolve, reject) => {
-    const s = createSocket('udp4');
-    const timer = setTimeout(() => { s.close(); reject(new Error('upstream timed out')); }, UPSTREAM_TIMEOUT_MS);
-    s.on('error', (e) => { clearTimeout(timer); s.close(); reject(e); });
-    s.on('message', (msg) => {
-      if (msg.length < 12 || msg.readUInt16BE(0) !== query.readUInt16BE(0)) return;
-      clearTimeout(timer);
-      s.close();
-      resolve(msg);
+/**
+ * Queries to the upstream over one UDP socket: each goes out under an id of its own (the guests'
+ * ids may collide), and only an answer from the upstream's address and port, to a query in flight,
+ * is taken; its id is put back before it goes to the guest.
+ */
+class Upstream {
+  private readonly socket: UdpSocket;
+  private readonly pending = new Map<number, { id: number; resolve(msg: Buffer): void; reject(e: Error): void; timer: NodeJS.Timeout }>();
+  private readonly host: string;
+  private readonly port: number;
+
+  constructor(upstream: string) {
+    const i = upstream.lastIndexOf(':');
+    this.host = upstream.slice(0, i);
+    this.port = Number(upstream.slice(i + 1));
+    this.socket = createSocket('udp4');
+    this.socket.on('error', () => { /* a bad datagram or an unreachable upstream: queries time out */ });
+    this.socket.on('message', (msg, rinfo) => {
+      if (msg.length < 12 || rinfo.address !== this.host || rinfo.port !== this.port) return;
+      const q = this.pending.get(msg.readUInt16BE(0));
+      if (!q) return;
+      this.pending.delete(msg.readUInt16BE(0));
+      clearTimeout(q.timer);
+      const reply = Buffer.from(msg);
+      reply.writeUInt16BE(q.id, 0);
+      q.resolve(reply);
     });
-    s.send(query, port, host);
-  });
+  }
+
+  ask(query: Buffer): Promise<Buffer> {
+    if (this.pending.size >= 0xffff) return Promise.reject(new Error('too many queries in flight'));
+    let wire: number;
+    do wire = randomInt(0x10000); while (this.pending.has(wire));
+    const out = Buffer.from(query);
+    out.writeUInt16BE(wire, 0);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(wire);
+        reject(new Error('upstream timed out'));
+      }, UPSTREAM_TIMEOUT_MS);
+      this.pending.set(wire, { id: query.readUInt16BE(0), resolve, reject, timer });
+      this.socket.send(out, this.port, this.host, (err) => {
+        if (!err) return;
+        clearTimeout(timer);
+        this.pending.delete(wire);
+        reject(err);
+      });
+    });
+  }
+
+  close(): void {
+    for (const q of this.pending.values()) {
+      clearTimeout(q.timer);
+      q.reject(new Error('resolver closed'));
+    }
+    this.pending.clear();
+    this.socket.close();
+  }
 }
+
+/** One sandbox's use of the resolver: a token bucket of queries, those in flight, its TCP connections. */
+interface Asker { tokens: number; at: number; inflight: number; conns: number }
 
 export interface ResolverOptions {
   policy: EgressPolicy;
@@ -139,6 +194,8 @@ export interface ResolverOptions {
 
 export class PolicyResolver {
   private readonly conns = new Set<Socket>();
+  private readonly askers = new Map<string, Asker>();
+  private readonly upstream: Upstream;
 
   private constructor(
     private readonly opts: ResolverOptions,
@@ -146,7 +203,25 @@ export class PolicyResolver {
     private readonly tcp: Server,
     readonly ip: string,
     readonly port: number,
-  ) {}
+  ) {
+    this.upstream = new Upstream(opts.upstream);
+  }
+
+  /** `src`'s bookkeeping; an idle sandbox's is dropped (it starts again with a full bucket). */
+  private asker(src: string): Asker {
+    const now = Date.now();
+    let a = this.askers.get(src);
+    if (!a) {
+      if (this.askers.size > 4096) {
+        for (const [k, v] of this.askers) if (v.inflight === 0 && v.conns === 0 && now - v.at > 60_000) this.askers.delete(k);
+      }
+      a = { tokens: QUERY_BURST, at: now, inflight: 0, conns: 0 };
+      this.askers.set(src, a);
+    }
+    a.tokens = Math.min(QUERY_BURST, a.tokens + ((now - a.at) / 1000) * QUERY_RATE);
+    a.at = now;
+    return a;
+  }
 
   static async start(opts: ResolverOptions): Promise<PolicyResolver> {
     for (let attempt = 0; ; attempt++) {
@@ -179,20 +254,36 @@ export class PolicyResolver {
     if (!this.opts.knows(src)) return emptyResponse(msg, q, RCODE_REFUSED);
     if (q.type === TYPE_ANY || !resolvesName(this.opts.policy, q.name)) return emptyResponse(msg, q, RCODE_REFUSED);
     if (q.type === TYPE_AAAA) return emptyResponse(msg, q, 0);
+    const a = this.asker(src);
+    if (a.tokens < 1 || a.inflight >= QUERY_INFLIGHT) return emptyResponse(msg, q, RCODE_REFUSED);
+    a.tokens -= 1;
+    a.inflight++;
     let reply: Buffer;
     try {
-      reply = await askUpstream(this.opts.upstream, msg);
+      reply = await this.upstream.ask(msg);
       const { ips, ttl } = answerAddresses(reply);
       if (ips.length && this.opts.policy !== 'allow') await this.opts.onAnswer(src, ips, ttl);
     } catch {
       return emptyResponse(msg, q, RCODE_SERVFAIL);
+    } finally {
+      a.inflight--;
     }
     return reply;
   }
 
   private serveTcp(s: Socket): void {
+    const src = s.remoteAddress?.replace(/^::ffff:/, '') ?? '';
+    const a = this.asker(src);
+    if (a.conns >= QUERY_TCP_CONNS) {
+      s.destroy();
+      return;
+    }
+    a.conns++;
     this.conns.add(s);
-    s.once('close', () => this.conns.delete(s));
+    s.once('close', () => {
+      this.conns.delete(s);
+      a.conns--;
+    });
     let buf = Buffer.alloc(0);
     s.setTimeout(10_000, () => s.destroy());
     s.on('error', () => s.destroy());
@@ -202,7 +293,7 @@ export class PolicyResolver {
       while (buf.length >= 2 && buf.length >= 2 + buf.readUInt16BE(0)) {
         const msg = buf.subarray(2, 2 + buf.readUInt16BE(0));
         buf = buf.subarray(2 + msg.length);
-        void this.answer(Buffer.from(msg), s.remoteAddress?.replace(/^::ffff:/, '') ?? '').then((reply) => {
+        void this.answer(Buffer.from(msg), src).then((reply) => {
           if (!reply || s.destroyed) return;
           const len = Buffer.alloc(2);
           len.writeUInt16BE(reply.length);
@@ -213,6 +304,7 @@ export class PolicyResolver {
   }
 
   async close(): Promise<void> {
+    this.upstream.close();
     await new Promise<void>((resolve) => this.udp.close(() => resolve()));
     // A guest may hold a TCP query connection open: it must not keep the resolver alive.
     for (const c of this.conns) c.destroy();
