@@ -12,6 +12,7 @@ import type { Scope } from '../service/types.js';
 import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import { parseJsonBody } from '../wire/jsonBody.js';
+import { keyFirst } from '../wire/keyFirst.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
@@ -62,11 +63,12 @@ export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindO
   });
 }
 
-/** The scope each authenticated request's key gave (set before its body is read). */
-const scopes = new WeakMap<FastifyRequest, Scope>();
-
 function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, opts: BindOptions): void {
   const { tenants } = opts;
+  const keys = keyFirst(
+    (req: FastifyRequest) => tenants.accounts.authenticate(bearerKey(req.headers.authorization)),
+    (req: FastifyRequest, reply: FastifyReply, err) => sendError(reply, toClientError(err, req.log, req.id)),
+  );
   {
     const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
@@ -75,26 +77,12 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
       method: route.method,
       url: spec.path,
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
-      // The key is checked before a byte of the body is read: a request without a valid one costs a
-      // lookup, and its body is never parsed (the connection closes after the answer instead).
-      ...(spec.auth
-        ? {
-          onRequest: async (req: FastifyRequest, reply: FastifyReply) => {
-            try {
-              const scope = await tenants.accounts.authenticate(bearerKey(req.headers.authorization));
-              scopes.set(req, scope);
-              bindToRequest(req, reply, { tenant: scope.tenant });
-            } catch (err) {
-              if (req.headers['content-length'] !== undefined || req.headers['transfer-encoding'] !== undefined) reply.header('connection', 'close');
-              sendError(reply, toClientError(err, req.log, req.id));
-              return reply;
-            }
-          },
-        }
-        : {}),
+      // The key is checked before a byte of the body is read (wire/keyFirst.ts).
+      ...(spec.auth ? { onRequest: keys.onRequest } : {}),
       handler: async (req, reply) => {
         try {
-          const scope = scopes.get(req);
+          const scope = spec.auth ? keys.scopeOf(req) : undefined;
+          if (scope) bindToRequest(req, reply, { tenant: scope.tenant });
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));

@@ -18,6 +18,7 @@ import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../s
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
+import { keyFirst } from '../wire/keyFirst.js';
 import { envVarsProblem, type SandboxEnvs } from './sandboxEnv.js';
 import { e2bNames } from './names.js';
 
@@ -267,16 +268,22 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   const id = (req: FastifyRequest) => (req.params as { id: string }).id;
   const query = (req: FastifyRequest) => (req.query ?? {}) as Record<string, unknown>;
 
+  // The key (X-API-Key, or a bearer) is checked before the body is read (wire/keyFirst.ts).
+  const keys = keyFirst(
+    (req: FastifyRequest) => {
+      const header = req.headers['x-api-key'];
+      return tenants.accounts.authenticate((Array.isArray(header) ? header[0] : header) ?? bearerKey(req.headers.authorization));
+    },
+    (req: FastifyRequest, reply: FastifyReply, err) => sendE2bError(reply, toClientError(err, req.log, req.id)),
+  );
   const route = (method: 'GET' | 'POST' | 'DELETE', path: string, handle: Handler) => {
     app.route({
       method,
       url: E2B_API_PREFIX + path,
+      onRequest: keys.onRequest,
       handler: async (req, reply) => {
         try {
-          const header = req.headers['x-api-key'];
-          const bearer = bearerKey(req.headers.authorization);
-          const key = (Array.isArray(header) ? header[0] : header) ?? bearer;
-          const scope = await tenants.accounts.authenticate(key);
+          const scope = keys.scopeOf(req);
           const out = await handle(scope, req, reply);
           if (reply.sent) return;
           if (out === undefined) return reply.code(204).send();

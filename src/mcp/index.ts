@@ -18,6 +18,7 @@ import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonBody } from '../wire/jsonBody.js';
+import { keyFirst } from '../wire/keyFirst.js';
 import { allowedOriginsFromEnv, originAllowed } from './origin.js';
 import { mcpNames, registerTools } from './tools.js';
 
@@ -52,27 +53,30 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
   const allowed = (opts.allowedOrigins ?? allowedOriginsFromEnv()).map((o) => o.replace(/\/+$/, '').toLowerCase());
   const version = '0.1.0';
 
-  /** Origin first (a foreign page learns nothing, not even whether its key was valid), then the key. */
-  const gate = async (req: FastifyRequest, reply: FastifyReply): Promise<Scope | null> => {
-    const origin = req.headers.origin;
-    if (!originAllowed(origin, allowed)) {
-      sendError(reply, new CollimateError('origin_forbidden', `Origin ${String(origin).slice(0, 200)} is not allowed to use ${MCP_PATH}. Allowed: no Origin, loopback origins, and COLLIMATE_MCP_ALLOWED_ORIGINS.`));
-      return null;
-    }
-    try {
-      return await opts.authenticate(req.headers);
-    } catch (err) {
-      sendError(reply, toClientError(err, req.log, req.id), { 'www-authenticate': 'Bearer realm="collimate"' });
-      return null;
-    }
-  };
+  /**
+   * Origin first (a foreign page learns nothing, not even whether its key was valid), then the key;
+   * both before the body is read (wire/keyFirst.ts).
+   */
+  const gate = keyFirst(
+    async (req: FastifyRequest): Promise<Scope> => {
+      const origin = req.headers.origin;
+      if (!originAllowed(origin, allowed)) {
+        throw new CollimateError('origin_forbidden', `Origin ${String(origin).slice(0, 200)} is not allowed to use ${MCP_PATH}. Allowed: no Origin, loopback origins, and COLLIMATE_MCP_ALLOWED_ORIGINS.`);
+      }
+      return opts.authenticate(req.headers);
+    },
+    (req: FastifyRequest, reply: FastifyReply, err) => {
+      const e = toClientError(err, req.log, req.id);
+      sendError(reply, e, e.code === 'unauthorized' ? { 'www-authenticate': 'Bearer realm="collimate"' } : {});
+    },
+  );
 
   app.route({
     method: 'POST',
     url: MCP_PATH,
+    onRequest: gate.onRequest,
     handler: async (req, reply) => {
-      const scope = await gate(req, reply);
-      if (!scope) return reply;
+      const scope = gate.scopeOf(req);
       let body: unknown;
       try {
         body = parseJsonBody(req.body);
@@ -109,8 +113,8 @@ export function registerMcp(app: FastifyInstance, opts: RegisterMcpOptions): voi
     app.route({
       method,
       url: MCP_PATH,
-      handler: async (req, reply) => {
-        if (!(await gate(req, reply))) return reply;
+      onRequest: gate.onRequest,
+      handler: async (_req, reply) => {
         jsonRpcError(reply, 405, -32000, `Method not allowed: ${MCP_PATH} is stateless; send JSON-RPC messages with POST.`, { allow: 'POST' });
         return reply;
       },
