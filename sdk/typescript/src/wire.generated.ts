@@ -209,7 +209,7 @@ export type ProcessStartRequest = {
   stdin?: boolean;
   /** A label of yours, listed with the process. */
   tag?: string;
-  /** CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG stay truly random. See docs/determinism.md. */
+  /** Run seeded, like an exec: user-space randomness from this CRNG seed and address-space randomization off, so the process replays. Absent: not seeded — a server, a shell or a PTY keeps ASLR and the kernel's randomness (docs/determinism.md). CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG stay truly random. See docs/determinism.md. */
   seed?: string;
 };
 
