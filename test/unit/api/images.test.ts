@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -164,5 +166,27 @@ describe('REST /v1/images and /v1/environments', () => {
     assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'oci-layout', path: join(dir, 'imports', 'nope') } } }), 'image_not_found');
     assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'registry', ref: 'UPPER/Case' } } }), 'validation_error');
     assertErrorBody(await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'ftp', path: '/x' } } }), 'validation_error');
+  });
+
+  test("a registry pull reaches no more than a sandbox may: the server's loopback (an unlisted registry) is refused, and no request gets there", async () => {
+    const key = f.key('pro-ssrf', 'pro');
+    const hits: string[] = [];
+    const internal = createServer((req, res) => {
+      hits.push(req.url!);
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"secret": "hunter2"}');
+    });
+    await new Promise<void>((r) => internal.listen(0, '127.0.0.1', r));
+    try {
+      const port = (internal.address() as AddressInfo).port;
+      for (const ref of [`127.0.0.1:${port}/team/app:v1`, `localhost:${port}/team/app:v1`]) {
+        const r = await f.req('createImage', { url: '/v1/images', key, body: { source: { kind: 'registry', ref } }, allow5xx: true });
+        assertErrorBody(r, 'image_pull_failed');
+        assert.match(r.json().error.message, /127\.0\.0\.0\/8.*COLLIMATE_INSECURE_REGISTRIES/, ref);
+        assert.doesNotMatch(r.body, /hunter2/);
+      }
+      assert.deepEqual(hits, [], 'the internal service saw no request');
+    } finally {
+      internal.close();
+    }
   });
 });
