@@ -273,4 +273,30 @@ describe('watch', () => {
     for (let i = 0; i < 100 && box.watchers.size > 0; i++) await sleep(10);
     assert.equal(box.watchers.size, 0, 'the watch stopped with its connection');
   });
+
+  test('a client that stops reading loses changes past SSE_PENDING_MAX waiting, and is told so (overflow) once it reads again', async () => {
+    const id = await create();
+    await f.req('makeDirectory', { url: `/v1/sandboxes/${id}/fs/mkdir`, key, body: { path: '/w3' } });
+    const w = await openWatch(id, 'path=/w3');
+    const reader = w.reader!;
+    reader.res.pause();
+    const box = (f.svc as any).boxes.get(id);
+    const [watch] = [...box.watchers] as Array<{ handlers: { onChange(c: { op: string; name: string }): void } }>;
+    // 32 MiB of changes while the client reads nothing: more than the socket's buffers and the bound.
+    const name = 'n'.repeat(4000);
+    const sent = 8192;
+    for (let i = 0; i < sent; i++) {
+      watch.handlers.onChange({ op: 'write', name: `${name}${i}` });
+      if (i % 256 === 0) await sleep(1);
+    }
+    reader.res.resume();
+    await sleep(200);
+    watch.handlers.onChange({ op: 'write', name: 'after' });
+    await reader.until((e) => e.event === 'change' && e.data.name === 'after', 10_000);
+    const changes = reader.events.filter((e) => e.event === 'change');
+    assert.ok(changes.length < sent, `the server held ${changes.length} of ${sent} changes for a client that did not read`);
+    const overflowAt = changes.findIndex((e) => e.data.op === 'overflow');
+    assert.equal(overflowAt, changes.length - 2, 'overflow comes right before the first change after the gap');
+    w.req.destroy();
+  });
 });
