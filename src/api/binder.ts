@@ -12,7 +12,7 @@ import type { Scope } from '../service/types.js';
 import { fingerprint } from '../service/idempotency.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import { parseJsonBody } from '../wire/jsonBody.js';
-import { keyFirst } from '../wire/keyFirst.js';
+import { keyFirst, type KeyFirst } from '../wire/keyFirst.js';
 import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
@@ -47,28 +47,31 @@ export function sendError(reply: FastifyReply, err: CollimateError): void {
   reply.code(err.status).type('application/json; charset=utf-8').send(err.toJSON(restNames));
 }
 
+type RestKeys = KeyFirst<Scope, FastifyRequest, FastifyReply>;
+
 export function bindRoutes(app: FastifyInstance, handlers: Handlers, opts: BindOptions): void {
+  // One key check for every authenticated route, before its body is read (wire/keyFirst.ts).
+  const keys: RestKeys = keyFirst(
+    (req: FastifyRequest) => opts.tenants.accounts.authenticate(bearerKey(req.headers.authorization)),
+    (req: FastifyRequest, reply: FastifyReply, err) => sendError(reply, toClientError(err, req.log, req.id)),
+  );
   const streamed: RouteSpec[] = [];
   for (const route of ROUTES) {
     if (route.method === 'ANY') continue; // the ports proxy binds its own (portsProxy.ts)
     if (route.bodyKind === 'stream') streamed.push(route);
-    else bindRoute(app, route, handlers, opts);
+    else bindRoute(app, route, handlers, opts, keys);
   }
   // In a plugin of their own: its catch-all content-type parser leaves the body unread (no
   // buffering, no body limit), so the handler can stream it on as it arrives.
   void app.register(async (scope) => {
     scope.removeAllContentTypeParsers();
     scope.addContentTypeParser('*', (_req, _payload, done) => done(null));
-    for (const route of streamed) bindRoute(scope, route, handlers, opts);
+    for (const route of streamed) bindRoute(scope, route, handlers, opts, keys);
   });
 }
 
-function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, opts: BindOptions): void {
+function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, opts: BindOptions, keys: RestKeys): void {
   const { tenants } = opts;
-  const keys = keyFirst(
-    (req: FastifyRequest) => tenants.accounts.authenticate(bearerKey(req.headers.authorization)),
-    (req: FastifyRequest, reply: FastifyReply, err) => sendError(reply, toClientError(err, req.log, req.id)),
-  );
   {
     const handler = handlers[route.operationId as BoundOperationId] as Handler<BoundOperationId>;
     if (!handler) throw new Error(`no handler for ${route.operationId}`);
@@ -77,7 +80,6 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
       method: route.method,
       url: spec.path,
       bodyLimit: spec.bodyKind === 'raw' ? opts.maxFileBytes : opts.maxJsonBytes,
-      // The key is checked before a byte of the body is read (wire/keyFirst.ts).
       ...(spec.auth ? { onRequest: keys.onRequest } : {}),
       handler: async (req, reply) => {
         try {

@@ -13,7 +13,6 @@
  * `X-Collimate-Error: <code>`, so a client can tell them from the sandbox server's own answers.
  */
 import { request as httpRequest, ServerResponse, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
-import { restNames } from './routes.js';
 import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { PortRoute } from '../service/sandboxHost.js';
@@ -25,6 +24,7 @@ import type { ResolvedPort, Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
+import { restNames } from './routes.js';
 import { isTerminalPath, type TerminalBridge } from './terminal.js';
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
@@ -186,7 +186,7 @@ function withoutCookie(header: string, name: string): string | undefined {
  * The origin a sandbox port's traffic gets in browsers (`http://8000-sbx_….localhost:7070`), or
  * undefined when there is none for this request's host.
  */
-export function portOrigin(req: IncomingMessage, sandboxDomain: string | undefined, id: string, port: number): string | undefined {
+function portOrigin(req: IncomingMessage, sandboxDomain: string | undefined, id: string, port: number): string | undefined {
   const proto = (req.socket as { encrypted?: boolean }).encrypted ? 'https' : 'http';
   let domain = sandboxDomain;
   if (!domain) {
@@ -257,7 +257,6 @@ export function forwardHeaders(raw: string[], route: Route, client: { ip?: strin
   return out;
 }
 
-/** Response headers going back to the client: the sandbox's, minus hop-by-hop ones. */
 /**
  * What a sandbox's page may not do on the API's (and the console's) origin: keep state there or
  * run as it. Its answers there get a Content-Security-Policy `sandbox` (the page runs in an opaque
@@ -267,29 +266,17 @@ export function forwardHeaders(raw: string[], route: Route, client: { ip?: strin
 export const SHARED_ORIGIN_CSP = 'sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads';
 const ORIGIN_HEADERS = new Set(['set-cookie', 'service-worker-allowed', 'clear-site-data']);
 
-/**
- * The sandbox's answer headers as the client gets them: on the API's origin (path-based and signed
- * URLs) confined by SHARED_ORIGIN_CSP; on the sandbox's own origin (`<port>-<id>.<domain>`) as
- * they are, except that a cookie cannot name a wider domain than that host.
- */
-function originHeaders(raw: string[], shared: boolean): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < raw.length; i += 2) {
-    const lower = raw[i].toLowerCase();
-    if (shared && ORIGIN_HEADERS.has(lower)) continue;
-    if (!shared && lower === 'set-cookie') out.push(raw[i], raw[i + 1].replace(/;\s*domain=[^;]*/gi, ''));
-    else out.push(raw[i], raw[i + 1]);
-  }
-  if (shared) out.push('Content-Security-Policy', SHARED_ORIGIN_CSP);
-  return out;
-}
-
 /** Whether a request came by its sandbox port's own origin (`<port>-<id>.<domain>`) rather than the API's. */
 function ownOrigin(headers: IncomingHttpHeaders): boolean {
   return HOST_ROUTE_RE.test(headers.host ?? '');
 }
 
-function backwardHeaders(raw: string[]): string[] {
+/**
+ * Response headers going back to the client: the sandbox's, minus hop-by-hop ones. On the API's
+ * origin (`shared`: path-based and signed URLs) confined by SHARED_ORIGIN_CSP; on the sandbox's
+ * own origin as they are, except that a cookie cannot name a wider domain than that host.
+ */
+function backwardHeaders(raw: string[], shared: boolean): string[] {
   const named = new Set<string>();
   for (let i = 0; i < raw.length; i += 2) {
     if (raw[i].toLowerCase() === 'connection') for (const t of raw[i + 1].split(',')) named.add(t.trim().toLowerCase());
@@ -297,8 +284,11 @@ function backwardHeaders(raw: string[]): string[] {
   const out: string[] = [];
   for (let i = 0; i < raw.length; i += 2) {
     const lower = raw[i].toLowerCase();
-    if (!HOP_BY_HOP.has(lower) && !named.has(lower)) out.push(raw[i], raw[i + 1]);
+    if (HOP_BY_HOP.has(lower) || named.has(lower) || (shared && ORIGIN_HEADERS.has(lower))) continue;
+    if (!shared && lower === 'set-cookie') out.push(raw[i], raw[i + 1].replace(/;\s*domain=[^;]*/gi, ''));
+    else out.push(raw[i], raw[i + 1]);
   }
+  if (shared) out.push('Content-Security-Policy', SHARED_ORIGIN_CSP);
   return out;
 }
 
@@ -377,7 +367,7 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
   });
   upstream.on('response', (ures) => {
     clearTimeout(connectTimer);
-    res.writeHead(ures.statusCode ?? 502, ures.statusMessage, originHeaders(backwardHeaders(ures.rawHeaders), !ownOrigin(req.headers)));
+    res.writeHead(ures.statusCode ?? 502, ures.statusMessage, backwardHeaders(ures.rawHeaders, !ownOrigin(req.headers)));
     res.flushHeaders();
     ures.pipe(res);
     ures.on('error', () => res.destroy());
