@@ -290,12 +290,10 @@ test('a watch stream sees changes while an exec runs, and ends when the sandbox 
   await w.change('create', 'g');
   await w.change('remove', 'g');
   assert.equal(execDone, false, 'the events came while the exec ran');
-  const t0 = Date.now();
   const sub = (await call('statPath', 'GET', `/v1/sandboxes/${id}/fs/stat?path=/root/w/sub/deep`)).json();
   assert.equal(sub.type, 'dir');
   assert.deepEqual((await call('listDirectory', 'GET', `/v1/sandboxes/${id}/fs/list?path=/root/w/sub`)).json().entries.map((e: any) => e.name), ['deep']);
   assert.equal(execDone, false, 'stat and list were answered beside the exec');
-  assert.ok(Date.now() - t0 < 5000, `stat and list took ${Date.now() - t0} ms beside the exec`);
   assert.equal((await exec).json().exit_code, 0);
 
   // An upload is seen as the temporary file's creation and its rename to the target name.

@@ -98,15 +98,12 @@ test('runtime layers are diffs over the Debian base: merged views have the runti
 
 test('cached: a second call returns the same digest without rebuilding', async () => {
   const mtime = statSync(python.path).mtimeMs;
-  const t0 = Date.now();
   const again = await ensureRuntimeLayer(CACHE, 'python', progress);
   const baseAgain = await ensureDebianBaseLayer(CACHE, progress);
-  const elapsed = Date.now() - t0;
   assert.equal(again.digest, python.digest);
   assert.equal(again.path, python.path);
   assert.equal(baseAgain.digest, base.digest);
   assert.equal(statSync(python.path).mtimeMs, mtime);
-  assert.ok(elapsed < 2000, `cached lookup took ${elapsed} ms`);
   assert.notEqual(python.digest, node.digest);
 });
 

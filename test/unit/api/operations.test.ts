@@ -93,9 +93,8 @@ test('shutdown: requests still running after the grace period fail with 503 shut
   const slow = f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'sleep 1' } });
   const stream = f.api.app.inject({ method: 'POST', url: `/v1/sandboxes/${s.id}/exec`, headers: { authorization: `Bearer ${key}`, accept: 'text/event-stream', 'content-type': 'application/json' }, payload: '{"command":"sleep 1"}' });
   await new Promise((r) => setTimeout(r, 20));
-  const t0 = Date.now();
   await f.api.shutdown(100);
-  assert.ok(Date.now() - t0 < 800, 'did not wait for the slow exec');
+  // Had the shutdown waited for the exec, the exec would have finished (200) before the answer.
   assertErrorBody(await slow, 'shutting_down');
   const sse = await stream;
   assert.match(sse.body, /event: error\ndata: \{"error":\{"code":"shutting_down"/);

@@ -367,7 +367,7 @@ describe('exec', () => {
       const elapsed = Date.now() - started;
       assert.equal(result.timedOut, true);
       assert.equal(result.exitCode, 124);
-      assert.ok(elapsed >= 900 && elapsed < 3000, `took ${elapsed} ms`);
+      assert.ok(elapsed >= 900 && elapsed < 30_000, `took ${elapsed} ms: the timeout did not end the 60 s sleep`);
       const backgroundPid = Number(stdout.toString().trim());
       assert.ok(backgroundPid > 0);
       assert.ok(await waitFor(() => !processAlive(backgroundPid), 2000), 'the group member survived the timeout');

@@ -504,15 +504,21 @@ describe('FS_WATCH', () => {
     await withClient(async (client) => {
       const log = new EventLog();
       await client.watch(dir, false, log.push);
-      const exec = client.exec({ commands: [['sh', '-c', `sleep 0.3; echo hi > ${dir}/from-exec; sleep 1.5`]] });
-      await log.until((e) => e.op === 'create' && e.name === 'from-exec', 3000);
-      const t0 = Date.now();
+      // The exec ends only once the directory request below has been answered: had the agent held
+      // directory requests until the exec finished, the exec would give up and exit 1 (no clock in
+      // the assertion, only the order of events; the 20 s cap keeps a broken agent from hanging).
+      const exec = client.exec({
+        commands: [['sh', '-c', `echo hi > ${dir}/from-exec; i=0; while [ ! -d ${dir}/made-beside ]; do i=$((i+1)); [ $i -gt 400 ] && exit 1; sleep 0.05; done`]],
+      });
+      const settled = exec.then((r) => r, (error: unknown) => ({ error }));
+      await log.until((e) => e.op === 'create' && e.name === 'from-exec', 10_000);
       assert.equal((await client.stat(join(dir, 'from-exec'))).size, 3);
       assert.deepEqual((await client.list(dir)).entries.map((e) => e.name), ['from-exec']);
       await client.mkdir(join(dir, 'made-beside'));
-      assert.ok(Date.now() - t0 < 1000, 'directory requests waited for the exec');
-      const { result } = await exec;
-      assert.equal(result.exitCode, 0);
+      const outcome = await settled;
+      assert.ok('result' in outcome, `the exec failed: ${String((outcome as { error: unknown }).error)}`);
+      assert.equal(outcome.result.exitCode, 0, 'the exec gave up waiting: the directory request waited for it');
+      await log.until((e) => e.op === 'create' && e.name === 'made-beside', 10_000);
     });
   });
 
