@@ -513,6 +513,22 @@ export const ROUTE_TABLE = [
     errors: ['sandbox_not_found'],
   },
   {
+    operationId: 'rotateSandboxTokens',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/tokens/rotate',
+    summary: "Replace a sandbox's access tokens, ending the ones issued before",
+    description:
+      "A sandbox's access tokens are what E2B's SDK holds once it has created or connected to it: the envd token (commands and files) " +
+      'and the traffic token (its ports only, for a browser). They are issued under the key that asked for them and die when that key is ' +
+      'revoked. This makes new ones under the calling key: every token issued before, and every E2B file URL signed with one, stops ' +
+      'working on every host at once. Answers the new tokens and their generation (0 for the first tokens, counting up).',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    responses: { 200: { description: 'Rotated.', schema: S.SandboxTokens } },
+    errors: ['sandbox_not_found'],
+  },
+  {
     operationId: 'proxyPort',
     method: 'ANY',
     path: '/v1/sandboxes/:id/ports/:port/*',

@@ -179,4 +179,13 @@ export const CLUSTER_MIGRATIONS: readonly string[] = [
     env      text NOT NULL
   );
   `,
+  // 7: who a sandbox's access tokens were issued to, and their generation (src/cluster/sandboxGrants.ts):
+  // any host checks a token, and revoking the key or rotating ends it on every host.
+  `
+  CREATE TABLE sandbox_grants (
+    sandbox     text PRIMARY KEY,
+    key_id      text,
+    generation  integer NOT NULL
+  );
+  `,
 ];

@@ -120,21 +120,22 @@ export class E2bControlPlane {
   }
 
   /** The `Sandbox` answer of create, connect, resume and fork: what the SDK needs to reach envd. */
-  sandboxAnswer(info: SandboxInfo): Record<string, unknown> {
+  async sandboxAnswer(scope: Scope, info: SandboxInfo): Promise<Record<string, unknown>> {
+    const tokens = await this.tenants.accounts.sandboxTokens(scope, info.id);
     return {
       templateID: info.template,
       sandboxID: info.id,
       clientID: 'collimate',
       envdVersion: ENVD_VERSION,
-      envdAccessToken: this.tenants.signer.sandboxToken(info.id),
+      envdAccessToken: tokens.envd,
       // getHost(port) URLs reach the ports proxy by Host; this token (header e2b-traffic-access-token) admits them.
-      trafficAccessToken: this.tenants.signer.sandboxToken(info.id, 'traffic'),
+      trafficAccessToken: tokens.traffic,
       domain: null,
     };
   }
 
-  private detail(info: SandboxInfo): Record<string, unknown> {
-    return { ...e2bListed(info), envdAccessToken: this.tenants.signer.sandboxToken(info.id), domain: null };
+  private async detail(scope: Scope, info: SandboxInfo): Promise<Record<string, unknown>> {
+    return { ...e2bListed(info), envdAccessToken: (await this.tenants.accounts.sandboxTokens(scope, info.id)).envd, domain: null };
   }
 
   /** A lease of `secs` from now, unless the session already runs at least that long. */
@@ -166,7 +167,7 @@ export class E2bControlPlane {
       await this.tenants.sandboxes.delete(scope, info.id).catch(() => undefined);
       throw err;
     }
-    return [201, this.sandboxAnswer(info)];
+    return [201, await this.sandboxAnswer(scope, info)];
   }
 
   async list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): Promise<{ items: unknown[]; next: string | null }> {
@@ -176,7 +177,7 @@ export class E2bControlPlane {
   }
 
   async get(scope: Scope, id: string): Promise<unknown> {
-    return this.detail(await this.tenants.sandboxes.get(scope, id));
+    return this.detail(scope, await this.tenants.sandboxes.get(scope, id));
   }
 
   async kill(scope: Scope, id: string): Promise<void> {
@@ -200,9 +201,9 @@ export class E2bControlPlane {
   async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
     const info = await this.tenants.sandboxes.get(scope, id);
-    if (info.state === 'running') return [200, this.sandboxAnswer(await this.extendTo(scope, info, secs, true))];
+    if (info.state === 'running') return [200, await this.sandboxAnswer(scope, await this.extendTo(scope, info, secs, true))];
     const resumed = await this.tenants.sandboxes.resume(scope, id);
-    return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
+    return [201, await this.sandboxAnswer(scope, await this.extendTo(scope, resumed, secs, false))];
   }
 
   async resume(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
@@ -210,7 +211,7 @@ export class E2bControlPlane {
     const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'running') throw new CollimateError('invalid_state', `Sandbox ${id} is already running.`);
     const resumed = await this.tenants.sandboxes.resume(scope, id);
-    return [201, this.sandboxAnswer(await this.extendTo(scope, resumed, secs, false))];
+    return [201, await this.sandboxAnswer(scope, await this.extendTo(scope, resumed, secs, false))];
   }
 
   /** All children are made in one live fork (one fork point), so they succeed or fail together. */
@@ -224,7 +225,7 @@ export class E2bControlPlane {
     const results = await Promise.all(children.map(async (child) => {
       try {
         await this.opts.env.set(child.id, env);
-        return { sandbox: this.sandboxAnswer(await this.tenants.sandboxes.setTimeout(scope, child.id, Math.max(1, secs))) };
+        return { sandbox: await this.sandboxAnswer(scope, await this.tenants.sandboxes.setTimeout(scope, child.id, Math.max(1, secs))) };
       } catch (err) {
         const e = toClientError(err);
         return { error: { code: e.status, message: e.text(e2bNames), error_code: e.code } };

@@ -214,11 +214,13 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
 async function clusterParts(node: ClusterNode, engine: any, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined) {
   const { ClusterSandboxPlacement } = await import('../cluster/sandboxPlacement.js');
   const { ClusterSandboxEnvs } = await import('../cluster/sandboxEnvs.js');
+  const { ClusterSandboxGrants } = await import('../cluster/sandboxGrants.js');
   const { registerPeerHost, peerTunnel } = await import('../api/peerRoutes.js');
   let placement: InstanceType<typeof ClusterSandboxPlacement> | undefined;
   const service: Partial<TenantServiceOptions> = {
     keys: node.keyCache(engine.db),
     accountKeys: node.keys,
+    sandboxGrants: new ClusterSandboxGrants(node.pool),
     idempotency: node.idempotency,
     sandboxEvents: views.sandboxEvents,
     cluster: (here) => (placement = new ClusterSandboxPlacement(node, engine, here, envs, views.usage)),

@@ -6,6 +6,7 @@ import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import type { KeyRecord, KeyStore } from './keys.js';
 import type { Placement } from './placement.js';
 import type { PortUrlSigner, SandboxTokenKind } from './portUrls.js';
+import { nextGeneration, type SandboxGrant, type SandboxGrants } from './sandboxGrants.js';
 import type { Tier } from './tiers.js';
 import type { AccountKeys, Scope } from './types.js';
 
@@ -16,7 +17,10 @@ export class Accounts {
     private readonly accountKeys: AccountKeys,
     private readonly signer: PortUrlSigner,
     private readonly placement: Placement,
+    private readonly grants: SandboxGrants,
   ) {}
+
+  private readonly keyStates = new Map<string, { revoked: boolean; at: number }>();
 
   /** The scope of an API key; `unauthorized` when it is missing, unknown or revoked. */
   async authenticate(key: string | undefined): Promise<Scope> {
@@ -24,7 +28,7 @@ export class Accounts {
     await this.keys.load(key);
     const p = this.keys.authenticate(key);
     if (!p) throw new CollimateError('unauthorized', 'Invalid or revoked API key.');
-    return { tenant: p.tenant, tier: p.tier };
+    return { tenant: p.tenant, tier: p.tier, keyId: p.keyId };
   }
 
   /** The tenant's keys that are not revoked (records only; the keys themselves are never kept). */
@@ -52,34 +56,93 @@ export class Accounts {
     return { tier: scope.tier, running: await this.placement.running(scope.tenant) };
   }
 
-  /** The catalog, which every tier may create from. */
   /**
-   * The scope of whoever holds a sandbox's access token (E2B's envd token, PortUrlSigner.sandboxToken):
-   * its tenant, under the tenant's tier. 401 for a wrong token or an unknown sandbox alike, so a
-   * token-less caller learns nothing about which ids exist.
+   * A sandbox's access tokens for `scope` (E2B's create and connect answer them): those already
+   * issued, unless none were or the key they were issued under has been revoked — then new ones of
+   * the next generation, under the caller's key.
+   */
+  async sandboxTokens(scope: Scope, id: string): Promise<SandboxTokens> {
+    let grant = (await this.grants.get([id])).get(id) ?? null;
+    while (grant === null || (grant.keyId !== null && await this.keyRevoked(grant.keyId))) {
+      const was: SandboxGrant | null = grant;
+      grant = await this.grants.replace(id, was, scope.keyId ?? null);
+      if (grant.generation === nextGeneration(was)) break;
+    }
+    return this.tokensOf(id, grant);
+  }
+
+  /**
+   * New tokens for a sandbox of the tenant's, under the caller's key: every token issued before
+   * (and every E2B file URL signed with one) stops working on every host at once.
+   */
+  async rotateSandboxTokens(scope: Scope, id: string): Promise<SandboxTokens & { generation: number }> {
+    await this.placement.locate(scope.tenant, id);
+    for (;;) {
+      const was = (await this.grants.get([id])).get(id) ?? null;
+      const grant = await this.grants.replace(id, was, scope.keyId ?? null);
+      if (grant.generation === nextGeneration(was)) return { ...this.tokensOf(id, grant), generation: grant.generation };
+    }
+  }
+
+  private tokensOf(id: string, grant: SandboxGrant): SandboxTokens {
+    return { envd: this.signer.sandboxToken(id, 'envd', grant), traffic: this.signer.sandboxToken(id, 'traffic', grant) };
+  }
+
+  /** Whether the key is revoked (or gone), from an answer at most KEY_STATE_MS old. */
+  private async keyRevoked(keyId: string): Promise<boolean> {
+    const now = Date.now();
+    const cached = this.keyStates.get(keyId);
+    if (cached && now - cached.at < KEY_STATE_MS) return cached.revoked;
+    const rec = await this.accountKeys.get(keyId);
+    const revoked = rec === null || rec.revoked_at !== null;
+    if (this.keyStates.size >= 10_000) this.keyStates.clear();
+    this.keyStates.set(keyId, { revoked, at: now });
+    return revoked;
+  }
+
+  /**
+   * The scope of whoever holds a sandbox's access token (E2B's envd token, or its traffic token for
+   * the ports): its tenant, under the tenant's tier, acting for the key the token was issued under.
+   * 401 for a wrong, rotated or revoked token and for an unknown sandbox alike, so a token-less
+   * caller learns nothing about which ids exist.
    */
   async sandboxScope(id: string, token: string, kind: SandboxTokenKind = 'envd'): Promise<Scope> {
-    const refused = () => new CollimateError('unauthorized', kind === 'envd'
-      ? 'The sandbox access token (X-Access-Token) is missing or wrong; use the envdAccessToken the create or connect answered.'
-      : "The traffic access token is missing or wrong; use the trafficAccessToken the create or connect answered (it reaches the sandbox's ports only).");
-    if (!token || !/^sbx_[0-9a-f]{12}$/.test(id) || !this.signer.verifySandboxToken(id, token, kind)) throw refused();
+    const refused = (why = 'missing or wrong') => new CollimateError('unauthorized', kind === 'envd'
+      ? `The sandbox access token (X-Access-Token) is ${why}; use the envdAccessToken the latest create or connect answered.`
+      : `The traffic access token is ${why}; use the trafficAccessToken the latest create or connect answered (it reaches the sandbox's ports only).`);
+    if (!token || !/^sbx_[0-9a-f]{12}$/.test(id)) throw refused();
+    const grant = (await this.grants.get([id])).get(id);
+    if (!grant || !this.signer.verifySandboxToken(id, token, kind, grant)) throw refused('missing, wrong or rotated');
+    if (grant.keyId !== null && await this.keyRevoked(grant.keyId)) throw refused('one issued under an API key since revoked');
     const tenant = await this.placement.tenantOf(id);
     if (tenant === null) throw sandboxNotFound(id);
     const tier = await this.keys.findTier(tenant);
     if (!tier) throw refused();
-    return { tenant, tier };
+    return { tenant, tier, ...(grant.keyId !== null ? { keyId: grant.keyId } : {}) };
   }
 
   /**
-   * The running sandbox whose access token `matches` accepts, with its scope; null if none does.
+   * The running sandbox whose envd access token `matches` accepts, with its scope; null if none does.
    * For E2B's signed file URLs, which name no sandbox: a signature is a hash over the token, so the
    * only way to find its sandbox is to try each running one (a hash per sandbox, cheap next to a VM).
    */
   async sandboxByToken(matches: (id: string, token: string) => boolean): Promise<{ id: string; scope: Scope } | null> {
-    for (const id of await this.placement.runningIds()) {
-      const token = this.signer.sandboxToken(id);
+    const ids = await this.placement.runningIds();
+    const grants = await this.grants.get(ids);
+    for (const [id, grant] of grants) {
+      const token = this.signer.sandboxToken(id, 'envd', grant);
       if (matches(id, token)) return { id, scope: await this.sandboxScope(id, token) };
     }
     return null;
   }
+}
+
+/** How long a key's revocation may take to end the tokens issued under it on a host. */
+const KEY_STATE_MS = 2000;
+
+export interface SandboxTokens {
+  /** E2B's envdAccessToken: commands and files. */
+  envd: string;
+  /** E2B's trafficAccessToken: the sandbox's ports only. */
+  traffic: string;
 }

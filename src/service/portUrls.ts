@@ -10,6 +10,7 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { CollimateError, msg, see } from '../errors.js';
+import type { SandboxGrant } from './sandboxGrants.js';
 
 const VERSION = 1;
 const BODY_BYTES = 1 + 6 + 2 + 5;
@@ -107,16 +108,21 @@ export class PortUrlSigner {
   }
 
   /**
-   * A token that grants access to one sandbox for as long as it exists (E2B's envdAccessToken): a MAC
-   * of its id, so nothing is stored and a forked child gets its own.
+   * A token that grants access to one sandbox (E2B's envdAccessToken, or with `traffic` its
+   * trafficAccessToken): a MAC of its id and its grant (the key it was issued under, the
+   * generation), so nothing is stored per token, a forked child gets its own, and a new generation
+   * or a revoked key (Accounts.sandboxScope) ends it.
    */
-  sandboxToken(sandboxId: string, kind: SandboxTokenKind = 'envd'): string {
-    return createHmac('sha256', this.getKey()).update(SANDBOX_TOKEN_DOMAIN[kind]).update(sandboxId).digest('base64url');
+  sandboxToken(sandboxId: string, kind: SandboxTokenKind, grant: SandboxGrant): string {
+    return createHmac('sha256', this.getKey())
+      .update(SANDBOX_TOKEN_DOMAIN[kind])
+      .update(`${sandboxId}\0${grant.keyId ?? ''}\0${grant.generation}`)
+      .digest('base64url');
   }
 
-  /** Whether `token` is sandboxToken(sandboxId, kind), compared in constant time. */
-  verifySandboxToken(sandboxId: string, token: string, kind: SandboxTokenKind = 'envd'): boolean {
-    const want = Buffer.from(this.sandboxToken(sandboxId, kind));
+  /** Whether `token` is sandboxToken(sandboxId, kind, grant), compared in constant time. */
+  verifySandboxToken(sandboxId: string, token: string, kind: SandboxTokenKind, grant: SandboxGrant): boolean {
+    const want = Buffer.from(this.sandboxToken(sandboxId, kind, grant));
     const got = Buffer.from(token);
     return got.length === want.length && timingSafeEqual(got, want);
   }

@@ -33,6 +33,7 @@ import { PortUrlSigner } from './portUrls.js';
 import { localHost, type SandboxHost } from './sandboxHost.js';
 import { Sandboxes } from './sandboxes.js';
 import { Templates } from './templates.js';
+import { SandboxGrantStore, type SandboxGrants } from './sandboxGrants.js';
 import type { AccountKeys, ClusterReadings, IdempotencyRunner } from './types.js';
 import { Usage, type Transition } from './usage.js';
 
@@ -46,6 +47,8 @@ export interface TenantServiceOptions {
   keys?: KeyStore;
   /** Where a tenant's own keys are listed, made and revoked; default `keys`. */
   accountKeys?: AccountKeys;
+  /** Who each sandbox's access tokens were issued to; default the database's (a cluster host passes the cluster's). */
+  sandboxGrants?: SandboxGrants;
   /** Idempotency-Key records; default the database's. */
   idempotency?: IdempotencyRunner;
   /**
@@ -97,10 +100,14 @@ export class TenantService {
   private readonly timers: NodeJS.Timeout[] = [];
   private readonly onTransition = (ev: Transition) => {
     this.usage.transition(ev);
-    if (ev.state === 'deleted') this.execLog.forget(ev.id);
+    if (ev.state === 'deleted') {
+      this.execLog.forget(ev.id);
+      this.grants.forget(ev.id).catch((err) => this.log(err, `forgetting deleted sandbox ${ev.id}'s token grant failed`));
+    }
     this.events.feed(ev as SandboxTransition);
   };
   private closed = false;
+  private readonly grants: SandboxGrants;
 
   constructor(opts: TenantServiceOptions) {
     const engine = (this.engine = opts.engine);
@@ -130,7 +137,8 @@ export class TenantService {
 
     this.usage = new Usage(engine, meter, clusterReadings, now, log);
     this.templates = new Templates(engine, opts.images, clusterReadings);
-    this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement);
+    this.grants = opts.sandboxGrants ?? new SandboxGrantStore(opts.db);
+    this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement, this.grants);
     this.sandboxes = new Sandboxes({
       engine, placement: this.placement, templates: this.templates, signer: this.signer, idempotency: this.idempotency,
       timers: this.usage.timers, clusterReadings, now, log,

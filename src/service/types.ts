@@ -15,6 +15,11 @@ import { TRUSTED_TIER, type Tier } from './tiers.js';
 export interface Scope {
   tenant: string;
   tier: Tier;
+  /**
+   * The API key acting (key_…), or the key a sandbox token acting was issued under: sandbox tokens
+   * issued to this scope die with it. Absent for the engine's own fleet.
+   */
+  keyId?: string;
 }
 
 /** The scope of a process that holds the engine itself (the local RL fleet): no caps. */

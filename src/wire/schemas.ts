@@ -151,6 +151,16 @@ export const PortUrl = named(
   'A signed, expiring URL of a sandbox port.',
 );
 
+export const SandboxTokens = named(
+  'SandboxTokens',
+  z.strictObject({
+    envd_access_token: described(z.string(), "E2B's envdAccessToken (header X-Access-Token): commands and files of this sandbox."),
+    traffic_access_token: described(z.string(), "E2B's trafficAccessToken (header e2b-traffic-access-token): this sandbox's ports only."),
+    generation: described(z.number().int(), 'Counts the rotations: 0 for the first tokens.'),
+  }),
+  "A sandbox's access tokens, issued under the calling key.",
+);
+
 // ---------------------------------------------------------------------------------------------
 // Sandboxes
 

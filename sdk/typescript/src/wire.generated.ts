@@ -61,6 +61,16 @@ export type PortUrl = {
   expires_at: string;
 };
 
+/** A sandbox's access tokens, issued under the calling key. */
+export type SandboxTokens = {
+  /** E2B's envdAccessToken (header X-Access-Token): commands and files of this sandbox. */
+  envd_access_token: string;
+  /** E2B's trafficAccessToken (header e2b-traffic-access-token): this sandbox's ports only. */
+  traffic_access_token: string;
+  /** Counts the rotations: 0 for the first tokens. */
+  generation: number;
+};
+
 /** One microVM. */
 export type Sandbox = {
   /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */

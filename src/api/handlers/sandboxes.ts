@@ -7,7 +7,7 @@ import type { Handlers } from '../binder.js';
 import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
-  | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'execSandbox' | 'forkSandbox'
+  | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
   | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox' | 'listExecs';
 
 /** `key=value` label filters of a list query. */
@@ -43,6 +43,11 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
     async createPortUrl({ scope, params, body }) {
       const u = await tenants.sandboxes.portUrl(scope, params.id, body.port, body.expires_in_secs);
       return { status: 201, body: { url: `/v1/p/${u.token}/`, port: u.port, expires_at: new Date(u.expiresAt * 1000).toISOString() } };
+    },
+
+    async rotateSandboxTokens({ scope, params }) {
+      const t = await tenants.accounts.rotateSandboxTokens(scope, params.id);
+      return { status: 200, body: { envd_access_token: t.envd, traffic_access_token: t.traffic, generation: t.generation } };
     },
 
     async execSandbox({ scope, params, body, req, reply }) {

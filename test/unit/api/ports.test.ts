@@ -259,7 +259,9 @@ describe('ports proxy', () => {
 
   test("by Host, as E2B's getHost(port) names it: with the sandbox's traffic token or a key, never without", async () => {
     const host = `${SANDBOX_PORT}-${id}.localhost:${new URL(base).port}`;
-    const token = f.api.tenants.signer.sandboxToken(id, 'traffic');
+    const scope = await f.api.tenants.accounts.authenticate(key);
+    const tokens = await f.api.tenants.accounts.sandboxTokens(scope, id);
+    const token = tokens.traffic;
     const viaToken = await call(`${base}/a?b=1`, { headers: { host, 'e2b-traffic-access-token': token } });
     assert.equal(viaToken.status, 200);
     const seen = viaToken.json() as Seen;
@@ -267,12 +269,37 @@ describe('ports proxy', () => {
     assert.equal(seen.headers['e2b-traffic-access-token'], undefined, 'the token stays at the proxy');
     assert.equal((await call(`${base}/`, { headers: { host, ...auth() } })).status, 200);
     assert.equal((await call(`${base}/`, { headers: { host } })).status, 401);
-    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken('sbx_000000000000', 'traffic') } })).status, 401);
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken('sbx_000000000000', 'traffic', { keyId: scope.keyId!, generation: 0 }) } })).status, 401);
     // One job each: the envd token (which runs commands) opens no port, and the traffic token no envd.
-    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': f.api.tenants.signer.sandboxToken(id) } })).status, 401);
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': tokens.envd } })).status, 401);
     await assert.rejects(f.api.tenants.accounts.sandboxScope(id, token), (e: { code?: string }) => e.code === 'unauthorized');
+    // Issued again, the tokens are the same until a rotation, after which the old ones open nothing.
+    assert.deepEqual(await f.api.tenants.accounts.sandboxTokens(scope, id), tokens);
+    const rotated = (await call(`${base}/v1/sandboxes/${id}/tokens/rotate`, { method: 'POST', headers: auth() })).json() as { traffic_access_token: string; envd_access_token: string; generation: number };
+    assert.equal(rotated.generation, 1);
+    assert.notEqual(rotated.traffic_access_token, token);
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': token } })).status, 401, 'a rotated-away token still opens the port');
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': rotated.traffic_access_token } })).status, 200);
+    assert.equal((await f.api.tenants.accounts.sandboxScope(id, rotated.envd_access_token)).tenant, scope.tenant);
     // Another Host is the API itself.
     assert.equal((await call(`${base}/healthz`)).status, 200);
+  });
+
+  test("a sandbox's tokens die with the key they were issued under; a live key gets new ones", async () => {
+    const host = `${SANDBOX_PORT}-${id}.localhost:${new URL(base).port}`;
+    const tenant = (await f.api.tenants.accounts.authenticate(key)).tenant;
+    const doomed = f.api.keys.create({ tenant });
+    const doomedScope = await f.api.tenants.accounts.authenticate(doomed.key);
+    const rotated = (await call(`${base}/v1/sandboxes/${id}/tokens/rotate`, { method: 'POST', headers: { authorization: `Bearer ${doomed.key}` } })).json() as { traffic_access_token: string; envd_access_token: string };
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': rotated.traffic_access_token } })).status, 200);
+    f.api.keys.revoke(doomed.record.id);
+    await new Promise((r) => setTimeout(r, 2100)); // a revocation reaches cached key states within 2 s
+    assert.equal((await call(`${base}/`, { headers: { host, 'e2b-traffic-access-token': rotated.traffic_access_token } })).status, 401, "a revoked key's traffic token still opens the port");
+    await assert.rejects(f.api.tenants.accounts.sandboxScope(id, rotated.envd_access_token), /since revoked/);
+    const fresh = await f.api.tenants.accounts.sandboxTokens(await f.api.tenants.accounts.authenticate(key), id);
+    assert.notEqual(fresh.envd, rotated.envd_access_token);
+    assert.equal((await f.api.tenants.accounts.sandboxScope(id, fresh.envd)).keyId, (await f.api.tenants.accounts.authenticate(key)).keyId);
+    assert.equal(doomedScope.keyId, doomed.record.id);
   });
 
   test('401 without a key, 404 for another tenant and bad ids, 400 for bad ports, 502 when nothing listens, 409 suspended or no network', async () => {

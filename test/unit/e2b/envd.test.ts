@@ -140,7 +140,7 @@ describe('envd details', () => {
     const big = Buffer.alloc(3 * 1024 * 1024, 7);
     await sbx.files.write('/tmp/big.bin', new Blob([big]).stream(), { useOctetStream: true } as never);
     assert.ok(readFileSync(join(backend.root, 'tmp', 'big.bin')).equals(big));
-    const health = await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': api.tenants.signer.sandboxToken(sbx.sandboxId) } });
+    const health = await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken } });
     assert.equal(health.status, 204);
     await sbx.kill();
   });
