@@ -41,6 +41,7 @@ export const ERROR_CODES = {
   unsupported_media_type: 415,
   idempotency_key_reused: 422,
   concurrency_limit: 429,
+  quota_exceeded: 429,
   rate_limited: 429,
   too_many_watches: 429,
   exec_timeout: 408,

@@ -92,6 +92,8 @@ interface Route {
   forwardPath: string;
   /** The key the request authenticated with (dropped wherever it appears); undefined for signed URLs. */
   key?: string;
+  /** Whose open_streams quota the connection counts against: the sandbox owner's. */
+  holder: Scope;
 }
 
 const HOP_BY_HOP = new Set([
@@ -152,12 +154,16 @@ async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: In
     const traffic = headers[TRAFFIC_TOKEN_HEADER];
     const hasKey = headers.authorization !== undefined;
     const signed = !hasKey && traffic === undefined && ownOrigin(headers) ? cookieOf(headers.cookie, PORT_COOKIE) : undefined;
-    if (signed !== undefined) return { ...(await signedFor(opts, signed, id, p.port)), ...splitUrl(rawUrl, 5) };
+    if (signed !== undefined) return signedRoute(opts, await signedFor(opts, signed, id, p.port), splitUrl(rawUrl, 5));
     const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic, 'traffic') : await opts.authenticate(headers);
     if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization) };
+    return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization), holder: scope };
   }
-  return { ...(await opts.tenants.sandboxes.signedPortTarget(p.token)), ...splitUrl(rawUrl, 3) };
+  return signedRoute(opts, await opts.tenants.sandboxes.signedPortTarget(p.token), splitUrl(rawUrl, 3));
+}
+
+async function signedRoute(opts: PortsProxyOptions, r: ResolvedPort, path: { prefix: string; forwardPath: string }): Promise<Route> {
+  return { ...r, ...path, holder: await opts.tenants.accounts.scopeOf(r.tenant) };
 }
 
 /** A signed URL's target, refused unless it names this sandbox and port (a token of another port's origin proves nothing here). */
@@ -411,6 +417,7 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
         if (await signedEntry(req.raw, reply.raw)) return;
         route = await resolveRoute(opts, req.raw.url ?? req.url, req.headers);
         if (toOwnOrigin(req.raw, reply.raw, route)) return;
+        opts.tenants.quotas.holdStream(route.holder, reply.raw);
       } catch (err) {
         // Drain what the client sends so the connection stays usable for its next request.
         req.raw.resume();
@@ -501,6 +508,7 @@ export function registerPortsProxy(app: FastifyInstance, opts: PortsProxyOptions
       return;
     }
     const route = await resolveRoute(opts, req.url ?? '/', req.headers);
+    opts.tenants.quotas.holdStream(route.holder, socket);
     let tunnel: Duplex | undefined;
     try {
       tunnel = await tunnelOf(route);

@@ -112,7 +112,7 @@ export const ROUTE_TABLE = [
     responses: {
       200: { description: 'The result (or an SSE stream, see description).', schema: S.ExecResult },
     },
-    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable'],
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'quota_exceeded'],
   },
   {
     operationId: 'listExecs',
@@ -158,7 +158,7 @@ export const ROUTE_TABLE = [
     body: S.EmptyQuery,
     bodyOptional: true,
     responses: { 200: { description: 'Suspended.', schema: S.Sandbox } },
-    errors: ['sandbox_not_found', 'invalid_state', 'host_at_capacity'],
+    errors: ['sandbox_not_found', 'invalid_state', 'host_at_capacity', 'quota_exceeded'],
   },
   {
     operationId: 'resumeSandbox',
@@ -342,7 +342,7 @@ export const ROUTE_TABLE = [
     responses: {
       200: { description: 'Event stream: `change` events (FsChangeEvent), then `end` (FsWatchEndEvent).', contentType: 'text/event-stream', events: [S.FsChangeEvent, S.FsWatchEndEvent] },
     },
-    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'too_many_watches', 'permission_denied'],
+    errors: ['sandbox_not_found', 'invalid_state', 'file_not_found', 'not_a_directory', 'too_many_watches', 'permission_denied', 'quota_exceeded'],
   },
   {
     operationId: 'startProcess',
@@ -400,7 +400,7 @@ export const ROUTE_TABLE = [
     query: S.ProcessOutputQuery,
     sse: true,
     responses: { 200: { description: 'An SSE stream of output events (see description).', schema: S.ProcessOutputEvent } },
-    errors: [...PROCESS_ERRORS],
+    errors: [...PROCESS_ERRORS, 'quota_exceeded'],
   },
   {
     operationId: 'writeProcessStdin',
@@ -493,7 +493,7 @@ export const ROUTE_TABLE = [
       101: { description: 'Switching Protocols: the WebSocket (see description).' },
       200: { description: 'Without Upgrade: the PTY process a WebSocket would attach to.', schema: S.Process },
     },
-    errors: [...PROCESS_ERRORS, 'not_a_terminal'],
+    errors: [...PROCESS_ERRORS, 'not_a_terminal', 'quota_exceeded'],
   },
   {
     operationId: 'createPortUrl',
@@ -543,7 +543,7 @@ export const ROUTE_TABLE = [
     auth: true,
     params: { id: 'sandbox', port: 'port', path: 'path' },
     responses: { 200: { description: "The sandbox server's answer, streamed as it comes (any status, headers and body).", contentType: '*/*' } },
-    errors: ['sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable'],
+    errors: ['sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable', 'quota_exceeded'],
   },
   {
     operationId: 'proxySignedPort',
@@ -558,7 +558,7 @@ export const ROUTE_TABLE = [
     auth: false,
     params: { token: 'token', path: 'path' },
     responses: { 200: { description: "The sandbox server's answer, streamed as it comes (any status, headers and body).", contentType: '*/*' } },
-    errors: ['unauthorized', 'url_expired', 'sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable'],
+    errors: ['unauthorized', 'url_expired', 'sandbox_not_found', 'invalid_state', 'network_unavailable', 'port_unreachable', 'quota_exceeded'],
   },
   {
     operationId: 'listImages',
@@ -585,7 +585,7 @@ export const ROUTE_TABLE = [
     bodyKind: 'json',
     body: S.CreateImageRequest,
     responses: { 202: { description: 'Accepted: pulling (or ready, if nothing was missing).', schema: S.Image } },
-    errors: ['tier_forbidden', 'image_not_found', 'image_pull_failed'],
+    errors: ['tier_forbidden', 'image_not_found', 'image_pull_failed', 'quota_exceeded'],
   },
   {
     operationId: 'getImage',
@@ -624,7 +624,7 @@ export const ROUTE_TABLE = [
     bodyKind: 'json',
     body: S.CreateEnvironmentRequest,
     responses: { 202: { description: 'Accepted: pending or baking.', schema: S.Environment } },
-    errors: ['tier_forbidden', 'image_not_found', 'conflict'],
+    errors: ['tier_forbidden', 'image_not_found', 'conflict', 'quota_exceeded'],
   },
   {
     operationId: 'listEnvironments',
@@ -717,7 +717,7 @@ export const ROUTE_TABLE = [
     tag: 'sandboxes',
     auth: true,
     responses: { 200: { description: 'Event stream: `sandbox` events.', contentType: 'text/event-stream', events: [S.SandboxEvent] } },
-    errors: [],
+    errors: ['quota_exceeded'],
   },
   {
     operationId: 'getLiveStats',
@@ -753,7 +753,7 @@ export const ROUTE_TABLE = [
     body: S.CreateKeyRequest,
     bodyOptional: true,
     responses: { 201: { description: 'Created.', schema: S.CreatedKey } },
-    errors: [],
+    errors: ['quota_exceeded'],
   },
   {
     operationId: 'revokeKey',

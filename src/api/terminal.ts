@@ -121,6 +121,7 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
           if (!String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((p) => p.trim()).includes(TERMINAL_SUBPROTOCOL)) {
             throw new CollimateError('validation_error', `Offer the subprotocol ${TERMINAL_SUBPROTOCOL} beside bearer.<key>.`);
           }
+          tenants.quotas.holdStream(scope, socket);
           wss.handleUpgrade(req, socket, head, (ws) => bridge(ws, scope, id, pid));
         } catch (err) {
           reject(socket, toClientError(err, log));

@@ -16,6 +16,7 @@ import { ApiClient, CliHttpError } from './client.js';
 import { duration, table } from './format.js';
 import { CollimateError as SdkError, SandboxFiles } from '../sdk/index.js';
 import { Transport } from '../../sdk/typescript/src/transport.js';
+import { parseQuotaOverrides, type QuotaOverrides } from '../service/quotas.js';
 
 export interface Io {
   out(s: string): void;
@@ -420,10 +421,19 @@ async function serve(args: string[], io: Io): Promise<number> {
   const t0 = startedAt(io.env);
   io.err(`collimate: opening ${dir} and warming catalog templates (the first start with a cache builds them: base first, the others once serving)...\n`);
   const { startServer, StartError } = await import('../server/assemble.js');
+  let quotas: QuotaOverrides;
+  try {
+    // The operator's quotas by tier or tenant (docs/operations.md): a bad setting stops the start.
+    quotas = parseQuotaOverrides(io.env.COLLIMATE_QUOTAS);
+  } catch (err) {
+    io.err(`collimate: ${(err as Error).message}\n`);
+    return 2;
+  }
   let server: Awaited<ReturnType<typeof startServer>>;
   try {
     server = await startServer({
       home: dir, host, port, logLevel, tls, engineModule,
+      service: { quotas },
       // Sandbox ports' own origins, <port>-<id>.<domain> (wildcard DNS to this server): docs/security.md.
       server: {
         ...(io.env.COLLIMATE_SANDBOX_DOMAIN ? { sandboxDomain: io.env.COLLIMATE_SANDBOX_DOMAIN } : {}),

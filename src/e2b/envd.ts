@@ -560,6 +560,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         if (streaming) {
           const messages = String(req.headers['content-type'] ?? '').startsWith(CONNECT_STREAM_TYPE) ? decodeEnvelopes(body) : [decodeUnary(body)];
           const msg = (messages[0] ?? {}) as Record<string, unknown>;
+          opts.tenants.quotas.holdStream(s, res);
           stream = new ServerStream(res);
           const interval = Number(req.headers['keepalive-ping-interval']);
           stream.keepAlive(interval, () => (method.startsWith('filesystem') ? { keepalive: {} } : { event: { keepalive: {} } }));

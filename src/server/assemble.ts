@@ -11,6 +11,7 @@ import type { FastifyInstance } from 'fastify';
 import { CollimateError } from '../errors.js';
 import type { ApiServer } from '../api/server.js';
 import type { ClusterNode } from '../cluster/node.js';
+import type { QuotaOverrides } from '../service/quotas.js';
 import type { CatalogStatus } from '../sandboxes/types.js';
 import type { TenantService, TenantServiceOptions } from '../service/tenantService.js';
 import type { ClusterEnvironmentHost } from '../cluster/environmentHost.js';
@@ -45,7 +46,7 @@ export interface ServerConfig {
   db?: Db;
   images?: ImageService;
   /** The tenant service's clock, port-URL key file and metering period (tests). */
-  service?: { now?: () => number; portUrlKeyPath?: string | null; reconcileIntervalMs?: number };
+  service?: { now?: () => number; portUrlKeyPath?: string | null; reconcileIntervalMs?: number; quotas?: QuotaOverrides };
   server?: ServerTuning;
   /** Progress lines of the engine's first start and of environments' restore. */
   progress?: (m: string) => void;

@@ -7,6 +7,7 @@ import type { KeyRecord, KeyStore } from './keys.js';
 import type { Placement } from './placement.js';
 import type { PortUrlSigner, SandboxTokenKind } from './portUrls.js';
 import { nextGeneration, type SandboxGrant, type SandboxGrants } from './sandboxGrants.js';
+import type { Quotas } from './quotas.js';
 import type { Tier } from './tiers.js';
 import type { AccountKeys, Scope } from './types.js';
 
@@ -18,6 +19,7 @@ export class Accounts {
     private readonly signer: PortUrlSigner,
     private readonly placement: Placement,
     private readonly grants: SandboxGrants,
+    private readonly quotas: Quotas,
   ) {}
 
   private readonly keyStates = new Map<string, { revoked: boolean; at: number }>();
@@ -31,6 +33,13 @@ export class Accounts {
     return { tenant: p.tenant, tier: p.tier, keyId: p.keyId };
   }
 
+  /** The scope of a tenant that no key names (a signed URL's sandbox owner): its tier as its keys have it. */
+  async scopeOf(tenant: string): Promise<Scope> {
+    const tier = await this.keys.findTier(tenant);
+    if (!tier) throw new CollimateError('unauthorized', 'The tenant this names has no keys left.');
+    return { tenant, tier };
+  }
+
   /** The tenant's keys that are not revoked (records only; the keys themselves are never kept). */
   async ownKeys(scope: Scope): Promise<KeyRecord[]> {
     return this.accountKeys.list({ tenant: scope.tenant });
@@ -38,8 +47,11 @@ export class Accounts {
 
   /** A new key of the same tenant, under its current tier (a key cannot change its own tier). */
   async createOwnKey(scope: Scope, name?: string): Promise<{ key: string; record: KeyRecord }> {
-    const { key, record } = await this.accountKeys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
-    return { key, record };
+    const used = (await this.accountKeys.list({ tenant: scope.tenant })).length;
+    return this.quotas.within(scope, { keys: { used, adding: 1 } }, async () => {
+      const { key, record } = await this.accountKeys.create({ tenant: scope.tenant, ...(name === undefined ? {} : { name }) });
+      return { key, record };
+    });
   }
 
   /** Revokes one of the tenant's keys by id; another tenant's key is as unknown as one that never was. */

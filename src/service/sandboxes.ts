@@ -19,6 +19,7 @@ import type { Histogram } from './metrics.js';
 import type { Placement } from './placement.js';
 import type { PortUrlSigner } from './portUrls.js';
 import type { SandboxHost } from './sandboxHost.js';
+import type { Quotas } from './quotas.js';
 import type { Templates } from './templates.js';
 import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope } from './types.js';
 
@@ -35,6 +36,7 @@ export interface SandboxesDeps {
   templates: Templates;
   signer: PortUrlSigner;
   idempotency: IdempotencyRunner;
+  quotas: Quotas;
   timers: LifecycleTimers;
   clusterReadings?: ClusterReadings;
   now(): number;
@@ -179,8 +181,37 @@ export class Sandboxes {
     });
   }
 
+  /**
+   * Suspends within the tenant's quotas of suspended sandboxes and their sizes (quotas.ts): a
+   * suspend that would pass one is 429 quota_exceeded and the sandbox keeps running.
+   */
   async suspend(scope: Scope, id: string): Promise<SandboxInfo> {
-    return (await this.where(scope, id)).suspend(id, scope);
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    // Not running: the host answers invalid_state, which says more than a quota would.
+    if (info.state !== 'running') return host.suspend(id, scope);
+    const held = await this.suspendedUse(scope.tenant);
+    return this.d.quotas.within(scope, {
+      suspended_sandboxes: { used: held.count, adding: 1 },
+      suspended_mib: { used: held.mib, adding: info.memory_mib + info.disk_mib },
+    }, () => host.suspend(id, scope));
+  }
+
+  /** The tenant's suspended sandboxes on every host: how many, and their memory plus disk sizes in MiB. */
+  async suspendedUse(tenant: string): Promise<{ count: number; mib: number }> {
+    let count = 0;
+    let mib = 0;
+    let after: string | undefined;
+    do {
+      const page = await this.placement.list(tenant, { state: 'suspended', limit: 1000, ...(after ? { after } : {}) });
+      for (const s of page.sandboxes) {
+        if (s.state !== 'suspended') continue;
+        count += 1;
+        mib += s.memory_mib + s.disk_mib;
+      }
+      after = page.next ?? undefined;
+    } while (after);
+    return { count, mib };
   }
 
   async resume(scope: Scope, id: string): Promise<SandboxInfo> {
@@ -324,7 +355,7 @@ export class Sandboxes {
 
   /** Where the proxy connects for a tenant's request to a port (invalid_state unless running). */
   async portTarget(scope: Scope, id: string, port: number): Promise<ResolvedPort> {
-    return { sandboxId: id, port, target: await (await this.where(scope, id)).portTarget(id, port, scope) };
+    return { sandboxId: id, tenant: scope.tenant, port, target: await (await this.where(scope, id)).portTarget(id, port, scope) };
   }
 
   /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */
@@ -333,7 +364,7 @@ export class Sandboxes {
     const tenant = await this.placement.tenantOf(grant.sandboxId);
     if (tenant === null) throw sandboxNotFound(grant.sandboxId);
     const scope = { tenant };
-    return { sandboxId: grant.sandboxId, port: grant.port, expiresAt: grant.expiresAt, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
+    return { sandboxId: grant.sandboxId, tenant, port: grant.port, expiresAt: grant.expiresAt, target: await (await this.placement.locate(tenant, grant.sandboxId)).portTarget(grant.sandboxId, grant.port, scope) };
   }
 
   /**

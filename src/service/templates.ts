@@ -8,6 +8,7 @@ import type { EnvironmentSpec, ImageService } from '../images/service.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type { SourceSpec } from '../images/sources.js';
 import type { ServiceEngine, TemplateInfo } from '../sandboxes/types.js';
+import type { Quotas } from './quotas.js';
 import type { ClusterReadings, Scope } from './types.js';
 
 export class Templates {
@@ -15,6 +16,7 @@ export class Templates {
     private readonly engine: ServiceEngine,
     private readonly images: ImageService | undefined,
     private readonly clusterReadings: ClusterReadings | undefined,
+    private readonly quotas: Quotas,
   ) {}
 
   catalog(scope: Scope): TemplateInfo[] {
@@ -39,7 +41,8 @@ export class Templates {
 
   async pullImage(scope: Scope, source: SourceSpec): Promise<ImageRow> {
     requireOwnImages(scope, 'register images');
-    return this.imagesOrThrow().pull(scope.tenant, source);
+    const images = this.imagesOrThrow();
+    return this.quotas.within(scope, { images: { used: images.images(scope.tenant).length, adding: 1 } }, () => images.pull(scope.tenant, source));
   }
 
   image(scope: Scope, id: string): ImageRow {
@@ -59,7 +62,11 @@ export class Templates {
     if ((spec.vcpus ?? 1) > tier.maxVcpus || (spec.memoryMib ?? 256) > tier.maxMemoryMib) {
       throw new CollimateError('tier_forbidden', `The ${tier.name} tier allows at most ${tier.maxVcpus} vCPUs and ${tier.maxMemoryMib} MiB per environment.`);
     }
-    const row = this.imagesOrThrow().createEnvironment(scope.tenant, spec);
+    const images = this.imagesOrThrow();
+    // Made again under its name, an environment replaces itself: it adds none.
+    const existing = await this.environments(scope);
+    const adding = existing.some((e) => e.name === spec.name) ? 0 : 1;
+    const row = await this.quotas.within(scope, { environments: { used: existing.length, adding } }, async () => images.createEnvironment(scope.tenant, spec));
     await this.clusterReadings?.environmentsWritten();
     return row;
   }

@@ -33,8 +33,9 @@ import { PortUrlSigner } from './portUrls.js';
 import { localHost, type SandboxHost } from './sandboxHost.js';
 import { Sandboxes } from './sandboxes.js';
 import { Templates } from './templates.js';
+import { QUOTA_NAMES, Quotas, type QuotaName, type QuotaOverrides } from './quotas.js';
 import { SandboxGrantStore, type SandboxGrants } from './sandboxGrants.js';
-import type { AccountKeys, ClusterReadings, IdempotencyRunner } from './types.js';
+import type { AccountKeys, ClusterReadings, IdempotencyRunner, Scope } from './types.js';
 import { Usage, type Transition } from './usage.js';
 
 export interface TenantServiceOptions {
@@ -47,6 +48,8 @@ export interface TenantServiceOptions {
   keys?: KeyStore;
   /** Where a tenant's own keys are listed, made and revoked; default `keys`. */
   accountKeys?: AccountKeys;
+  /** The operator's quota overrides by tier or tenant (COLLIMATE_QUOTAS, quotas.ts); default the tiers' defaults. */
+  quotas?: QuotaOverrides;
   /** Who each sandbox's access tokens were issued to; default the database's (a cluster host passes the cluster's). */
   sandboxGrants?: SandboxGrants;
   /** Idempotency-Key records; default the database's. */
@@ -79,6 +82,8 @@ export class TenantService {
   readonly accounts: Accounts;
   readonly sandboxes: Sandboxes;
   readonly templates: Templates;
+  /** Per-tenant quotas (tier defaults, the operator's overrides) and what operations under way hold of them. */
+  readonly quotas: Quotas;
   readonly usage: Usage;
   readonly events: SandboxEvents;
 
@@ -136,11 +141,12 @@ export class TenantService {
     this.signer = new PortUrlSigner(keyPath, now);
 
     this.usage = new Usage(engine, meter, clusterReadings, now, log);
-    this.templates = new Templates(engine, opts.images, clusterReadings);
+    this.quotas = new Quotas(opts.quotas);
+    this.templates = new Templates(engine, opts.images, clusterReadings, this.quotas);
     this.grants = opts.sandboxGrants ?? new SandboxGrantStore(opts.db);
-    this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement, this.grants);
+    this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement, this.grants, this.quotas);
     this.sandboxes = new Sandboxes({
-      engine, placement: this.placement, templates: this.templates, signer: this.signer, idempotency: this.idempotency,
+      engine, placement: this.placement, templates: this.templates, signer: this.signer, idempotency: this.idempotency, quotas: this.quotas,
       timers: this.usage.timers, clusterReadings, now, log,
     });
     this.events = new SandboxEvents(opts.sandboxEvents);
@@ -161,6 +167,21 @@ export class TenantService {
   /** The service's instruments; front doors register theirs in the same registry. */
   get metrics(): MetricsRegistry {
     return this.usage.metrics;
+  }
+
+  /** Each quota's limit for the scope and the tenant's use of it now (GET /v1/limits). */
+  async quotaUse(scope: Scope): Promise<Record<QuotaName, { limit: number | null; used: number }>> {
+    const limits = this.quotas.limits(scope);
+    const suspended = await this.sandboxes.suspendedUse(scope.tenant);
+    const used: Record<QuotaName, number> = {
+      suspended_sandboxes: suspended.count,
+      suspended_mib: suspended.mib,
+      images: this.templates.ownImages(scope).length,
+      environments: (await this.templates.environments(scope)).length,
+      open_streams: this.quotas.holding(scope.tenant, 'open_streams'),
+      keys: (await this.accounts.ownKeys(scope)).length,
+    };
+    return Object.fromEntries(QUOTA_NAMES.map((n) => [n, { limit: limits[n], used: used[n] }])) as Record<QuotaName, { limit: number | null; used: number }>;
   }
 
   /** API keys (ApiServer.keys: tests and the CLI make them here). */

@@ -51,6 +51,8 @@ export interface PortUrl {
 /** A sandbox port resolved for the ports proxy. */
 export interface ResolvedPort {
   sandboxId: string;
+  /** Whose sandbox it is: its connections count against that tenant's open_streams quota. */
+  tenant: string;
   port: number;
   target: PortRoute;
   /** A signed URL's expiry (unix seconds). */

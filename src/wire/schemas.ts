@@ -783,6 +783,15 @@ export const CreatedKey = named(
   z.strictObject({ key: described(z.string(), 'The new key (clm_…). Shown only in this answer; store it now.'), record: ApiKey }),
 );
 
+/** The per-tenant quotas (src/service/quotas.ts enforces them), in the order GET /v1/limits lists them. */
+export const QUOTA_NAMES = ['suspended_sandboxes', 'suspended_mib', 'images', 'environments', 'open_streams', 'keys'] as const;
+export type QuotaName = (typeof QUOTA_NAMES)[number];
+
+const QuotaUse = z.strictObject({
+  limit: described(z.number().int().nullable(), 'null: no limit.'),
+  used: z.number().int(),
+});
+
 export const Limits = named(
   'Limits',
   z.strictObject({
@@ -794,8 +803,14 @@ export const Limits = named(
     default_session_secs: z.number().int().nullable(),
     max_vcpus: z.number().int(),
     max_memory_mib: z.number().int(),
+    quotas: described(
+      z.strictObject(Object.fromEntries(QUOTA_NAMES.map((n) => [n, QuotaUse])) as Record<QuotaName, typeof QuotaUse>),
+      'Each quota with its limit and your use now. suspended_sandboxes; suspended_mib (each suspended sandbox at its memory plus disk size); ' +
+        'images; environments; open_streams (event streams, watches, process and terminal streams, E2B streams and port connections open on this host); ' +
+        'keys (not revoked). Going past one is 429 quota_exceeded with details.quota naming it.',
+    ),
   }),
-  "The tier's limits and current concurrency against its cap.",
+  "The tier's limits, its quotas and current use.",
 );
 
 export const SandboxEvent = named(

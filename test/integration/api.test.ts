@@ -38,7 +38,7 @@ async function call(op: string | null, method: string, path: string, key: string
 before(async () => {
   home = testHome('api');
   engine = await openEngine(home);
-  api = await serveEngine(engine);
+  api = await serveEngine(engine, { quotas: { 'tenant:hoarder': { suspended_sandboxes: 1 } } });
   const addr = await api.app.listen({ host: '127.0.0.1', port: 0 });
   base = addr;
   proKey = api.keys.create({ tenant: 'acme', tier: 'pro' }).key;
@@ -139,6 +139,26 @@ test('demo tier: the third concurrent create is 429 with Retry-After; suspending
   assert.equal(forbidden.status, 403);
   assert.equal(forbidden.json().error.code, 'template_forbidden');
   for (const id of [a.id, b.id, c.json().id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, demoKey);
+});
+
+test('quotas on real VMs: a suspend past the tenant\'s suspended_sandboxes is 429 and its VM runs on; another tenant suspends meanwhile', async () => {
+  const key = api.keys.create({ tenant: 'hoarder', tier: 'pro' }).key;
+  const [a, b] = await Promise.all([0, 1].map(async () => (await call('createSandbox', 'POST', '/v1/sandboxes', key, { template: 'base' })).json()));
+  assert.equal((await call('suspendSandbox', 'POST', `/v1/sandboxes/${a.id}/suspend`, key)).json().state, 'suspended');
+  const refused = await call('suspendSandbox', 'POST', `/v1/sandboxes/${b.id}/suspend`, key);
+  assert.equal(refused.status, 429);
+  assert.equal(refused.json().error.code, 'quota_exceeded');
+  assert.equal(refused.json().error.quota, 'suspended_sandboxes');
+  assert.equal((await call('execSandbox', 'POST', `/v1/sandboxes/${b.id}/exec`, key, { command: 'echo still here' })).json().stdout, 'still here\n');
+  const limits = (await call('getLimits', 'GET', '/v1/limits', key)).json();
+  assert.deepEqual(limits.quotas.suspended_sandboxes, { limit: 1, used: 1 });
+  const theirs = (await call('createSandbox', 'POST', '/v1/sandboxes', otherKey, { template: 'base' })).json();
+  assert.equal((await call('suspendSandbox', 'POST', `/v1/sandboxes/${theirs.id}/suspend`, otherKey)).json().state, 'suspended', 'another tenant is not held back');
+  // Resumed, a sandbox no longer counts.
+  assert.equal((await call('resumeSandbox', 'POST', `/v1/sandboxes/${a.id}/resume`, key)).json().state, 'running');
+  assert.equal((await call('suspendSandbox', 'POST', `/v1/sandboxes/${b.id}/suspend`, key)).json().state, 'suspended');
+  for (const id of [a.id, b.id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, key);
+  await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${theirs.id}`, otherKey);
 });
 
 test('a lease on real VMs: a session set to end in 2 s is reaped then; one set past the tier maximum is refused and runs on; a suspended one is 409', async () => {

@@ -11,6 +11,7 @@ import { homeNamespaces } from '../../src/net/netns.ts';
 import type { ApiServer } from '../../src/api/server.ts';
 import { startServer, type ServerTuning } from '../../src/server/assemble.ts';
 import type { ImageService } from '../../src/images/service.ts';
+import type { QuotaOverrides } from '../../src/service/quotas.ts';
 
 /** Guest assets and artifacts are shared by every test file (content-addressed, read-only once built). */
 export const TEST_CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -78,9 +79,9 @@ export async function assertNoLeaks(engine: Engine, home: string): Promise<void>
  */
 export type Served = ApiServer & { close(graceMs?: number): Promise<void> };
 
-export async function serveEngine(engine: Engine, opts: ServerTuning & { images?: ImageService } = {}): Promise<Served> {
-  const { images, ...server } = opts;
-  const s = await startServer({ engine, images, listen: false, service: { reconcileIntervalMs: 0 }, server });
+export async function serveEngine(engine: Engine, opts: ServerTuning & { images?: ImageService; quotas?: QuotaOverrides } = {}): Promise<Served> {
+  const { images, quotas, ...server } = opts;
+  const s = await startServer({ engine, images, listen: false, service: { reconcileIntervalMs: 0, quotas }, server });
   return { ...s.api, close: (graceMs = 1000) => s.stop(graceMs) };
 }
 

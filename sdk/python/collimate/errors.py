@@ -16,6 +16,7 @@ __all__ = [
     "NotFoundError",
     "InvalidStateError",
     "ConcurrencyLimitError",
+    "QuotaExceededError",
     "ValidationError",
     "PayloadTooLargeError",
     "TierForbiddenError",
@@ -89,6 +90,18 @@ class ConcurrencyLimitError(CollimateError):
     """429: the tier's cap on running sandboxes is reached; ``retry_after`` is in seconds."""
 
     default_status = 429
+
+
+class QuotaExceededError(CollimateError):
+    """429 quota_exceeded: a per-tenant quota is reached; ``quota`` names it. Retrying does not help
+    until something is deleted or closed."""
+
+    default_status = 429
+
+    @property
+    def quota(self) -> Optional[str]:
+        q = self.details.get("quota")
+        return q if isinstance(q, str) else None
 
 
 class ValidationError(CollimateError):
@@ -204,6 +217,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "network_unavailable": NetworkUnavailableError,
     "payload_too_large": PayloadTooLargeError,
     "concurrency_limit": ConcurrencyLimitError,
+    "quota_exceeded": QuotaExceededError,
     "rate_limited": ConcurrencyLimitError,
     "exec_timeout": TimeoutError,
     "internal_error": ServerError,

@@ -59,6 +59,18 @@ export class ConcurrencyLimitError extends CollimateError {
   static override readonly defaultStatus = 429;
 }
 
+/**
+ * 429 quota_exceeded: a per-tenant quota (suspended sandboxes, images, environments, open streams,
+ * keys) is reached; `quota` names it. Retrying does not help until something is deleted or closed.
+ */
+export class QuotaExceededError extends CollimateError {
+  static override readonly defaultStatus = 429;
+  /** Which quota (`suspended_sandboxes`, `suspended_mib`, `images`, `environments`, `open_streams`, `keys`). */
+  get quota(): string | undefined {
+    return typeof this.details.quota === 'string' ? this.details.quota : undefined;
+  }
+}
+
 /** 400 (and 422 for a reused Idempotency-Key): the request is malformed; `details.issues` says where. */
 export class ValidationError extends CollimateError {
   static override readonly defaultStatus = 400;
@@ -165,6 +177,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   network_unavailable: NetworkUnavailableError,
   payload_too_large: PayloadTooLargeError,
   concurrency_limit: ConcurrencyLimitError,
+  quota_exceeded: QuotaExceededError,
   rate_limited: ConcurrencyLimitError,
   exec_timeout: TimeoutError,
   internal_error: ServerError,

@@ -14,6 +14,7 @@ export {
   NotFoundError,
   InvalidStateError,
   ConcurrencyLimitError,
+  QuotaExceededError,
   ValidationError,
   PayloadTooLargeError,
   TierForbiddenError,

@@ -603,7 +603,7 @@ export type CreatedKey = {
   record: ApiKey;
 };
 
-/** The tier's limits and current concurrency against its cap. */
+/** The tier's limits, its quotas and current use. */
 export type Limits = {
   tier: string;
   /** Running sandboxes at once (suspended ones do not count); null: no cap. */
@@ -616,6 +616,39 @@ export type Limits = {
   default_session_secs: number | null;
   max_vcpus: number;
   max_memory_mib: number;
+  /** Each quota with its limit and your use now. suspended_sandboxes; suspended_mib (each suspended sandbox at its memory plus disk size); images; environments; open_streams (event streams, watches, process and terminal streams, E2B streams and port connections open on this host); keys (not revoked). Going past one is 429 quota_exceeded with details.quota naming it. */
+  quotas: {
+    suspended_sandboxes: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    suspended_mib: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    images: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    environments: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    open_streams: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    keys: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+  };
 };
 
 /** The data of a `sandbox` event on GET /v1/events. */

@@ -13,7 +13,7 @@ export function keyView(r: KeyRecord) {
 }
 
 /** The tier's limits and how many of the tenant's sandboxes run (GET /v1/limits). */
-export function limitsView(tier: Tier, running: number) {
+export function limitsView(tier: Tier, running: number, quotas: Record<string, { limit: number | null; used: number }>) {
   return {
     tier: tier.name,
     max_running: tier.maxRunning,
@@ -23,6 +23,7 @@ export function limitsView(tier: Tier, running: number) {
     default_session_secs: tier.defaultSessionSecs,
     max_vcpus: tier.maxVcpus,
     max_memory_mib: tier.maxMemoryMib,
+    quotas,
   };
 }
 
@@ -44,7 +45,7 @@ export function accountHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async getLimits({ scope }) {
       const { tier, running } = await tenants.accounts.limits(scope);
-      return { status: 200, body: limitsView(tier, running) };
+      return { status: 200, body: limitsView(tier, running, await tenants.quotaUse(scope)) };
     },
 
     async getLiveStats({ scope }) {
@@ -52,6 +53,7 @@ export function accountHandlers(tenants: TenantService, streams: SseStreams): Pi
     },
 
     streamEvents({ scope, reply }) {
+      tenants.quotas.holdStream(scope, reply.raw);
       streams.streamSandboxEvents(reply, (listener) => tenants.events.watch(scope, listener));
       return null;
     },

@@ -119,6 +119,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
 
     async watchDirectory({ scope, params, query, reply }) {
       const recursive = query.recursive === 'true' || query.recursive === '1';
+      tenants.quotas.holdStream(scope, reply.raw);
       await streams.streamWatch(reply, (handlers) => tenants.sandboxes.fsWatch(scope, params.id, query.path, recursive, handlers));
       return null;
     },

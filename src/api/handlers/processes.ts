@@ -30,6 +30,7 @@ export function processHandlers(tenants: TenantService, streams: SseStreams): Pi
       const from = query.from === undefined || query.from === 'start' ? 'start' : query.from === 'now' ? 'now' : Number(query.from);
       // Found before committing to a 200 stream, so an unknown process is still a 404.
       await tenants.sandboxes.getProcess(scope, params.id, pid);
+      tenants.quotas.holdStream(scope, reply.raw);
       await streams.streamProcess(reply, (listener) => tenants.sandboxes.watchProcessOutput(scope, params.id, pid, from, listener));
       return null;
     },

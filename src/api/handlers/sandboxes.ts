@@ -56,6 +56,7 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       }
       // Checked before committing to a 200 stream, so the common mistakes still get their status code.
       await tenants.sandboxes.requireRunning(scope, params.id, 'exec');
+      tenants.quotas.holdStream(scope, reply.raw);
       await streams.streamExec(reply, req.log, req.id, (handlers) => tenants.sandboxes.exec(scope, params.id, body, handlers));
       return null;
     },

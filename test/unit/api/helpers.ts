@@ -40,12 +40,12 @@ export interface ReqOpts {
 }
 
 /** Server options, and the tenant service's that tests set (images, clock, signing key, reconcile period). */
-export type ServerOptions = Partial<Omit<BuildServerOptions, 'tenants'>> & Partial<Pick<TenantServiceOptions, 'images' | 'now' | 'portUrlKeyPath' | 'reconcileIntervalMs'>>;
+export type ServerOptions = Partial<Omit<BuildServerOptions, 'tenants'>> & Partial<Pick<TenantServiceOptions, 'images' | 'now' | 'portUrlKeyPath' | 'reconcileIntervalMs' | 'quotas'>>;
 
 /** A tenant service and an API server over `engine` (the fake), assembled as `collimate serve` does (not listening). */
 export async function serverOn(engine: TenantServiceOptions['engine'], db: Db, opts: ServerOptions = {}): Promise<ApiServer> {
-  const { images, now, portUrlKeyPath, reconcileIntervalMs, ...server } = opts;
-  const s = await startServer({ engine, db, images, listen: false, service: { now, portUrlKeyPath, reconcileIntervalMs: reconcileIntervalMs ?? 0 }, server: { now, ...server } });
+  const { images, now, portUrlKeyPath, reconcileIntervalMs, quotas, ...server } = opts;
+  const s = await startServer({ engine, db, images, listen: false, service: { now, portUrlKeyPath, reconcileIntervalMs: reconcileIntervalMs ?? 0, quotas }, server: { now, ...server } });
   return s.api;
 }
 

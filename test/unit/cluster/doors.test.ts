@@ -25,7 +25,9 @@ const SERVICE = fileURLToPath(new URL('../../../src/service/sandboxes.ts', impor
 const skip = postgresUnavailable() ?? false;
 
 type Host = FakeHost;
-const startHost = (args: string[], home: string) => startFakeHost(args, home);
+// The contract is the running cap: the Demo tier's quota of suspended sandboxes (quotas.ts) is lifted
+// so that the resume race can hold four suspended ones.
+const startHost = (args: string[], home: string) => startFakeHost(args, home, { COLLIMATE_QUOTAS: JSON.stringify({ demo: { suspended_sandboxes: null, suspended_mib: null } }) });
 const stopHost = (h: Host) => stopFakeHost(h);
 
 function makeKey(where: string[], tenant: string, tier: string): string {
