@@ -272,37 +272,35 @@ export class Envd {
     return ['/bin/sh', ...args.filter((a) => a !== '-l')];
   }
 
-  /** Streams a process's events: start, output, end; detaches when the client goes away. */
+  /**
+   * Streams a process's events: start, output, end; detaches when the client goes away. The process
+   * is attached before the start event goes out, so a pid that is not there is an error the SDK's
+   * connect rejects with (E2B's envd answers not_found), not a start followed by one.
+   */
   private async follow(scope: Scope, id: string, pid: number, fromStart: boolean, stream: ServerStream, req: IncomingMessage): Promise<void> {
-    await stream.send({ event: { start: { pid } } });
-    await new Promise<void>((resolve, reject) => {
-      let detach: (() => void) | undefined;
-      let finished = false;
-      const finish = () => {
-        if (finished) return;
-        finished = true;
-        detach?.();
-        req.socket.off('close', finish);
-        resolve();
-      };
-      req.socket.once('close', finish);
-      this.backend
-        .attachProcess(scope, id, pid, fromStart, {
-          onOutput: (kind, data) => void stream.send({ event: { data: { [kind]: data.toString('base64') } } }),
-          onExit: (exit) => {
-            void stream.send({ event: { end: endEventJson(exit) } });
-            finish();
-          },
-        })
-        .then((d) => {
-          detach = d;
-          if (finished) d();
-        }, (err) => {
-          finished = true;
-          req.socket.off('close', finish);
-          reject(err);
-        });
+    const early: Record<string, unknown>[] = [];
+    let send = (m: Record<string, unknown>) => void early.push(m);
+    let exited = false;
+    let wake: (() => void) | undefined;
+    const detach = await this.backend.attachProcess(scope, id, pid, fromStart, {
+      onOutput: (kind, data) => send({ event: { data: { [kind]: data.toString('base64') } } }),
+      onExit: (exit) => {
+        send({ event: { end: endEventJson(exit) } });
+        exited = true;
+        wake?.();
+      },
     });
+    const gone = () => wake?.();
+    req.socket.once('close', gone);
+    try {
+      await stream.send({ event: { start: { pid } } });
+      for (const m of early) void stream.send(m);
+      send = (m) => void stream.send(m);
+      if (!exited && !req.socket.destroyed) await new Promise<void>((resolve) => (wake = resolve));
+    } finally {
+      req.socket.off('close', gone);
+      detach();
+    }
   }
 
   readonly unary: Partial<Record<string, Unary>> = {
@@ -350,7 +348,10 @@ export class Envd {
       return { entries: (await this.backend.listDir(scope, id, str(msg.path, 'path')!, Math.max(1, depth))).map(entryJson) };
     },
     'filesystem.Filesystem/Remove': async (scope, id, msg) => {
-      await this.backend.remove(scope, id, str(msg.path, 'path')!);
+      // E2B's remove is idempotent: a path that is not there is already removed.
+      await this.backend.remove(scope, id, str(msg.path, 'path')!).catch((err) => {
+        if (!(err instanceof CollimateError && err.code === 'file_not_found')) throw err;
+      });
       return {};
     },
     'filesystem.Filesystem/CreateWatcher': async (scope, id, msg) => {

@@ -76,6 +76,18 @@ for (const [version, sdk] of [['2.51', e2bNew], ['2.30', e2bOld as unknown as ty
       await sbx.kill();
     });
 
+    it("removing a path that is not there succeeds, as E2B's does; connecting to a pid that is not there rejects", async () => {
+      const sbx = await sdk.Sandbox.create('python', opts());
+      await sbx.files.remove('/tmp/never-was-here.txt');
+      await assert.rejects(sbx.commands.connect(999_999), (e: Error) => e instanceof sdk.NotFoundError || /not found|no process/i.test(e.message));
+      // A real one still connects, and sees its output and end.
+      const bg = await sbx.commands.run('sleep 0.3; echo late', { background: true });
+      const again = await sbx.commands.connect(bg.pid);
+      assert.equal(again.pid, bg.pid);
+      assert.equal((await again.wait()).stdout, 'late\n');
+      await sbx.kill();
+    });
+
     it('writes, reads, lists, makes directories, renames, removes and checks existence', async () => {
       const sbx = await sdk.Sandbox.create('python', opts());
       await sbx.files.write(`/tmp/${version}/a.txt`, 'alpha');
