@@ -82,10 +82,19 @@ export function e2bListed(info: SandboxInfo): Record<string, unknown> {
   };
 }
 
-/** E2B's list query (GET /sandboxes, /v2/sandboxes) as a page request, and what is filtered after. */
+/** Where a page of E2B's list starts: after this sandbox in the list's order (nextToken, opaque to the SDK). */
+interface ListCursor {
+  startedAt: string;
+  id: string;
+}
+
+/** E2B's list query (GET /sandboxes, /v2/sandboxes): what to read, what is filtered after, the order and the page. */
 export function e2bListQuery(query: Record<string, unknown>, runningOnly: boolean): {
-  page: { state?: 'running' | 'suspended'; labels?: Record<string, string>; after?: string; limit?: number };
+  filter: { state?: 'running' | 'suspended'; labels?: Record<string, string> };
   keep: (s: SandboxInfo) => boolean;
+  order: 'asc' | 'desc';
+  limit: number;
+  after?: ListCursor;
 } {
   const labels: Record<string, string> = {};
   if (typeof query.metadata === 'string' && query.metadata !== '') {
@@ -98,18 +107,46 @@ export function e2bListQuery(query: Record<string, unknown>, runningOnly: boolea
   if (runningOnly) states = ['running'];
   for (const s of states) if (s !== 'running' && s !== 'paused') throw bad(`state must be running or paused (got ${s.slice(0, 40)}).`);
   const state = states.length === 1 ? (states[0] === 'paused' ? 'suspended' : 'running') : undefined;
-  let limit: number | undefined;
+  let limit = DEFAULT_LIST_LIMIT;
   if (query.limit !== undefined) {
     limit = Number(query.limit);
     if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw bad('limit must be a whole number from 1 to 1000.');
   }
-  const after = typeof query.nextToken === 'string' && query.nextToken !== '' ? query.nextToken : undefined;
+  const order = query.order === undefined || query.order === '' ? 'desc' : query.order;
+  if (order !== 'asc' && order !== 'desc') throw bad('order must be asc or desc (by start time; desc, newest first, when not given).');
+  const after = typeof query.nextToken === 'string' && query.nextToken !== '' ? cursorOf(query.nextToken) : undefined;
   const template = typeof query.template === 'string' && query.template !== '' ? query.template : undefined;
   const startedAfter = typeof query.startedAfter === 'string' ? Date.parse(query.startedAfter) : NaN;
   return {
-    page: { ...(state ? { state } : {}), ...(Object.keys(labels).length ? { labels } : {}), ...(after ? { after } : {}), ...(limit ? { limit } : {}) },
+    filter: { ...(state ? { state } : {}), ...(Object.keys(labels).length ? { labels } : {}) },
     keep: (s) => s.state !== 'deleted' && (template === undefined || s.template === template) && (Number.isNaN(startedAfter) || Date.parse(s.session_started_at) >= startedAfter),
+    order,
+    limit,
+    ...(after ? { after } : {}),
   };
+}
+
+/** E2B's list pages hold 100 sandboxes unless the SDK asks for another size. */
+const DEFAULT_LIST_LIMIT = 100;
+
+function cursorOf(token: string): ListCursor {
+  try {
+    const [startedAt, id] = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as unknown[];
+    if (typeof startedAt === 'string' && typeof id === 'string') return { startedAt, id };
+  } catch {
+    // reported below
+  }
+  throw bad('nextToken is not one this server gave: pass the x-next-token of the previous page as it was.');
+}
+
+function tokenOf(s: SandboxInfo): string {
+  return Buffer.from(JSON.stringify([s.session_started_at, s.id])).toString('base64url');
+}
+
+/** E2B's order: by start time (then id, for sandboxes started in the same millisecond), newest first unless asc. */
+function listOrder(order: 'asc' | 'desc'): (a: { startedAt: string; id: string }, b: { startedAt: string; id: string }) => number {
+  const sign = order === 'asc' ? 1 : -1;
+  return (a, b) => sign * (a.startedAt < b.startedAt ? -1 : a.startedAt > b.startedAt ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 }
 
 export class E2bControlPlane {
@@ -170,10 +207,26 @@ export class E2bControlPlane {
     return [201, await this.sandboxAnswer(scope, info)];
   }
 
+  /**
+   * A page of E2B's list, in E2B's order (by start time, newest first unless `order=asc`): the
+   * tenant's sandboxes are read whole (pages of 1000 by id, as the service keeps them), sorted, and
+   * cut after the cursor.
+   */
   async list(scope: Scope, query: Record<string, unknown>, runningOnly: boolean): Promise<{ items: unknown[]; next: string | null }> {
     const q = e2bListQuery(query, runningOnly);
-    const page = await this.tenants.sandboxes.list(scope, q.page);
-    return { items: page.sandboxes.filter(q.keep).map(e2bListed), next: page.next };
+    const all: SandboxInfo[] = [];
+    let after: string | undefined;
+    do {
+      const page = await this.tenants.sandboxes.list(scope, { ...q.filter, limit: 1000, ...(after ? { after } : {}) });
+      all.push(...page.sandboxes.filter(q.keep));
+      after = page.next ?? undefined;
+    } while (after);
+    const compare = listOrder(q.order);
+    const key = (s: SandboxInfo) => ({ startedAt: s.session_started_at, id: s.id });
+    const sorted = all.sort((a, b) => compare(key(a), key(b)));
+    const from = q.after ? sorted.filter((s) => compare(key(s), q.after!) > 0) : sorted;
+    const items = from.slice(0, q.limit);
+    return { items: items.map(e2bListed), next: from.length > q.limit ? tokenOf(items[items.length - 1]) : null };
   }
 
   async get(scope: Scope, id: string): Promise<unknown> {

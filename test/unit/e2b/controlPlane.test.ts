@@ -164,9 +164,18 @@ describe('E2B-shaped requests the SDK never sends', () => {
     const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
     const made = [];
     for (let i = 0; i < 3; i++) made.push(await e2bNew.Sandbox.create('python', { ...opts, metadata: { page: 'yes' } }));
-    const paginator = e2bNew.Sandbox.list({ ...opts, limit: 2, query: { metadata: { page: 'yes' } } });
-    const seen: string[] = [];
-    while (paginator.hasNext) seen.push(...(await paginator.nextItems()).map((s) => s.sandboxId));
-    assert.deepEqual(seen.sort(), made.map((s) => s.sandboxId).sort());
+    const pages = async (order?: 'asc' | 'desc') => {
+      const paginator = e2bNew.Sandbox.list({ ...opts, limit: 2, ...(order ? { order } : {}), query: { metadata: { page: 'yes' } } } as never);
+      const seen: string[][] = [];
+      while (paginator.hasNext) seen.push((await paginator.nextItems()).map((s) => s.sandboxId));
+      return seen;
+    };
+    const ids = made.map((s) => s.sandboxId);
+    // E2B's order: by start time, newest first, pages of `limit`; `order: 'asc'` oldest first.
+    assert.deepEqual(await pages(), [[ids[2], ids[1]], [ids[0]]]);
+    assert.deepEqual(await pages('asc'), [[ids[0], ids[1]], [ids[2]]]);
+    const bad = await fetch(`${apiUrl}/v2/sandboxes?nextToken=garbage`, { headers: { 'x-api-key': key } });
+    assert.equal(bad.status, 400);
+    assert.match((await bad.json()).message, /nextToken/);
   });
 });
