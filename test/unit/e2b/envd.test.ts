@@ -141,7 +141,9 @@ describe('envd details', () => {
     const altered = down.replace('signed.txt', 'other.txt');
     assert.equal((await fetch(altered)).status, 401);
     const expired = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -10 });
-    assert.equal((await fetch(expired)).status, 401);
+    const refused = await fetch(expired);
+    assert.equal(refused.status, 401);
+    assert.deepEqual(await refused.json(), { code: 401, message: 'signature is already expired' }, "E2B's answer, word for word");
     // An upload URL does not read.
     assert.equal((await fetch(up.replace('/files?', '/files?x=1&'))).status, 401);
     await sbx.kill();
