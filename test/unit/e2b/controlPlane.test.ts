@@ -176,6 +176,6 @@ describe('E2B-shaped requests the SDK never sends', () => {
     assert.deepEqual(await pages('asc'), [[ids[0], ids[1]], [ids[2]]]);
     const bad = await fetch(`${apiUrl}/v2/sandboxes?nextToken=garbage`, { headers: { 'x-api-key': key } });
     assert.equal(bad.status, 400);
-    assert.match((await bad.json()).message, /nextToken/);
+    assert.match(((await bad.json()) as { message: string }).message, /nextToken/);
   });
 });
