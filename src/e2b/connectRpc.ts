@@ -58,6 +58,25 @@ export function connectErrorOf(err: CollimateError): ConnectError {
   return new ConnectError(code, err.text(e2bNames));
 }
 
+/**
+ * A message's JSON text: UTF-8 only, as for every door's JSON (wire/jsonBody.ts). Decoding bad bytes
+ * to U+FFFD would run a command or name a path other than the one the client sent.
+ */
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+function jsonOf(bytes: Buffer, what: string): unknown {
+  let text: string;
+  try {
+    text = utf8.decode(bytes);
+  } catch {
+    throw new ConnectError('invalid_argument', `${what} is not valid UTF-8; JSON must be sent as UTF-8`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new ConnectError('invalid_argument', `${what} is not valid JSON`);
+  }
+}
+
 export function envelope(message: unknown, flags = 0): Buffer {
   const json = Buffer.from(JSON.stringify(message));
   const head = Buffer.alloc(5);
@@ -80,11 +99,7 @@ export function decodeEnvelopes(body: Buffer): unknown[] {
     const payload = body.subarray(at + 5, at + 5 + len);
     at += 5 + len;
     if (flags & END_STREAM) break;
-    try {
-      out.push(JSON.parse(payload.toString('utf8')));
-    } catch {
-      throw new ConnectError('invalid_argument', 'a message is not valid JSON');
-    }
+    out.push(jsonOf(payload, 'a message'));
   }
   return out;
 }
@@ -92,12 +107,7 @@ export function decodeEnvelopes(body: Buffer): unknown[] {
 /** A unary request's JSON body (empty = `{}`). */
 export function decodeUnary(body: Buffer | undefined): Record<string, unknown> {
   if (!body || body.length === 0) return {};
-  let value: unknown;
-  try {
-    value = JSON.parse(body.toString('utf8'));
-  } catch {
-    throw new ConnectError('invalid_argument', 'the request body is not valid JSON');
-  }
+  const value = jsonOf(body, 'the request body');
   if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new ConnectError('invalid_argument', 'the request body must be a JSON object');
   return value as Record<string, unknown>;
 }

@@ -35,3 +35,17 @@ test('a client that stops reading a stream is cut off once STREAM_PENDING_MAX wa
   assert.equal(res.destroyed, true, 'the stream was cut off');
   assert.ok(highest <= STREAM_PENDING_MAX + 1024 * 1024, `at most ${STREAM_PENDING_MAX} (+ one message) waited: ${highest}`);
 });
+
+test('a message in invalid UTF-8 is invalid_argument, unary or enveloped: never decoded with replacement characters and run', async () => {
+  const { ConnectError, decodeUnary, decodeEnvelopes, envelope } = await import('../../../src/e2b/connectRpc.js');
+  const bad = Buffer.concat([Buffer.from('{"process":{"cmd":"/bin/echo","args":["'), Buffer.from([0xff, 0xfe]), Buffer.from('"]}}')]);
+  const refused = (f: () => unknown) => assert.throws(f, (e: unknown) => e instanceof ConnectError && e.code === 'invalid_argument' && /UTF-8/.test(e.message));
+  refused(() => decodeUnary(bad));
+  refused(() => decodeUnary(Buffer.concat([Buffer.from('{"path":"/tmp/'), Buffer.from([0xed, 0xa0, 0x80]), Buffer.from('"}')])));
+  const head = Buffer.alloc(5);
+  head.writeUInt32BE(bad.length, 1);
+  refused(() => decodeEnvelopes(Buffer.concat([head, bad])));
+  // Valid UTF-8 beyond ASCII still decodes.
+  assert.deepEqual(decodeUnary(Buffer.from('{"path":"/tmp/é😀"}')), { path: '/tmp/é😀' });
+  assert.deepEqual(decodeEnvelopes(envelope({ path: '/tmp/é' })), [{ path: '/tmp/é' }]);
+});
