@@ -44,6 +44,25 @@ export function keyFromSubprotocols(header: string | string[] | undefined): stri
   return offered.find((p) => p.startsWith('bearer.'))?.slice('bearer.'.length) || undefined;
 }
 
+/**
+ * What would make the WebSocket library refuse the handshake (RFC 6455 §4.2.1), as the door's own
+ * error: the library answers those in text/plain-like HTML of its own, and this door's refusals are
+ * JSON errors like every other (routes.ts processTerminal).
+ */
+export function handshakeProblem(req: IncomingMessage): CollimateError | null {
+  if (req.method !== 'GET') return new CollimateError('method_not_allowed', 'A WebSocket opens with GET.');
+  const key = req.headers['sec-websocket-key'];
+  const version = req.headers['sec-websocket-version'];
+  if (typeof key !== 'string' || !/^[+/0-9A-Za-z]{22}==$/.test(key.trim()) || (version !== '13' && version !== '8')) {
+    return new CollimateError('validation_error', 'Not a WebSocket handshake: send Sec-WebSocket-Version: 13 and Sec-WebSocket-Key, 16 random bytes in base64 (RFC 6455).');
+  }
+  const offered = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((p) => p.trim());
+  if (offered.some((p) => !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(p)) || new Set(offered).size !== offered.length) {
+    return new CollimateError('validation_error', `Sec-WebSocket-Protocol must list distinct tokens: ${TERMINAL_SUBPROTOCOL} and bearer.<key>.`);
+  }
+  return null;
+}
+
 export interface TerminalBridge {
   /** Handles an upgrade to a terminal path; `reject` answers a refused one over HTTP. */
   handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer, reject: (socket: Duplex, err: CollimateError) => void): void;
@@ -122,6 +141,8 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
             throw new CollimateError('validation_error', `Offer the subprotocol ${TERMINAL_SUBPROTOCOL} beside bearer.<key>.`);
           }
           tenants.quotas.holdStream(scope, socket);
+          const problem = handshakeProblem(req);
+          if (problem) throw problem;
           wss.handleUpgrade(req, socket, head, (ws) => bridge(ws, scope, id, pid));
         } catch (err) {
           reject(socket, toClientError(err, log));

@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
+import { connect as netConnect } from 'node:net';
 import WebSocket from 'ws';
 import { TERMINAL_SUBPROTOCOL, keyFromSubprotocols } from '../../../src/api/terminal.js';
 import { fixture, type Fixture } from './helpers.js';
@@ -99,6 +100,33 @@ describe('terminal WebSocket', () => {
     assert.equal(JSON.parse(r.body!).error.code, 'not_a_terminal');
     const missing = await connect(`/v1/sandboxes/${id}/processes/999999/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
     assert.equal(missing.status, 404);
+  });
+
+  test('a malformed WebSocket handshake is refused as the other refusals are: a JSON error, not the WebSocket library\'s text', async () => {
+    const pid = await startPty();
+    const path = `/v1/sandboxes/${id}/processes/${pid}/terminal`;
+    const good = { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': 'dGhlIHNhbXBsZSBub25jZQ==', 'sec-websocket-protocol': `${TERMINAL_SUBPROTOCOL}, bearer.${key}` };
+    const cases: Array<[string, string, Record<string, string | undefined>, number, string]> = [
+      ['no Sec-WebSocket-Key', 'GET', { 'sec-websocket-key': undefined }, 400, 'validation_error'],
+      ['a short Sec-WebSocket-Key', 'GET', { 'sec-websocket-key': 'short' }, 400, 'validation_error'],
+      ['version 0', 'GET', { 'sec-websocket-version': '0' }, 400, 'validation_error'],
+      ['no version', 'GET', { 'sec-websocket-version': undefined }, 400, 'validation_error'],
+      ['a subprotocol offered twice', 'GET', { 'sec-websocket-protocol': `${TERMINAL_SUBPROTOCOL}, ${TERMINAL_SUBPROTOCOL}, bearer.${key}` }, 400, 'validation_error'],
+      ['POST', 'POST', {}, 405, 'method_not_allowed'],
+    ];
+    for (const [what, method, over, status, code] of cases) {
+      const headers = Object.entries({ host: 'x', ...good, ...over }).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}: ${v}`);
+      const socket = netConnect(Number(new URL(base.replace('ws:', 'http:')).port), '127.0.0.1');
+      socket.write(`${method} ${path} HTTP/1.1\r\n${headers.join('\r\n')}\r\n\r\n`);
+      const chunks: Buffer[] = [];
+      socket.on('data', (c: Buffer) => chunks.push(c));
+      await once(socket, 'close');
+      const text = Buffer.concat(chunks).toString();
+      const [head, body] = text.split('\r\n\r\n');
+      assert.match(head, new RegExp(`^HTTP/1.1 ${status} `), `${what}: ${text}`);
+      assert.match(head, /content-type: application\/json/i, `${what}: ${text}`);
+      assert.equal(JSON.parse(body).error.code, code, what);
+    }
   });
 
   test('a text frame that is not a resize ends the socket with an error', async () => {
