@@ -65,6 +65,22 @@ function metadataOf(body: Record<string, unknown>): Record<string, string> | und
 
 const e2bState = (s: SandboxInfo['state']) => (s === 'suspended' ? 'paused' : s);
 
+/**
+ * E2B's lifecycle at create: `autoPause` (the SDK's `lifecycle.onTimeout: 'pause'`) suspends the
+ * sandbox when its timeout ends instead of deleting it; `autoResume.enabled` resumes it on a request
+ * that needs it running. A pause that keeps only the filesystem (`autoPauseMemory: false`) is not
+ * served: a Collimate suspend always keeps the memory.
+ */
+function lifecycleOf(body: Record<string, unknown>): { onTimeout?: 'delete' | 'suspend'; autoResume?: boolean } {
+  if (body.autoPause !== undefined && body.autoPause !== null && typeof body.autoPause !== 'boolean') throw bad('autoPause must be true or false.');
+  if (body.autoPauseMemory === false) throw bad('autoPauseMemory: false (a filesystem-only pause) is not supported: a Collimate pause always keeps the memory; leave it out.');
+  const resume = body.autoResume as { enabled?: unknown } | undefined | null;
+  if (resume !== undefined && resume !== null && (typeof resume !== 'object' || (resume.enabled !== undefined && typeof resume.enabled !== 'boolean'))) throw bad('autoResume must be {"enabled": true|false}.');
+  const autoResume = resume?.enabled === true;
+  if (autoResume && body.autoPause !== true) throw bad("autoResume needs autoPause (the SDK's lifecycle.onTimeout: 'pause').");
+  return { ...(body.autoPause === true ? { onTimeout: 'suspend' as const } : body.autoPause === false ? { onTimeout: 'delete' as const } : {}), ...(autoResume ? { autoResume } : {}) };
+}
+
 /** A sandbox as E2B's list and get show it. */
 export function e2bListed(info: SandboxInfo): Record<string, unknown> {
   return {
@@ -79,6 +95,7 @@ export function e2bListed(info: SandboxInfo): Record<string, unknown> {
     metadata: info.labels,
     state: e2bState(info.state),
     envdVersion: ENVD_VERSION,
+    lifecycle: { onTimeout: info.on_timeout === 'suspend' ? 'pause' : 'kill', autoResume: info.auto_resume },
   };
 }
 
@@ -185,7 +202,7 @@ export class E2bControlPlane {
   async create(scope: Scope, body: Record<string, unknown>): Promise<[number, unknown]> {
     const template = body.templateID;
     if (typeof template !== 'string' || template === '') throw bad('templateID is required: the id of a template (GET /v1/templates).');
-    if (body.autoPause === true) throw bad('autoPause is not supported: a Collimate sandbox is deleted when its timeout ends. Pause it yourself with POST /sandboxes/{id}/pause before then.');
+    const lifecycle = lifecycleOf(body);
     if (body.mcp !== undefined && body.mcp !== null) throw bad('mcp (the MCP gateway) is not supported by Collimate.');
     if (Array.isArray(body.volumeMounts) && body.volumeMounts.length > 0) throw bad('volumeMounts are not supported by Collimate.');
     if (body.network !== undefined && body.network !== null) {
@@ -196,7 +213,7 @@ export class E2bControlPlane {
     const labels = metadataOf(body);
     const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const egress = body.allow_internet_access === false ? ('none' as const) : undefined;
-    const info = await this.tenants.sandboxes.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) });
+    const info = await this.tenants.sandboxes.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}), ...lifecycle });
     const env = (body.envVars ?? {}) as Record<string, string>;
     try {
       await this.opts.env.set(info.id, env);

@@ -141,6 +141,8 @@ export class Engine extends EventEmitter implements SandboxService {
     const { sandboxes, disks, forkpoints } = dirs(cfg);
     for (const d of [paths.home, sandboxes, disks, paths.tmp, forkpoints, cfg.ramDir]) mkdirSync(d, { recursive: true });
     const db = openDb(paths.db);
+    // Rows from before sessions chose their end (migration 5) end as the server is set to.
+    db.prepare('UPDATE sandboxes SET on_timeout = ? WHERE on_timeout IS NULL').run(cfg.reapAction);
     const net = opts.noTemplates ? null : await netFor(cfg);
     const engine = new Engine(cfg, db, opts, net);
     if (!opts.noTemplates) {

@@ -420,6 +420,7 @@ async function spawnChildren(
       created_at: now, last_active: now, exec_count: 0, parent: parentRow.id, forked_at: now,
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
+      on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume,
       vmm: lives[i].record, snapshot: null, pending_op: null,
     }));
     ctx.repo.tx(() => {

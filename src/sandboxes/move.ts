@@ -44,7 +44,9 @@ export interface MoveManifest {
   /** The snapshot's time: the source commits the move only if the sandbox still has this snapshot. */
   suspendedAt: number;
   row: Pick<SandboxRow, 'tenant' | 'template' | 'labels' | 'created_at' | 'last_active' | 'exec_count' | 'parent' | 'forked_at'
-    | 'timeout_secs' | 'session_started_at' | 'session_ends_at' | 'vcpus' | 'memory_mib' | 'disk_mib' | 'egress'>;
+    | 'timeout_secs' | 'session_started_at' | 'session_ends_at' | 'vcpus' | 'memory_mib' | 'disk_mib' | 'egress'>
+    // Absent from a host of an older version: the receiver's default.
+    & Partial<Pick<SandboxRow, 'on_timeout' | 'auto_resume'>>;
   files: MoveFile[];
 }
 
@@ -113,11 +115,11 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
       for (const name of ['device.state', 'ram.img', 'disk.qcow2'] as const) {
         files.push({ name, digest: `sha256:${await sha256File(paths[name])}`, size: statSync(paths[name]).size, sparse: name !== 'device.state' });
       }
-      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress } = row;
+      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume } = row;
       return {
         manifest: {
           id, artifactKey: row.vmm.artifactKey, suspendedAt: snap.suspendedAt, files,
-          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress },
+          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume },
         },
         paths: { ...paths },
         discard: () => {
@@ -197,7 +199,7 @@ export async function importMoveIn(ctx: EngineContext, m: MoveManifest, pull: (f
   const f = snapshotFiles(snapDir);
   const diskPath = newDiskPath(dirs(ctx.cfg).disks, m.id);
   const row: SandboxRow = {
-    id: m.id, ...m.row, state: 'suspended',
+    id: m.id, ...m.row, on_timeout: m.row.on_timeout ?? ctx.cfg.reapAction, auto_resume: m.row.auto_resume ?? 0, state: 'suspended',
     vmm: { pid: 0, startTicks: '', dir, diskPath, memPath: join(ctx.cfg.ramDir, `${m.id}.mem`), memShared: true, artifactKey: m.artifactKey },
     snapshot: { statePath: f.statePath, ramPath: f.ramPath, bytes: 0, suspendedAt: m.suspendedAt },
     pending_op: { op: 'move', startedAt: Date.now() },

@@ -4,7 +4,8 @@ import { suspendSandbox } from './suspendResume.js';
 import type { SandboxRow } from './repo.js';
 
 /**
- * Ends sessions that ran past their end: suspends or deletes (COLLIMATE_REAP_ACTION) every running
+ * Ends sessions that ran past their end: suspends or deletes (the sandbox's on_timeout, chosen at
+ * create; COLLIMATE_REAP_ACTION for rows from before) every running
  * sandbox whose session_ends_at has passed (timeout_secs after its start, or as a lease set it).
  * One pass at a time.
  */
@@ -27,10 +28,11 @@ export class Reaper {
     try {
       for (const row of this.due(now)) {
         try {
-          if (ctx.cfg.reapAction === 'suspend') await suspendSandbox(ctx, row.id);
+          const action = row.on_timeout ?? ctx.cfg.reapAction;
+          if (action === 'suspend') await suspendSandbox(ctx, row.id);
           else await deleteSandbox(ctx, row.id);
           reaped.push(row.id);
-          ctx.emit('reaped', { id: row.id, action: ctx.cfg.reapAction });
+          ctx.emit('reaped', { id: row.id, action });
         } catch {
           // Busy or already gone; the next tick retries.
         }

@@ -2,7 +2,7 @@ import type { Db } from '../store/db.js';
 import type { JailRecord } from '../vmm/jail.js';
 import type { NetRecord } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
-import type { SandboxInfo, SandboxState, ListFilter, OpenPort } from './types.js';
+import type { SandboxInfo, SandboxState, ListFilter, OnTimeout, OpenPort } from './types.js';
 
 /**
  * The public states plus `deleting`, which a crash mid-delete can leave behind (reconcile finishes
@@ -76,6 +76,10 @@ export interface SandboxRow {
   pending_op: PendingOp | null;
   /** Why it ended, when not by a delete (its VM died); null otherwise. */
   end_reason?: string | null;
+  /** What the reaper does when the session ends; null only in rows from before (read as the server's COLLIMATE_REAP_ACTION). */
+  on_timeout: OnTimeout | null;
+  /** 1: a request that needs it running resumes it while suspended (E2B's autoResume). */
+  auto_resume: number;
 }
 
 function decode(r: any): SandboxRow {
@@ -95,9 +99,9 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op)
+        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op)`).run({
+        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume)`).run({
       ...row,
       labels: JSON.stringify(row.labels),
       egress: JSON.stringify(row.egress),
@@ -275,6 +279,8 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now(), po
     disk_mib: row.disk_mib,
     egress: row.egress,
     ports,
+    on_timeout: row.on_timeout ?? 'delete',
+    auto_resume: row.auto_resume === 1,
   };
 }
 

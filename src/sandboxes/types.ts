@@ -56,7 +56,14 @@ export interface SandboxInfo {
    * views show the last reading.
    */
   ports: OpenPort[];
+  /** What happens when the session ends: deleted, or suspended (and resumed later, keeping its memory). */
+  on_timeout: OnTimeout;
+  /** While suspended, a request that needs it running (an exec, a file, a port) resumes it first. */
+  auto_resume: boolean;
 }
+
+/** What the reaper does with a sandbox whose session ended. */
+export type OnTimeout = 'delete' | 'suspend';
 
 /** Where the host reaches a port of a sandbox (the proxy connects here). */
 export interface PortTarget {
@@ -142,6 +149,10 @@ export interface CreateOptions {
    * a network (TemplateInfo.network false) gets "none" whatever is given.
    */
   egress?: EgressPolicy;
+  /** What the reaper does when the session ends; default the server's COLLIMATE_REAP_ACTION. Forks keep their parent's. */
+  onTimeout?: OnTimeout;
+  /** Resume on a request that needs it running while suspended (needs onTimeout 'suspend' to matter after a timeout). */
+  autoResume?: boolean;
 }
 
 export interface ForkOptions {

@@ -106,7 +106,8 @@ export class Sandboxes {
   /** Throws invalid_state unless the sandbox is running (for callers that must know before they start streaming). */
   async requireRunning(scope: Scope, id: string, operation: string): Promise<SandboxInfo> {
     const info = await this.get(scope, id);
-    if (info.state !== 'running') throw invalidState(id, info.state, operation, ['running']);
+    // A suspended one with auto_resume is resumed by the operation itself (whileRunning).
+    if (info.state !== 'running' && !(info.state === 'suspended' && info.auto_resume)) throw invalidState(id, info.state, operation, ['running']);
     return info;
   }
 
@@ -128,7 +129,10 @@ export class Sandboxes {
     }
     const egress = this.effectiveEgress(tpl, input.egress);
     const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
-    const opts = { template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }) };
+    const opts = {
+      template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
+      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume ? { autoResume: true } : {}),
+    };
     return this.placement.start({ tenant: scope.tenant, tier, slots: 1, operation: 'create', template: input.template }, async (host) => {
       const stop = this.createSeconds.startTimer();
       const info = await host.create(opts, scope);
@@ -149,11 +153,31 @@ export class Sandboxes {
   }
 
   async exec(scope: Scope, id: string, req: ExecRequest, stream?: ExecStreamHandlers): Promise<ExecResult> {
-    const host = await this.where(scope, id);
     const stop = this.execSeconds.startTimer();
-    const r = await host.exec(id, req, scope, stream);
+    const r = await this.whileRunning(scope, id, (host) => host.exec(id, req, scope, stream));
     stop();
     return r;
+  }
+
+  /**
+   * Runs an operation that needs the sandbox running. One that is suspended with auto_resume
+   * (E2B's autoResume) is resumed first — within the tier's cap, like any resume — and the
+   * operation runs on it; without it the host's 409 invalid_state stands.
+   */
+  private async whileRunning<T>(scope: Scope, id: string, op: (host: SandboxHost) => T | Promise<T>): Promise<T> {
+    const host = await this.where(scope, id);
+    try {
+      return await op(host);
+    } catch (err) {
+      if (!(err instanceof CollimateError && err.code === 'invalid_state' && err.details?.state === 'suspended')) throw err;
+      const info = await Promise.resolve().then(() => host.get(id, scope)).catch(() => null);
+      if (!info?.auto_resume || info.state !== 'suspended') throw err;
+      await this.resume(scope, id).catch((e) => {
+        // Resumed meanwhile by another request: it runs, which is all this needs.
+        if (!(e instanceof CollimateError && e.code === 'invalid_state')) throw e;
+      });
+      return op(await this.where(scope, id));
+    }
   }
 
   /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */
@@ -258,15 +282,15 @@ export class Sandboxes {
   }
 
   async readFile(scope: Scope, id: string, path: string): Promise<Buffer> {
-    return (await this.where(scope, id)).readFile(id, path, scope);
+    return this.whileRunning(scope, id, (host) => host.readFile(id, path, scope));
   }
 
   async writeFile(scope: Scope, id: string, path: string, data: Buffer, mode?: number): Promise<void> {
-    await (await this.where(scope, id)).writeFile(id, path, data, scope, mode);
+    await this.whileRunning(scope, id, (host) => host.writeFile(id, path, data, scope, mode));
   }
 
   async startProcess(scope: Scope, id: string, req: ProcessStartRequest): Promise<ProcessInfo> {
-    return (await this.where(scope, id)).startProcess(id, req, scope);
+    return this.whileRunning(scope, id, (host) => host.startProcess(id, req, scope));
   }
 
   async listProcesses(scope: Scope, id: string): Promise<ProcessInfo[]> {
@@ -282,19 +306,19 @@ export class Sandboxes {
   }
 
   async writeProcessStdin(scope: Scope, id: string, pid: number, data: AsyncIterable<Buffer> | Buffer): Promise<number> {
-    return (await this.where(scope, id)).writeProcessStdin(id, pid, data, scope);
+    return this.whileRunning(scope, id, (host) => host.writeProcessStdin(id, pid, data, scope));
   }
 
   async closeProcessStdin(scope: Scope, id: string, pid: number): Promise<void> {
-    return (await this.where(scope, id)).closeProcessStdin(id, pid, scope);
+    return this.whileRunning(scope, id, (host) => host.closeProcessStdin(id, pid, scope));
   }
 
   async signalProcess(scope: Scope, id: string, pid: number, signal: string | number): Promise<void> {
-    return (await this.where(scope, id)).signalProcess(id, pid, signal, scope);
+    return this.whileRunning(scope, id, (host) => host.signalProcess(id, pid, signal, scope));
   }
 
   async resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void> {
-    return (await this.where(scope, id)).resizeProcess(id, pid, cols, rows, scope);
+    return this.whileRunning(scope, id, (host) => host.resizeProcess(id, pid, cols, rows, scope));
   }
 
   async waitProcess(scope: Scope, id: string, pid: number, timeoutSecs: number): Promise<ProcessInfo> {
@@ -302,7 +326,7 @@ export class Sandboxes {
   }
 
   async fsStat(scope: Scope, id: string, path: string): Promise<FileEntry> {
-    return (await this.where(scope, id)).fsStat(id, path, scope);
+    return this.whileRunning(scope, id, (host) => host.fsStat(id, path, scope));
   }
 
   /** Whether anything (a file, directory, symlink…) is at `path`; a file in the way above it counts as nothing. */
@@ -317,33 +341,33 @@ export class Sandboxes {
   }
 
   async fsList(scope: Scope, id: string, path: string, depth = 1): Promise<DirListing> {
-    return (await this.where(scope, id)).fsList(id, path, depth, scope);
+    return this.whileRunning(scope, id, (host) => host.fsList(id, path, depth, scope));
   }
 
   async fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
-    return (await this.where(scope, id)).fsMkdir(id, path, mode, scope);
+    return this.whileRunning(scope, id, (host) => host.fsMkdir(id, path, mode, scope));
   }
 
   async fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {
-    return (await this.where(scope, id)).fsRemove(id, path, scope);
+    return this.whileRunning(scope, id, (host) => host.fsRemove(id, path, scope));
   }
 
   async fsRename(scope: Scope, id: string, from: string, to: string): Promise<FileEntry> {
-    return (await this.where(scope, id)).fsRename(id, from, to, scope);
+    return this.whileRunning(scope, id, (host) => host.fsRename(id, from, to, scope));
   }
 
   async fsWatch(scope: Scope, id: string, path: string, recursive: boolean, handlers: WatchHandlers): Promise<DirWatch> {
-    return (await this.where(scope, id)).fsWatch(id, path, recursive, handlers, scope);
+    return this.whileRunning(scope, id, (host) => host.fsWatch(id, path, recursive, handlers, scope));
   }
 
   /** Streams a file of any size (up to the server's download limit) to `sink`. */
   async downloadFile(scope: Scope, id: string, path: string, sink: FileSink): Promise<{ size: number }> {
-    return (await this.where(scope, id)).downloadFile(id, path, sink, scope);
+    return this.whileRunning(scope, id, (host) => host.downloadFile(id, path, sink, scope));
   }
 
   /** Streams `source` into a file, replacing it whole once complete (payload_too_large past `opts.maxBytes`). */
   async uploadFile(scope: Scope, id: string, path: string, source: AsyncIterable<Buffer | Uint8Array | string>, opts: UploadOptions = {}): Promise<FileEntry & { bytes: number }> {
-    return (await this.where(scope, id)).uploadFile(id, path, source, opts, scope);
+    return this.whileRunning(scope, id, (host) => host.uploadFile(id, path, source, opts, scope));
   }
 
   /** A signed URL token for a sandbox port: anyone holding it reaches the port until it expires. */
@@ -355,7 +379,7 @@ export class Sandboxes {
 
   /** Where the proxy connects for a tenant's request to a port (invalid_state unless running). */
   async portTarget(scope: Scope, id: string, port: number): Promise<ResolvedPort> {
-    return { sandboxId: id, tenant: scope.tenant, port, target: await (await this.where(scope, id)).portTarget(id, port, scope) };
+    return { sandboxId: id, tenant: scope.tenant, port, target: await this.whileRunning(scope, id, (host) => host.portTarget(id, port, scope)) };
   }
 
   /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */

@@ -5,7 +5,7 @@
  */
 import type { EnvironmentRow } from '../images/imageRepo.js';
 import type { EgressInput } from '../net/policy.js';
-import type { TemplateInfo } from '../sandboxes/types.js';
+import type { OnTimeout, TemplateInfo } from '../sandboxes/types.js';
 import type { StoredResponse } from './idempotency.js';
 import type { KeyRecord } from './keys.js';
 import type { UsageReport } from './metering.js';
@@ -34,6 +34,10 @@ export interface CreateInput {
   timeoutSecs?: number;
   /** Narrows the template's policy; absent: the template's. */
   egress?: EgressInput;
+  /** What the session's end does; absent: the server's default. */
+  onTimeout?: OnTimeout;
+  /** Resume on a request that needs it running, while suspended. */
+  autoResume?: boolean;
 }
 
 export interface ForkInput {

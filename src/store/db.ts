@@ -88,6 +88,17 @@ const migrations: Migration[] = [
       UPDATE sandboxes SET session_ends_at = session_started_at + timeout_secs * 1000;
     `,
   },
+  {
+    version: 5,
+    name: 'what a session end does',
+    // The reaper's action when the session ends ('delete' or 'suspend'), chosen at create and kept
+    // by forks; rows from before get the server's COLLIMATE_REAP_ACTION when the engine opens.
+    // auto_resume: a request that needs the sandbox running resumes it (E2B's autoResume).
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT CHECK (on_timeout IN ('delete', 'suspend'));
+      ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

@@ -164,6 +164,9 @@ export const SandboxTokens = named(
 // ---------------------------------------------------------------------------------------------
 // Sandboxes
 
+/** A fresh schema per use: each use carries its own description. */
+const onTimeout = () => z.enum(['delete', 'suspend']);
+
 export const Sandbox = named(
   'Sandbox',
   z.strictObject({
@@ -193,6 +196,8 @@ export const Sandbox = named(
       z.array(OpenPort),
       'TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading.',
     ),
+    on_timeout: described(onTimeout(), 'What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes).'),
+    auto_resume: described(z.boolean(), 'While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first.'),
   }),
   'One microVM.',
 );
@@ -210,6 +215,8 @@ export const CreateSandboxRequest = named(
       EgressPolicy.optional(),
       "Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's.",
     ),
+    on_timeout: described(onTimeout(), "What happens when the session ends: `delete` it, or `suspend` it (it keeps counting against the suspended quotas). Default: the server's COLLIMATE_REAP_ACTION (delete). Forks keep their parent's.").optional(),
+    auto_resume: described(z.boolean(), 'While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false.').optional(),
   }),
 );
 

@@ -35,6 +35,8 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
     disk_mib: i.disk_mib,
     egress: i.egress,
     ports: (i.ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: portPath(i.id, p.port) })),
+    on_timeout: i.on_timeout,
+    auto_resume: i.auto_resume,
   };
 }
 

@@ -161,6 +161,28 @@ test('quotas on real VMs: a suspend past the tenant\'s suspended_sandboxes is 42
   await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${theirs.id}`, otherKey);
 });
 
+test('on_timeout suspend on real VMs: a session that ends is suspended with its memory, and with auto_resume an exec resumes it', async () => {
+  const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base', timeout_secs: 600, on_timeout: 'suspend', auto_resume: true })).json();
+  assert.deepEqual([sb.on_timeout, sb.auto_resume], ['suspend', true]);
+  const plain = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base', on_timeout: 'suspend' })).json();
+  // A shell variable lives only in the guest's memory: it is there after the resume only if the memory was kept.
+  await call('execSandbox', 'POST', `/v1/sandboxes/${sb.id}/exec`, proKey, { command: 'echo kept > /dev/shm/mark; sleep 1000 & echo $! > /dev/shm/pid' });
+  await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${sb.id}/timeout`, proKey, { timeout_secs: 2 });
+  let state = '';
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline && state !== 'suspended'; await sleep(250)) {
+    state = (await call('getSandbox', 'GET', `/v1/sandboxes/${sb.id}`, proKey)).json().state;
+  }
+  assert.equal(state, 'suspended', 'the reaper suspended it instead of deleting it');
+  const r = (await call('execSandbox', 'POST', `/v1/sandboxes/${sb.id}/exec`, proKey, { command: 'cat /dev/shm/mark; kill -0 $(cat /dev/shm/pid) && echo alive' })).json();
+  assert.equal(r.stdout, 'kept\nalive\n', 'auto_resume brought it back with its memory and processes');
+  assert.equal((await call('getSandbox', 'GET', `/v1/sandboxes/${sb.id}`, proKey)).json().state, 'running');
+  // Without auto_resume, a suspended sandbox stays 409 until resumed.
+  await call('suspendSandbox', 'POST', `/v1/sandboxes/${plain.id}/suspend`, proKey);
+  const refused = await call('execSandbox', 'POST', `/v1/sandboxes/${plain.id}/exec`, proKey, { command: 'true' });
+  assert.equal(refused.status, 409);
+  for (const id of [sb.id, plain.id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, proKey);
+});
+
 test('a lease on real VMs: a session set to end in 2 s is reaped then; one set past the tier maximum is refused and runs on; a suspended one is 409', async () => {
   const short = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base', timeout_secs: 600 })).json();
   const keep = (await call('createSandbox', 'POST', '/v1/sandboxes', demoKey, { template: 'base', timeout_secs: 60 })).json();

@@ -26,6 +26,7 @@ import type {
   ExecStreamHandlers,
   ForkOptions,
   ListFilter,
+  OnTimeout,
   OpenPort,
   PortTarget,
   ProcessEvent,
@@ -74,6 +75,8 @@ interface Box {
   watchers: Set<FakeWatch>;
   queue: Promise<unknown>;
   egress: EgressPolicy;
+  onTimeout: OnTimeout;
+  autoResume: boolean;
   ports: number[];
   /** Its guest's background processes (fakeProcessAgent.ts). */
   agent: FakeProcessAgent;
@@ -177,6 +180,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const box = this.newBox(scope.tenant, tpl, opts.labels ?? {}, opts.timeoutSecs ?? 3600, null);
     // The egress was decided by the caller (the tenant service narrows it); absent: the template's.
     box.egress = opts.egress ?? tpl.egress;
+    box.onTimeout = opts.onTimeout ?? 'delete';
+    box.autoResume = opts.autoResume === true;
     this.transition(box, 'create');
     return this.info(box);
   }
@@ -293,6 +298,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       child.dirs = new Map(parent.dirs);
       child.modes = new Map(parent.modes);
       child.egress = parent.egress;
+      child.onTimeout = parent.onTimeout;
+      child.autoResume = parent.autoResume;
       parent.children.push(child.id);
       this.transition(child, 'fork');
       children.push(this.info(child));
@@ -722,6 +729,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       watchers: new Set(),
       queue: Promise.resolve(),
       egress: 'allow',
+      onTimeout: 'delete',
+      autoResume: false,
       ports: [],
       agent: new FakeProcessAgent(),
     };
@@ -755,6 +764,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       egress: b.egress,
       // Like the engine: the last reading (openPorts reads anew).
       ports: b.ports.map((port) => ({ port, protocol: 'tcp' as const })),
+      on_timeout: b.onTimeout,
+      auto_resume: b.autoResume,
     };
   }
 }

@@ -102,6 +102,10 @@ export type Sandbox = {
   egress: EgressPolicy;
   /** TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading. */
   ports: OpenPort[];
+  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes). */
+  on_timeout: "delete" | "suspend";
+  /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
+  auto_resume: boolean;
 };
 
 export type CreateSandboxRequest = {
@@ -112,6 +116,10 @@ export type CreateSandboxRequest = {
   timeout_secs?: number;
   /** Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's. */
   egress?: EgressPolicy;
+  /** What happens when the session ends: `delete` it, or `suspend` it (it keeps counting against the suspended quotas). Default: the server's COLLIMATE_REAP_ACTION (delete). Forks keep their parent's. */
+  on_timeout?: "delete" | "suspend";
+  /** While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false. */
+  auto_resume?: boolean;
 };
 
 export type SetTimeoutRequest = {

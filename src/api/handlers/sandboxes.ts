@@ -27,7 +27,9 @@ export function parseLabelFilter(label: string | string[] | undefined): Record<s
 export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, SandboxOps> {
   return {
     async createSandbox({ scope, body }) {
-      const info = await tenants.sandboxes.create(scope, { template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress });
+      const info = await tenants.sandboxes.create(scope, {
+        template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress, onTimeout: body.on_timeout, autoResume: body.auto_resume,
+      });
       return { status: 201, body: sandboxView(info) };
     },
 

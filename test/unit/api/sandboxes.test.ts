@@ -322,6 +322,30 @@ describe('sandbox endpoints', () => {
     assertErrorBody(await f.req('readFile', { url: `/v1/sandboxes/${s.id}/files`, key }), 'validation_error');
   });
 
+  test('on_timeout and auto_resume: shown on the sandbox, kept by forks; a suspended auto_resume sandbox is resumed by an exec, a file or a port request', async () => {
+    const s = await create({ template: 'python', on_timeout: 'suspend', auto_resume: true });
+    assert.deepEqual([s.on_timeout, s.auto_resume], ['suspend', true]);
+    const plain = await create();
+    assert.deepEqual([plain.on_timeout, plain.auto_resume], ['delete', false], 'the defaults');
+    const [child] = (await f.req('forkSandbox', { url: `/v1/sandboxes/${s.id}/fork`, key, body: { count: 1 } })).json().sandboxes;
+    assert.deepEqual([child.on_timeout, child.auto_resume], ['suspend', true]);
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python', on_timeout: 'pause' } }), 'validation_error');
+
+    const suspend = async (id: string) => assert.equal((await f.req('suspendSandbox', { url: `/v1/sandboxes/${id}/suspend`, key })).json().state, 'suspended');
+    const state = async (id: string) => (await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json().state;
+    await suspend(s.id);
+    const r = await f.req('execSandbox', { url: `/v1/sandboxes/${s.id}/exec`, key, body: { command: 'echo back' } });
+    assert.equal(r.statusCode, 200);
+    assert.equal(r.json().stdout, 'back\n');
+    assert.equal(await state(s.id), 'running');
+    await suspend(s.id);
+    assert.equal((await f.req('writeFile', { url: `/v1/sandboxes/${s.id}/files?path=/tmp/x`, method: 'PUT', key, rawBody: 'x', headers: { 'content-type': 'application/octet-stream' } })).statusCode, 200);
+    assert.equal(await state(s.id), 'running');
+    await suspend(plain.id);
+    assertErrorBody(await f.req('execSandbox', { url: `/v1/sandboxes/${plain.id}/exec`, key, body: { command: 'true' } }), 'invalid_state');
+    assert.equal(await state(plain.id), 'suspended');
+  });
+
   test('files: bodies over the limit are 413 payload_too_large', async () => {
     const g = await fixture({ server: { maxFileBytes: 1024, maxJsonBodyBytes: 512 } });
     try {

@@ -144,6 +144,23 @@ describe('e2b 2.51 fork', () => {
   });
 });
 
+describe('e2b 2.51 lifecycle', () => {
+  it("onTimeout 'pause' and autoResume become the sandbox's on_timeout and auto_resume, and getInfo says so", async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const paused = await e2bNew.Sandbox.create('python', { ...opts, lifecycle: { onTimeout: 'pause', autoResume: true } } as never);
+    const info = await e2bNew.Sandbox.getInfo(paused.sandboxId, opts);
+    assert.deepEqual((info as unknown as { lifecycle: unknown }).lifecycle, { onTimeout: 'pause', autoResume: true });
+    const rest = await fetch(`${apiUrl.replace('/e2b/api', '')}/v1/sandboxes/${paused.sandboxId}`, { headers: { authorization: `Bearer ${key}` } });
+    const view = (await rest.json()) as { on_timeout: string; auto_resume: boolean };
+    assert.deepEqual([view.on_timeout, view.auto_resume], ['suspend', true]);
+    const killed = await e2bNew.Sandbox.create('python', opts);
+    assert.deepEqual((await e2bNew.Sandbox.getInfo(killed.sandboxId, opts) as unknown as { lifecycle: unknown }).lifecycle, { onTimeout: 'kill', autoResume: false });
+    // A filesystem-only pause is not something a Collimate suspend does: refused, not silently different.
+    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } } as never), /autoPauseMemory/);
+    for (const s of [paused, killed]) await s.kill();
+  });
+});
+
 describe('E2B-shaped requests the SDK never sends', () => {
   it('answers bad input with 400 and E2B\'s error shape', async () => {
     const res = await api.app.inject({ method: 'POST', url: '/e2b/api/sandboxes', headers: { 'x-api-key': key, 'content-type': 'application/json' }, payload: JSON.stringify({ templateID: 'python', envVars: { 'BAD NAME': 'x' } }) });
@@ -152,9 +169,12 @@ describe('E2B-shaped requests the SDK never sends', () => {
     assert.equal(body.code, 400);
     assert.equal(body.error_code, 'validation_error');
     assert.match(body.message, /not a valid variable name/);
-    const auto = await api.app.inject({ method: 'POST', url: '/e2b/api/v2/sandboxes', headers: { 'x-api-key': key }, payload: JSON.stringify({ templateID: 'python', autoPause: true }) });
+    const auto = await api.app.inject({ method: 'POST', url: '/e2b/api/v2/sandboxes', headers: { 'x-api-key': key }, payload: JSON.stringify({ templateID: 'python', autoPause: 'yes' }) });
     assert.equal(auto.statusCode, 400);
-    assert.match(auto.json().message, /autoPause is not supported/);
+    assert.match(auto.json().message, /autoPause must be true or false/);
+    const resumeAlone = await api.app.inject({ method: 'POST', url: '/e2b/api/v2/sandboxes', headers: { 'x-api-key': key }, payload: JSON.stringify({ templateID: 'python', autoResume: { enabled: true } }) });
+    assert.equal(resumeAlone.statusCode, 400);
+    assert.match(resumeAlone.json().message, /autoResume needs autoPause/);
     const noKey = await api.app.inject({ method: 'GET', url: '/e2b/api/v2/sandboxes' });
     assert.equal(noKey.statusCode, 401);
     assert.equal(noKey.json().code, 401);

@@ -82,7 +82,7 @@ function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling
     timeout_secs: 300, session_started_at: 1, session_ends_at: 2, vcpus: 1, memory_mib: 256, disk_mib: 2048, egress: 'allow' as never,
     vmm: { pid: 0, startTicks: '', dir: join(ctx.cfg.home, 'sandboxes', id), diskPath: top, memPath: '/nonexistent', memShared: true, artifactKey: KEY },
     snapshot: { statePath: join(snap, 'device.state'), ramPath: join(snap, 'ram.img'), bytes: 1, suspendedAt: 1234 },
-    pending_op: null,
+    pending_op: null, on_timeout: 'suspend', auto_resume: 1,
   };
   ctx.repo.insert(row);
   return row;
