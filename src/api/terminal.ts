@@ -131,7 +131,8 @@ export function terminalBridge(tenants: TenantService, log: ErrorLog): TerminalB
         try {
           const m = TERMINAL_PATH.exec(req.url ?? '')!;
           const scope = await tenants.accounts.authenticate(keyFromSubprotocols(req.headers['sec-websocket-protocol']));
-          const id = decodeURIComponent(m[1]);
+          // A percent-encoding that decodes to nothing (`%ff`) names no sandbox; decodeURIComponent threw (a 500).
+          const id = (() => { try { return decodeURIComponent(m[1]); } catch { return m[1]; } })();
           if (!S.SANDBOX_ID_RE.test(id)) throw new CollimateError('sandbox_not_found', `No sandbox with id ${id.slice(0, 100)}. List yours with GET /v1/sandboxes.`);
           if (!/^[1-9][0-9]{0,9}$/.test(m[2])) throw new CollimateError('process_not_found', 'A process is named by its pid, a positive integer.');
           const pid = Number(m[2]);

@@ -100,6 +100,10 @@ describe('terminal WebSocket', () => {
     assert.equal(JSON.parse(r.body!).error.code, 'not_a_terminal');
     const missing = await connect(`/v1/sandboxes/${id}/processes/999999/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
     assert.equal(missing.status, 404);
+    // An id whose percent-encoding is not UTF-8 names no sandbox (it was a 500 internal_error).
+    const undecodable = await connect(`/v1/sandboxes/%ff%fe/processes/${pid}/terminal`, [TERMINAL_SUBPROTOCOL, `bearer.${key}`]);
+    assert.equal(undecodable.status, 404);
+    assert.equal(JSON.parse(undecodable.body!).error.code, 'sandbox_not_found');
   });
 
   test('a malformed WebSocket handshake is refused as the other refusals are: a JSON error, not the WebSocket library\'s text', async () => {
