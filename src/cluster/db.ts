@@ -79,6 +79,15 @@ export async function migrateCluster(pool: pg.Pool): Promise<number[]> {
  * own would need every SDK to learn it; host_at_capacity already means "this host cannot take the
  * request now, retry", and details.resource says why.)
  */
+/** A query whose failure to reach the database is clusterDatabaseUnavailable (503, Retry-After) for the caller. */
+export async function clusterQuery<R extends pg.QueryResultRow>(pool: pg.Pool, sql: string, args: unknown[]): Promise<pg.QueryResult<R>> {
+  try {
+    return await pool.query<R>(sql, args);
+  } catch (err) {
+    throw clusterDatabaseUnavailable(err);
+  }
+}
+
 export function clusterDatabaseUnavailable(cause: unknown): CollimateError {
   return new CollimateError('host_at_capacity', 'The cluster database (PostgreSQL) is unreachable from this host; retry shortly.', {
     retryAfterSecs: 5,

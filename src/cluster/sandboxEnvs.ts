@@ -5,30 +5,22 @@
  */
 import type pg from 'pg';
 import type { SandboxEnvs } from '../e2b/sandboxEnv.js';
-import { clusterDatabaseUnavailable } from './db.js';
+import { clusterQuery } from './db.js';
 
 export class ClusterSandboxEnvs implements SandboxEnvs {
   constructor(private readonly pool: pg.Pool) {}
 
   async get(sandbox: string): Promise<Record<string, string>> {
-    const r = await this.query<{ env: string }>('SELECT env FROM e2b_sandbox_env WHERE sandbox = $1', [sandbox]);
+    const r = await clusterQuery<{ env: string }>(this.pool, 'SELECT env FROM e2b_sandbox_env WHERE sandbox = $1', [sandbox]);
     return r.rows[0] ? (JSON.parse(r.rows[0].env) as Record<string, string>) : {};
   }
 
   async set(sandbox: string, env: Record<string, string>): Promise<void> {
     if (Object.keys(env).length === 0) return this.forget(sandbox);
-    await this.query('INSERT INTO e2b_sandbox_env (sandbox, env) VALUES ($1, $2) ON CONFLICT (sandbox) DO UPDATE SET env = EXCLUDED.env', [sandbox, JSON.stringify(env)]);
+    await clusterQuery(this.pool, 'INSERT INTO e2b_sandbox_env (sandbox, env) VALUES ($1, $2) ON CONFLICT (sandbox) DO UPDATE SET env = EXCLUDED.env', [sandbox, JSON.stringify(env)]);
   }
 
   async forget(sandbox: string): Promise<void> {
-    await this.query('DELETE FROM e2b_sandbox_env WHERE sandbox = $1', [sandbox]);
-  }
-
-  private async query<R extends pg.QueryResultRow>(sql: string, args: unknown[]): Promise<pg.QueryResult<R>> {
-    try {
-      return await this.pool.query<R>(sql, args);
-    } catch (err) {
-      throw clusterDatabaseUnavailable(err);
-    }
+    await clusterQuery(this.pool, 'DELETE FROM e2b_sandbox_env WHERE sandbox = $1', [sandbox]);
   }
 }

@@ -5,7 +5,7 @@
  */
 import type pg from 'pg';
 import { nextGeneration, type SandboxGrant, type SandboxGrants } from '../service/sandboxGrants.js';
-import { clusterDatabaseUnavailable } from './db.js';
+import { clusterQuery } from './db.js';
 
 export class ClusterSandboxGrants implements SandboxGrants {
   constructor(private readonly pool: pg.Pool) {}
@@ -13,8 +13,8 @@ export class ClusterSandboxGrants implements SandboxGrants {
   async get(ids: readonly string[]): Promise<Map<string, SandboxGrant>> {
     const out = new Map<string, SandboxGrant>();
     if (ids.length === 0) return out;
-    const r = await this.query<{ sandbox: string; key_id: string | null; generation: number }>(
-      'SELECT sandbox, key_id, generation FROM sandbox_grants WHERE sandbox = ANY($1)', [ids]);
+    const r = await clusterQuery<{ sandbox: string; key_id: string | null; generation: number }>(
+      this.pool, 'SELECT sandbox, key_id, generation FROM sandbox_grants WHERE sandbox = ANY($1)', [ids]);
     for (const row of r.rows) out.set(row.sandbox, { keyId: row.key_id, generation: Number(row.generation) });
     return out;
   }
@@ -22,22 +22,14 @@ export class ClusterSandboxGrants implements SandboxGrants {
   async replace(id: string, from: SandboxGrant | null, keyId: string | null): Promise<SandboxGrant> {
     const generation = nextGeneration(from);
     if (from === null) {
-      await this.query('INSERT INTO sandbox_grants (sandbox, key_id, generation) VALUES ($1, $2, $3) ON CONFLICT (sandbox) DO NOTHING', [id, keyId, generation]);
+      await clusterQuery(this.pool, 'INSERT INTO sandbox_grants (sandbox, key_id, generation) VALUES ($1, $2, $3) ON CONFLICT (sandbox) DO NOTHING', [id, keyId, generation]);
     } else {
-      await this.query('UPDATE sandbox_grants SET key_id = $1, generation = $2 WHERE sandbox = $3 AND generation = $4', [keyId, generation, id, from.generation]);
+      await clusterQuery(this.pool, 'UPDATE sandbox_grants SET key_id = $1, generation = $2 WHERE sandbox = $3 AND generation = $4', [keyId, generation, id, from.generation]);
     }
     return (await this.get([id])).get(id)!;
   }
 
   async forget(id: string): Promise<void> {
-    await this.query('DELETE FROM sandbox_grants WHERE sandbox = $1', [id]);
-  }
-
-  private async query<R extends pg.QueryResultRow>(sql: string, args: unknown[]): Promise<pg.QueryResult<R>> {
-    try {
-      return await this.pool.query<R>(sql, args);
-    } catch (err) {
-      throw clusterDatabaseUnavailable(err);
-    }
+    await clusterQuery(this.pool, 'DELETE FROM sandbox_grants WHERE sandbox = $1', [id]);
   }
 }
