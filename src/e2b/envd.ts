@@ -286,9 +286,15 @@ export class Envd {
     const detach = await this.backend.attachProcess(scope, id, pid, fromStart, {
       onOutput: (kind, data) => send({ event: { data: { [kind]: data.toString('base64') } } }),
       onExit: (exit) => {
-        send({ event: { end: endEventJson(exit) } });
-        exited = true;
-        wake?.();
+        // A process ended by its sandbox going away (killed, timed out, paused) gets no end event:
+        // E2B's envd goes with its sandbox, so the SDK sees the connection drop, asks /health (502)
+        // and says the sandbox was killed or reached its end of life, not that the command failed.
+        void this.running(scope, id).then((running) => {
+          if (running) send({ event: { end: endEventJson(exit) } });
+          else req.socket.destroy();
+          exited = true;
+          wake?.();
+        });
       },
     });
     const gone = () => wake?.();
@@ -302,6 +308,23 @@ export class Envd {
       req.socket.off('close', gone);
       detach();
     }
+  }
+
+  /** Whether the sandbox runs now (false once deleted, suspended or gone). */
+  private async running(scope: Scope, id: string): Promise<boolean> {
+    return this.opts.tenants.sandboxes.get(scope, id).then((info) => info.state === 'running', () => false);
+  }
+
+  /**
+   * Whether `id` is a sandbox that runs, whoever holds it: /health answers 502 for one that does not
+   * (deleted, paused, never was) as E2B's does, whatever the token, and the SDK reads that as the
+   * sandbox having ended.
+   */
+  async live(id: string): Promise<boolean> {
+    if (!/^sbx_[0-9a-f]{12}$/.test(id)) return false;
+    const tenant = await this.opts.tenants.placement.tenantOf(id);
+    if (tenant === null) return false;
+    return this.running(await this.opts.tenants.accounts.scopeOf(tenant).catch(() => ({ tenant }) as Scope), id);
   }
 
   readonly unary: Partial<Record<string, Unary>> = {
@@ -502,7 +525,12 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         if (info.state !== 'running') return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id} is ${info.state}` });
         reply.raw.writeHead(204).end();
       } catch (err) {
-        sendHttpError(reply.raw, toClientError(err, req.log));
+        const e = toClientError(err, req.log);
+        const id = String(req.headers['e2b-sandbox-id'] ?? '');
+        if ((e.code === 'unauthorized' || e.code === 'sandbox_not_found') && !(await envd.live(id).catch(() => true))) {
+          return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id.slice(0, 40)} is not running` });
+        }
+        sendHttpError(reply.raw, e);
       }
     });
 
@@ -629,7 +657,8 @@ function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, wr
         throw err;
       }));
     });
-    parser.on('error', fail);
+    // Busboy's own words for a body that is not multipart as declared (no closing boundary, a bad part header): the client's to fix.
+    parser.on('error', (err) => fail(new CollimateError('validation_error', `The multipart body is malformed: ${String((err as Error)?.message ?? err).slice(0, 200)}.`)));
     parser.on('close', () => {
       Promise.all(writes).then(resolve, fail);
     });

@@ -122,6 +122,19 @@ test('e2b 2.51: the whole journey on real VMs', async () => {
   assert.equal(await Sandbox.kill(sbx.sandboxId, opts()), false);
 });
 
+test("e2b 2.51: a command cut off by Sandbox.kill is E2B's TimeoutError saying the sandbox was killed, not a command failure", async () => {
+  const sbx = await e2bNew.Sandbox.create('base', { ...opts(), timeoutMs: 600_000 });
+  const cmd = await sbx.commands.run('sleep 60', { background: true });
+  await sbx.kill();
+  const err = await cmd.wait().catch((e: unknown) => e);
+  assert.ok(err instanceof e2bNew.TimeoutError, `not a TimeoutError: ${String(err)}`);
+  assert.match((err as Error).message, /sandbox was killed or reached its end of life/);
+  // A command that ends on its own while the sandbox runs still ends with its exit code.
+  const other = await e2bNew.Sandbox.create('base', { ...opts(), timeoutMs: 600_000 });
+  await assert.rejects(other.commands.run('exit 3'), (e: Error & { exitCode?: number }) => e instanceof e2bNew.CommandExitError && e.exitCode === 3);
+  await other.kill();
+});
+
 test('e2b 2.30: create, run, stdin, files, pause and connect', async () => {
   const { Sandbox } = e2bOld;
   const sbx = await Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });

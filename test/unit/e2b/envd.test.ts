@@ -154,8 +154,13 @@ describe('envd details', () => {
     const big = Buffer.alloc(3 * 1024 * 1024, 7);
     await sbx.files.write('/tmp/big.bin', new Blob([big]).stream(), { useOctetStream: true } as never);
     assert.ok(readFileSync(join(backend.root, 'tmp', 'big.bin')).equals(big));
-    const health = await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken } });
+    const headers = { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken };
+    const health = await fetch(`${base}/e2b/envd/health`, { headers });
     assert.equal(health.status, 204);
     await sbx.kill();
+    // As E2B's: a sandbox that is gone is 502 (the SDK's sign that it was killed), token or not.
+    assert.equal((await fetch(`${base}/e2b/envd/health`, { headers })).status, 502);
+    assert.equal((await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': 'sbx_000000000000' } })).status, 502);
+    assert.equal(await sbx.isRunning(), false);
   });
 });
