@@ -105,6 +105,9 @@ export async function fsRename(ctx: EngineContext, id: string, from: string, to:
   return beside(ctx, id, scope, 'renaming a path', async (r) => toFileEntry(await r.live.agent.rename(from, to)), from);
 }
 
+/** An upload's temporary name (uploadFile) as a watch reports it: the directory part, then the target's name. */
+const UPLOAD_TEMP = /(^|\/)\.([^/]+)\.upload-[0-9a-f]{12}$/;
+
 /**
  * Watches a directory. The watch lives as long as the sandbox's agent link: a suspend, a delete, the
  * VM's death or the server closing ends it with the reason (onEnd), as does the directory's removal.
@@ -130,10 +133,23 @@ export async function fsWatch(ctx: EngineContext, id: string, path: string, recu
     else if (row.state === 'suspended') end('sandbox_suspended');
     else end('agent_disconnected');
   };
+  const placed = new Set<string>();
   const onEvent = (e: FsEvent) => {
     if (ended) return;
-    if (e.op === 'end') end(e.name === 'moved' ? 'directory_moved' : 'directory_removed');
-    else handlers.onChange({ op: e.op, name: e.name });
+    if (e.op === 'end') return end(e.name === 'moved' ? 'directory_moved' : 'directory_removed');
+    // An upload (uploadFile) is a write of its path, as a program writing the file in place is (and
+    // as E2B's envd reports one): its temporary file's own events are left out, and the rename that
+    // puts it in place is reported as a write of the target, not a create.
+    const temp = UPLOAD_TEMP.exec(e.name);
+    if (temp) {
+      if (e.op === 'rename') {
+        if (placed.size >= 1024) placed.clear();
+        placed.add(e.name.slice(0, temp.index + temp[1].length) + temp[2]);
+      }
+      return;
+    }
+    if (e.op === 'create' && placed.delete(e.name)) return handlers.onChange({ op: 'write', name: e.name });
+    handlers.onChange({ op: e.op, name: e.name });
   };
   await beside(ctx, id, scope, 'watching a directory', async (r) => {
     running = r;

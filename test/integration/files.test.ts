@@ -296,9 +296,13 @@ test('a watch stream sees changes while an exec runs, and ends when the sandbox 
   assert.equal(execDone, false, 'stat and list were answered beside the exec');
   assert.equal((await exec).json().exit_code, 0);
 
-  // An upload is seen as the temporary file's creation and its rename to the target name.
-  await fetch(`${base}/v1/sandboxes/${id}/files?path=/root/w/up.txt`, { method: 'PUT', headers: { authorization: `Bearer ${key}` }, body: 'data' });
-  await w.change('create', 'up.txt');
+  // An upload is a write of its path, new or replaced (as E2B's envd reports it): its temporary file is never seen.
+  for (const body of ['data', 'replaced']) {
+    const before = w.events.length;
+    await fetch(`${base}/v1/sandboxes/${id}/files?path=/root/w/up.txt`, { method: 'PUT', headers: { authorization: `Bearer ${key}` }, body });
+    await w.until(`write up.txt (${body})`, (e) => w.events.indexOf(e) >= before && e.event === 'change' && e.data.op === 'write' && e.data.name === 'up.txt');
+  }
+  assert.ok(!w.events.some((e) => String(e.data?.name ?? '').includes('.upload-')), `an upload's temporary file was reported: ${JSON.stringify(w.events)}`);
 
   await call('suspendSandbox', 'POST', `/v1/sandboxes/${id}/suspend`);
   const end = await w.until('end', (e) => e.event === 'end');
