@@ -203,10 +203,37 @@ export default defineConfig({
     hookTimeout: ${TEST_TIMEOUT_MS},
     maxWorkers: ${workers},
     fileParallelism: ${workers > 1},
-    reporters: ['default', 'json'],
+    reporters: ['default', 'json', './errorDetails.mjs'],
     outputFile: { json: ${JSON.stringify(resultsJson)} },
   },
 })
+`);
+// vitest's JSON holds an error's stack only: this reporter keeps what its first line leaves out (a
+// command's exit code and stderr, the cause of a failed fetch), by file and test name.
+const detailsJson = join(work, 'errorDetails.json');
+rmSync(detailsJson, { force: true });
+writeFileSync(join(work, 'errorDetails.mjs'), `// Written by Collimate's bench/e2b-suite.ts.
+import { writeFileSync } from 'node:fs'
+const firstLine = (s) => String(s ?? '').split('\\n').map((l) => l.trim()).find(Boolean) ?? ''
+function describe(e) {
+  let line = (e.name ?? 'Error') + (firstLine(e.message) ? ': ' + firstLine(e.message) : '')
+  const r = e.result
+  if (r && typeof r === 'object' && 'exitCode' in r) line += ' [exit ' + r.exitCode + (firstLine(r.stderr) ? ': ' + firstLine(r.stderr) : '') + ']'
+  for (let c = e.cause, depth = 0; c && depth < 3; c = c.cause, depth++) line += ' (cause: ' + (c.code ? c.code + ' ' : '') + firstLine(c.message) + ')'
+  return line
+}
+export default class ErrorDetails {
+  onTestRunEnd(modules) {
+    const out = {}
+    for (const m of modules) {
+      for (const t of m.children.allTests()) {
+        const errors = t.result().errors ?? []
+        if (errors.length) out[m.moduleId + '::' + t.fullName] = describe(errors[0])
+      }
+    }
+    writeFileSync(${JSON.stringify(detailsJson)}, JSON.stringify(out, null, 1))
+  }
+}
 `);
 
 // ---- 4. A Collimate server ---------------------------------------------------------------------
@@ -324,6 +351,8 @@ try {
   say(`vitest wrote no results (exit ${vitestStatus}); see ${vitestLog}`);
 }
 const firstLine = (s: string) => s.split('\n').map((l) => l.trim()).find((l) => l.length > 0) ?? '(no message)';
+let details: Record<string, string> = {};
+try { details = JSON.parse(readFileSync(detailsJson, 'utf8')) as Record<string, string>; } catch { /* the stacks' first lines only */ }
 const SKIPPED = new Set(['skipped', 'pending', 'todo', 'disabled']);
 const lines: string[] = [];
 const out = (l = '') => lines.push(l);
@@ -337,8 +366,11 @@ for (const file of selected) {
   const n = { p: 0, f: 0, s: 0 };
   for (const a of r.assertionResults) {
     if (a.status === 'passed') n.p++;
-    else if (a.status === 'failed') { n.f++; failures.push(`  ${file} > ${[...a.ancestorTitles, a.title].join(' > ')}\n      ${firstLine(a.failureMessages.join('\n'))}`); }
-    else if (SKIPPED.has(a.status)) n.s++;
+    else if (a.status === 'failed') {
+      n.f++;
+      const name = [...a.ancestorTitles, a.title].join(' > ');
+      failures.push(`  ${file} > ${name}\n      ${details[`${r.name}::${name}`] ?? firstLine(a.failureMessages.join('\n'))}`);
+    } else if (SKIPPED.has(a.status)) n.s++;
   }
   passed += n.p; failed += n.f; skipped += n.s;
   const broken = r.status === 'failed' && n.f === 0 && r.message;
