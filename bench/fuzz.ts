@@ -2,10 +2,13 @@
 // fresh server and engine with its own seed and --requests generated requests (valid, invalid and
 // hostile; see test/integration/fuzzHarness.ts), each ending with the descriptor and leak checks.
 // Prints one line per round (seed, requests, seconds, result) and the failures' replay commands.
+// Then every door (bench/fuzz-doors.ts): --doors requests per door (10,000; 0 skips it) of REST,
+// MCP, E2B's control plane and envd, the web terminal and the ports proxy against one server.
 // Usage (one VM-heavy job at a time on a shared host):
-//   flock /tmp/collimate-vm.lock node --import tsx bench/fuzz.ts [--rounds 5] [--requests 20000] [--seed 1]
+//   flock /tmp/collimate-vm.lock node --import tsx bench/fuzz.ts [--rounds 5] [--requests 20000] [--seed 1] [--doors 10000]
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { fuzzDoors } from './fuzz-doors.ts';
 
 const argOf = (name: string, dflt: string) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -14,6 +17,7 @@ const argOf = (name: string, dflt: string) => {
 const ROUNDS = Number(argOf('rounds', '5'));
 const REQUESTS = Number(argOf('requests', '20000'));
 const FIRST_SEED = Number(argOf('seed', String(Math.floor(Math.random() * 2 ** 31))));
+const DOOR_REQUESTS = Number(argOf('doors', '10000'));
 const root = fileURLToPath(new URL('..', import.meta.url));
 
 const failed: number[] = [];
@@ -44,4 +48,5 @@ for (let round = 0; round < ROUNDS; round++) {
   if (!ok) console.log(out.split('\n').filter((l) => !l.startsWith('# fuzz kinds')).slice(-80).join('\n'));
 }
 console.log(`${ROUNDS} rounds, ${sent} requests, ${failed.length} failed${failed.length ? `: replay with FUZZ_SEED=${failed.join(', ')} FUZZ_N=${REQUESTS}` : ''}`);
-process.exit(failed.length ? 1 : 0);
+const doorsOk = DOOR_REQUESTS > 0 ? fuzzDoors(DOOR_REQUESTS, (FIRST_SEED + ROUNDS) >>> 0) : true;
+process.exit(failed.length || !doorsOk ? 1 : 0);
