@@ -46,6 +46,9 @@ export function connectErrorOf(err: CollimateError): ConnectError {
       case 403: return 'permission_denied';
       case 404: return 'not_found';
       case 409: return (err.code as string) === 'file_exists' ? 'already_exists' : 'failed_precondition';
+      // The guest refused the file operation (busy, read-only, another device): the path's state, not a server fault.
+      case 422: return 'failed_precondition';
+      case 507: return 'resource_exhausted';
       case 429: return 'resource_exhausted';
       case 501: return 'unimplemented';
       case 502: case 503: return 'unavailable';

@@ -304,10 +304,24 @@ export class E2bControlPlane {
     return [201, results];
   }
 
-  /** One reading now: E2B returns a series; we have the sandbox's size and no history. */
-  async metrics(scope: Scope, id: string): Promise<unknown[]> {
+  /**
+   * One reading now, when now is within [start, end] (unix seconds, E2B's time range; 10 s of slack
+   * at the end for the SDK's rounding): E2B returns a series; we have the sandbox's size and no history.
+   */
+  async metrics(scope: Scope, id: string, query: Record<string, unknown> = {}): Promise<unknown[]> {
+    const bound = (name: 'start' | 'end') => {
+      const v = query[name];
+      if (v === undefined || v === '') return undefined;
+      const n = Number(v);
+      if (!Number.isInteger(n) || n < 0) throw bad(`${name} must be unix seconds.`);
+      return n;
+    };
+    const start = bound('start');
+    const end = bound('end');
     const info = await this.tenants.sandboxes.get(scope, id);
     const now = new Date();
+    const nowSecs = now.getTime() / 1000;
+    if ((start !== undefined && nowSecs < start) || (end !== undefined && nowSecs > end + 10)) return [];
     return [
       {
         timestamp: now.toISOString(),
@@ -385,6 +399,11 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('POST', '/v2/sandboxes/:id/connect', (scope, req) => plane.connect(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/resume', (scope, req) => plane.resume(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/fork', (scope, req) => plane.fork(scope, id(req), jsonBody(req)));
-  route('GET', '/sandboxes/:id/metrics', (scope, req) => plane.metrics(scope, id(req)));
+  route('GET', '/sandboxes/:id/metrics', (scope, req) => plane.metrics(scope, id(req), query(req)));
+  // Anything else under E2B's API is answered in E2B's error shape, so the SDK can print it.
+  app.all(`${E2B_API_PREFIX}/*`, async (req, reply) => {
+    const path = req.url.split('?')[0].slice(E2B_API_PREFIX.length);
+    sendE2bError(reply, new CollimateError('not_found', `${req.method} ${path.slice(0, 200)} is not served by Collimate's E2B API; docs/e2b.md lists what is.`));
+  });
   return plane;
 }

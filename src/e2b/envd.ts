@@ -13,6 +13,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createHash, timingSafeEqual } from 'node:crypto';
+import { posix } from 'node:path';
 import { Readable } from 'node:stream';
 import Busboy from 'busboy';
 import { CollimateError } from '../errors.js';
@@ -134,7 +135,8 @@ export function entryJson(e: FsEntry): Record<string, unknown> {
     owner: e.owner,
     group: e.group,
     modifiedTime: new Date(e.mtimeMs).toISOString(),
-    ...(e.symlinkTarget !== undefined ? { symlinkTarget: e.symlinkTarget } : {}),
+    // As envd: the target as an absolute path (a relative link resolved against its directory).
+    ...(e.symlinkTarget !== undefined ? { symlinkTarget: posix.resolve(posix.dirname(e.path), e.symlinkTarget) } : {}),
   };
 }
 
@@ -147,11 +149,13 @@ function writtenEntryJson(e: FsEntry): Record<string, unknown> {
 export function endEventJson(exit: ProcessExit): Record<string, unknown> {
   const signalled = exit.signal !== undefined;
   const names: Record<number, string> = { 1: 'hangup', 2: 'interrupt', 9: 'killed', 13: 'broken pipe', 15: 'terminated' };
+  const status = signalled ? `signal: ${names[exit.signal!] ?? `signal ${exit.signal}`}` : `exit status ${exit.exitCode}`;
   return {
     exitCode: signalled ? -1 : exit.exitCode,
     exited: !signalled,
-    status: signalled ? `signal: ${names[exit.signal!] ?? `signal ${exit.signal}`}` : `exit status ${exit.exitCode}`,
-    ...(exit.error ? { error: exit.error } : {}),
+    status,
+    // envd's error is Go's cmd.Wait() error ("exit status 127"): the SDK's CommandExitError message.
+    ...(exit.error ? { error: exit.error } : signalled || exit.exitCode !== 0 ? { error: status } : {}),
   };
 }
 
@@ -523,6 +527,8 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         const { scope: s, id } = await envd.authorize(req.headers);
         const info = await opts.tenants.sandboxes.get(s, id);
         if (info.state !== 'running') return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id} is ${info.state}` });
+        // Past its end the reaper acts within a second or so; until then it is already over for the SDK.
+        if (Date.parse(info.expires_at) <= Date.now()) return sendJson(reply.raw, 502, { code: 502, message: `sandbox ${id}'s session ended at ${info.expires_at}` });
         reply.raw.writeHead(204).end();
       } catch (err) {
         const e = toClientError(err, req.log);
@@ -544,7 +550,8 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           const path = (req.query as { path?: string }).path;
           if (!path) throw new CollimateError('validation_error', 'path is required.');
           await opts.backend.readFile(s, id, path, {
-            start: ({ size }) => void res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': size }),
+            // A pseudo-file (/proc, /sys) states no size (-1): it goes out chunked, to its end.
+            start: ({ size }) => void res.writeHead(200, { 'content-type': 'application/octet-stream', ...(size >= 0 ? { 'content-length': size } : {}) }),
             chunk: (data) => (res.write(data) ? undefined : new Promise<void>((resolve) => {
               res.once('drain', resolve);
               res.once('close', resolve);
@@ -553,7 +560,9 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': 0 });
           res.end();
         } catch (err) {
-          sendHttpError(res, toClientError(err, req.log));
+          // Past the headers the status is sent: the client learns of the failure by the short body.
+          if (res.headersSent) res.destroy();
+          else sendHttpError(res, toClientError(err, req.log));
         }
       });
 
@@ -627,6 +636,9 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
 }
 
 /** Each multipart `file` part is written to its own path: the part's filename, or the query's path. */
+/** The largest `file` part without a filename (a form field to the parser, held in memory whole). */
+const FIELD_FILE_MAX = 1024 * 1024;
+
 function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, write: (path: string, data: AsyncIterable<Buffer>) => Promise<FsEntry>): Promise<FsEntry[]> {
   return new Promise((resolve, reject) => {
     const writes: Promise<FsEntry>[] = [];
@@ -640,7 +652,7 @@ function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, wr
     };
     let parser: Busboy.Busboy;
     try {
-      parser = Busboy({ headers: req.headers, preservepath: true, limits: { files: 1000, fields: 100 } } as Busboy.BusboyConfig);
+      parser = Busboy({ headers: req.headers, preservepath: true, limits: { files: 1000, fields: 100, fieldSize: FIELD_FILE_MAX } } as Busboy.BusboyConfig);
     } catch {
       return reject(new CollimateError('validation_error', 'The multipart body has no boundary.'));
     }
@@ -656,6 +668,14 @@ function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, wr
         file.resume();
         throw err;
       }));
+    });
+    // A `file` part without a filename (FormData.append('file', 'text')) is a field to Busboy and a
+    // file to envd: its value is written to ?path=.
+    parser.on('field', (name, value, info) => {
+      if (name !== 'file') return;
+      if (!queryPath) return fail(new CollimateError('validation_error', 'A file part without a filename needs ?path= to say where it goes.'));
+      if (info.valueTruncated) return fail(new CollimateError('payload_too_large', `A file part without a filename holds at most ${FIELD_FILE_MAX} bytes; send larger files as parts with a filename.`));
+      writes.push(write(queryPath, Readable.from([Buffer.from(value)])));
     });
     // Busboy's own words for a body that is not multipart as declared (no closing boundary, a bad part header): the client's to fix.
     parser.on('error', (err) => fail(new CollimateError('validation_error', `The multipart body is malformed: ${String((err as Error)?.message ?? err).slice(0, 200)}.`)));

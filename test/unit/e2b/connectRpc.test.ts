@@ -6,7 +6,8 @@ import assert from 'node:assert/strict';
 import { createServer, request, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
-import { ServerStream, STREAM_PENDING_MAX } from '../../../src/e2b/connectRpc.js';
+import { connectErrorOf, ServerStream, STREAM_PENDING_MAX } from '../../../src/e2b/connectRpc.js';
+import { CollimateError } from '../../../src/errors.js';
 
 test('a client that stops reading a stream is cut off once STREAM_PENDING_MAX waits for it, not buffered for without bound', async () => {
   let res!: ServerResponse;
@@ -48,4 +49,11 @@ test('a message in invalid UTF-8 is invalid_argument, unary or enveloped: never 
   // Valid UTF-8 beyond ASCII still decodes.
   assert.deepEqual(decodeUnary(Buffer.from('{"path":"/tmp/é😀"}')), { path: '/tmp/é😀' });
   assert.deepEqual(decodeEnvelopes(envelope({ path: '/tmp/é' })), [{ path: '/tmp/é' }]);
+});
+
+test("the guest's refusals are the path's state in Connect's words, never `internal` (HTTP 500)", () => {
+  const busy = connectErrorOf(new CollimateError('file_operation_failed', '/tmp: Resource busy'));
+  assert.equal(busy.code, 'failed_precondition');
+  assert.equal(connectErrorOf(new CollimateError('no_space', 'disk full')).code, 'resource_exhausted');
+  assert.equal(connectErrorOf(new CollimateError('internal_error', 'bug')).code, 'internal');
 });

@@ -144,6 +144,18 @@ describe('e2b 2.51 fork', () => {
   });
 });
 
+describe('e2b 2.51 metrics', () => {
+  it('answers the reading now only for a time range that holds now', async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const sbx = await e2bNew.Sandbox.create('python', opts);
+    const now = Date.now();
+    assert.equal((await sbx.getMetrics()).length, 1);
+    assert.equal((await sbx.getMetrics({ start: new Date(now - 60_000), end: new Date(now + 60_000) })).length, 1);
+    assert.equal((await sbx.getMetrics({ start: new Date(now - 3_600_000), end: new Date(now - 1_800_000) })).length, 0, 'a range before the sandbox holds nothing');
+    await sbx.kill();
+  });
+});
+
 describe('e2b 2.51 lifecycle', () => {
   it("onTimeout 'pause' and autoResume become the sandbox's on_timeout and auto_resume, and getInfo says so", async () => {
     const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
@@ -175,6 +187,11 @@ describe('E2B-shaped requests the SDK never sends', () => {
     const resumeAlone = await api.app.inject({ method: 'POST', url: '/e2b/api/v2/sandboxes', headers: { 'x-api-key': key }, payload: JSON.stringify({ templateID: 'python', autoResume: { enabled: true } }) });
     assert.equal(resumeAlone.statusCode, 400);
     assert.match(resumeAlone.json().message, /autoResume needs autoPause/);
+    // What Collimate does not serve is still answered in E2B's shape ({code, message}), which the SDK prints.
+    const unserved = await api.app.inject({ method: 'POST', url: '/e2b/api/snapshots', headers: { 'x-api-key': key } });
+    assert.equal(unserved.statusCode, 404);
+    assert.equal(unserved.json().code, 404);
+    assert.match(unserved.json().message, /POST \/snapshots is not served/);
     const noKey = await api.app.inject({ method: 'GET', url: '/e2b/api/v2/sandboxes' });
     assert.equal(noKey.statusCode, 401);
     assert.equal(noKey.json().code, 401);

@@ -55,7 +55,8 @@ for (const [version, sdk] of [['2.51', e2bNew], ['2.30', e2bOld as unknown as ty
       assert.equal(r.stdout, 'sbx own\n');
       assert.equal(out.join(''), 'sbx own\n');
       assert.equal(err.join(''), 'oops\n');
-      await assert.rejects(sbx.commands.run('exit 3'), (e: Error & { exitCode?: number }) => e instanceof sdk.CommandExitError && e.exitCode === 3);
+      // As envd: the error is Go's "exit status N", which the SDK shows as the CommandExitError's message.
+      await assert.rejects(sbx.commands.run('exit 3'), (e: Error & { exitCode?: number; error?: string }) => e instanceof sdk.CommandExitError && e.exitCode === 3 && e.error === 'exit status 3');
       await sbx.kill();
     });
 
@@ -138,6 +139,12 @@ describe('envd details', () => {
     assert.equal(put.status, 200, await put.clone().text());
     const down = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: 60 });
     assert.equal(await (await fetch(down)).text(), 'signed bytes');
+    // A form's `file` part without a filename (FormData.append('file', 'text')) is written to ?path=, as envd does.
+    const form = new FormData();
+    form.append('file', 'form field bytes');
+    const posted = await fetch(await sbx.uploadUrl('/tmp/field.txt'), { method: 'POST', body: form });
+    assert.deepEqual(await posted.json(), [{ name: 'field.txt', type: 'file', path: '/tmp/field.txt' }]);
+    assert.equal(readFileSync(join(backend.root, 'tmp', 'field.txt'), 'utf8'), 'form field bytes');
     const altered = down.replace('signed.txt', 'other.txt');
     assert.equal((await fetch(altered)).status, 401);
     const expired = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -10 });
@@ -157,6 +164,10 @@ describe('envd details', () => {
     const headers = { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken };
     const health = await fetch(`${base}/e2b/envd/health`, { headers });
     assert.equal(health.status, 204);
+    // Past its session's end it is over for the SDK at once, though the reaper acts a moment later.
+    await sbx.setTimeout(1000);
+    await new Promise((r) => setTimeout(r, 1100));
+    assert.equal(await sbx.isRunning(), false);
     await sbx.kill();
     // As E2B's: a sandbox that is gone is 502 (the SDK's sign that it was killed), token or not.
     assert.equal((await fetch(`${base}/e2b/envd/health`, { headers })).status, 502);
