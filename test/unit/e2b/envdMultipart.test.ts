@@ -18,14 +18,14 @@ before(async () => {
   const key = f.key('uploader', 'pro');
   const id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
   const connected = await fetch(`${base}/e2b/api/sandboxes/${id}/connect`, { method: 'POST', headers: { 'x-api-key': e2bKeyOf(key), 'content-type': 'application/json' }, body: '{}' });
-  headers = { 'e2b-sandbox-id': id, 'x-access-token': (await connected.json()).envdAccessToken };
+  headers = { 'e2b-sandbox-id': id, 'x-access-token': ((await connected.json()) as { envdAccessToken: string }).envdAccessToken };
 });
 after(() => f.close());
 
 test('a malformed multipart upload is 400 in envd\'s shape, not an internal error', async () => {
   for (const body of ['--b\r\nbroken', '--b\r\nContent-Disposition: form-data; name="file"; filename="/tmp/x"\r\n\r\nno closing boundary', 'no multipart at all']) {
     const res = await fetch(`${base}/e2b/envd/files`, { method: 'POST', headers: { ...headers, 'content-type': 'multipart/form-data; boundary=b' }, body });
-    const answer = await res.json();
+    const answer = (await res.json()) as { code: number; message: string };
     assert.equal(res.status, 400, `${JSON.stringify(body)}: ${JSON.stringify(answer)}`);
     assert.equal(answer.code, 400);
     assert.match(answer.message, /multipart/);
