@@ -14,7 +14,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { posix } from 'node:path';
-import { Readable } from 'node:stream';
+import { Readable, type Writable } from 'node:stream';
+import { createGunzip, createGzip } from 'node:zlib';
 import Busboy from 'busboy';
 import { CollimateError } from '../errors.js';
 import type { TenantService } from '../service/tenantService.js';
@@ -549,16 +550,24 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           const { scope: s, id } = await envd.authorizeFile(req, 'read');
           const path = (req.query as { path?: string }).path;
           if (!path) throw new CollimateError('validation_error', 'path is required.');
+          // As envd: `Accept-Encoding: gzip` (the SDK's read({gzip: true})) gets the file gzip-compressed.
+          const gzip = /\bgzip\b/i.test(String(req.headers['accept-encoding'] ?? '')) ? createGzip() : undefined;
+          const out: Writable = gzip ?? res;
+          if (gzip) {
+            gzip.pipe(res);
+            gzip.on('error', () => res.destroy());
+          }
           await opts.backend.readFile(s, id, path, {
-            // A pseudo-file (/proc, /sys) states no size (-1): it goes out chunked, to its end.
-            start: ({ size }) => void res.writeHead(200, { 'content-type': 'application/octet-stream', ...(size >= 0 ? { 'content-length': size } : {}) }),
-            chunk: (data) => (res.write(data) ? undefined : new Promise<void>((resolve) => {
-              res.once('drain', resolve);
+            // A pseudo-file (/proc, /sys) states no size (-1), and a compressed one a size of its own: chunked, to its end.
+            start: ({ size }) => void res.writeHead(200, { 'content-type': 'application/octet-stream', ...(gzip ? { 'content-encoding': 'gzip' } : size >= 0 ? { 'content-length': size } : {}) }),
+            chunk: (data) => (out.write(data) ? undefined : new Promise<void>((resolve) => {
+              out.once('drain', resolve);
               res.once('close', resolve);
             })),
           });
-          if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': 0 });
-          res.end();
+          if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/octet-stream', ...(gzip ? { 'content-encoding': 'gzip' } : { 'content-length': 0 }) });
+          if (gzip) gzip.end();
+          else res.end();
         } catch (err) {
           // Past the headers the status is sent: the client learns of the failure by the short body.
           if (res.headersSent) res.destroy();
@@ -578,8 +587,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
             return sendJson(res, 200, written.map(writtenEntryJson));
           }
           if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
-          if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) throw new CollimateError('unsupported_media_type', 'gzip-encoded uploads are not supported; send the bytes as they are.');
-          const entry = await opts.backend.writeFile(s, id, queryPath, bodyChunks(req.raw));
+          const entry = await opts.backend.writeFile(s, id, queryPath, uploadBody(req.raw));
           sendJson(res, 200, [writtenEntryJson(entry)]);
         } catch (err) {
           // The rest of the body is read first, so a client still sending reads this answer.
@@ -636,6 +644,28 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
 }
 
 /** Each multipart `file` part is written to its own path: the part's filename, or the query's path. */
+/**
+ * An octet-stream upload's bytes, decompressed when sent with `Content-Encoding: gzip` (the SDK's
+ * write({gzip: true})). The decompressed bytes count against the upload limit where they are
+ * written, so a small body that inflates to more is refused there; a body that is not gzip is a 400.
+ */
+function uploadBody(req: IncomingMessage): AsyncIterable<Buffer> {
+  const encoding = String(req.headers['content-encoding'] ?? '').trim().toLowerCase();
+  if (encoding === '' || encoding === 'identity') return bodyChunks(req);
+  if (encoding !== 'gzip' && encoding !== 'x-gzip') throw new CollimateError('unsupported_media_type', `Content-Encoding ${encoding.slice(0, 40)} is not supported; send gzip or the bytes as they are.`);
+  const gunzip = createGunzip();
+  req.pipe(gunzip);
+  return (async function* () {
+    try {
+      for await (const chunk of gunzip) yield chunk as Buffer;
+    } catch (err) {
+      throw new CollimateError('validation_error', `The gzip-encoded upload could not be decompressed (${(err as Error).message}); nothing was written.`);
+    } finally {
+      req.unpipe(gunzip);
+    }
+  })();
+}
+
 /** The largest `file` part without a filename (a form field to the parser, held in memory whole). */
 const FIELD_FILE_MAX = 1024 * 1024;
 

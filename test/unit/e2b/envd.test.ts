@@ -132,6 +132,22 @@ describe('envd details', () => {
     await sbx.kill();
   });
 
+  it('writes a gzip-encoded upload decompressed and reads a file gzip-encoded when asked, as envd does', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    const text = 'squeezed '.repeat(1000);
+    await sbx.files.write('/tmp/gz.txt', text, { gzip: true } as never);
+    assert.equal(readFileSync(join(backend.root, 'tmp', 'gz.txt'), 'utf8'), text, 'stored decompressed');
+    assert.equal(await sbx.files.read('/tmp/gz.txt', { gzip: true } as never), text);
+    assert.equal(await sbx.files.read('/tmp/gz.txt'), text);
+    const headers = { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken };
+    const raw = await fetch(`${base}/e2b/envd/files?path=/tmp/gz.txt`, { headers: { ...headers, 'accept-encoding': 'gzip' } });
+    assert.equal(raw.headers.get('content-encoding'), 'gzip');
+    const broken = await fetch(`${base}/e2b/envd/files?path=/tmp/bad.txt`, { method: 'POST', headers: { ...headers, 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }, body: 'not gzip at all' });
+    assert.equal(broken.status, 400);
+    assert.match(((await broken.json()) as { message: string }).message, /could not be decompressed/);
+    await sbx.kill();
+  });
+
   it('serves signed upload and download URLs without a token header, and refuses an altered or expired one', async () => {
     const sbx = await e2bNew.Sandbox.create('python', opts());
     const up = await sbx.uploadUrl('/tmp/signed.txt');
