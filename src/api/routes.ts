@@ -194,6 +194,23 @@ export const ROUTE_TABLE = [
     errors: ['sandbox_not_found', 'invalid_state', 'tier_forbidden'],
   },
   {
+    operationId: 'setSandboxEgress',
+    method: 'PUT',
+    path: '/v1/sandboxes/:id/egress',
+    summary: "Replace a sandbox's egress policy while it runs or is suspended",
+    description:
+      "The new policy replaces the old one: a running sandbox's firewall changes at once (connections already open to a destination it " +
+      "no longer allows are cut), a suspended one's when it resumes. Never wider than its template's (environment's) policy, and the " +
+      "server's blocked ranges stay blocked: 403 egress_forbidden saying why. A sandbox without a network can only be given \"none\".",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.SetEgressRequest,
+    responses: { 200: { description: 'The sandbox, with its new egress.', schema: S.Sandbox } },
+    errors: ['sandbox_not_found', 'invalid_state', 'egress_forbidden', 'network_unavailable'],
+  },
+  {
     operationId: 'deleteSandbox',
     method: 'DELETE',
     path: '/v1/sandboxes/:id',

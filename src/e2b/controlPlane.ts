@@ -15,6 +15,7 @@ import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
+import type { EgressInput } from '../net/policy.js';
 import { Labels } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
@@ -64,6 +65,40 @@ function metadataOf(body: Record<string, unknown>): Record<string, string> | und
 }
 
 const e2bState = (s: SandboxInfo['state']) => (s === 'suspended' ? 'paused' : s);
+
+/**
+ * E2B's network config (create's `network`, `PUT /sandboxes/{id}/network`) as a Collimate egress
+ * policy. E2B allows everything unless told to deny; `allowOut` wins over `denyOut`. Collimate's
+ * policies are allowlists, so what they express is: everything (no deny), nothing (deny all, allow
+ * nothing), or only `allowOut` (deny all, allow those CIDRs, addresses and domains). Denying some
+ * addresses while allowing the rest, header rules and egress proxies are refused, saying how.
+ */
+export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw bad('network must be an object: {allowOut, denyOut, allow_internet_access}.');
+  const n = raw as Record<string, unknown>;
+  const list = (field: 'allowOut' | 'denyOut'): string[] => {
+    const v = n[field];
+    if (v === undefined || v === null) return [];
+    if (!Array.isArray(v) || v.some((x) => typeof x !== 'string')) throw bad(`network.${field} must be a list of strings.`);
+    return v as string[];
+  };
+  if (n.rules !== undefined && n.rules !== null && Object.keys(n.rules as object).length > 0) throw bad('network.rules (header transforms) are not supported by Collimate; send the headers from the program in the sandbox.');
+  if (n.egressProxy !== undefined && n.egressProxy !== null) throw bad('network.egressProxy is not supported by Collimate.');
+  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw bad('network.maskRequestHost is not supported by Collimate.');
+  if (n.allowPublicTraffic === false) throw bad("network.allowPublicTraffic: false is how Collimate always works: a sandbox's ports need a key or its traffic token; leave it out.");
+  const allow = list('allowOut');
+  const deny = list('denyOut');
+  const denyAll = noInternet || n.allow_internet_access === false || deny.some((d) => d === '0.0.0.0/0' || d === '::/0');
+  if (!denyAll) {
+    if (deny.length > 0) throw bad('network.denyOut of some addresses is not supported: Collimate allows a list. Deny 0.0.0.0/0 and list in allowOut what the sandbox may reach.');
+    return 'allow';
+  }
+  if (allow.length === 0) return 'none';
+  const isAddress = (s: string) => /^[0-9.]+(\/\d+)?$/.test(s) || s.includes(':');
+  const cidrs = allow.filter(isAddress).map((s) => (s.includes('/') ? s : s.includes(':') ? `${s}/128` : `${s}/32`));
+  const domains = allow.filter((s) => !isAddress(s));
+  return { cidrs, domains };
+}
 
 /**
  * E2B's lifecycle at create: `autoPause` (the SDK's `lifecycle.onTimeout: 'pause'`) suspends the
@@ -205,14 +240,12 @@ export class E2bControlPlane {
     const lifecycle = lifecycleOf(body);
     if (body.mcp !== undefined && body.mcp !== null) throw bad('mcp (the MCP gateway) is not supported by Collimate.');
     if (Array.isArray(body.volumeMounts) && body.volumeMounts.length > 0) throw bad('volumeMounts are not supported by Collimate.');
-    if (body.network !== undefined && body.network !== null) {
-      throw bad('network rules are not supported through the E2B API; give the sandbox an environment with an egress policy (POST /v1/environments), or allow_internet_access: false for none.');
-    }
+    const network = body.network !== undefined && body.network !== null ? egressOfNetwork(body.network, body.allow_internet_access === false) : undefined;
     const envProblem = envVarsProblem(body.envVars);
     if (envProblem) throw bad(envProblem);
     const labels = metadataOf(body);
     const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
-    const egress = body.allow_internet_access === false ? ('none' as const) : undefined;
+    const egress = network ?? (body.allow_internet_access === false ? ('none' as const) : undefined);
     const info = await this.tenants.sandboxes.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}), ...lifecycle });
     const env = (body.envVars ?? {}) as Record<string, string>;
     try {
@@ -361,7 +394,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
     },
     (req: FastifyRequest, reply: FastifyReply, err) => sendE2bError(reply, toClientError(err, req.log, req.id)),
   );
-  const route = (method: 'GET' | 'POST' | 'DELETE', path: string, handle: Handler) => {
+  const route = (method: 'GET' | 'POST' | 'PUT' | 'DELETE', path: string, handle: Handler) => {
     app.route({
       method,
       url: E2B_API_PREFIX + path,
@@ -400,6 +433,9 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('POST', '/sandboxes/:id/resume', (scope, req) => plane.resume(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/fork', (scope, req) => plane.fork(scope, id(req), jsonBody(req)));
   route('GET', '/sandboxes/:id/metrics', (scope, req) => plane.metrics(scope, id(req), query(req)));
+  route('PUT', '/sandboxes/:id/network', async (scope, req) => {
+    await tenants.sandboxes.setEgress(scope, id(req), egressOfNetwork(jsonBody(req) ?? {}));
+  });
   // Anything else under E2B's API is answered in E2B's error shape, so the SDK can print it.
   app.all(`${E2B_API_PREFIX}/*`, async (req, reply) => {
     const path = req.url.split('?')[0].slice(E2B_API_PREFIX.length);

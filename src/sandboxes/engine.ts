@@ -21,7 +21,7 @@ import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, p
 import { deleteSandbox } from './delete.js';
 import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
-import { setSessionEnd } from './session.js';
+import { setEgress, setSessionEnd } from './session.js';
 import { reconcile } from './reconcile.js';
 import { restoreCounts } from './runtime.js';
 import { ForkSeeds } from './forkSeeds.js';
@@ -35,6 +35,7 @@ import {
 import { collectArtifactRam } from '../images/artifactGc.js';
 import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.js';
 import { digHoles } from '../vmm/memory.js';
+import type { EgressPolicy } from '../net/policy.js';
 import type {
   CatalogStatus, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
@@ -467,6 +468,10 @@ export class Engine extends EventEmitter implements SandboxService {
   /** Moves the end of a running sandbox's session (a lease); the reaper acts then (session.ts). */
   setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo {
     return setSessionEnd(this.ctx, id, endsAtMs, scope);
+  }
+
+  setEgress(id: string, egress: EgressPolicy, scope?: Scope): Promise<SandboxInfo> {
+    return setEgress(this.ctx, id, egress, scope);
   }
 
   /** Suspends or deletes (COLLIMATE_REAP_ACTION) the running sandboxes whose session timed out. */

@@ -334,6 +334,8 @@ export interface SandboxService extends ProcessService {
    * session of timeout_secs. Tier limits are the caller's (the tenant service).
    */
   setSessionEnd(id: string, endsAtMs: number, scope?: Scope): SandboxInfo;
+  /** Replaces its egress policy (the caller checked it against the template's): at once while running, at the resume while suspended. */
+  setEgress(id: string, egress: EgressPolicy, scope?: Scope): Promise<SandboxInfo>;
 }
 
 /**

@@ -15,6 +15,7 @@ import type {
 import type { Duplex } from 'node:stream';
 import type { ExecLog, ExecLogEntry } from './execLog.js';
 import type { Meter, MeteredSandboxInfo } from './metering.js';
+import type { EgressPolicy } from '../net/policy.js';
 
 type Maybe<T> = T | Promise<T>;
 
@@ -36,6 +37,7 @@ export interface SandboxHost {
   resume(id: string, scope: Scope): Promise<SandboxInfo>;
   delete(id: string, scope: Scope): Promise<void>;
   setSessionEnd(id: string, endsAtMs: number, scope: Scope): Maybe<SandboxInfo>;
+  setEgress(id: string, egress: EgressPolicy, scope: Scope): Promise<SandboxInfo>;
   exec(id: string, req: ExecRequest, scope: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
   /** The sandbox's recent execs, newest first. */
   recentExecs(id: string, limit: number | undefined, scope: Scope): Maybe<ExecLogEntry[]>;
@@ -76,6 +78,7 @@ export const HOST_OPERATIONS = {
   resume: { kind: 'call', changes: true },
   delete: { kind: 'call', changes: true },
   setSessionEnd: { kind: 'call', changes: true },
+  setEgress: { kind: 'call', changes: true },
   exec: { kind: 'exec', arg: 3 },
   recentExecs: { kind: 'call' },
   readFile: { kind: 'call' },
@@ -160,6 +163,7 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
       }
     },
     setSessionEnd: (id, endsAtMs, scope) => observe(engine.setSessionEnd(id, endsAtMs, scope)),
+    setEgress: async (id, egress, scope) => observe(await engine.setEgress(id, egress, scope)),
     async exec(id, req, scope, stream) {
       const started = books.now();
       const t0 = performance.now();

@@ -400,6 +400,18 @@ export class Sandboxes {
   }
 
   /** The template's policy, or the asked one if it is the same or narrower. */
+  /**
+   * Replaces the egress policy of a running or suspended sandbox: never wider than its template's
+   * (environment's) policy, as at create (egress_forbidden), and the operator's blocked ranges stay
+   * blocked (egress_forbidden). A running sandbox's firewall changes at once.
+   */
+  async setEgress(scope: Scope, id: string, raw: EgressInput): Promise<SandboxInfo> {
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    const egress = this.effectiveEgress(await this.templateToCreate(scope, info.template), raw) ?? parseEgress(raw);
+    return host.setEgress(id, egress, scope);
+  }
+
   private effectiveEgress(t: TemplateInfo, raw: EgressInput | undefined): EgressPolicy | undefined {
     // Normalised here too: in-process callers (the RL local fleet) do not go through a schema.
     const asked = raw === undefined ? undefined : parseEgress(raw);

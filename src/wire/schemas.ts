@@ -220,6 +220,13 @@ export const CreateSandboxRequest = named(
   }),
 );
 
+export const SetEgressRequest = named(
+  'SetEgressRequest',
+  z.strictObject({
+    egress: EgressPolicy,
+  }),
+);
+
 export const SetTimeoutRequest = named(
   'SetTimeoutRequest',
   z.strictObject({

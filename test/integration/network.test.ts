@@ -247,6 +247,28 @@ out['private'] = tcp('10.255.255.1', 80)
     await engine.delete(s.id, T);
   });
 
+  it("a running sandbox's egress changes at once: an allowlist of host A reaches A not B; \"none\" then nothing; suspended, the change holds after the resume", async () => {
+    const s = await engine.create({ template: 'python', egress: 'allow' }, T);
+    try {
+      const both = `out['a'] = http('http://198.51.100.10/')\nout['b'] = http('http://203.0.113.10/')`;
+      assert.deepEqual(await probe(engine, s.id, both), { a: 'host A', b: 'host B' });
+      assert.deepEqual((await engine.setEgress(s.id, { domains: [], cidrs: ['198.51.100.10/32'], ports: [] }, T)).egress, { domains: [], cidrs: ['198.51.100.10/32'], ports: [] });
+      const narrowed = await probe(engine, s.id, both);
+      assert.equal(narrowed.a, 'host A');
+      assert.notEqual(narrowed.b, 'host B', `B is no longer allowed: ${JSON.stringify(narrowed.b)}`);
+      await engine.setEgress(s.id, 'none', T);
+      assert.notEqual((await probe(engine, s.id, `out['a'] = http('http://198.51.100.10/')`)).a, 'host A', '"none" reaches nothing');
+      await engine.suspend(s.id, T);
+      await engine.setEgress(s.id, { domains: [], cidrs: ['203.0.113.10/32'], ports: [] }, T);
+      await engine.resume(s.id, T);
+      const resumed = await probe(engine, s.id, both);
+      assert.equal(resumed.b, 'host B', 'the policy set while suspended applies at the resume');
+      assert.notEqual(resumed.a, 'host A');
+    } finally {
+      await engine.delete(s.id, T);
+    }
+  });
+
   it('a private address opens only where the operator opened it: a policy naming a wider private range (stored before the check) reaches nothing of it', async () => {
     // The engine takes policies as stored; the tenant service refuses unopened blocked ranges before they get here (api tests).
     const wide = await engine.create({ template: 'python', egress: { domains: [], cidrs: ['10.250.0.0/16', '169.254.169.254/32'], ports: [] } }, T);

@@ -581,6 +581,14 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return this.info(box);
   }
 
+  async setEgress(id: string, egress: EgressPolicy, scope?: Scope): Promise<SandboxInfo> {
+    this.calls.push('setEgress');
+    const box = this.find(id, scope);
+    if (box.state !== 'running' && box.state !== 'suspended') throw invalidState(id, box.state, 'changing its egress', ['running', 'suspended']);
+    box.egress = egress;
+    return this.info(box);
+  }
+
   // ---- background processes: the engine's registry over a fake agent ------------------------------
 
   /** Test hook: the fake agent of a box (to make its processes write or exit). */

@@ -122,6 +122,10 @@ export type CreateSandboxRequest = {
   auto_resume?: boolean;
 };
 
+export type SetEgressRequest = {
+  egress: EgressPolicy;
+};
+
 export type SetTimeoutRequest = {
   /** End the running session this many seconds from now, earlier or later than before (a lease). It may not end later than the tier's maximum session (demo 900, pro 86400, enterprise 604800 s) after the session started (session_started_at): beyond it is 403 tier_forbidden, whose max_timeout_secs is the longest still allowed. */
   timeout_secs: number;

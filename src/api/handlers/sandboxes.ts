@@ -8,7 +8,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'deleteSandbox' | 'listExecs';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -82,6 +82,10 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async setSandboxTimeout({ scope, params, body }) {
       return { status: 200, body: sandboxView(await tenants.sandboxes.setTimeout(scope, params.id, body.timeout_secs)) };
+    },
+
+    async setSandboxEgress({ scope, params, body }) {
+      return { status: 200, body: sandboxView(await tenants.sandboxes.setEgress(scope, params.id, body.egress)) };
     },
 
     async deleteSandbox({ scope, params }) {

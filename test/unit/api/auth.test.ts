@@ -102,7 +102,7 @@ describe('tenant isolation', () => {
     for (const id of Object.values(ids)) {
       for (const route of sandboxRoutes) {
         const body = {
-          execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 },
+          execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 }, setSandboxEgress: { egress: 'allow' },
           startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 },
           makeDirectory: { path: '/stolen' }, removePath: { path: '/secret' }, renamePath: { from: '/secret', to: '/stolen' },
         }[route.operationId];

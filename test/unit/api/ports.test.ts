@@ -563,4 +563,20 @@ describe('egress at create', () => {
     assert.equal(r.statusCode, 201, r.body);
     assert.equal((await create({ template: 'node', egress: 'none' })).statusCode, 201);
   });
+
+  test('PUT /v1/sandboxes/{id}/egress replaces the policy of a running or suspended sandbox, by the same rules as at create', async () => {
+    const id = (await create({ template: 'node', egress: 'none' })).json().id;
+    const put = (egress: unknown) => f.req('setSandboxEgress', { url: `/v1/sandboxes/${id}/egress`, method: 'PUT', key, body: { egress } });
+    let r = await put({ domains: ['registry.npmjs.org'], ports: [443] });
+    assert.equal(r.statusCode, 200, r.body);
+    assert.deepEqual(r.json().egress, { domains: ['registry.npmjs.org'], cidrs: [], ports: [443] });
+    assert.equal(f.svc.calls.filter((c) => c === 'setEgress').length, 1, 'the host applied it');
+    for (const wider of ['allow', { domains: ['evil.com'], ports: [443] }]) assertErrorBody(await put(wider), 'egress_forbidden');
+    assertErrorBody(await put({ cidrs: ['169.254.169.254/32'] }), 'egress_forbidden');
+    assertErrorBody(await put('some'), 'validation_error');
+    assert.deepEqual((await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json().egress, { domains: ['registry.npmjs.org'], cidrs: [], ports: [443] }, 'a refused change leaves the policy');
+    await f.req('suspendSandbox', { url: `/v1/sandboxes/${id}/suspend`, key });
+    assert.equal((await put('none')).json().egress, 'none', 'suspended: applied when it resumes');
+    assertErrorBody(await f.req('setSandboxEgress', { url: '/v1/sandboxes/sbx_000000000000/egress', method: 'PUT', key, body: { egress: 'none' } }), 'sandbox_not_found');
+  });
 });

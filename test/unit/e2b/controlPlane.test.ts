@@ -156,6 +156,25 @@ describe('e2b 2.51 metrics', () => {
   });
 });
 
+describe('e2b 2.51 network', () => {
+  it("updateNetwork replaces the sandbox's egress: deny all with an allowOut list is an allowlist, nothing is everything, some denials are refused", async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const sbx = await e2bNew.Sandbox.create('python', opts);
+    const egress = async () => ((await (await fetch(`${apiUrl.replace('/e2b/api', '')}/v1/sandboxes/${sbx.sandboxId}`, { headers: { authorization: `Bearer ${key}` } })).json()) as { egress: unknown }).egress;
+    await sbx.updateNetwork({ denyOut: ['0.0.0.0/0'], allowOut: ['1.1.1.1', '93.184.0.0/16', 'example.com'] } as never);
+    assert.deepEqual(await egress(), { cidrs: ['1.1.1.1/32', '93.184.0.0/16'], domains: ['example.com'], ports: [] });
+    await sbx.updateNetwork({ allowInternetAccess: false } as never);
+    assert.equal(await egress(), 'none');
+    await sbx.updateNetwork({} as never);
+    assert.equal(await egress(), 'allow', 'omitting every field clears the rules');
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8'] } as never), /denyOut of some addresses is not supported/);
+    // Created with a network config too.
+    const limited = await e2bNew.Sandbox.create('python', { ...opts, network: { denyOut: ['0.0.0.0/0'], allowOut: ['example.org'] } } as never);
+    assert.equal((await e2bNew.Sandbox.getInfo(limited.sandboxId, opts)).sandboxId, limited.sandboxId);
+    for (const s of [sbx, limited]) await s.kill();
+  });
+});
+
 describe('e2b 2.51 lifecycle', () => {
   it("onTimeout 'pause' and autoResume become the sandbox's on_timeout and auto_resume, and getInfo says so", async () => {
     const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
