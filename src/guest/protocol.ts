@@ -692,7 +692,7 @@ export function decodeFileData(payload: Buffer): FileData {
   const size = r.u64(Tag.Size);
   return {
     data: r.bytes(Tag.Data) as Buffer,
-    size: size > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(size),
+    size: clampedSize(size),
     mode: r.u32(Tag.Mode, 0o644),
   };
 }
@@ -984,6 +984,10 @@ export function encodeFsUnwatch(watchId: number): Buffer {
 const FS_ENTRY_TYPES: ReadonlySet<string> = new Set(['file', 'dir', 'symlink', 'other']);
 const FS_EVENT_OPS: ReadonlySet<string> = new Set(['create', 'write', 'remove', 'rename', 'chmod', 'overflow', 'end']);
 
+function clampedSize(v: bigint): number {
+  return v > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(v);
+}
+
 function fsEntryFrom(r: TlvReader): FsEntry {
   const type = r.str(Tag.FsType);
   if (!FS_ENTRY_TYPES.has(type)) throw new ProtocolError(`FS entry: unknown type ${JSON.stringify(type)}`);
@@ -991,7 +995,8 @@ function fsEntryFrom(r: TlvReader): FsEntry {
     name: r.str(Tag.FsName),
     path: r.str(Tag.FsEntryPath),
     type: type as FsEntryType,
-    size: r.u64Number(Tag.FsSize),
+    // A size beyond 2^53 (the guest's /proc/kcore states one) is shown clamped, as FILE_DATA's is.
+    size: clampedSize(r.u64(Tag.FsSize)),
     mode: r.u32(Tag.FsPerm),
     uid: r.u32(Tag.FsUid),
     gid: r.u32(Tag.FsGid),

@@ -52,6 +52,10 @@ test('FS_ENTRY and FS_ENTRIES decode entry groups, the symlink target, CREATED a
   assert.deepEqual(listing.entries.map((e) => [e.name, e.type, e.symlinkTarget]), [['a', 'file', undefined], ['l', 'symlink', '../a']]);
   assert.deepEqual(decodeFsEntries(new TlvWriter().u8(Tag.FsTruncated, 0).finish()), { entries: [], truncated: false });
   assert.throws(() => decodeFsEntry(entryFields(new TlvWriter(), 'x', 'fifo').finish()), ProtocolError);
+  // /proc/kcore states a size past 2^53: shown clamped, not an undecodable reply (which read as the agent failing).
+  const kcore = new TlvWriter().str(Tag.FsName, 'kcore').str(Tag.FsEntryPath, '/proc/kcore').str(Tag.FsType, 'file').u64(Tag.FsSize, 0x7ffffffffffff000n)
+    .u32(Tag.FsPerm, 0o400).u32(Tag.FsUid, 0).u32(Tag.FsGid, 0).u64(Tag.FsMtimeNs, 1n).finish();
+  assert.equal(decodeFsEntry(kcore).size, Number.MAX_SAFE_INTEGER);
   assert.throws(() => decodeFsEntries(new TlvWriter().empty(Tag.FsEntryBegin).str(Tag.FsName, 'half').finish()), ProtocolError);
 });
 
