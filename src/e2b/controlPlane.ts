@@ -338,8 +338,9 @@ export class E2bControlPlane {
   }
 
   /**
-   * One reading now, when now is within [start, end] (unix seconds, E2B's time range; 10 s of slack
-   * at the end for the SDK's rounding): E2B returns a series; we have the sandbox's size and no history.
+   * The sandbox's samples (sandboxMetrics.ts: every 5 s while it runs) within [start, end], unix
+   * seconds, E2B's time range, in E2B's shape: CPU share, VMM resident memory, sizes. Disk use is
+   * not sampled (0).
    */
   async metrics(scope: Scope, id: string, query: Record<string, unknown> = {}): Promise<unknown[]> {
     const bound = (name: 'start' | 'end') => {
@@ -352,22 +353,25 @@ export class E2bControlPlane {
     const start = bound('start');
     const end = bound('end');
     const info = await this.tenants.sandboxes.get(scope, id);
-    const now = new Date();
-    const nowSecs = now.getTime() / 1000;
-    if ((start !== undefined && nowSecs < start) || (end !== undefined && nowSecs > end + 10)) return [];
-    return [
-      {
-        timestamp: now.toISOString(),
-        timestampUnix: Math.floor(now.getTime() / 1000),
-        cpuCount: info.vcpus,
-        cpuUsedPct: 0,
-        memUsed: 0,
-        memTotal: info.memory_mib * 1024 * 1024,
-        memCache: 0,
-        diskUsed: 0,
-        diskTotal: info.disk_mib * 1024 * 1024,
-      },
-    ];
+    // The query's seconds are rounded: a sample up to 10 s past `end` still belongs to the range.
+    const samples = await this.tenants.sandboxes.metrics(scope, id, start === undefined ? undefined : start * 1000, end === undefined ? undefined : (end + 10) * 1000);
+    const entry = (atMs: number, cpuPercent: number | null, memoryMib: number) => ({
+      timestamp: new Date(atMs).toISOString(),
+      timestampUnix: Math.floor(atMs / 1000),
+      cpuCount: info.vcpus,
+      // E2B's share of all the sandbox's CPUs; ours counts 100 per busy vCPU.
+      cpuUsedPct: cpuPercent === null ? 0 : Math.round((cpuPercent / info.vcpus) * 100) / 100,
+      memUsed: memoryMib * 1024 * 1024,
+      memTotal: info.memory_mib * 1024 * 1024,
+      memCache: 0,
+      diskUsed: 0,
+      diskTotal: info.disk_mib * 1024 * 1024,
+    });
+    if (samples.length > 0) return samples.map((s) => entry(s.atMs, s.cpuPercent, s.memoryMib));
+    // A host that cannot read its VMMs' use (no samples): the sizes, now, if now is in the range.
+    const nowMs = Date.now();
+    if ((start !== undefined && nowMs / 1000 < start) || (end !== undefined && nowMs / 1000 > end + 10)) return [];
+    return [entry(nowMs, null, 0)];
   }
 }
 

@@ -16,6 +16,7 @@ import type { Duplex } from 'node:stream';
 import type { ExecLog, ExecLogEntry } from './execLog.js';
 import type { Meter, MeteredSandboxInfo } from './metering.js';
 import type { EgressPolicy } from '../net/policy.js';
+import type { MetricSample, SandboxMetrics } from './sandboxMetrics.js';
 
 type Maybe<T> = T | Promise<T>;
 
@@ -41,6 +42,8 @@ export interface SandboxHost {
   exec(id: string, req: ExecRequest, scope: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
   /** The sandbox's recent execs, newest first. */
   recentExecs(id: string, limit: number | undefined, scope: Scope): Maybe<ExecLogEntry[]>;
+  /** Its resource use sampled within [fromMs, toMs], oldest first. */
+  metrics(id: string, fromMs: number | undefined, toMs: number | undefined, scope: Scope): Maybe<MetricSample[]>;
   readFile(id: string, path: string, scope: Scope): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, scope: Scope, mode?: number): Promise<void>;
   fsStat(id: string, path: string, scope: Scope): Promise<FileEntry>;
@@ -81,6 +84,7 @@ export const HOST_OPERATIONS = {
   setEgress: { kind: 'call', changes: true },
   exec: { kind: 'exec', arg: 3 },
   recentExecs: { kind: 'call' },
+  metrics: { kind: 'call' },
   readFile: { kind: 'call' },
   writeFile: { kind: 'call' },
   fsStat: { kind: 'call' },
@@ -133,6 +137,8 @@ export function hostOf(each: <K extends HostOperation>(op: K, how: (typeof HOST_
 export interface HostBooks {
   execLog: ExecLog;
   meter: Meter;
+  /** Each sandbox's resource use over time, sampled here. */
+  metrics: SandboxMetrics;
   now(): number;
   /** Where a failure of bookkeeping goes (it never fails the operation). */
   log(err: unknown, msg: string): void;
@@ -172,6 +178,10 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
       return r;
     },
     recentExecs: (id, limit, scope) => books.execLog.recent(scope.tenant, id, limit),
+    metrics(id, fromMs, toMs, scope) {
+      const info = engine.get(id, scope) as SandboxInfo; // sandbox_not_found for another tenant's
+      return books.metrics.of(id, fromMs ?? undefined, toMs ?? undefined, info.state === 'running');
+    },
     readFile: (id, path, scope) => engine.readFile(id, path, scope),
     writeFile: (id, path, data, scope, mode) => engine.writeFile(id, path, data, scope, mode),
     fsStat: (id, path, scope) => engine.fsStat(id, path, scope),

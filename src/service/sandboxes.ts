@@ -20,6 +20,7 @@ import type { Placement } from './placement.js';
 import type { PortUrlSigner } from './portUrls.js';
 import type { SandboxHost } from './sandboxHost.js';
 import type { Quotas } from './quotas.js';
+import type { MetricSample } from './sandboxMetrics.js';
 import type { Templates } from './templates.js';
 import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope } from './types.js';
 
@@ -178,6 +179,11 @@ export class Sandboxes {
       });
       return op(await this.where(scope, id));
     }
+  }
+
+  /** The sandbox's resource use sampled within [fromMs, toMs] (either open), oldest first. */
+  async metrics(scope: Scope, id: string, fromMs?: number, toMs?: number): Promise<MetricSample[]> {
+    return (await this.where(scope, id)).metrics(id, fromMs, toMs, scope);
   }
 
   /** The sandbox's recent execs, newest first (execs that never started, e.g. refused, are not listed). */

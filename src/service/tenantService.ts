@@ -35,6 +35,7 @@ import { Sandboxes } from './sandboxes.js';
 import { Templates } from './templates.js';
 import { QUOTA_NAMES, Quotas, type QuotaName, type QuotaOverrides } from './quotas.js';
 import { SandboxGrantStore, type SandboxGrants } from './sandboxGrants.js';
+import { SAMPLE_MS, SandboxMetrics } from './sandboxMetrics.js';
 import type { AccountKeys, ClusterReadings, IdempotencyRunner, Scope } from './types.js';
 import { Usage, type Transition } from './usage.js';
 
@@ -107,12 +108,15 @@ export class TenantService {
     this.usage.transition(ev);
     if (ev.state === 'deleted') {
       this.execLog.forget(ev.id);
+      this.sandboxMetrics.forget(ev.id);
       this.grants.forget(ev.id).catch((err) => this.log(err, `forgetting deleted sandbox ${ev.id}'s token grant failed`));
     }
     this.events.feed(ev as SandboxTransition);
   };
   private closed = false;
   private readonly grants: SandboxGrants;
+  /** Each sandbox's resource use over time on this host (GET /v1/sandboxes/{id}/metrics, E2B's getMetrics). */
+  readonly sandboxMetrics: SandboxMetrics;
 
   constructor(opts: TenantServiceOptions) {
     const engine = (this.engine = opts.engine);
@@ -125,7 +129,8 @@ export class TenantService {
     this.idempotency = opts.idempotency ?? new IdempotencyStore(opts.db);
     this.execLog = new ExecLog(opts.db);
     const meter = new Meter(opts.db, now);
-    this.here = localHost(engine, { execLog: this.execLog, meter, now, log });
+    this.sandboxMetrics = new SandboxMetrics(engine, now);
+    this.here = localHost(engine, { execLog: this.execLog, meter, metrics: this.sandboxMetrics, now, log });
     let clusterReadings: ClusterReadings | undefined;
     if (opts.cluster) {
       const cluster = opts.cluster(this.here);
@@ -161,6 +166,7 @@ export class TenantService {
     const period = opts.reconcileIntervalMs ?? (engine.on ? 60_000 : 10_000);
     if (period > 0) this.timers.push(setInterval(() => this.usage.reconcile(), period));
     this.timers.push(setInterval(() => this.idempotency.prune?.(), 60 * 60 * 1000));
+    if (engine.vmmUsage) this.timers.push(setInterval(() => this.sandboxMetrics.sample(), SAMPLE_MS));
     this.timers.forEach((t) => t.unref());
   }
 

@@ -755,6 +755,28 @@ export const ExecLogQuery = z.strictObject({
   limit: described(z.coerce.number().int().min(1).max(50), 'At most this many, newest first (default and maximum 50).').optional(),
 });
 
+const isoQuery = () => z.string().refine((t) => !Number.isNaN(Date.parse(t)), 'must be an ISO 8601 time, e.g. 2026-12-05T10:00:00Z');
+
+export const MetricsQuery = z.strictObject({
+  from: described(isoQuery(), 'Samples taken at or after this time, ISO 8601 (default: the oldest kept).').optional(),
+  to: described(isoQuery(), 'Samples taken at or before this time, ISO 8601 (default: now).').optional(),
+});
+
+export const SandboxMetrics = named(
+  'SandboxMetrics',
+  z.strictObject({
+    period_secs: described(z.number().int(), 'How often a running sandbox is sampled.'),
+    samples: z.array(
+      z.strictObject({
+        at: IsoTime,
+        cpu_percent: described(z.number().nullable(), "Of its vCPUs together since the sample before (100 = one vCPU busy); null for the first."),
+        memory_mib: described(z.number().int(), "Its VMM's resident memory."),
+      }),
+    ),
+  }),
+  "A sandbox's resource use over time, oldest first: sampled while it runs on the host that runs it, kept for its life (its last 12 hours), gone with it and with a server restart.",
+);
+
 export const LiveStats = named(
   'LiveStats',
   z.strictObject({

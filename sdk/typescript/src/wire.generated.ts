@@ -576,6 +576,20 @@ export type ExecLogList = {
   execs: ExecLogEntry[];
 };
 
+/** A sandbox's resource use over time, oldest first: sampled while it runs on the host that runs it, kept for its life (its last 12 hours), gone with it and with a server restart. */
+export type SandboxMetrics = {
+  /** How often a running sandbox is sampled. */
+  period_secs: number;
+  samples: Array<{
+    /** ISO 8601. */
+    at: string;
+    /** Of its vCPUs together since the sample before (100 = one vCPU busy); null for the first. */
+    cpu_percent: number | null;
+    /** Its VMM's resident memory. */
+    memory_mib: number;
+  }>;
+};
+
 /** Live use of the host by each running sandbox. */
 export type LiveStats = {
   sandboxes: Array<{

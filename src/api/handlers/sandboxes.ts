@@ -1,5 +1,6 @@
 /** Handlers of /v1/sandboxes: parse → one tenant-service call → render. */
 import { CollimateError } from '../../errors.js';
+import { SAMPLE_MS } from '../../service/sandboxMetrics.js';
 import type { TenantService } from '../../service/tenantService.js';
 import * as S from '../../wire/schemas.js';
 import { execResultView, sandboxView } from '../../wire/views.js';
@@ -8,7 +9,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -82,6 +83,14 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async setSandboxTimeout({ scope, params, body }) {
       return { status: 200, body: sandboxView(await tenants.sandboxes.setTimeout(scope, params.id, body.timeout_secs)) };
+    },
+
+    async getSandboxMetrics({ scope, params, query }) {
+      const samples = await tenants.sandboxes.metrics(scope, params.id, query.from ? Date.parse(query.from) : undefined, query.to ? Date.parse(query.to) : undefined);
+      return {
+        status: 200,
+        body: { period_secs: SAMPLE_MS / 1000, samples: samples.map((s) => ({ at: new Date(s.atMs).toISOString(), cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) },
+      };
     },
 
     async setSandboxEgress({ scope, params, body }) {

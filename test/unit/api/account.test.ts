@@ -191,3 +191,35 @@ describe('live stats', () => {
     assert.deepEqual((await f.req('getLiveStats', { url: '/v1/stats', key })).json(), { sandboxes: [] });
   });
 });
+
+describe('metrics over time', () => {
+  let f: Fixture;
+  let now = 5_000_000;
+  before(async () => (f = await fixture({ fake: { events: true }, server: { now: () => now } })));
+  after(() => f.close());
+
+  test("a sandbox's samples, oldest first, within from..to; another tenant's is not found; a deleted one's are gone", async () => {
+    const key = f.key('acme', 'pro');
+    const id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
+    let cpu = 1;
+    (f.svc as unknown as { vmmUsage: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> }).vmmUsage = (ids) =>
+      new Map(ids.map((x) => [x, { cpuSecs: cpu, rssBytes: 200 * 1048576 }]));
+    const sampler = f.api.tenants.sandboxMetrics;
+    for (let i = 0; i < 3; i++) {
+      sampler.sample();
+      now += 5000;
+      cpu += 2.5; // half a vCPU busy
+    }
+    const all = (await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics`, key })).json();
+    assert.equal(all.period_secs, 5);
+    assert.deepEqual(all.samples.map((s: { cpu_percent: number | null }) => s.cpu_percent), [null, 50, 50]);
+    assert.deepEqual(all.samples.map((s: { at: string }) => Date.parse(s.at)), [5_000_000, 5_005_000, 5_010_000]);
+    const from = new Date(5_005_000).toISOString();
+    const to = new Date(5_005_000).toISOString();
+    assert.equal((await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics?from=${from}&to=${to}`, key })).json().samples.length, 1);
+    assertErrorBody(await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics?from=yesterday`, key }), 'validation_error');
+    assertErrorBody(await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics`, key: f.key('other', 'pro') }), 'sandbox_not_found');
+    await f.req('deleteSandbox', { url: `/v1/sandboxes/${id}`, method: 'DELETE', key });
+    assert.equal(sampler.of(id).length, 0, "a deleted sandbox's samples go with it");
+  });
+});
