@@ -1189,7 +1189,7 @@ const envdGenerator: Generator = (t, r) => {
       ];
       return { kind: 'hostile:multipart', method: 'POST', path: '/e2b/envd/files', headers: { ...auth, 'content-type': r.pick([`multipart/form-data; boundary=${boundary}`, 'multipart/form-data']) }, body: Buffer.from(r.pick(bodies)) };
     }
-    case 6: return { kind: 'hostile:gzip-upload', method: 'POST', path: '/e2b/envd/files?path=%2Ftmp%2Fdoorfuzz%2Fgz', headers: { ...auth, 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }, body: Buffer.from('x'), expect: { status: 415 } };
+    case 6: return { kind: 'hostile:gzip-upload', method: 'POST', path: '/e2b/envd/files?path=%2Ftmp%2Fdoorfuzz%2Fgz', headers: { ...auth, 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }, body: Buffer.from('x'), expect: { status: 400 } };
     case 7: return timingHostile(r, 'hostile:timing', 'POST', r.chance(0.5) ? '/e2b/envd/filesystem.Filesystem/Stat' : '/e2b/envd/files?path=%2Ftmp%2Fdoorfuzz%2Fslow', { ...auth, 'content-type': 'application/json' }, json({ path: '/tmp' }));
     default: return r.chance(0.1)
       ? envdStep(t, 'hostile:over-limit', 'filesystem.Filesystem/Stat', Buffer.alloc(16 * MiB + 6, 0x20), { enveloped: false, mayReset: true })
