@@ -20,7 +20,7 @@ import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { ImageService } from '../../src/images/service.ts';
 import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
-import { HUGE_FILE, HUGE_JSON, hostSecret } from './fuzzHarness.ts';
+import { HUGE_FILE, HUGE_JSON, hostSecret, hostShadowLines } from './fuzzHarness.ts';
 import { DOORS, HUGE_BODY, doorReport, prepareDoorTarget, runDoorFuzz, type DoorName } from './doorFuzz.ts';
 
 const N = Number(process.env.FUZZ_N ?? 300);
@@ -75,14 +75,6 @@ async function call(method: string, path: string, key?: string, body?: unknown):
   let json: any = null;
   try { json = JSON.parse(text); } catch { /* not JSON */ }
   return { status: res.status, json, text };
-}
-
-function hostShadowLines(): string[] {
-  try {
-    return readFileSync('/etc/shadow', 'utf8').split('\n').filter((l) => /^[^:]+:\$/.test(l)).slice(0, 3);
-  } catch {
-    return [];
-  }
 }
 
 before(async () => {

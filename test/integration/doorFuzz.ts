@@ -45,7 +45,7 @@ import { INPUTS } from '../../src/mcp/tools.ts';
 import { e2bKeyOf } from '../../src/service/keys.ts';
 import { rng, type Rng } from '../support/rng.ts';
 import { acceptKey, encodeFrame } from '../support/ws.ts';
-import { runFuzz, send, type FuzzAnswer, type FuzzRequest } from './fuzzHarness.ts';
+import { runFuzz, send, wrongValue, type FuzzAnswer, type FuzzRequest } from './fuzzHarness.ts';
 
 export const DOORS = ['rest', 'mcp', 'e2b', 'envd', 'terminal', 'ports'] as const;
 export type DoorName = (typeof DOORS)[number];
@@ -105,20 +105,6 @@ const mib = (n: number) => Math.round((n / MiB) * 10) / 10;
 
 // ---- shared vocabulary ---------------------------------------------------------------------------
 
-const WEIRD = ['', ' ', 'a', 'base', '../../etc/passwd', '\u0000', '\u202e', '😀', 'x'.repeat(300), '%', 'null', '0', '-1', 'sbx_0123456789ab', '\ud800', '/tmp/a\u0000b'];
-const NUMBERS = [0, -1, 1.5, 65536, 1e9, -0, 2 ** 53, 1e308, 3601, -(2 ** 31)];
-
-function wrongValue(r: Rng, depth = 0): unknown {
-  switch (r.int(depth > 1 ? 5 : 7)) {
-    case 0: return r.pick(WEIRD);
-    case 1: return r.pick(NUMBERS);
-    case 2: return r.chance(0.5);
-    case 3: return null;
-    case 4: return r.pick(WEIRD) + r.int(1000);
-    case 5: return Array.from({ length: r.int(4) }, () => wrongValue(r, depth + 1));
-    default: return Object.fromEntries(Array.from({ length: 1 + r.int(3) }, () => [r.pick(['a', 'zz', 'constructor', 'path', 'pid', r.pick(WEIRD)]), wrongValue(r, depth + 1)]));
-  }
-}
 
 function deepJson(r: Rng, wrap: (inner: string) => string = (s) => s): Buffer {
   const depth = r.pick([1_000, 10_000, 100_000]);

@@ -21,7 +21,7 @@ import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { ImageService } from '../../src/images/service.ts';
 import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
-import { HUGE_FILE, HUGE_JSON, hostSecret, runFuzz } from './fuzzHarness.ts';
+import { HUGE_FILE, HUGE_JSON, hostSecret, hostShadowLines, runFuzz } from './fuzzHarness.ts';
 
 const N = Number(process.env.FUZZ_N ?? 10_000);
 const SEED = process.env.FUZZ_SEED !== undefined ? Number(process.env.FUZZ_SEED) : Math.floor(Math.random() * 2 ** 32);
@@ -106,15 +106,6 @@ function call(method: string, path: string, key?: string, body?: unknown): Promi
     req.on('error', reject);
     req.end(payload);
   });
-}
-
-/** The host's own secrets no answer may contain: the root password hash line of its /etc/shadow, if it has one. */
-function hostShadowLines(): string[] {
-  try {
-    return readFileSync('/etc/shadow', 'utf8').split('\n').filter((l) => /^[^:]+:\$/.test(l)).slice(0, 3);
-  } catch {
-    return [];
-  }
 }
 
 before(async () => {

@@ -20,6 +20,7 @@
  * lane's sequence of requests does not depend on the others' timing.
  */
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { request as httpRequest, Agent, type IncomingHttpHeaders } from 'node:http';
 import { connect } from 'node:net';
@@ -237,11 +238,11 @@ export interface FuzzStats {
   ms: number;
 }
 
-const WEIRD = ['', ' ', 'a', 'base', 'nope', '../../etc/passwd', '\u0000', '\u202e', '😀', 'x'.repeat(300), '%', 'null', '0', '-1', '1e309', 'sbx_0123456789ab', 'echo hi', '\ud800'];
+export const WEIRD = ['', ' ', 'a', 'base', 'nope', '../../etc/passwd', '\u0000', '\u202e', '😀', 'x'.repeat(300), '%', 'null', '0', '-1', '1e309', 'sbx_0123456789ab', 'echo hi', '\ud800', '/tmp/a\u0000b'];
 const NUMBERS = [0, -1, 1.5, 65, 65536, 1e9, -0, 2 ** 53, 1e308, 3601];
 
 /** A value of the wrong kind for nearly anything (never valid where an object or a bounded number is). */
-function wrongValue(r: Rng, depth = 0): unknown {
+export function wrongValue(r: Rng, depth = 0): unknown {
   switch (r.int(depth > 1 ? 5 : 7)) {
     case 0: return r.pick(WEIRD);
     case 1: return r.pick(NUMBERS);
@@ -249,7 +250,7 @@ function wrongValue(r: Rng, depth = 0): unknown {
     case 3: return null;
     case 4: return r.pick(WEIRD) + r.int(1000);
     case 5: return Array.from({ length: r.int(4) }, () => wrongValue(r, depth + 1));
-    default: return Object.fromEntries(Array.from({ length: 1 + r.int(3) }, () => [r.pick(['a', 'zz', '__proto__', 'constructor', r.pick(WEIRD)]), wrongValue(r, depth + 1)]));
+    default: return Object.fromEntries(Array.from({ length: 1 + r.int(3) }, () => [r.pick(['a', 'zz', '__proto__', 'constructor', 'path', 'pid', r.pick(WEIRD)]), wrongValue(r, depth + 1)]));
   }
 }
 
@@ -751,4 +752,13 @@ function randomBytesFrom(r: Rng, n: number): Buffer {
 /** A fresh string for the server's environment that no answer may ever carry. */
 export function hostSecret(): string {
   return `collimate-fuzz-secret-${randomBytes(8).toString('hex')}`;
+}
+
+/** The host's own secrets no answer may contain: the root password hash line of its /etc/shadow, if it has one. */
+export function hostShadowLines(): string[] {
+  try {
+    return readFileSync('/etc/shadow', 'utf8').split('\n').filter((l) => /^[^:]+:\$/.test(l)).slice(0, 3);
+  } catch {
+    return [];
+  }
 }
