@@ -85,15 +85,20 @@ export class LocalPlacement implements Placement {
   }
 
   async runningIds(): Promise<string[]> {
-    const ids: string[] = [];
-    let after: string | undefined;
-    do {
-      const page = this.engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
-      ids.push(...page.sandboxes.map((s) => s.id));
-      after = page.next ?? undefined;
-    } while (after);
-    return ids;
+    return runningHere(this.engine);
   }
+}
+
+/** Every running sandbox's id on this host's engine, whoever's. */
+export function runningHere(engine: ServiceEngine): string[] {
+  const ids: string[] = [];
+  let after: string | undefined;
+  do {
+    const page = engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
+    ids.push(...page.sandboxes.map((s) => s.id));
+    after = page.next ?? undefined;
+  } while (after);
+  return ids;
 }
 
 /** A host turned a placed start away (it filled up, or lost its lease): the placement may try another. */

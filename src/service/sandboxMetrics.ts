@@ -6,6 +6,7 @@
  * Kept in memory: a server restart starts the series anew.
  */
 import type { ServiceEngine } from '../sandboxes/types.js';
+import { runningHere } from './placement.js';
 
 export const SAMPLE_MS = 5000;
 const KEEP = (12 * 3600 * 1000) / SAMPLE_MS;
@@ -28,14 +29,7 @@ export class SandboxMetrics {
   /** One sample of every running sandbox on this host. */
   sample(): void {
     if (!this.engine.vmmUsage) return;
-    const ids: string[] = [];
-    let after: string | undefined;
-    do {
-      const page = this.engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
-      ids.push(...page.sandboxes.map((s) => s.id));
-      after = page.next ?? undefined;
-    } while (after);
-    this.record(ids);
+    this.record(runningHere(this.engine));
   }
 
   private record(ids: readonly string[]): void {
