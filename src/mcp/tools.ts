@@ -43,6 +43,12 @@ export const INPUTS = {
       'What the sandbox may reach on the network: "none", "allow" (every public address) or {"domains": ["pypi.org", "*.pythonhosted.org"], "cidrs": [...], "ports": [443]}. ' +
         "Only narrower than the template's policy (default: the template's); wider is egress_forbidden.",
     ),
+    on_timeout: S.CreateSandboxRequest.shape.on_timeout.describe(
+      'What happens when its session ends: "delete" it, or "suspend" it (resume it later with its memory and processes). Default: the server\'s setting (delete).',
+    ),
+    auto_resume: S.CreateSandboxRequest.shape.auto_resume.describe(
+      'While suspended, an exec, file, process or port request resumes it first instead of failing with invalid_state. Default false.',
+    ),
   }),
   exec: z.strictObject({
     sandbox_id: sandboxId,
@@ -307,7 +313,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   tool('list_images', S.ImageList, { readOnlyHint: true }, () => ({ images: tenants.templates.catalog(scope).map(templateView) }));
 
   tool('create_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) =>
-    sandboxView(await tenants.sandboxes.create(scope, { template: a.template, labels: a.labels, timeoutSecs: a.timeout_secs, egress: a.egress })),
+    sandboxView(await tenants.sandboxes.create(scope, { template: a.template, labels: a.labels, timeoutSecs: a.timeout_secs, egress: a.egress, onTimeout: a.on_timeout, autoResume: a.auto_resume })),
   );
 
   tool('exec', S.ExecResult, { readOnlyHint: false, destructiveHint: true }, async (a, extra) => {

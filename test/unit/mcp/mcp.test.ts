@@ -160,7 +160,8 @@ test('set_sandbox_timeout is REST\'s lease: moves expires_at, refuses past the t
   const key = f.key('lease-mcp');
   const c = await connect(key);
   try {
-    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', timeout_secs: 60 } })).structuredContent as any;
+    const sb = (await c.callTool({ name: 'create_sandbox', arguments: { template: 'base', timeout_secs: 60, on_timeout: 'suspend', auto_resume: true } })).structuredContent as any;
+    assert.deepEqual([sb.on_timeout, sb.auto_resume], ['suspend', true], 'what its session end does, chosen through MCP as through REST');
     const before = Date.now();
     const r = await c.callTool({ name: 'set_sandbox_timeout', arguments: { sandbox_id: sb.id, timeout_secs: 600 } });
     assert.ok(!r.isError, text(r));
