@@ -109,21 +109,33 @@ export class PortUrlSigner {
 
   /**
    * A token that grants access to one sandbox (E2B's envdAccessToken, or with `traffic` its
-   * trafficAccessToken): a MAC of its id and its grant (the key it was issued under, the
-   * generation), so nothing is stored per token, a forked child gets its own, and a new generation
-   * or a revoked key (Accounts.sandboxScope) ends it.
+   * trafficAccessToken): `<generation>.<key id or ->.<MAC>`, the MAC over its id and that grant (the
+   * key it was issued under, the generation). Nothing is stored per token, a forked child gets its
+   * own, and a new generation or a revoked key (Accounts.sandboxScope) ends it. The grant rides in
+   * the clear so that a forged token is refused by its MAC before anything is looked up.
    */
   sandboxToken(sandboxId: string, kind: SandboxTokenKind, grant: SandboxGrant): string {
+    return `${grant.generation}.${grant.keyId ?? '-'}.${this.sandboxMac(sandboxId, kind, grant)}`;
+  }
+
+  private sandboxMac(sandboxId: string, kind: SandboxTokenKind, grant: SandboxGrant): string {
     return createHmac('sha256', this.getKey())
       .update(SANDBOX_TOKEN_DOMAIN[kind])
       .update(`${sandboxId}\0${grant.keyId ?? ''}\0${grant.generation}`)
       .digest('base64url');
   }
 
-  /** Whether `token` is sandboxToken(sandboxId, kind, grant), compared in constant time. */
-  verifySandboxToken(sandboxId: string, token: string, kind: SandboxTokenKind, grant: SandboxGrant): boolean {
-    const want = Buffer.from(this.sandboxToken(sandboxId, kind, grant));
-    const got = Buffer.from(token);
-    return got.length === want.length && timingSafeEqual(got, want);
+  /**
+   * The grant a sandbox token was issued under, if this server made it for `sandboxId` (its MAC
+   * compared in constant time); null for anything else. Whether that grant is still the sandbox's
+   * (not rotated, its key not revoked) is the caller's to check.
+   */
+  sandboxTokenGrant(sandboxId: string, token: string, kind: SandboxTokenKind): SandboxGrant | null {
+    const m = /^(\d{1,9})\.(key_[0-9a-f]{12}|-)\.([A-Za-z0-9_-]{43})$/.exec(token);
+    if (!m) return null;
+    const grant: SandboxGrant = { generation: Number(m[1]), keyId: m[2] === '-' ? null : m[2] };
+    const want = Buffer.from(this.sandboxMac(sandboxId, kind, grant));
+    const got = Buffer.from(m[3]);
+    return got.length === want.length && timingSafeEqual(got, want) ? grant : null;
   }
 }
