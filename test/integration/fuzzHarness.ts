@@ -502,10 +502,10 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         const raw = r.chance(0.5);
         return raw
           ? { kind: 'hostile:huge-file', method: 'PUT', path: `/v1/sandboxes/${lane.main}/files?path=/tmp/huge`, headers: auth(k), body: Buffer.alloc(HUGE_FILE, 0x61), expect: { status: 413, code: 'payload_too_large' }, mayReset: true }
-          : { kind: 'hostile:huge-json', method: 'POST', path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: Buffer.from(`{"labels":{"x":"${'y'.repeat(HUGE_JSON)}"}}`), expect: { status: 413, code: 'payload_too_large' }, mayReset: true };
+          : { kind: 'hostile:huge-json', method: jsonRoute.method, path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: Buffer.from(`{"labels":{"x":"${'y'.repeat(HUGE_JSON)}"}}`), expect: { status: 413, code: 'payload_too_large' }, mayReset: true };
       }
-      case 1: return { kind: 'hostile:deep-json', method: 'POST', path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: deepJson(r), may502: false };
-      case 2: return { kind: 'hostile:bad-utf8', method: 'POST', path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: badUtf8Json(r), expect: { status: 400, code: 'invalid_json' } };
+      case 1: return { kind: 'hostile:deep-json', method: jsonRoute.method, path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: deepJson(r), may502: false };
+      case 2: return { kind: 'hostile:bad-utf8', method: jsonRoute.method, path: jsonPath(jsonRoute), headers: jsonHeaders(k), body: badUtf8Json(r), expect: { status: 400, code: 'invalid_json' } };
       case 3: {
         const p = r.pick(HOSTILE_READS);
         return { kind: 'hostile:read-path', method: 'GET', path: `/v1/sandboxes/${lane.main}/files?path=${encodeURIComponent(p)}`, headers: auth(k) };
