@@ -142,6 +142,8 @@ export const STREAM_PENDING_MAX = 4 * 1024 * 1024;
 export class ServerStream {
   private ended = false;
   private keepalive?: NodeJS.Timeout;
+  /** Resolves at the next drain (or close), while the socket has more waiting than it takes. */
+  private drained?: Promise<void>;
 
   constructor(private readonly res: ServerResponse) {
     res.writeHead(200, { 'content-type': CONNECT_STREAM_TYPE, 'cache-control': 'no-store' });
@@ -166,15 +168,19 @@ export class ServerStream {
     }
     const ok = this.res.write(envelope(message));
     if (ok) return Promise.resolve();
-    return new Promise((resolve) => {
+    // Every message sent while the client is behind waits for the same drain: one pair of
+    // listeners, not one per message.
+    this.drained ??= new Promise<void>((resolve) => {
       const done = () => {
         this.res.off('drain', done);
         this.res.off('close', done);
+        this.drained = undefined;
         resolve();
       };
       this.res.once('drain', done);
       this.res.once('close', done);
     });
+    return this.drained;
   }
 
   /** Sends `message()` every `secs` seconds while the stream is open (envd's keepalive events). */
