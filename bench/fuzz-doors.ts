@@ -1,4 +1,4 @@
-// Every door fuzzed at volume, long form (issue 31): test/integration/doorFuzz.run.ts with
+// Every door fuzzed at volume, long form (issue 31): test/integration/doorFuzz.test.ts with
 // --requests (10,000) generated requests per door — REST, MCP, E2B's control plane and envd, the web
 // terminal, the ports proxy (test/integration/doorFuzz.ts) — against one real server on a real
 // engine, ending with the RSS bound and the leak check. Prints per door the counts by status, any
@@ -17,7 +17,7 @@ const argOf = (name: string, dflt: string) => {
 export function fuzzDoors(requests: number, seed: number, doors = ''): boolean {
   const root = fileURLToPath(new URL('..', import.meta.url));
   const t0 = Date.now();
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=14400000', 'test/integration/doorFuzz.run.ts'], {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=14400000', 'test/integration/doorFuzz.test.ts'], {
     cwd: root,
     env: {
       ...process.env,
@@ -39,7 +39,7 @@ export function fuzzDoors(requests: number, seed: number, doors = ''): boolean {
   }
   if (!ok) {
     console.log(out.split('\n').filter((l) => !/^# (rest fuzz|door \w+ kinds|\w+: \d+ requests)/.test(l)).slice(-120).join('\n'));
-    console.log(`replay: FUZZ_SEED=${seed} FUZZ_N=${requests}${doors ? ` FUZZ_DOORS=${doors}` : ''} node --import tsx --test test/integration/doorFuzz.run.ts`);
+    console.log(`replay: FUZZ_SEED=${seed} FUZZ_N=${requests}${doors ? ` FUZZ_DOORS=${doors}` : ''} node --import tsx --test test/integration/doorFuzz.test.ts`);
   }
   return ok;
 }

@@ -14,7 +14,7 @@ const argOf = (name: string, dflt: string) => {
 };
 const RUNS = Number(argOf('runs', '3'));
 const root = fileURLToPath(new URL('..', import.meta.url));
-/** The test's line per kind: `[slow-readers] <kind>: rss +<held> MiB after <produced> MiB produced (peak +<peak> MiB, referenced +<ref> MiB)`. */
+/** The test's line per kind (`# `-prefixed as the test runner relays it): `[slow-readers] <kind>: rss +<held> MiB after <produced> MiB produced (peak +<peak> MiB, referenced +<ref> MiB)`. */
 const LINE = /^\[slow-readers\] ([\w-]+): rss \+(-?[\d.]+) MiB after ([\d.]+) MiB produced \(peak \+(-?[\d.]+) MiB, referenced \+(-?[\d.]+) MiB\)$/;
 
 const byKind = new Map<string, { held: number[]; peak: number[]; referenced: number[]; produced: number[] }>();
@@ -29,7 +29,7 @@ for (let run = 0; run < RUNS; run++) {
   });
   const out = r.stdout + r.stderr;
   for (const line of out.split('\n')) {
-    const m = LINE.exec(line.trim());
+    const m = LINE.exec(line.trim().replace(/^# /, ''));
     if (!m) continue;
     const k = byKind.get(m[1]) ?? { held: [], peak: [], referenced: [], produced: [] };
     k.held.push(Number(m[2]));

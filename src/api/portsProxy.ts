@@ -371,7 +371,9 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
       clearTimeout(connectTimer);
     });
   });
+  let answer: IncomingMessage | undefined;
   upstream.on('response', (ures) => {
+    answer = ures;
     clearTimeout(connectTimer);
     res.writeHead(ures.statusCode ?? 502, ures.statusMessage, backwardHeaders(ures.rawHeaders, !ownOrigin(req.headers)));
     res.flushHeaders();
@@ -381,6 +383,11 @@ function proxyHttp(req: IncomingMessage, res: ServerResponse, route: Route, log:
   });
   upstream.on('error', (err: NodeJS.ErrnoException) => {
     clearTimeout(connectTimer);
+    // The whole answer has arrived (and is being passed on): what the sandbox's server sends after it
+    // is not the client's business. Busybox httpd sends a body after its answer to a HEAD, which
+    // the parser takes for garbage; destroying `res` for that would reset the client's kept-alive
+    // connection under its next request.
+    if (res.writableEnded || answer?.complete) return;
     if (res.headersSent) {
       res.destroy();
       return;

@@ -7,7 +7,8 @@
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { statSync } from 'node:fs';
-import { createServer, request, type IncomingHttpHeaders, type IncomingMessage, type Server } from 'node:http';
+import { createServer as createNetServer } from 'node:net';
+import { Agent, createServer, request, type IncomingHttpHeaders, type IncomingMessage, type Server } from 'node:http';
 import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { wsConnect, wsEcho } from '../../support/ws.js';
@@ -16,6 +17,8 @@ import { fixture, assertErrorBody, serverOn, type Fixture } from './helpers.js';
 const MB = 1024 * 1024;
 const SANDBOX_PORT = 8000;
 const CLOSED_PORT = 8001;
+/** A server like busybox httpd: every answer has a body (a HEAD's too) and `Connection: close`. */
+const SLOPPY_PORT = 8002;
 
 interface Seen { method: string; url: string; headers: IncomingHttpHeaders; bytes: number }
 
@@ -111,6 +114,10 @@ describe('ports proxy', () => {
   let otherKey: string;
   let id: string;
   const b = backend();
+  const sloppy = createNetServer((s) => {
+    s.on('error', () => {});
+    s.once('data', () => s.end('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello'));
+  });
 
   before(async () => {
     // A 1 MiB JSON limit: 5 MB must still stream through, so the proxy's bodies bypass it.
@@ -118,6 +125,7 @@ describe('ports proxy', () => {
     base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
     f.svc.portMap.set(SANDBOX_PORT, await listen(b.server));
     f.svc.portMap.set(CLOSED_PORT, await freePort());
+    f.svc.portMap.set(SLOPPY_PORT, await listen(sloppy));
     key = f.key('acme', 'pro');
     otherKey = f.key('globex', 'pro');
     id = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python' } })).json().id;
@@ -126,6 +134,7 @@ describe('ports proxy', () => {
     await f.close();
     b.server.closeAllConnections();
     await new Promise((r) => b.server.close(r));
+    await new Promise((r) => sloppy.close(r));
   });
 
   const proxied = (path = '/', port = SANDBOX_PORT) => `${base}/v1/sandboxes/${id}/ports/${port}${path}`;
@@ -172,6 +181,34 @@ describe('ports proxy', () => {
     assert.equal(t.body.toString(), 'short and stout');
     assert.equal(t.headers['x-collimate-error'], undefined, "the sandbox's own answers are not marked as proxy errors");
     assert.equal(t.headers['content-security-policy'], undefined);
+  });
+
+  test("a sandbox's server that sends a body after its HEAD answer does not cost the client its kept-alive connection", async () => {
+    const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+    try {
+      const one = (method: string) => new Promise<{ status: number; body: string; socket: unknown }>((resolve, reject) => {
+        const req = request(proxied('/', SLOPPY_PORT), { method, agent, headers: auth() }, (res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c));
+          res.on('end', () => resolve({ status: res.statusCode!, body, socket: req.socket }));
+        });
+        req.on('error', reject);
+        req.end();
+      });
+      const head = await one('HEAD');
+      assert.equal(head.status, 200);
+      assert.equal(head.body, '');
+      // The proxy read a complete answer and then garbage (the HEAD's body): the answer stands and
+      // the client's connection is not reset under the next request on it.
+      for (let i = 0; i < 3; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        const get = await one(i === 1 ? 'HEAD' : 'GET');
+        assert.equal(get.status, 200);
+        assert.equal(get.socket, head.socket, 'the same kept-alive connection');
+      }
+    } finally {
+      agent.destroy();
+    }
   });
 
   test("on the API's origin a sandbox's answer runs in an opaque origin and cannot set cookies or widen a service worker's scope; a service worker script is refused", async () => {

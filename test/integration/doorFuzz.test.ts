@@ -10,11 +10,7 @@
  * The seed is random unless FUZZ_SEED is set, and printed: FUZZ_SEED=<seed> replays. FUZZ_DOORS
  * (comma-separated) limits the doors. The long form is bench/fuzz-doors.ts (10,000 per door).
  *
- * Not in `npm test` yet (its name is not *.test.ts): run it with
- *   flock /tmp/collimate-vm.lock node --import tsx --test test/integration/doorFuzz.run.ts
- * The ports door still finds requests answered by nothing (the connection closes without a
- * response, on keyed, signed and host-routed requests alike) that are not understood yet; it joins
- * the suite once every door passes on any seed.
+ * Alone: flock /tmp/collimate-vm.lock node --import tsx --test test/integration/doorFuzz.test.ts
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
