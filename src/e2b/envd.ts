@@ -643,6 +643,9 @@ function uploadBody(req: IncomingMessage): AsyncIterable<Buffer> {
   if (encoding === '' || encoding === 'identity') return bodyChunks(req);
   if (encoding !== 'gzip' && encoding !== 'x-gzip') throw new CollimateError('unsupported_media_type', `Content-Encoding ${encoding.slice(0, 40)} is not supported; send gzip or the bytes as they are.`);
   const gunzip = createGunzip();
+  // Read through the iterator below, which takes its errors; this one is for a body never read (the
+  // write was refused first), whose bad gzip would otherwise be an uncaught 'error' event.
+  gunzip.on('error', () => {});
   req.pipe(gunzip);
   return (async function* () {
     try {

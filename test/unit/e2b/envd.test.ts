@@ -145,6 +145,19 @@ describe('envd details', () => {
     const broken = await fetch(`${base}/e2b/envd/files?path=/tmp/bad.txt`, { method: 'POST', headers: { ...headers, 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }, body: 'not gzip at all' });
     assert.equal(broken.status, 400);
     assert.match(((await broken.json()) as { message: string }).message, /could not be decompressed/);
+    // An upload refused before its bytes are read (the parent is a file): the undecompressible body
+    // is an error nobody reads, which must not become the server's uncaught exception.
+    const uncaught: Error[] = [];
+    const onUncaught = (e: Error) => uncaught.push(e);
+    process.on('uncaughtException', onUncaught);
+    try {
+      const refused = await fetch(`${base}/e2b/envd/files?path=/tmp/gz.txt/under-a-file`, { method: 'POST', headers: { ...headers, 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }, body: 'not gzip at all' });
+      assert.notEqual(refused.status, 200);
+      await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(uncaught.map((e) => e.message), []);
+    } finally {
+      process.off('uncaughtException', onUncaught);
+    }
     await sbx.kill();
   });
 
