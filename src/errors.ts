@@ -20,6 +20,7 @@ export const ERROR_CODES = {
   not_found: 404,
   file_not_found: 404,
   process_not_found: 404,
+  user_not_found: 404,
   permission_denied: 403,
   method_not_allowed: 405,
   invalid_state: 409,

@@ -112,7 +112,7 @@ export const ROUTE_TABLE = [
     responses: {
       200: { description: 'The result (or an SSE stream, see description).', schema: S.ExecResult },
     },
-    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'quota_exceeded'],
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'quota_exceeded', 'user_not_found'],
   },
   {
     operationId: 'listExecs',
@@ -268,7 +268,7 @@ export const ROUTE_TABLE = [
     query: S.PutFileQuery,
     bodyKind: 'stream',
     responses: { 200: { description: 'Written.', schema: S.PutFileResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large', 'is_a_directory', 'not_a_directory', 'permission_denied', 'no_space'],
+    errors: ['sandbox_not_found', 'invalid_state', 'payload_too_large', 'is_a_directory', 'not_a_directory', 'permission_denied', 'no_space', 'user_not_found'],
   },
   {
     operationId: 'statPath',
@@ -322,7 +322,7 @@ export const ROUTE_TABLE = [
     bodyKind: 'json',
     body: S.FsMkdirRequest,
     responses: { 200: { description: 'The directory.', schema: S.FsMkdirResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'file_exists', 'not_a_directory', 'permission_denied', 'no_space'],
+    errors: ['sandbox_not_found', 'invalid_state', 'file_exists', 'not_a_directory', 'permission_denied', 'no_space', 'user_not_found'],
   },
   {
     operationId: 'removePath',
@@ -390,7 +390,7 @@ export const ROUTE_TABLE = [
     bodyKind: 'json',
     body: S.ProcessStartRequest,
     responses: { 201: { description: 'Running.', schema: S.Process } },
-    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'too_many_processes', 'command_not_found', 'spawn_failed'],
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'too_many_processes', 'command_not_found', 'spawn_failed', 'user_not_found'],
   },
   {
     operationId: 'listProcesses',

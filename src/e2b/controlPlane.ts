@@ -201,6 +201,12 @@ function listOrder(order: 'asc' | 'desc'): (a: { startedAt: string; id: string }
   return (a, b) => sign * (a.startedAt < b.startedAt ? -1 : a.startedAt > b.startedAt ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 }
 
+/**
+ * E2B's template names that mean one of ours: E2B's `base` (the SDK's default) is a Debian image with
+ * a `user` account, bash, python3, node, git, curl and sudo, which is our `debian`, not our busybox `base`.
+ */
+export const E2B_TEMPLATES: Record<string, string> = { base: 'debian' };
+
 export class E2bControlPlane {
   constructor(private readonly opts: E2bControlPlaneOptions) {}
 
@@ -234,9 +240,16 @@ export class E2bControlPlane {
     return this.tenants.sandboxes.setTimeout(scope, info.id, Math.max(1, secs));
   }
 
+  /** Our template for E2B's name: E2B_TEMPLATES' where this server offers it (a server started with a smaller catalog may not). */
+  private templateFor(scope: Scope, named: string): string {
+    const ours = E2B_TEMPLATES[named];
+    return ours && this.tenants.templates.catalog(scope).some((t) => t.id === ours) ? ours : named;
+  }
+
   async create(scope: Scope, body: Record<string, unknown>): Promise<[number, unknown]> {
-    const template = body.templateID;
-    if (typeof template !== 'string' || template === '') throw bad('templateID is required: the id of a template (GET /v1/templates).');
+    const named = body.templateID;
+    if (typeof named !== 'string' || named === '') throw bad('templateID is required: the id of a template (GET /v1/templates).');
+    const template = this.templateFor(scope, named);
     const lifecycle = lifecycleOf(body);
     if (body.mcp !== undefined && body.mcp !== null) throw bad('mcp (the MCP gateway) is not supported by Collimate.');
     if (Array.isArray(body.volumeMounts) && body.volumeMounts.length > 0) throw bad('volumeMounts are not supported by Collimate.');

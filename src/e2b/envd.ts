@@ -6,9 +6,12 @@
  * `/files` and `/health` onto the tenant service's native processes and files (EnvdBackend), acting
  * as the sandbox's tenant.
  *
- * What differs from E2B's envd, and why (docs/e2b.md): commands run as root (the guest has no
- * other users; the SDK's `user` is accepted and ignored), relative paths are relative to /root, and
- * `/bin/bash -l -c` becomes `/bin/sh -c` in a template without bash (the busybox `base`).
+ * As E2B's envd, a request runs as the user it names (`Authorization: Basic <user:>` on RPCs,
+ * `username` on /files), by default `user` (E2B's default account, which the `debian` image has):
+ * its commands run as that account, its relative paths are under that account's home, and what it
+ * writes is that account's. In an image without a `user` account (the busybox `base`, `python`,
+ * `node`) the default is root, in /root. What else differs (docs/e2b.md): `/bin/bash -l -c` becomes
+ * `/bin/sh -c` in a template without bash.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -52,6 +55,14 @@ export interface ProcessSpec {
   pty?: { cols: number; rows: number };
   stdin: boolean;
   tag?: string;
+  /** The account it runs as (absent: root). */
+  user?: string;
+}
+
+/** Who a request runs as: an account of the sandbox's image (`user` undefined: root) and its home. */
+export interface Account {
+  user?: string;
+  home: string;
 }
 
 export interface ProcessSummary {
@@ -92,16 +103,16 @@ export interface EnvdBackend {
   resizeProcess(scope: Scope, id: string, pid: number, cols: number, rows: number): Promise<void>;
   stat(scope: Scope, id: string, path: string): Promise<FsEntry>;
   listDir(scope: Scope, id: string, path: string, depth: number): Promise<FsEntry[]>;
-  /** mkdir -p; `created` false when it already existed. */
-  makeDir(scope: Scope, id: string, path: string): Promise<{ created: boolean; entry: FsEntry }>;
+  /** mkdir -p, as `user` (absent: root); `created` false when it already existed. */
+  makeDir(scope: Scope, id: string, path: string, user?: string): Promise<{ created: boolean; entry: FsEntry }>;
   move(scope: Scope, id: string, from: string, to: string): Promise<FsEntry>;
   remove(scope: Scope, id: string, path: string): Promise<void>;
   /** Events until the returned stop is called or `onEnd` is (the sandbox stopped, the watch broke). */
   watchDir(scope: Scope, id: string, path: string, recursive: boolean, onEvent: (e: FsEvent) => void, onEnd: (err?: CollimateError) => void): Promise<() => void>;
   /** Streams the file to `sink` (start once, then chunks; awaiting a chunk paces it); file_not_found before start. */
   readFile(scope: Scope, id: string, path: string, sink: { start?(info: { size: number }): void | Promise<void>; chunk(data: Buffer): void | Promise<void> }): Promise<unknown>;
-  /** Writes the whole stream to `path` atomically (nothing there if it fails) and stats it. */
-  writeFile(scope: Scope, id: string, path: string, data: AsyncIterable<Buffer>): Promise<FsEntry>;
+  /** Writes the whole stream to `path` atomically (nothing there if it fails), as `user` (absent: root), and stats it. */
+  writeFile(scope: Scope, id: string, path: string, data: AsyncIterable<Buffer>, user?: string): Promise<FsEntry>;
 }
 
 export interface EnvdOptions {
@@ -204,8 +215,35 @@ const asConnectError = (err: unknown, log?: FastifyRequest['log']): ConnectError
 
 // ---- the front door ------------------------------------------------------------------------------
 
-type Unary = (scope: Scope, id: string, msg: Record<string, unknown>) => Promise<unknown>;
-type Streaming = (scope: Scope, id: string, msg: Record<string, unknown>, stream: ServerStream, req: IncomingMessage) => Promise<void>;
+type Unary = (scope: Scope, id: string, msg: Record<string, unknown>, who: Account) => Promise<unknown>;
+type Streaming = (scope: Scope, id: string, msg: Record<string, unknown>, stream: ServerStream, req: IncomingMessage, who: Account) => Promise<void>;
+
+/** E2B's default account: commands and files are its unless a request names another. */
+export const E2B_DEFAULT_USER = 'user';
+
+/** The user an RPC names: `Authorization: Basic base64("<user>:")`, as the SDK sends it; undefined without one. */
+export function basicUser(headers: IncomingMessage['headers']): string | undefined {
+  const m = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(String(headers.authorization ?? ''));
+  if (!m) return undefined;
+  const decoded = Buffer.from(m[1], 'base64').toString('utf8');
+  const user = decoded.slice(0, decoded.includes(':') ? decoded.indexOf(':') : undefined);
+  return user === '' ? undefined : user;
+}
+
+/** `path` as the account sees it: a relative path is under its home. */
+export function pathFor(who: Account, path: string): string {
+  return path.startsWith('/') ? path : posix.join(who.home, path);
+}
+
+/** The accounts of an /etc/passwd: name → home. */
+export function passwdHomes(text: string): Map<string, string> {
+  const homes = new Map<string, string>();
+  for (const line of text.split('\n')) {
+    const f = line.split(':');
+    if (f.length >= 7 && f[0] && f[5]?.startsWith('/')) homes.set(f[0], f[5]);
+  }
+  return homes;
+}
 
 /**
  * A signed file URL's check (`sandbox.uploadUrl` / `downloadUrl`): `signature` is
@@ -238,8 +276,39 @@ export class Envd {
   /** Pollable watchers of CreateWatcher (the Python sync SDK), by id: events wait here until fetched. */
   private readonly watchers = new Map<string, { sandbox: string; tenant: string; events: unknown[]; dropped: number; stop: () => void; error?: ConnectError }>();
   private nextWatcher = 1;
+  /** Each sandbox's accounts (its /etc/passwd: name → home), read once; read again for a name not in it. */
+  private readonly accounts = new Map<string, Map<string, string>>();
 
   constructor(private readonly opts: EnvdOptions) {}
+
+  private async passwd(scope: Scope, id: string, fresh: boolean): Promise<Map<string, string>> {
+    let homes = fresh ? undefined : this.accounts.get(id);
+    if (!homes) {
+      const chunks: Buffer[] = [];
+      await this.backend.readFile(scope, id, '/etc/passwd', { chunk: (c) => void chunks.push(c) }).catch((err) => {
+        if (!(err instanceof CollimateError && err.code === 'file_not_found')) throw err;
+      });
+      homes = passwdHomes(Buffer.concat(chunks).toString('utf8'));
+      if (this.accounts.size > 10_000) this.accounts.clear();
+      this.accounts.set(id, homes);
+    }
+    return homes;
+  }
+
+  /**
+   * Who a request runs as: the account it names, or E2B's default `user` where the image has one
+   * (else root). An account the image does not have is passed on by name: the guest refuses it
+   * (user_not_found) for what runs or writes as it.
+   */
+  async accountFor(scope: Scope, id: string, named: string | undefined): Promise<Account> {
+    if (named === 'root') return { home: '/root' };
+    if (named === undefined) {
+      const home = (await this.passwd(scope, id, false)).get(E2B_DEFAULT_USER);
+      return home ? { user: E2B_DEFAULT_USER, home } : { home: '/root' };
+    }
+    const home = (await this.passwd(scope, id, false)).get(named) ?? (await this.passwd(scope, id, true)).get(named);
+    return { user: named, home: home ?? posix.join('/home', named) };
+  }
 
   private get backend(): EnvdBackend {
     return this.opts.backend;
@@ -353,30 +422,30 @@ export class Envd {
       if (cols !== undefined && rows !== undefined) await this.backend.resizeProcess(scope, id, pid, cols, rows);
       return {};
     },
-    'filesystem.Filesystem/Stat': async (scope, id, msg) => ({ entry: entryJson(await this.backend.stat(scope, id, str(msg.path, 'path')!)) }),
-    'filesystem.Filesystem/MakeDir': async (scope, id, msg) => {
-      const made = await this.backend.makeDir(scope, id, str(msg.path, 'path')!);
+    'filesystem.Filesystem/Stat': async (scope, id, msg, who) => ({ entry: entryJson(await this.backend.stat(scope, id, pathFor(who, str(msg.path, 'path')!))) }),
+    'filesystem.Filesystem/MakeDir': async (scope, id, msg, who) => {
+      const made = await this.backend.makeDir(scope, id, pathFor(who, str(msg.path, 'path')!), who.user);
       if (!made.created) throw new ConnectError('already_exists', `${msg.path} already exists`);
       return { entry: entryJson(made.entry) };
     },
-    'filesystem.Filesystem/Move': async (scope, id, msg) => ({ entry: entryJson(await this.backend.move(scope, id, str(msg.source, 'source')!, str(msg.destination, 'destination')!)) }),
-    'filesystem.Filesystem/ListDir': async (scope, id, msg) => {
+    'filesystem.Filesystem/Move': async (scope, id, msg, who) => ({ entry: entryJson(await this.backend.move(scope, id, pathFor(who, str(msg.source, 'source')!), pathFor(who, str(msg.destination, 'destination')!))) }),
+    'filesystem.Filesystem/ListDir': async (scope, id, msg, who) => {
       const depth = uint(msg.depth, 'depth') ?? 1;
-      return { entries: (await this.backend.listDir(scope, id, str(msg.path, 'path')!, Math.max(1, depth))).map(entryJson) };
+      return { entries: (await this.backend.listDir(scope, id, pathFor(who, str(msg.path, 'path')!), Math.max(1, depth))).map(entryJson) };
     },
-    'filesystem.Filesystem/Remove': async (scope, id, msg) => {
+    'filesystem.Filesystem/Remove': async (scope, id, msg, who) => {
       // E2B's remove is idempotent: a path that is not there is already removed.
-      await this.backend.remove(scope, id, str(msg.path, 'path')!).catch((err) => {
+      await this.backend.remove(scope, id, pathFor(who, str(msg.path, 'path')!)).catch((err) => {
         if (!(err instanceof CollimateError && err.code === 'file_not_found')) throw err;
       });
       return {};
     },
-    'filesystem.Filesystem/CreateWatcher': async (scope, id, msg) => {
+    'filesystem.Filesystem/CreateWatcher': async (scope, id, msg, who) => {
       const watcherId = `w${this.nextWatcher++}`;
       const entry = { sandbox: id, tenant: scope.tenant, events: [] as unknown[], dropped: 0, stop: () => {}, error: undefined as ConnectError | undefined };
       this.watchers.set(watcherId, entry);
       try {
-        entry.stop = await this.backend.watchDir(scope, id, str(msg.path, 'path')!, msg.recursive === true, (e) => {
+        entry.stop = await this.backend.watchDir(scope, id, pathFor(who, str(msg.path, 'path')!), msg.recursive === true, (e) => {
           if (entry.events.length >= 10_000) entry.dropped++;
           else entry.events.push({ name: e.name, type: EVENT_TYPE[e.type] });
         }, (err) => {
@@ -407,7 +476,7 @@ export class Envd {
   };
 
   readonly streaming: Partial<Record<string, Streaming>> = {
-    'process.Process/Start': async (scope, id, msg, stream, req) => {
+    'process.Process/Start': async (scope, id, msg, stream, req, who) => {
       const proc = (msg.process ?? {}) as { cmd?: unknown; args?: unknown; envs?: unknown; cwd?: unknown };
       const cmd = str(proc.cmd, 'process.cmd')!;
       const args = Array.isArray(proc.args) ? proc.args.map((a, i) => str(a, `process.args[${i}]`)!) : [];
@@ -418,10 +487,11 @@ export class Envd {
       const spec: ProcessSpec = {
         argv: await this.argvFor(scope, id, cmd, args),
         env: { ...(await this.opts.env.get(id)), ...(envs as Record<string, string>) },
-        ...(typeof proc.cwd === 'string' && proc.cwd !== '' ? { cwd: proc.cwd } : {}),
+        ...(typeof proc.cwd === 'string' && proc.cwd !== '' ? { cwd: pathFor(who, proc.cwd) } : {}),
         ...(pty ? { pty } : {}),
         stdin: msg.stdin === true || pty !== undefined,
         ...(typeof msg.tag === 'string' && msg.tag !== '' ? { tag: msg.tag } : {}),
+        ...(who.user ? { user: who.user } : {}),
       };
       const { pid } = await this.backend.startProcess(scope, id, spec);
       await this.follow(scope, id, pid, true, stream, req);
@@ -430,8 +500,8 @@ export class Envd {
       const pid = await selectPid(this.backend, scope, id, msg.process);
       await this.follow(scope, id, pid, false, stream, req);
     },
-    'filesystem.Filesystem/WatchDir': async (scope, id, msg, stream, req) => {
-      const path = str(msg.path, 'path')!;
+    'filesystem.Filesystem/WatchDir': async (scope, id, msg, stream, req, who) => {
+      const path = pathFor(who, str(msg.path, 'path')!);
       await new Promise<void>((resolve, reject) => {
         let stop: (() => void) | undefined;
         let done = false;
@@ -537,8 +607,9 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         const res = reply.raw;
         try {
           const { scope: s, id } = await envd.authorizeFile(req, 'read');
-          const path = (req.query as { path?: string }).path;
-          if (!path) throw new CollimateError('validation_error', 'path is required.');
+          const query = req.query as { path?: string; username?: string };
+          if (!query.path) throw new CollimateError('validation_error', 'path is required.');
+          const path = pathFor(await envd.accountFor(s, id, query.username || undefined), query.path);
           // As envd: `Accept-Encoding: gzip` (the SDK's read({gzip: true})) gets the file gzip-compressed.
           const gzip = /\bgzip\b/i.test(String(req.headers['accept-encoding'] ?? '')) ? createGzip() : undefined;
           const out: Writable = gzip ?? res;
@@ -569,14 +640,16 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
         const res = reply.raw;
         try {
           const { scope: s, id } = await envd.authorizeFile(req, 'write');
-          const queryPath = (req.query as { path?: string }).path;
+          const query = req.query as { path?: string; username?: string };
+          const who = await envd.accountFor(s, id, query.username || undefined);
+          const queryPath = query.path === undefined || query.path === '' ? undefined : pathFor(who, query.path);
           const type = String(req.headers['content-type'] ?? '');
           if (/^multipart\/form-data/i.test(type)) {
-            const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, path, stream));
+            const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, pathFor(who, path), stream, who.user));
             return sendJson(res, 200, written.map(writtenEntryJson));
           }
           if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
-          const entry = await opts.backend.writeFile(s, id, queryPath, uploadBody(req.raw));
+          const entry = await opts.backend.writeFile(s, id, queryPath, uploadBody(req.raw), who.user);
           sendJson(res, 200, [writtenEntryJson(entry)]);
         } catch (err) {
           // The rest of the body is read first, so a client still sending reads this answer.
@@ -593,6 +666,7 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
       try {
         const body = await readBody(req.raw, MAX_ENVELOPE_BYTES + 5);
         const { scope: s, id } = await envd.authorize(req.headers);
+        const who = await envd.accountFor(s, id, basicUser(req.headers));
         if (streaming) {
           const messages = String(req.headers['content-type'] ?? '').startsWith(CONNECT_STREAM_TYPE) ? decodeEnvelopes(body) : [decodeUnary(body)];
           const msg = (messages[0] ?? {}) as Record<string, unknown>;
@@ -600,10 +674,10 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           stream = new ServerStream(res);
           const interval = Number(req.headers['keepalive-ping-interval']);
           stream.keepAlive(interval, () => (method.startsWith('filesystem') ? { keepalive: {} } : { event: { keepalive: {} } }));
-          await streaming(s, id, msg, stream, req.raw);
+          await streaming(s, id, msg, stream, req.raw, who);
           stream.end();
         } else if (unary) {
-          sendUnary(res, await unary(s, id, decodeUnary(body)));
+          sendUnary(res, await unary(s, id, decodeUnary(body), who));
         } else if (method === 'process.Process/StreamInput') {
           // Client streaming, whole body: a start naming the process, then data messages.
           const messages = decodeEnvelopes(body) as Array<{ start?: { process?: unknown }; data?: { input?: unknown } }>;

@@ -36,6 +36,7 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
         ...(spec.pty ? { pty: spec.pty } : {}),
         stdin: spec.stdin,
         ...(spec.tag ? { tag: spec.tag } : {}),
+        ...(spec.user ? { user: spec.user } : {}),
       });
       return { pid: p.pid };
     },
@@ -58,8 +59,8 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
     resizeProcess: (scope, id, pid, cols, rows) => tenants.sandboxes.resizeProcess(scope, id, pid, cols, rows),
     stat: async (scope, id, path) => fsEntry(await tenants.sandboxes.fsStat(scope, id, path)),
     listDir: async (scope, id, path, depth) => (await tenants.sandboxes.fsList(scope, id, path, depth)).entries.map(fsEntry),
-    async makeDir(scope, id, path) {
-      const made = await tenants.sandboxes.fsMkdir(scope, id, path);
+    async makeDir(scope, id, path, user) {
+      const made = await tenants.sandboxes.fsMkdir(scope, id, path, user ? { user } : {});
       return { created: made.created, entry: fsEntry(made.entry) };
     },
     move: async (scope, id, from, to) => fsEntry(await tenants.sandboxes.fsRename(scope, id, from, to)),
@@ -76,7 +77,7 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
       return () => void watch.close();
     },
     readFile: (scope, id, path, sink) => tenants.sandboxes.downloadFile(scope, id, path, sink),
-    writeFile: async (scope, id, path, data) => fsEntry(await tenants.sandboxes.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes })),
+    writeFile: async (scope, id, path, data, user) => fsEntry(await tenants.sandboxes.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes, ...(user ? { user } : {}) })),
   };
 }
 

@@ -123,6 +123,8 @@ export interface UploadOptions {
   mode?: number;
   /** Refused with file_too_large past this many bytes (the temporary file is removed). */
   maxBytes?: number;
+  /** Written, renamed and (on failure) removed as this account of the image; relative paths are under its home. */
+  user?: string;
 }
 
 /** Directory operations answer within this long (the agent bounds the work of each request). */
@@ -380,15 +382,15 @@ export class AgentClient extends EventEmitter {
    * temporary file is removed. Memory stays about one chunk whatever the size.
    */
   async uploadFile(path: string, source: AsyncIterable<Buffer | Uint8Array | string>, options: UploadOptions): Promise<FsEntry & { bytes: number }> {
-    const { tempPath, mode } = options;
+    const { tempPath, mode, user } = options;
     const maxBytes = options.maxBytes ?? Number.MAX_SAFE_INTEGER;
-    encodeOrThrow(() => encodeFsRename(tempPath, path));
+    encodeOrThrow(() => encodeFsRename(tempPath, path, user));
     return this.serialized(async () => {
       let offset = 0;
       let started = false;
       const write = async (piece: Buffer) => {
         const payload = encodeOrThrow(() =>
-          encodeFileWrite(started ? { path: tempPath, data: piece, offset } : { path: tempPath, data: piece, truncate: true, mode }),
+          encodeFileWrite(started ? { path: tempPath, data: piece, offset, user } : { path: tempPath, data: piece, truncate: true, mode, user }),
         );
         started = true;
         await this.request<void>(MessageType.FileWrite, payload, undefined, expectOk);
@@ -413,11 +415,11 @@ export class AgentClient extends EventEmitter {
           }
         }
         if (pendingBytes > 0 || !started) await write(Buffer.concat(pending, pendingBytes));
-        const entry = await this.request(MessageType.FsRename, encodeFsRename(tempPath, path), FS_REQUEST_TIMEOUT_MS, fsEntryReply);
+        const entry = await this.request(MessageType.FsRename, encodeFsRename(tempPath, path, user), FS_REQUEST_TIMEOUT_MS, fsEntryReply);
         return { ...entry, bytes: offset };
       } catch (e) {
         if (started && !this.closed) {
-          await this.request(MessageType.FsRemove, encodeFsRemove(tempPath), FS_REQUEST_TIMEOUT_MS, (frame, done) => {
+          await this.request(MessageType.FsRemove, encodeFsRemove(tempPath, user), FS_REQUEST_TIMEOUT_MS, (frame, done) => {
             if (frame.type !== MessageType.FsRemoved) return false;
             done(undefined);
             return true;
@@ -447,9 +449,9 @@ export class AgentClient extends EventEmitter {
     });
   }
 
-  /** mkdir -p; `created` says whether the directory was made now or existed already. */
-  async mkdir(path: string, mode?: number): Promise<{ created: boolean; entry: FsEntry }> {
-    const payload = encodeOrThrow(() => encodeFsMkdir(path, mode));
+  /** mkdir -p (as `user`, an account of the image: the directories made are its); `created` says whether the directory was made now or existed already. */
+  async mkdir(path: string, mode?: number, user?: string): Promise<{ created: boolean; entry: FsEntry }> {
+    const payload = encodeOrThrow(() => encodeFsMkdir(path, mode, user));
     const entry = await this.concurrentRequest(MessageType.FsMkdir, payload, FS_REQUEST_TIMEOUT_MS, fsEntryReply);
     const { created, ...rest } = entry;
     return { created: created === true, entry: rest };

@@ -69,6 +69,7 @@ export const Tag = {
   TimeoutMs: 18,
   MaxOutput: 19,
   Seed: 20,
+  User: 21,
 
   ExitCode: 30,
   Signal: 31,
@@ -159,6 +160,7 @@ export const ErrorCode = {
   NotATerminal: 'not_a_terminal',
   SpawnFailed: 'spawn_failed',
   CommandNotFound: 'command_not_found',
+  UserNotFound: 'user_not_found',
   // Directory operations (FS_*): the errno behind a failure, as a stable code.
   InvalidPath: 'invalid_path',
   NotADirectory: 'not_a_directory',
@@ -496,6 +498,8 @@ export interface ExecRequest {
   maxOutput?: number;
   /** u64 seed of the commands' user-space randomness (docs/determinism.md); absent = unseeded. */
   seed?: bigint;
+  /** The image's account the commands run as (and `files` are written as); absent = root. */
+  user?: string;
 }
 
 function hasNul(value: string | Buffer): boolean {
@@ -531,6 +535,18 @@ function writeEnvAndCwd(w: TlvWriter, env: Record<string, string> | undefined, c
   }
 }
 
+/** Longest account name USER carries (the agent's RUN_AS_NAME_MAX). */
+export const USER_NAME_MAX = 64;
+
+/** USER: the account of the sandbox's image a request runs as (its name; absent = root). */
+function writeUser(w: TlvWriter, user: string | undefined): void {
+  if (user === undefined) return;
+  if (user.length === 0 || Buffer.byteLength(user) > USER_NAME_MAX || /[\0:\n]/.test(user)) {
+    throw new ProtocolError(`user must be an account name of 1 to ${USER_NAME_MAX} bytes without NUL, ':' or newline`);
+  }
+  w.str(Tag.User, user);
+}
+
 /** EXEC payload. Throws ProtocolError for requests the guest would reject or that exceed one frame. */
 export function encodeExec(req: ExecRequest): Buffer {
   if (req.commands.length === 0) throw new ProtocolError('exec needs at least one command');
@@ -564,6 +580,7 @@ export function encodeExec(req: ExecRequest): Buffer {
     }
     w.u64(Tag.Seed, req.seed);
   }
+  writeUser(w, req.user);
   if (w.byteLength > MAX_FRAME_PAYLOAD) {
     throw new ProtocolError(
       `exec request is ${w.byteLength} bytes, over the ${MAX_FRAME_PAYLOAD}-byte frame limit; send large files with FILE_WRITE`,
@@ -621,6 +638,8 @@ export interface FileWriteRequest {
   /** Create or truncate the file before writing (the first chunk of a whole-file write). */
   truncate?: boolean;
   mode?: number;
+  /** Written with this account's permissions, and a new file is its (absent = root). */
+  user?: string;
 }
 
 export function encodeFileWrite(req: FileWriteRequest): Buffer {
@@ -631,6 +650,7 @@ export function encodeFileWrite(req: FileWriteRequest): Buffer {
     assertU32('mode', req.mode);
     w.u32(Tag.Mode, req.mode);
   }
+  writeUser(w, req.user);
   if (w.byteLength > MAX_FRAME_PAYLOAD) throw new ProtocolError('file write chunk exceeds the frame limit');
   return w.finish();
 }
@@ -743,6 +763,8 @@ export interface ProcStartRequest {
   stdinOpen?: boolean;
   /** The caller's label, listed with the process (at most 256 bytes). */
   tag?: string;
+  /** The image's account it runs as: its uid, groups, HOME and, without `cwd`, its home (absent = root). */
+  user?: string;
 }
 
 export function encodeProcStart(req: ProcStartRequest): Buffer {
@@ -762,6 +784,7 @@ export function encodeProcStart(req: ProcStartRequest): Buffer {
     if (Buffer.byteLength(req.tag) > 256 || hasNul(req.tag)) throw new ProtocolError('tag must be at most 256 bytes without NUL');
     w.str(Tag.ProcTag, req.tag);
   }
+  writeUser(w, req.user);
   if (w.byteLength > MAX_FRAME_PAYLOAD) throw new ProtocolError('process start request exceeds the frame limit');
   return w.finish();
 }
@@ -955,21 +978,26 @@ export function encodeFsList(path: string, depth = 1, maxEntries?: number): Buff
   return w.finish();
 }
 
-export function encodeFsMkdir(path: string, mode?: number): Buffer {
+export function encodeFsMkdir(path: string, mode?: number, user?: string): Buffer {
   const w = new TlvWriter().str(Tag.FsPath, fsPath('path', path));
   if (mode !== undefined) {
     assertU32('mode', mode);
     w.u32(Tag.FsMode, mode);
   }
+  writeUser(w, user);
   return w.finish();
 }
 
-export function encodeFsRemove(path: string): Buffer {
-  return new TlvWriter().str(Tag.FsPath, fsPath('path', path)).finish();
+export function encodeFsRemove(path: string, user?: string): Buffer {
+  const w = new TlvWriter().str(Tag.FsPath, fsPath('path', path));
+  writeUser(w, user);
+  return w.finish();
 }
 
-export function encodeFsRename(from: string, to: string): Buffer {
-  return new TlvWriter().str(Tag.FsFrom, fsPath('from', from)).str(Tag.FsTo, fsPath('to', to)).finish();
+export function encodeFsRename(from: string, to: string, user?: string): Buffer {
+  const w = new TlvWriter().str(Tag.FsFrom, fsPath('from', from)).str(Tag.FsTo, fsPath('to', to));
+  writeUser(w, user);
+  return w.finish();
 }
 
 export function encodeFsWatch(path: string, recursive: boolean): Buffer {

@@ -61,6 +61,7 @@ export const INPUTS = {
     stdin: E.stdin.describe('Text fed to the command on standard input.'),
     timeout: E.timeout.describe('Seconds before the command is killed (default 60, max 3600); the result then has timed_out: true, exit_code 124.'),
     seed: E.seed.describe('CRNG seed (decimal u64 string). Pass the `seed` a result reported to replay that exec in the same state; absent: a fresh one.'),
+    user: E.user.describe('An account of the image to run as, e.g. "user" in the debian image (its uid, HOME and home as the cwd); absent: root.'),
   }),
   fork_sandbox: z.strictObject({
     sandbox_id: sandboxId,
@@ -450,7 +451,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   tool('path_exists', S.FsExists, { readOnlyHint: true }, async (a) => ({ path: a.path, exists: await tenants.sandboxes.fsExists(scope, sandboxIdOf(a.sandbox_id), a.path) }));
 
   tool('make_directory', S.FsMkdirResponse, { readOnlyHint: false, destructiveHint: false, idempotentHint: true }, async (a) => {
-    const made = await tenants.sandboxes.fsMkdir(scope, sandboxIdOf(a.sandbox_id), a.path, a.mode === undefined ? undefined : parseInt(a.mode, 8));
+    const made = await tenants.sandboxes.fsMkdir(scope, sandboxIdOf(a.sandbox_id), a.path, { mode: a.mode === undefined ? undefined : parseInt(a.mode, 8) });
     return { created: made.created, entry: fileEntryView(made.entry) };
   });
 

@@ -38,7 +38,7 @@ import { digHoles } from '../vmm/memory.js';
 import type { EgressPolicy } from '../net/policy.js';
 import type {
   CatalogStatus, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
-  OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, UploadOptions, WatchHandlers,
+  OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, UploadOptions, WatchHandlers,
 } from './types.js';
 
 export interface EngineOptions extends Partial<EngineConfig> {
@@ -418,8 +418,8 @@ export class Engine extends EventEmitter implements SandboxService {
     return fsList(this.ctx, id, path, depth, scope);
   }
 
-  fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
-    return fsMkdir(this.ctx, id, path, mode, scope);
+  fsMkdir(id: string, path: string, opts?: MkdirOptions, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+    return fsMkdir(this.ctx, id, path, opts, scope);
   }
 
   fsRemove(id: string, path: string, scope?: Scope): Promise<{ removed: number }> {

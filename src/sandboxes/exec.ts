@@ -87,6 +87,7 @@ export function buildAgentExec(
   }
   if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/') || req.cwd.includes('\0'))) throw bad('cwd must be an absolute path without NUL bytes.');
   const seed = execSeed(req.seed);
+  checkUser(req.user);
   const files = (req.files ?? []).map((f) => {
     if (typeof f?.path !== 'string' || !f.path.startsWith('/') || f.path.includes('\0')) throw bad('each file needs an absolute path.');
     if (typeof f.content !== 'string') throw bad(`file ${f.path}: content must be a string (utf8, or base64 with encoding "base64").`);
@@ -104,7 +105,24 @@ export function buildAgentExec(
     timeoutMs: Math.round(timeout * 1000),
     maxOutput: opts.maxOutputBytes,
     seed,
+    ...(req.user !== undefined ? { user: req.user } : {}),
   };
+}
+
+/** The agent's refusal of a `user` the sandbox's image does not have. */
+export function userNotFound(id: string, why: string): CollimateError {
+  return new CollimateError('user_not_found', `Sandbox ${id} has no such account (${why}). Name an account of its image (root always; "user" in the debian image), or create it first (useradd).`);
+}
+
+/**
+ * `user`: the name of an account in the sandbox's image (its /etc/passwd), as execs, processes and
+ * file writes take it. Whether the image has it is the agent's to say (user_not_found).
+ */
+export function checkUser(user: unknown): void {
+  if (user === undefined) return;
+  if (typeof user !== 'string' || !/^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$/.test(user)) {
+    throw new CollimateError('validation_error', `user must be the name of an account in the sandbox's image (its /etc/passwd), e.g. "root" or "user": letters, digits, '_', '.', '-', at most 64; not ${JSON.stringify(String(user).slice(0, 80))}.`);
+  }
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });

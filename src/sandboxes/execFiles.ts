@@ -2,7 +2,7 @@ import { CollimateError, sandboxNotFound, type ErrorCode } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import { listeningPorts } from '../net/ports.js';
 import type { ReadyTemplate } from '../images/templates.js';
-import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, OOM_PROBE } from './exec.js';
+import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, userNotFound, OOM_PROBE } from './exec.js';
 import { settledLink, type Running } from './registry.js';
 import { networkReason, rowFor, runningFor, type EngineContext } from './context.js';
 import type { ExecRequest, ExecResult, ExecStreamHandlers, OpenPort, PortTarget, Scope } from './types.js';
@@ -143,6 +143,7 @@ export function agentFailure(r: Running, e: unknown, path?: string): Error {
     if (e.code === 'file_write_failed' || e.code === 'file_read_failed') return new CollimateError('validation_error', `${e.message}`);
     if (e.code === 'file_too_large') return new CollimateError('payload_too_large', e.message);
     if (e.code === 'bad_request') return new CollimateError('validation_error', `The guest rejected the request: ${e.message}`);
+    if (e.code === 'user_not_found') return userNotFound(r.id, e.message);
     const fsCode = FS_CODES[e.code];
     if (fsCode) return new CollimateError(fsCode, `${e.message} (sandbox ${r.id}).`);
     // The host could not even encode it (a field the protocol cannot carry): the request's fault, not the agent's.

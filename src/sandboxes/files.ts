@@ -7,7 +7,8 @@ import { FS_PATH_MAX } from '../guest/protocol.js';
 import { agentFailure } from './execFiles.js';
 import { settledLink, type Running } from './registry.js';
 import { runningFor, type EngineContext } from './context.js';
-import type { DirListing, DirWatch, FileEntry, FileSink, Scope, UploadOptions, WatchEndReason, WatchHandlers } from './types.js';
+import type { DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, Scope, UploadOptions, WatchEndReason, WatchHandlers } from './types.js';
+import { checkUser } from './exec.js';
 
 /**
  * Files and directories of a running sandbox, through its agent's FS_* messages and chunked
@@ -85,11 +86,12 @@ export async function fsList(ctx: EngineContext, id: string, path: string, depth
   }, path);
 }
 
-export async function fsMkdir(ctx: EngineContext, id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+export async function fsMkdir(ctx: EngineContext, id: string, path: string, opts: MkdirOptions = {}, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
   checkFsPath(path);
-  checkMode(mode);
+  checkMode(opts.mode);
+  checkUser(opts.user);
   return beside(ctx, id, scope, 'making a directory', async (r) => {
-    const made = await r.live.agent.mkdir(path, mode);
+    const made = await r.live.agent.mkdir(path, opts.mode, opts.user);
     return { created: made.created, entry: toFileEntry(made.entry) };
   }, path);
 }
@@ -198,7 +200,9 @@ export async function uploadFile(ctx: EngineContext, id: string, path: string, s
   ctx.assertOpen();
   checkFsPath(path);
   checkMode(opts.mode);
-  const abs = absoluteGuestPath(path);
+  checkUser(opts.user);
+  // As another account, a relative path is under that account's home, which the agent knows.
+  const abs = opts.user ? path : absoluteGuestPath(path);
   if (abs.endsWith('/')) throw new CollimateError('validation_error', `path ${path} names a directory; give the file's path.`);
   const r = runningFor(ctx, id, scope, 'writing a file');
   const tempPath = posix.join(posix.dirname(abs), `.${posix.basename(abs).slice(0, 200)}.upload-${randomBytes(6).toString('hex')}`);
@@ -206,7 +210,7 @@ export async function uploadFile(ctx: EngineContext, id: string, path: string, s
     if (r.deleting) throw sandboxNotFound(id);
     ctx.registry.touch(id, false);
     try {
-      const written = await r.live.agent.uploadFile(abs, source, { tempPath, mode: opts.mode, maxBytes: opts.maxBytes });
+      const written = await r.live.agent.uploadFile(abs, source, { tempPath, mode: opts.mode, maxBytes: opts.maxBytes, user: opts.user });
       const { bytes, ...entry } = written;
       return { ...toFileEntry(entry), bytes };
     } catch (e) {

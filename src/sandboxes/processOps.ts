@@ -2,7 +2,7 @@ import { constants } from 'node:os';
 import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import type { ProcStartRequest } from '../guest/protocol.js';
-import { execSeed } from './exec.js';
+import { checkUser, execSeed, userNotFound } from './exec.js';
 import { rowFor, runningFor, type EngineContext } from './context.js';
 import { settledLink, type Running } from './registry.js';
 import type { ProcessEvent, ProcessInfo, SandboxProcesses } from './processes.js';
@@ -56,6 +56,7 @@ export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Reco
   }
   if (req.cwd !== undefined && (typeof req.cwd !== 'string' || !req.cwd.startsWith('/') || req.cwd.includes('\0') || req.cwd.length >= 1024)) throw bad('cwd must be an absolute path without NUL bytes, shorter than 1024 bytes.');
   if (req.tag !== undefined && (typeof req.tag !== 'string' || Buffer.byteLength(req.tag) > 256 || req.tag.includes('\0'))) throw bad('tag must be a string of at most 256 bytes.');
+  checkUser(req.user);
   let pty: { cols: number; rows: number } | undefined;
   if (req.pty) {
     const cols = req.pty.cols ?? 80;
@@ -73,6 +74,7 @@ export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Reco
     ...(pty ? { pty } : {}),
     ...(req.stdin ? { stdinOpen: true } : {}),
     ...(req.tag !== undefined ? { tag: req.tag } : {}),
+    ...(req.user !== undefined ? { user: req.user } : {}),
   };
 }
 
@@ -100,6 +102,7 @@ export function processError(id: string, pid: number | undefined, e: unknown): E
       case 'not_a_terminal': return new CollimateError('not_a_terminal', `Process ${pid} in sandbox ${id} does not run on a pseudo-terminal; start it with "pty" to resize it.`);
       case 'too_many_processes': return new CollimateError('too_many_processes', `Sandbox ${id} runs 64 background processes, the most it may; wait for one to exit or signal one.`);
       case 'command_not_found': return new CollimateError('command_not_found', `The program was not found in sandbox ${id}: ${e.message}. Give a path, or a program on PATH.`);
+      case 'user_not_found': return userNotFound(id, e.message);
       case 'spawn_failed': return new CollimateError('spawn_failed', `The process could not be started in sandbox ${id}: ${e.message}.`);
       case 'bad_request': return new CollimateError('validation_error', `The guest rejected the request: ${e.message}`);
       case ClientErrorCode.InvalidRequest: return new CollimateError('validation_error', `The request cannot be sent to the guest: ${e.message}`);

@@ -100,6 +100,8 @@ export interface ExecRequest {
    * the same sandbox state replays the exec's randomness (docs/determinism.md says what is covered).
    */
   seed?: string;
+  /** An account of the sandbox's image the commands run as (uid, groups, HOME; its home is the default cwd). Absent: root. */
+  user?: string;
 }
 
 export interface ExecTiming {
@@ -248,6 +250,15 @@ export interface UploadOptions {
   mode?: number;
   /** payload_too_large past this many bytes (nothing is left behind). */
   maxBytes?: number;
+  /** Written with this account's permissions; a new file (and any parent made) is its. Absent: root. */
+  user?: string;
+}
+
+export interface MkdirOptions {
+  /** Permission bits of the directories made (default 0755). */
+  mode?: number;
+  /** Made with this account's permissions, and its. Absent: root. */
+  user?: string;
 }
 
 /** A background process to start (exactly one of command, argv). */
@@ -266,6 +277,8 @@ export interface ProcessStartRequest {
   tag?: string;
   /** The CRNG seed, as for an exec (decimal u64 string). */
   seed?: string;
+  /** An account of the sandbox's image it runs as, as for an exec. Absent: root. */
+  user?: string;
 }
 
 /**
@@ -309,7 +322,7 @@ export interface SandboxService extends ProcessService {
   fsStat(id: string, path: string, scope?: Scope): Promise<FileEntry>;
   fsList(id: string, path: string, depth?: number, scope?: Scope): Promise<DirListing>;
   /** mkdir -p; `created` false when it already existed (a non-directory there is file_exists). */
-  fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }>;
+  fsMkdir(id: string, path: string, opts?: MkdirOptions, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }>;
   /** Recursive for a directory; symlinks are removed, never followed. */
   fsRemove(id: string, path: string, scope?: Scope): Promise<{ removed: number }>;
   /** rename(2): replaces a destination file. Answers the destination's entry. */

@@ -9,7 +9,7 @@
  * entered by.
  */
 import type {
-  CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, OpenPort, PortTarget,
+  CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, MkdirOptions, OpenPort, PortTarget,
   ProcessEvent, ProcessInfo, ProcessStartRequest, SandboxInfo, Scope, ServiceEngine, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import type { Duplex } from 'node:stream';
@@ -48,7 +48,7 @@ export interface SandboxHost {
   writeFile(id: string, path: string, data: Buffer, scope: Scope, mode?: number): Promise<void>;
   fsStat(id: string, path: string, scope: Scope): Promise<FileEntry>;
   fsList(id: string, path: string, depth: number | undefined, scope: Scope): Promise<DirListing>;
-  fsMkdir(id: string, path: string, mode: number | undefined, scope: Scope): Promise<{ created: boolean; entry: FileEntry }>;
+  fsMkdir(id: string, path: string, opts: MkdirOptions | undefined, scope: Scope): Promise<{ created: boolean; entry: FileEntry }>;
   fsRemove(id: string, path: string, scope: Scope): Promise<{ removed: number }>;
   fsRename(id: string, from: string, to: string, scope: Scope): Promise<FileEntry>;
   fsWatch(id: string, path: string, recursive: boolean, handlers: WatchHandlers, scope: Scope): Promise<DirWatch>;
@@ -186,7 +186,7 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
     writeFile: (id, path, data, scope, mode) => engine.writeFile(id, path, data, scope, mode),
     fsStat: (id, path, scope) => engine.fsStat(id, path, scope),
     fsList: (id, path, depth, scope) => engine.fsList(id, path, depth, scope),
-    fsMkdir: (id, path, mode, scope) => engine.fsMkdir(id, path, mode, scope),
+    fsMkdir: (id, path, opts, scope) => engine.fsMkdir(id, path, opts, scope),
     fsRemove: (id, path, scope) => engine.fsRemove(id, path, scope),
     fsRename: (id, from, to, scope) => engine.fsRename(id, from, to, scope),
     fsWatch: (id, path, recursive, handlers, scope) => engine.fsWatch(id, path, recursive, handlers, scope),

@@ -9,7 +9,7 @@ import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, msg
 import { assertTenantEgress, parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
-  DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, OpenPort, ProcessEvent, ProcessInfo,
+  DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, MkdirOptions, OpenPort, ProcessEvent, ProcessInfo,
   ProcessStartRequest, SandboxInfo, ServiceEngine, TemplateInfo, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { DEFAULT_PORT_URL_SECS } from '../wire/schemas.js';
@@ -350,8 +350,8 @@ export class Sandboxes {
     return this.whileRunning(scope, id, (host) => host.fsList(id, path, depth, scope));
   }
 
-  async fsMkdir(scope: Scope, id: string, path: string, mode?: number): Promise<{ created: boolean; entry: FileEntry }> {
-    return this.whileRunning(scope, id, (host) => host.fsMkdir(id, path, mode, scope));
+  async fsMkdir(scope: Scope, id: string, path: string, opts?: MkdirOptions): Promise<{ created: boolean; entry: FileEntry }> {
+    return this.whileRunning(scope, id, (host) => host.fsMkdir(id, path, opts, scope));
   }
 
   async fsRemove(scope: Scope, id: string, path: string): Promise<{ removed: number }> {

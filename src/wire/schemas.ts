@@ -292,6 +292,13 @@ const execSeed = () =>
     .regex(SEED_RE, { message: SEED_FORMAT_MESSAGE })
     .refine((v) => !SEED_RE.test(v) || BigInt(v) <= MAX_SEED, { message: SEED_FORMAT_MESSAGE });
 
+/** `user` of an exec, a process, an upload or a mkdir: an account of the sandbox's image. A factory: `described` once per schema. */
+const RunAsUser = (what: string) => described(
+  z.string().regex(/^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$/),
+  `An account of the sandbox's image (its /etc/passwd) ${what}, e.g. "user" in the \`debian\` image; absent: root. ` +
+    'An account the image does not have is 404 user_not_found.',
+);
+
 export const ExecRequest = named(
   'ExecRequest',
   z
@@ -308,6 +315,7 @@ export const ExecRequest = named(
       stdin: z.string().optional(),
       timeout: described(z.number().positive().max(3600), 'Seconds; default 60, max 3600.').optional(),
       seed: described(execSeed(), ExecSeedDescription + ' Absent: the server draws one at random; the result reports it either way.').optional(),
+      user: RunAsUser('the commands run as: its uid and groups, HOME, USER and LOGNAME, and its home as the default cwd; `files` are written as it').optional(),
     })
     .refine((r) => [r.command, r.code, r.commands].filter((x) => x !== undefined).length === 1, {
       message: 'exactly one of command, code, commands is required',
@@ -362,6 +370,7 @@ export const FileQuery = z.strictObject({
 export const PutFileQuery = z.strictObject({
   path: described(z.string().startsWith('/').max(4096), 'Absolute path inside the guest.'),
   mode: described(z.string().regex(/^0?[0-7]{3,4}$/), 'Octal permission bits, e.g. 755 (default 644).').optional(),
+  user: RunAsUser('the file is written as: with its permissions, and a new file and the parents made are its').optional(),
 });
 
 export const PutFileResponse = named('PutFileResponse', z.strictObject({ path: z.string(), size: z.number().int() }));
@@ -388,6 +397,7 @@ export const ProcessStartRequest = named(
         'Run seeded, like an exec: user-space randomness from this CRNG seed and address-space randomization off, so the process replays. ' +
           'Absent: not seeded — a server, a shell or a PTY keeps ASLR and the kernel\'s randomness (docs/determinism.md). ' + ExecSeedDescription,
       ).optional(),
+      user: RunAsUser('the process runs as, as for an exec').optional(),
     })
     .refine((r) => (r.command === undefined) !== (r.argv === undefined), { message: 'exactly one of command, argv is required' }),
   'Exactly one of command, argv. The start takes its turn in the sandbox\'s operation queue (FIFO, like an exec) and returns once the process runs.',
@@ -510,7 +520,7 @@ export const FsListing = named(
 
 export const FsExists = named('FsExists', z.strictObject({ path: z.string(), exists: z.boolean() }));
 
-export const FsMkdirRequest = named('FsMkdirRequest', z.strictObject({ path: FsPath, mode: OctalMode.optional() }));
+export const FsMkdirRequest = named('FsMkdirRequest', z.strictObject({ path: FsPath, mode: OctalMode.optional(), user: RunAsUser('the directories are made as, and whose they are; a relative path is under its home').optional() }));
 export const FsMkdirResponse = named(
   'FsMkdirResponse',
   z.strictObject({ created: described(z.boolean(), 'False when the directory existed already.'), entry: FileEntry }),

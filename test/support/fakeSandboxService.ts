@@ -41,6 +41,7 @@ import type {
   DirWatch,
   FileChangeOp,
   FileEntry,
+  MkdirOptions,
   FileSink,
   UploadOptions,
   WatchEndReason,
@@ -438,7 +439,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return { entries, truncated: false };
   }
 
-  async fsMkdir(id: string, path: string, mode?: number, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+  async fsMkdir(id: string, path: string, opts: MkdirOptions = {}, scope?: Scope): Promise<{ created: boolean; entry: FileEntry }> {
+    const mode = opts.mode;
     const box = this.fsBox(id, scope, 'making a directory');
     const dir = this.resolve(box, path);
     if (box.files.has(dir)) throw new CollimateError('file_exists', `${dir} exists and is not a directory (sandbox ${id}).`);

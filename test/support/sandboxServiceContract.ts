@@ -60,9 +60,9 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
 
     test('files and directories: mkdir, transfers, stat, list, rename, watch, remove, with the same codes', async () => {
       const s = await svc.create({ template: 'base' }, a);
-      const made = await svc.fsMkdir(s.id, '/root/c/d', 0o750, a);
+      const made = await svc.fsMkdir(s.id, '/root/c/d', { mode: 0o750 }, a);
       assert.deepEqual([made.created, made.entry.type, made.entry.mode, made.entry.path], [true, 'dir', 0o750, '/root/c/d']);
-      assert.equal((await svc.fsMkdir(s.id, 'c/d', undefined, a)).created, false, 'relative paths are under /root');
+      assert.equal((await svc.fsMkdir(s.id, 'c/d', {}, a)).created, false, 'relative paths are under /root');
       const up = await svc.uploadFile(s.id, '/root/c/d/f.txt', Readable.from([Buffer.from('hel'), Buffer.from('lo')]), { mode: 0o600 }, a);
       assert.deepEqual([up.bytes, up.size, up.mode, up.type], [5, 5, 0o600, 'file']);
       assert.equal((await svc.fsStat(s.id, '/root/c/d/f.txt', a)).size, 5);
@@ -72,7 +72,7 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       assert.deepEqual(await svc.downloadFile(s.id, '/root/c/g.txt', { chunk: (c) => void chunks.push(c) }, a), { size: 5 });
       assert.equal(Buffer.concat(chunks).toString(), 'hello');
       await rejectsWith(svc.fsStat(s.id, '/root/c/d/f.txt', a), 'file_not_found');
-      await rejectsWith(svc.fsMkdir(s.id, '/root/c/g.txt', undefined, a), 'file_exists');
+      await rejectsWith(svc.fsMkdir(s.id, '/root/c/g.txt', {}, a), 'file_exists');
       await rejectsWith(svc.fsList(s.id, '/root/c/g.txt', 1, a), 'not_a_directory');
       await rejectsWith(svc.fsStat(s.id, '/root/c', b), 'sandbox_not_found');
       await rejectsWith(svc.uploadFile(s.id, '/root/c/big', Readable.from([Buffer.alloc(2048)]), { maxBytes: 1024 }, a), 'payload_too_large');

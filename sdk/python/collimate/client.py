@@ -269,6 +269,7 @@ class Sandbox:
         stdin: Optional[str],
         timeout: Optional[float],
         seed: Optional[str],
+        user: Optional[str] = None,
     ) -> Dict[str, Any]:
         body: Dict[str, Any] = {}
         if command is not None:
@@ -290,6 +291,8 @@ class Sandbox:
             body["timeout"] = timeout
         if seed is not None:
             body["seed"] = str(seed)
+        if user is not None:
+            body["user"] = user
         return body
 
     def exec(
@@ -304,6 +307,7 @@ class Sandbox:
         stdin: Optional[str] = None,
         timeout: Optional[float] = None,
         seed: Optional[str] = None,
+        user: Optional[str] = None,
         on_stdout: Optional[Callable[[bytes], None]] = None,
         on_stderr: Optional[Callable[[bytes], None]] = None,
     ) -> ExecResult:
@@ -312,17 +316,19 @@ class Sandbox:
 
         The sandbox must be running (InvalidStateError otherwise). With ``on_stdout``/``on_stderr``
         output is streamed to them as produced. ``files`` is ``{path: str | bytes}`` or a list of
-        ``{"path", "content", "encoding"?, "mode"?}``. Never retried.
+        ``{"path", "content", "encoding"?, "mode"?}``. ``user``: an account of the image the
+        commands run as (its uid, HOME and home as the default cwd; ``files`` are written as it).
+        Never retried.
         """
         if on_stdout is not None or on_stderr is not None:
-            for ev in self.exec_stream(command, code=code, commands=commands, files=files, env=env, cwd=cwd, stdin=stdin, timeout=timeout, seed=seed):
+            for ev in self.exec_stream(command, code=code, commands=commands, files=files, env=env, cwd=cwd, stdin=stdin, timeout=timeout, seed=seed, user=user):
                 if isinstance(ev, ExecResult):
                     return ev
                 cb = on_stdout if ev.type == "stdout" else on_stderr
                 if cb is not None:
                     cb(ev.data)
             raise AssertionError("unreachable: exec_stream ends with its result")
-        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed)
+        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed, user)
         data = self._client.http.json("POST", self._path("/exec"), json_body=body, timeout=_exec_timeout(timeout))
         return ExecResult.from_json(data)
 
@@ -338,11 +344,12 @@ class Sandbox:
         stdin: Optional[str] = None,
         timeout: Optional[float] = None,
         seed: Optional[str] = None,
+        user: Optional[str] = None,
     ) -> Iterator[Union[ExecChunk, ExecResult]]:
         """Like exec(), as a generator: ``ExecChunk(type, data)`` items as output is produced, then
         the ``ExecResult`` (its ``type`` is ``"result"``). Stopping early stops receiving; the
         command itself runs to completion in the sandbox."""
-        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed)
+        body = self._exec_body(command, code, commands, files, env, cwd, stdin, timeout, seed, user)
         outcome: Union[ExecResult, CollimateError, None] = None
         with contextlib.closing(self._client.http.sse("POST", self._path("/exec"), json_body=body, timeout=_exec_timeout(timeout))) as events:
             for ev in events:
@@ -445,12 +452,15 @@ class SandboxFiles:
         """The bytes of a file (absolute path) in the running sandbox, in memory. Large files: ``download``."""
         return self._client.http.request("GET", self._path("/files"), query={"path": path}, retry="safe").body
 
-    def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> Dict[str, Any]:
-        """Writes a file (absolute path; parent directories are created); ``mode`` e.g. 0o755."""
+    def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None, user: Optional[str] = None) -> Dict[str, Any]:
+        """Writes a file (absolute path; parent directories are created); ``mode`` e.g. 0o755.
+        ``user``: an account of the image it is written as (its permissions; the new file is its)."""
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         query: Dict[str, Any] = {"path": path}
         if mode is not None:
             query["mode"] = format(mode, "03o")
+        if user is not None:
+            query["user"] = user
         return self._client.http.json("PUT", self._path("/files"), query=query, raw=raw)
 
     def upload(self, path: str, source: Union[bytes, Iterable[bytes], BinaryIO], *, mode: Optional[int] = None) -> Dict[str, Any]:
@@ -526,11 +536,14 @@ class SandboxFiles:
         r = self._client.http.json("GET", self._path("/fs/list"), query={"path": path, "depth": depth}, retry="safe")
         return [FileEntry.from_json(e) for e in r["entries"]], bool(r["truncated"])
 
-    def mkdir(self, path: str, *, mode: Optional[int] = None) -> bool:
-        """mkdir -p with ``mode`` (e.g. 0o750; default 0o755). Returns whether it was created (False: it existed)."""
+    def mkdir(self, path: str, *, mode: Optional[int] = None, user: Optional[str] = None) -> bool:
+        """mkdir -p with ``mode`` (e.g. 0o750; default 0o755), as ``user`` if given (the directories
+        made are its). Returns whether it was created (False: it existed)."""
         body: Dict[str, Any] = {"path": path}
         if mode is not None:
             body["mode"] = format(mode, "03o")
+        if user is not None:
+            body["user"] = user
         return bool(self._client.http.json("POST", self._path("/fs/mkdir"), json_body=body, retry="safe")["created"])
 
     def remove(self, path: str) -> int:

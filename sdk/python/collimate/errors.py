@@ -197,6 +197,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "not_found": NotFoundError,
     "file_not_found": NotFoundError,
     "process_not_found": NotFoundError,
+    "user_not_found": NotFoundError,
     "process_exited": InvalidStateError,
     "stdin_closed": InvalidStateError,
     "not_a_terminal": InvalidStateError,

@@ -95,6 +95,7 @@ class SandboxProcesses:
         pty: Optional[Mapping[str, int]] = None,
         tag: Optional[str] = None,
         seed: Optional[str] = None,
+        user: Optional[str] = None,
     ) -> "Process":
         """Starts ``command`` (a /bin/sh -c string) or ``argv``. ``stdin=True`` keeps its stdin open
         for send_stdin(); ``pty={"cols": 80, "rows": 24}`` runs it on a terminal (one ``pty`` output
@@ -116,6 +117,8 @@ class SandboxProcesses:
             body["tag"] = tag
         if seed is not None:
             body["seed"] = seed
+        if user is not None:
+            body["user"] = user
         info = ProcessInfo.from_json(self._client.http.json("POST", self._path(), json_body=body))
         return Process(self._client, self._id, info)
 

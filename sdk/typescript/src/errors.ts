@@ -157,6 +157,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   not_found: NotFoundError,
   file_not_found: NotFoundError,
   process_not_found: NotFoundError,
+  user_not_found: NotFoundError,
   process_exited: InvalidStateError,
   stdin_closed: InvalidStateError,
   not_a_terminal: InvalidStateError,

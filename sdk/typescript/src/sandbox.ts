@@ -218,12 +218,15 @@ export class SandboxFiles {
     return this.http.bytes({ method: 'GET', path: this.path('/files'), query: { path }, retry: 'safe' });
   }
 
-  /** Writes a file (absolute path; parent directories are created), replacing it whole; `mode` is octal, e.g. 0o755. */
-  async write(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<{ path: string; size: number }> {
+  /**
+   * Writes a file (absolute path; parent directories are created), replacing it whole; `mode` is octal, e.g. 0o755.
+   * `user`: an account of the image it is written as (its permissions; the new file is its). Default root.
+   */
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number; user?: string } = {}): Promise<{ path: string; size: number }> {
     return this.http.json({
       method: 'PUT',
       path: this.path('/files'),
-      query: { path, mode: octal(opts.mode) },
+      query: { path, mode: octal(opts.mode), user: opts.user },
       raw: typeof data === 'string' ? Buffer.from(data, 'utf8') : data,
     });
   }
@@ -287,9 +290,12 @@ export class SandboxFiles {
     return this.http.json({ method: 'GET', path: this.path('/fs/list'), query: { path, depth: opts.depth }, retry: 'safe' });
   }
 
-  /** mkdir -p with `mode` (octal, e.g. 0o750; default 0o755); `created` is false if it existed. Retried: making it twice is making it. */
-  mkdir(path: string, opts: { mode?: number } = {}): Promise<{ created: boolean; entry: FileEntry }> {
-    return this.http.json({ method: 'POST', path: this.path('/fs/mkdir'), json: { path, ...(opts.mode === undefined ? {} : { mode: octal(opts.mode) }) }, retry: 'safe' });
+  /**
+   * mkdir -p with `mode` (octal, e.g. 0o750; default 0o755); `created` is false if it existed. Retried: making it twice is making it.
+   * `user`: an account of the image it is made as (the directories made are its). Default root.
+   */
+  mkdir(path: string, opts: { mode?: number; user?: string } = {}): Promise<{ created: boolean; entry: FileEntry }> {
+    return this.http.json({ method: 'POST', path: this.path('/fs/mkdir'), json: { path, ...(opts.mode === undefined ? {} : { mode: octal(opts.mode) }), ...(opts.user === undefined ? {} : { user: opts.user }) }, retry: 'safe' });
   }
 
   /** Removes a file, or a directory with everything in it (symlinks are not followed). */

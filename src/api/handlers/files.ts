@@ -82,6 +82,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
         const written = await tenants.sandboxes.uploadFile(scope, params.id, query.path, source, {
           mode: query.mode === undefined ? undefined : parseInt(query.mode, 8),
           maxBytes: opts.maxUploadBytes,
+          ...(query.user !== undefined ? { user: query.user } : {}),
         });
         return { status: 200, body: { path: query.path, size: written.bytes } };
       } catch (e) {
@@ -104,7 +105,7 @@ export function fileHandlers(tenants: TenantService, streams: SseStreams, opts: 
     },
 
     async makeDirectory({ scope, params, body }) {
-      const made = await tenants.sandboxes.fsMkdir(scope, params.id, body.path, body.mode === undefined ? undefined : parseInt(body.mode, 8));
+      const made = await tenants.sandboxes.fsMkdir(scope, params.id, body.path, { mode: body.mode === undefined ? undefined : parseInt(body.mode, 8), user: body.user });
       return { status: 200, body: { created: made.created, entry: fileEntryView(made.entry) } };
     },
 

@@ -86,6 +86,7 @@ enum field_tag {
     TAG_TIMEOUT_MS = 18,
     TAG_MAX_OUTPUT = 19,
     TAG_SEED = 20,
+    TAG_USER = 21,
 
     TAG_EXIT_CODE = 30,
     TAG_SIGNAL = 31,
@@ -357,6 +358,38 @@ bool host_attached(void);
 
 /* Where relative paths are resolved: /root (test mode: --home DIR). */
 extern const char *fs_home_dir;
+
+/* ---- user.c ---- */
+
+#define RUN_AS_NAME_MAX 64
+#define RUN_AS_GROUPS_MAX 64
+
+/* An account of the sandbox's image, as a request's USER field names it. */
+struct run_as {
+    char name[RUN_AS_NAME_MAX + 1];
+    uid_t uid;
+    gid_t gid;
+    gid_t groups[RUN_AS_GROUPS_MAX];
+    size_t group_count;
+    char home[PATH_MAX];
+    /* HOME=, USER=, LOGNAME= for the environment (run_as_environment points envp at these). */
+    char env_home[PATH_MAX + 8], env_user[RUN_AS_NAME_MAX + 8], env_logname[RUN_AS_NAME_MAX + 10];
+};
+
+/* The request's USER field, if it has one (the last one wins). */
+bool request_user(const uint8_t *payload, size_t len, struct tlv_field *out);
+/* Looks the account up in /etc/passwd and /etc/group; false with `why` set if malformed or unknown. */
+bool run_as_lookup(const struct tlv_field *f, struct run_as *u, char *why, size_t why_cap);
+/* In a child before exec: the account's groups, gid and uid. Returns 0 or an errno. */
+int run_as_become(const struct run_as *u);
+#define RUN_AS_ENV_ENTRIES 3
+/* Where a command of this account starts without a CWD: its home if it can enter it, else /. */
+const char *user_cwd(const struct run_as *u);
+/* Sets HOME, USER and LOGNAME in envp (before the request's own ENV, which may override them). */
+void run_as_environment(struct run_as *u, char **envp, size_t *count);
+/* For one file request: the account's filesystem credentials; run_as_fs_leave restores root's. */
+bool run_as_fs_enter(const struct run_as *u);
+void run_as_fs_leave(void);
 /* Handles the FS_* requests; false for any other type. */
 bool fs_handle_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
 void fs_add_poll_fds(struct poll_set *ps);

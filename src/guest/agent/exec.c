@@ -72,6 +72,8 @@ struct exec_run {
     bool seeded;
     uint64_t seed;
     struct seed_environment seed_env;
+    bool has_user;
+    struct run_as user;
 
     /* Progress. */
     size_t current;
@@ -297,9 +299,9 @@ void apply_seed_environment(char **envp, size_t *count, uint64_t seed, struct se
 }
 
 /* Lays the whole request out in one allocation so a run is freed with one free(). */
-static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t len, const struct exec_shape *shape)
+static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t len, const struct exec_shape *shape, const struct run_as *user)
 {
-    size_t env_slots = base_environment_count + shape->envs + SEED_ENV_ENTRIES + 1;
+    size_t env_slots = base_environment_count + RUN_AS_ENV_ENTRIES + shape->envs + SEED_ENV_ENTRIES + 1;
     size_t arena_size = shape->commands * sizeof(char **) + (shape->args + shape->commands) * sizeof(char *) +
                         env_slots * sizeof(char *) + shape->text_bytes + shape->stdin_bytes;
     struct exec_run *r = calloc(1, sizeof *r);
@@ -326,6 +328,12 @@ static struct exec_run *build_run(uint32_t id, const uint8_t *payload, size_t le
 
     size_t env_count = base_environment_count;
     memcpy(r->envp, base_environment, base_environment_count * sizeof(char *));
+    if (user) {
+        r->has_user = true;
+        r->user = *user;
+        r->cwd = user_cwd(&r->user);
+        run_as_environment(&r->user, r->envp, &env_count);
+    }
 
     struct tlv_cursor c;
     struct tlv_field f;
@@ -474,7 +482,7 @@ static void finish_run(void)
 
 /* -------------------------------------------------------------- spawning */
 
-enum spawn_stage { SPAWN_STAGE_CWD = 1, SPAWN_STAGE_EXEC = 2 };
+enum spawn_stage { SPAWN_STAGE_CWD = 1, SPAWN_STAGE_EXEC = 2, SPAWN_STAGE_USER = 3 };
 
 struct spawn_report {
     int stage;
@@ -505,7 +513,12 @@ static void __attribute__((noreturn)) become_command(struct exec_run *r, char **
     dup2(stdout_fd, 1);
     dup2(stderr_fd, 2);
 
-    struct spawn_report report = {SPAWN_STAGE_CWD, 0};
+    struct spawn_report report = {SPAWN_STAGE_USER, 0};
+    if (r->has_user && (report.error = run_as_become(&r->user)) != 0) {
+        (void)!write(report_fd, &report, sizeof report);
+        _exit(126);
+    }
+    report.stage = SPAWN_STAGE_CWD;
     if (chdir(r->cwd) != 0) {
         report.error = errno;
         (void)!write(report_fd, &report, sizeof report);
@@ -579,6 +592,7 @@ static bool spawn_current(struct exec_run *r)
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
         if (rep.stage == SPAWN_STAGE_CWD) spawn_failed(r, 126, "cwd %s: %s", r->cwd, rep.error);
+        else if (rep.stage == SPAWN_STAGE_USER) spawn_failed(r, 126, "becoming %s: %s", r->user.name, rep.error);
         else spawn_failed(r, rep.error == ENOENT ? 127 : 126, "%s: %s", argv[0], rep.error);
         goto fail;
     }
@@ -706,11 +720,21 @@ void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len)
     const char *why = NULL;
     if (!measure_request(payload, len, &shape, &why)) reject_request(id, "bad_request", "%s", why);
 
-    char file_error[PATH_MAX + 128] = "";
-    if (!write_request_files(payload, len, file_error, sizeof file_error))
-        reject_request(id, "file_write_failed", "%s", file_error);
+    /* Static: one exec at a time; build_run copies it into the run. */
+    static struct run_as user;
+    struct tlv_field user_field;
+    bool has_user = request_user(payload, len, &user_field);
+    char user_error[256];
+    if (has_user && !run_as_lookup(&user_field, &user, user_error, sizeof user_error)) reject_request(id, "user_not_found", "%s", user_error);
 
-    run = build_run(id, payload, len, &shape);
+    /* The request's files are the user's: written with its filesystem credentials. */
+    char file_error[PATH_MAX + 128] = "";
+    if (has_user && !run_as_fs_enter(&user)) reject_request(id, "spawn_failed", "becoming %s: %s", user.name, strerror(errno));
+    bool files_written = write_request_files(payload, len, file_error, sizeof file_error);
+    run_as_fs_leave();
+    if (!files_written) reject_request(id, "file_write_failed", "%s", file_error);
+
+    run = build_run(id, payload, len, &shape, has_user ? &user : NULL);
     if (!run) {
         /* Report it like a spawn failure: the request itself was fine. */
         struct exec_run oom = {.request_id = id, .exit_code = 126, .started_ns = realtime_ns()};

@@ -129,8 +129,8 @@ struct start_request {
     bool pty, stdin_open, seeded;
     uint32_t cols, rows;
     uint64_t seed;
-    struct tlv_field cwd, tag;
-    bool has_cwd, has_tag;
+    struct tlv_field cwd, tag, user;
+    bool has_cwd, has_tag, has_user;
 };
 
 static bool read_pid(const uint8_t *payload, size_t len, pid_t *pid)
@@ -165,7 +165,7 @@ static void put_counters(struct frame_builder *b, const struct proc *p)
 
 /* ------------------------------------------------------------------ spawn */
 
-enum spawn_stage { SPAWN_STAGE_SETUP = 0, SPAWN_STAGE_CWD = 1, SPAWN_STAGE_EXEC = 2 };
+enum spawn_stage { SPAWN_STAGE_SETUP = 0, SPAWN_STAGE_CWD = 1, SPAWN_STAGE_EXEC = 2, SPAWN_STAGE_USER = 3 };
 
 struct spawn_report {
     int stage;
@@ -178,6 +178,7 @@ struct spawn_plan {
     char **argv;
     char **envp;
     const char *cwd;
+    const struct run_as *user; /* NULL: root */
     bool seeded;
     const char *pty_slave; /* NULL: pipes */
     int stdin_fd, stdout_fd, stderr_fd, report_fd;
@@ -219,6 +220,10 @@ static void __attribute__((noreturn)) become_process(struct proc *p, const struc
         if (in >= 0) dup2(in, 0);
         dup2(plan->stdout_fd, 1);
         dup2(plan->stderr_fd, 2);
+    }
+    if (plan->user) {
+        int e = run_as_become(plan->user);
+        if (e) child_fail(plan->report_fd, SPAWN_STAGE_USER, e);
     }
     if (chdir(plan->cwd) != 0) child_fail(plan->report_fd, SPAWN_STAGE_CWD, errno);
     if (plan->seeded) {
@@ -296,6 +301,10 @@ static bool measure_start(const uint8_t *payload, size_t len, struct start_reque
             req->tag = f;
             req->has_tag = true;
             break;
+        case TAG_USER:
+            req->user = f;
+            req->has_user = true;
+            break;
         }
     }
     if (rc < 0) return *why = "PROC_START payload is truncated", false;
@@ -304,10 +313,10 @@ static bool measure_start(const uint8_t *payload, size_t len, struct start_reque
 }
 
 /* argv and envp in one allocation, freed once the child has exec'd (or failed to). */
-static char **build_argv_env(const uint8_t *payload, size_t len, const struct start_request *req, char ***envp_out,
-                             size_t *env_count_out)
+static char **build_argv_env(const uint8_t *payload, size_t len, const struct start_request *req, struct run_as *user,
+                             char ***envp_out, size_t *env_count_out)
 {
-    size_t env_slots = base_environment_count + req->envs + SEED_ENV_ENTRIES + 1;
+    size_t env_slots = base_environment_count + RUN_AS_ENV_ENTRIES + req->envs + SEED_ENV_ENTRIES + 1;
     size_t size = (req->args + 1 + env_slots) * sizeof(char *) + req->text_bytes;
     char **argv = malloc(size ? size : 1);
     if (!argv) return NULL;
@@ -315,6 +324,7 @@ static char **build_argv_env(const uint8_t *payload, size_t len, const struct st
     char *text = (char *)(envp + env_slots);
     size_t argc = 0, env_count = base_environment_count;
     memcpy(envp, base_environment, base_environment_count * sizeof(char *));
+    if (user) run_as_environment(user, envp, &env_count);
     struct tlv_cursor c;
     struct tlv_field f;
     tlv_cursor_init(&c, payload, len);
@@ -373,10 +383,16 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
         reject_request(id, "too_many_processes", "%d background processes are running, the most a sandbox may have; wait for one to exit or signal one",
                        PROC_LIVE_MAX);
 
+    /* Static: one start at a time, and the child reads it only before exec. */
+    static struct run_as user;
+    if (req.has_user) {
+        char why_user[256];
+        if (!run_as_lookup(&req.user, &user, why_user, sizeof why_user)) reject_request(id, "user_not_found", "%s", why_user);
+    }
     struct proc *p = calloc(1, sizeof *p);
     char **envp = NULL;
     size_t env_count = 0;
-    char **argv = p ? build_argv_env(payload, len, &req, &envp, &env_count) : NULL;
+    char **argv = p ? build_argv_env(payload, len, &req, req.has_user ? &user : NULL, &envp, &env_count) : NULL;
     if (!argv) {
         free(p);
         reject_request(id, "spawn_failed", "out of memory preparing the process");
@@ -385,7 +401,7 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
     if (req.seeded) apply_seed_environment(envp, &env_count, req.seed, &seed_env);
     envp[env_count] = NULL;
     if (req.has_cwd) tlv_copy_text(&req.cwd, p->cwd, sizeof p->cwd);
-    else snprintf(p->cwd, sizeof p->cwd, "%s", default_cwd());
+    else snprintf(p->cwd, sizeof p->cwd, "%s", req.has_user ? user_cwd(&user) : default_cwd());
     if (req.has_tag) tlv_copy_text(&req.tag, p->tag, sizeof p->tag);
     remember_argv(p, argv);
     p->pty = req.pty;
@@ -398,7 +414,7 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
     char slave_path[128];
     const char *failure = NULL;
     int error = 0;
-    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .seeded = req.seeded, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
+    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .user = req.has_user ? &user : NULL, .seeded = req.seeded, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
 
     if (pipe2(report, O_CLOEXEC) != 0) {
         failure = "pipe";
@@ -440,7 +456,10 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
             }
             error = rep.error;
-            failure = rep.stage == SPAWN_STAGE_CWD ? "cwd" : rep.stage == SPAWN_STAGE_SETUP ? "terminal setup" : "exec";
+            failure = rep.stage == SPAWN_STAGE_CWD    ? "cwd"
+                      : rep.stage == SPAWN_STAGE_SETUP ? "terminal setup"
+                      : rep.stage == SPAWN_STAGE_USER  ? "user"
+                                                       : "exec";
         }
     }
     close_fd(&report[0]);

@@ -77,7 +77,7 @@ function backend() {
 }
 const downloadBytes = randomBytes(5 * MB);
 
-async function listen(s: Server): Promise<number> {
+async function listen(s: Server | import('node:net').Server): Promise<number> {
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
   return (s.address() as { port: number }).port;
 }

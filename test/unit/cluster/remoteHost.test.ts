@@ -107,7 +107,7 @@ describe('another host\'s sandboxes through RemoteHost and the peer endpoint (fa
 
   test('a directory watch sends changes until it is closed', async () => {
     const made = await remote.create({ template: 'base' }, scope);
-    await remote.fsMkdir(made.id, '/root/w', undefined, scope);
+    await remote.fsMkdir(made.id, '/root/w', {}, scope);
     const changes: FileChange[] = [];
     const watch = await remote.fsWatch(made.id, '/root/w', false, { onChange: (c) => changes.push(c), onEnd: () => {} }, scope);
     await remote.writeFile(made.id, '/root/w/a', Buffer.from('x'), scope);

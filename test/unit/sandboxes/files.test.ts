@@ -98,7 +98,7 @@ afterEach(async () => {
 
 test('directory operations through the engine: entries, tenant scoping, states and the guest\'s error codes', async () => {
   const dir = join(guest, 'ops');
-  const made = await fsMkdir(ctx, ID, dir, 0o750, scope);
+  const made = await fsMkdir(ctx, ID, dir, { mode: 0o750 }, scope);
   assert.equal(made.created, true);
   assert.equal(made.entry.mode, 0o750);
   writeFileSync(join(dir, 'f.txt'), 'abc');
@@ -109,14 +109,14 @@ test('directory operations through the engine: entries, tenant scoping, states a
   assert.deepEqual((await fsList(ctx, ID, dir, 1, scope)).entries.map((e) => e.name), ['f.txt']);
   assert.equal((await fsRename(ctx, ID, join(dir, 'f.txt'), join(dir, 'g.txt'), scope)).name, 'g.txt');
 
-  await rejectsWith(fsMkdir(ctx, ID, join(dir, 'g.txt'), undefined, scope), 'file_exists');
+  await rejectsWith(fsMkdir(ctx, ID, join(dir, 'g.txt'), {}, scope), 'file_exists');
   await rejectsWith(fsList(ctx, ID, join(dir, 'g.txt'), 1, scope), 'not_a_directory');
   await rejectsWith(fsStat(ctx, ID, join(dir, 'missing'), scope), 'file_not_found', /missing/);
   await rejectsWith(fsRemove(ctx, ID, '/', scope), 'validation_error');
   await rejectsWith(fsStat(ctx, ID, 'a\0b', scope), 'validation_error');
   await rejectsWith(fsStat(ctx, ID, '', scope), 'validation_error');
   await rejectsWith(fsList(ctx, ID, dir, 0, scope), 'validation_error');
-  await rejectsWith(fsMkdir(ctx, ID, dir, 0o17777, scope), 'validation_error');
+  await rejectsWith(fsMkdir(ctx, ID, dir, { mode: 0o17777 }, scope), 'validation_error');
   await rejectsWith(fsStat(ctx, ID, dir, { tenant: 'someone-else' }), 'sandbox_not_found');
   assert.deepEqual(await fsRemove(ctx, ID, dir, scope), { removed: 2 });
   assert.equal(existsSync(dir), false);
