@@ -25,6 +25,8 @@ export class HostEnvdBackend implements EnvdBackend {
   readonly procs = new Map<number, Proc>();
   /** Paths the backend was asked to stat (tests check the bash probe). */
   readonly stats: string[] = [];
+  /** The account each mkdir and write was asked to run as (none: root), by guest path. */
+  readonly accounts: Array<{ op: 'mkdir' | 'write'; path: string; user?: string }> = [];
 
   constructor(readonly root: string) {
     mkdirSync(join(root, 'root'), { recursive: true });
@@ -144,7 +146,8 @@ export class HostEnvdBackend implements EnvdBackend {
     return out;
   }
 
-  async makeDir(_s: unknown, _id: string, path: string) {
+  async makeDir(_s: unknown, _id: string, path: string, user?: string) {
+    this.accounts.push({ op: 'mkdir', path: this.guestPath(path), ...(user ? { user } : {}) });
     const existed = existsSync(this.hostPath(path));
     mkdirSync(this.hostPath(path), { recursive: true });
     return { created: !existed, entry: this.entry(path) };
@@ -178,7 +181,8 @@ export class HostEnvdBackend implements EnvdBackend {
     for await (const chunk of createReadStream(this.hostPath(path))) await sink.chunk(chunk as Buffer);
   }
 
-  async writeFile(_s: unknown, _id: string, path: string, data: AsyncIterable<Buffer>): Promise<FsEntry> {
+  async writeFile(_s: unknown, _id: string, path: string, data: AsyncIterable<Buffer>, user?: string): Promise<FsEntry> {
+    this.accounts.push({ op: 'write', path: this.guestPath(path), ...(user ? { user } : {}) });
     const target = this.hostPath(path);
     mkdirSync(join(target, '..'), { recursive: true });
     const tmp = `${target}.upload-${process.pid}`;

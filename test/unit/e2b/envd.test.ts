@@ -6,7 +6,7 @@
  * test/integration/e2b.test.ts.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -202,5 +202,38 @@ describe('envd details', () => {
     assert.equal((await fetch(`${base}/e2b/envd/health`, { headers })).status, 502);
     assert.equal((await fetch(`${base}/e2b/envd/health`, { headers: { 'e2b-sandbox-id': 'sbx_000000000000' } })).status, 502);
     assert.equal(await sbx.isRunning(), false);
+  });
+});
+
+describe("E2B's default account", () => {
+  it("runs as `user` where the image has one (its home for relative paths, its writes), as root where not or when asked", async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    // No /etc/passwd with `user` in this guest: root, in /root, as before.
+    await sbx.files.write('plain.txt', 'root');
+    assert.deepEqual(backend.accounts.at(-1), { op: 'write', path: '/root/plain.txt' });
+    await sbx.kill();
+
+    mkdirSync(join(backend.root, 'etc'), { recursive: true });
+    writeFileSync(join(backend.root, 'etc', 'passwd'), 'root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nsvc:x:999:999::/srv/svc:/bin/false\n');
+    try {
+      const withUser = await e2bNew.Sandbox.create('python', opts());
+      await withUser.files.write('notes.txt', 'mine');
+      assert.deepEqual(backend.accounts.at(-1), { op: 'write', path: '/home/user/notes.txt', user: 'user' });
+      await withUser.files.makeDir('made');
+      assert.deepEqual(backend.accounts.at(-1), { op: 'mkdir', path: '/home/user/made', user: 'user' });
+      await withUser.files.write('/tmp/as-root.txt', 'x', { user: 'root' });
+      assert.deepEqual(backend.accounts.at(-1), { op: 'write', path: '/tmp/as-root.txt' });
+      await withUser.files.write('svc.txt', 'x', { user: 'svc' });
+      assert.deepEqual(backend.accounts.at(-1), { op: 'write', path: '/srv/svc/svc.txt', user: 'svc' }, "an account's home is its /etc/passwd's");
+      const started = backend.procs.size;
+      await withUser.commands.run('true');
+      await withUser.commands.run('true', { user: 'root' });
+      const specs = [...backend.procs.values()].slice(started).map((p) => p.spec.user);
+      assert.deepEqual(specs, ['user', undefined]);
+      assert.equal(readFileSync(join(backend.root, 'home', 'user', 'notes.txt'), 'utf8'), 'mine');
+      await withUser.kill();
+    } finally {
+      rmSync(join(backend.root, 'etc'), { recursive: true, force: true });
+    }
   });
 });
