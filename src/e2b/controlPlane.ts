@@ -25,7 +25,7 @@ import { e2bNames } from './names.js';
 
 export const E2B_API_PREFIX = '/e2b/api';
 /** The envd version we answer with: the SDK turns off what a lower version lacks (see envd.ts). */
-export const ENVD_VERSION = '0.5.7';
+export const ENVD_VERSION = '0.6.4';
 /** E2B's default when a create gives no timeout. */
 const DEFAULT_TIMEOUT_SECS = 15;
 

@@ -46,6 +46,8 @@ export interface FsEntry {
   group: string;
   mtimeMs: number;
   symlinkTarget?: string;
+  /** E2B's file metadata: the file's `user.e2b.*` extended attributes, by the name after `user.e2b.`. */
+  metadata?: Record<string, string>;
 }
 
 export interface ProcessSpec {
@@ -57,6 +59,11 @@ export interface ProcessSpec {
   tag?: string;
   /** The account it runs as (absent: root). */
   user?: string;
+}
+
+export interface WriteOptions {
+  user?: string;
+  metadata?: Record<string, string>;
 }
 
 /** Who a request runs as: an account of the sandbox's image (`user` undefined: root) and its home. */
@@ -111,8 +118,11 @@ export interface EnvdBackend {
   watchDir(scope: Scope, id: string, path: string, recursive: boolean, onEvent: (e: FsEvent) => void, onEnd: (err?: CollimateError) => void): Promise<() => void>;
   /** Streams the file to `sink` (start once, then chunks; awaiting a chunk paces it); file_not_found before start. */
   readFile(scope: Scope, id: string, path: string, sink: { start?(info: { size: number }): void | Promise<void>; chunk(data: Buffer): void | Promise<void> }): Promise<unknown>;
-  /** Writes the whole stream to `path` atomically (nothing there if it fails), as `user` (absent: root), and stats it. */
-  writeFile(scope: Scope, id: string, path: string, data: AsyncIterable<Buffer>, user?: string): Promise<FsEntry>;
+  /**
+   * Writes the whole stream to `path` atomically (nothing there if it fails), as `opts.user` (absent:
+   * root), with `opts.metadata` as its only metadata, and stats it.
+   */
+  writeFile(scope: Scope, id: string, path: string, data: AsyncIterable<Buffer>, opts?: WriteOptions): Promise<FsEntry>;
 }
 
 export interface EnvdOptions {
@@ -149,12 +159,27 @@ export function entryJson(e: FsEntry): Record<string, unknown> {
     modifiedTime: new Date(e.mtimeMs).toISOString(),
     // As envd: the target as an absolute path (a relative link resolved against its directory).
     ...(e.symlinkTarget !== undefined ? { symlinkTarget: posix.resolve(posix.dirname(e.path), e.symlinkTarget) } : {}),
+    ...(e.metadata ? { metadata: e.metadata } : {}),
   };
+}
+
+/** The `X-Metadata-<key>: <value>` headers of an upload (E2B's file metadata), checked as envd does. */
+export function uploadMetadata(headers: IncomingMessage['headers']): Record<string, string> | undefined {
+  let metadata: Record<string, string> | undefined;
+  for (const [name, value] of Object.entries(headers)) {
+    if (!name.startsWith('x-metadata-') || value === undefined) continue;
+    const key = name.slice('x-metadata-'.length);
+    const text = Array.isArray(value) ? value.join(', ') : value;
+    if (!/^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$/.test(key)) throw new CollimateError('validation_error', `Invalid metadata key ${JSON.stringify(key)}: use HTTP token characters.`);
+    if (!/^[\x20-\x7e]*$/.test(text)) throw new CollimateError('validation_error', `Invalid metadata value for key ${JSON.stringify(key)}: values must be printable US-ASCII.`);
+    (metadata ??= {})[key] = text;
+  }
+  return metadata;
 }
 
 /** EntryInfo as the plain /files answer writes it (envd's OpenAPI: snake_case, lowercase type). */
 function writtenEntryJson(e: FsEntry): Record<string, unknown> {
-  return { name: e.name, type: e.type === 'dir' ? 'directory' : e.type, path: e.path };
+  return { name: e.name, type: e.type === 'dir' ? 'directory' : e.type, path: e.path, ...(e.metadata ? { metadata: e.metadata } : {}) };
 }
 
 /** envd's EndEvent: like Go's os.ProcessState (exit code -1 and `exited` false when a signal ended it). */
@@ -515,8 +540,15 @@ export class Envd {
         };
         const onClose = () => finish();
         req.socket.once('close', onClose);
+        // includeEntry (envd 0.6.3): each event with the entry as it is now (none once it is gone).
+        const withEntry = msg.includeEntry === true;
+        const send = async (e: FsEvent) => {
+          const entry = withEntry && e.type !== 'remove' ? await this.backend.stat(scope, id, posix.join(path, e.name)).catch(() => undefined) : undefined;
+          await stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type], ...(entry ? { entry: entryJson(entry) } : {}) } });
+        };
+        let order = Promise.resolve();
         this.backend
-          .watchDir(scope, id, path, msg.recursive === true, (e) => void stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type] } }), finish)
+          .watchDir(scope, id, path, msg.recursive === true, (e) => void (order = order.then(() => send(e)).catch(() => undefined)), finish)
           .then(async (s) => {
             stop = s;
             if (done) return s();
@@ -642,14 +674,15 @@ export function registerEnvd(app: FastifyInstance, opts: EnvdOptions): Envd {
           const { scope: s, id } = await envd.authorizeFile(req, 'write');
           const query = req.query as { path?: string; username?: string };
           const who = await envd.accountFor(s, id, query.username || undefined);
+          const write = { ...(who.user ? { user: who.user } : {}), ...((m) => (m ? { metadata: m } : {}))(uploadMetadata(req.headers)) };
           const queryPath = query.path === undefined || query.path === '' ? undefined : pathFor(who, query.path);
           const type = String(req.headers['content-type'] ?? '');
           if (/^multipart\/form-data/i.test(type)) {
-            const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, pathFor(who, path), stream, who.user));
+            const written = await uploadMultipart(req.raw, queryPath, (path, stream) => opts.backend.writeFile(s, id, pathFor(who, path), stream, write));
             return sendJson(res, 200, written.map(writtenEntryJson));
           }
           if (!queryPath) throw new CollimateError('validation_error', 'path is required for an application/octet-stream upload.');
-          const entry = await opts.backend.writeFile(s, id, queryPath, uploadBody(req.raw), who.user);
+          const entry = await opts.backend.writeFile(s, id, queryPath, uploadBody(req.raw), write);
           sendJson(res, 200, [writtenEntryJson(entry)]);
         } catch (err) {
           // The rest of the body is read first, so a client still sending reads this answer.

@@ -17,7 +17,19 @@ function fsEntry(e: FileEntry): FsEntry {
     group: e.group,
     mtimeMs: Number(e.mtimeNs / 1_000_000n),
     ...(e.symlinkTarget !== undefined ? { symlinkTarget: e.symlinkTarget } : {}),
+    ...metadataOf(e.xattrs),
   };
+}
+
+/** E2B's metadata is kept in `user.e2b.<key>` extended attributes, as E2B's envd keeps it. */
+const METADATA_XATTR = 'e2b.';
+
+function metadataOf(xattrs: Record<string, string> | undefined): { metadata?: Record<string, string> } {
+  let metadata: Record<string, string> | undefined;
+  for (const [name, value] of Object.entries(xattrs ?? {})) {
+    if (name.startsWith(METADATA_XATTR) && name.length > METADATA_XATTR.length) (metadata ??= {})[name.slice(METADATA_XATTR.length)] = value;
+  }
+  return metadata ? { metadata } : {};
 }
 
 function exitOf(p: ProcessInfo): ProcessExit {
@@ -77,7 +89,11 @@ export function tenantEnvdBackend(tenants: TenantService, limits: { maxUploadByt
       return () => void watch.close();
     },
     readFile: (scope, id, path, sink) => tenants.sandboxes.downloadFile(scope, id, path, sink),
-    writeFile: async (scope, id, path, data, user) => fsEntry(await tenants.sandboxes.uploadFile(scope, id, path, data, { maxBytes: limits.maxUploadBytes, ...(user ? { user } : {}) })),
+    writeFile: async (scope, id, path, data, opts = {}) => fsEntry(await tenants.sandboxes.uploadFile(scope, id, path, data, {
+      maxBytes: limits.maxUploadBytes,
+      ...(opts.user ? { user: opts.user } : {}),
+      ...(opts.metadata ? { xattrs: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [METADATA_XATTR + k, v])) } : {}),
+    })),
   };
 }
 

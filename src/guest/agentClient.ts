@@ -125,6 +125,8 @@ export interface UploadOptions {
   maxBytes?: number;
   /** Written, renamed and (on failure) removed as this account of the image; relative paths are under its home. */
   user?: string;
+  /** user.* extended attributes the new file gets (names without `user.`). */
+  xattrs?: Record<string, string>;
 }
 
 /** Directory operations answer within this long (the agent bounds the work of each request). */
@@ -382,7 +384,7 @@ export class AgentClient extends EventEmitter {
    * temporary file is removed. Memory stays about one chunk whatever the size.
    */
   async uploadFile(path: string, source: AsyncIterable<Buffer | Uint8Array | string>, options: UploadOptions): Promise<FsEntry & { bytes: number }> {
-    const { tempPath, mode, user } = options;
+    const { tempPath, mode, user, xattrs } = options;
     const maxBytes = options.maxBytes ?? Number.MAX_SAFE_INTEGER;
     encodeOrThrow(() => encodeFsRename(tempPath, path, user));
     return this.serialized(async () => {
@@ -390,7 +392,7 @@ export class AgentClient extends EventEmitter {
       let started = false;
       const write = async (piece: Buffer) => {
         const payload = encodeOrThrow(() =>
-          encodeFileWrite(started ? { path: tempPath, data: piece, offset, user } : { path: tempPath, data: piece, truncate: true, mode, user }),
+          encodeFileWrite(started ? { path: tempPath, data: piece, offset, user } : { path: tempPath, data: piece, truncate: true, mode, user, xattrs }),
         );
         started = true;
         await this.request<void>(MessageType.FileWrite, payload, undefined, expectOk);

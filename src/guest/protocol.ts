@@ -142,7 +142,13 @@ export const Tag = {
   FsMtimeNs: 152,
   FsTarget: 153,
   FsMaxEntries: 154,
+  FsXattrName: 155,
+  FsXattrValue: 156,
 } as const;
+
+/** The user.* extended attributes an entry carries and FILE_WRITE sets: names and values together at most (FS_XATTR_BYTES_MAX). */
+export const XATTR_BYTES_MAX = 4096;
+export const XATTR_COUNT_MAX = 64;
 
 export const ErrorCode = {
   BadFrame: 'bad_frame',
@@ -404,19 +410,26 @@ export function parseTlv(payload: Buffer): TlvField[] {
 /** Typed access to a parsed payload; the last occurrence of a tag wins. */
 class TlvReader {
   private readonly byTag = new Map<number, Buffer>();
+  /** Every field, in order (for tags that repeat). */
+  readonly fields: TlvField[] = [];
 
   constructor(
     payload: Buffer | TlvField[] | null,
     private readonly message: string,
   ) {
-    if (payload) for (const field of Buffer.isBuffer(payload) ? parseTlv(payload) : payload) this.byTag.set(field.tag, field.value);
+    if (payload) for (const field of Buffer.isBuffer(payload) ? parseTlv(payload) : payload) this.add(field);
   }
 
   /** A reader over fields already split (one entry group of FS_ENTRIES). */
   static of(fields: readonly TlvField[], message: string): TlvReader {
     const r = new TlvReader(null, message);
-    for (const field of fields) r.byTag.set(field.tag, field.value);
+    for (const field of fields) r.add(field);
     return r;
+  }
+
+  private add(field: TlvField): void {
+    this.byTag.set(field.tag, field.value);
+    this.fields.push(field);
   }
 
   has(tag: number): boolean {
@@ -547,6 +560,18 @@ function writeUser(w: TlvWriter, user: string | undefined): void {
   w.str(Tag.User, user);
 }
 
+function writeXattrs(w: TlvWriter, xattrs: Record<string, string> | undefined): void {
+  const entries = Object.entries(xattrs ?? {});
+  if (entries.length > XATTR_COUNT_MAX) throw new ProtocolError(`at most ${XATTR_COUNT_MAX} extended attributes`);
+  let bytes = 0;
+  for (const [name, value] of entries) {
+    if (name.length === 0 || Buffer.byteLength(name) > 250 || hasNul(name)) throw new ProtocolError('an extended attribute name must be 1 to 250 bytes without NUL');
+    bytes += Buffer.byteLength(value);
+    w.str(Tag.FsXattrName, name).str(Tag.FsXattrValue, value);
+  }
+  if (bytes > XATTR_BYTES_MAX) throw new ProtocolError(`extended attribute values over ${XATTR_BYTES_MAX} bytes`);
+}
+
 /** EXEC payload. Throws ProtocolError for requests the guest would reject or that exceed one frame. */
 export function encodeExec(req: ExecRequest): Buffer {
   if (req.commands.length === 0) throw new ProtocolError('exec needs at least one command');
@@ -640,6 +665,8 @@ export interface FileWriteRequest {
   mode?: number;
   /** Written with this account's permissions, and a new file is its (absent = root). */
   user?: string;
+  /** user.* extended attributes (names without "user.") set on a new or truncated file. */
+  xattrs?: Record<string, string>;
 }
 
 export function encodeFileWrite(req: FileWriteRequest): Buffer {
@@ -651,6 +678,7 @@ export function encodeFileWrite(req: FileWriteRequest): Buffer {
     w.u32(Tag.Mode, req.mode);
   }
   writeUser(w, req.user);
+  writeXattrs(w, req.xattrs);
   if (w.byteLength > MAX_FRAME_PAYLOAD) throw new ProtocolError('file write chunk exceeds the frame limit');
   return w.finish();
 }
@@ -941,6 +969,8 @@ export interface FsEntry {
   group: string;
   mtimeNs: bigint;
   symlinkTarget?: string;
+  /** Its user.* extended attributes, by name without "user." (values as UTF-8 text); absent when it has none. */
+  xattrs?: Record<string, string>;
 }
 
 export interface FsListing {
@@ -1034,6 +1064,14 @@ function fsEntryFrom(r: TlvReader): FsEntry {
   };
   const target = r.optionalStr(Tag.FsTarget);
   if (target !== undefined) entry.symlinkTarget = target;
+  let name: string | undefined;
+  for (const f of r.fields) {
+    if (f.tag === Tag.FsXattrName) name = f.value.toString('utf8');
+    else if (f.tag === Tag.FsXattrValue && name !== undefined) {
+      (entry.xattrs ??= {})[name] = f.value.toString('utf8');
+      name = undefined;
+    }
+  }
   return entry;
 }
 

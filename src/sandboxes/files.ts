@@ -42,6 +42,7 @@ export function toFileEntry(e: FsEntry): FileEntry {
     name: e.name, path: e.path, type: e.type, size: e.size, mode: e.mode, uid: e.uid, gid: e.gid, owner: e.owner, group: e.group, mtimeNs: e.mtimeNs,
   };
   if (e.symlinkTarget !== undefined) entry.symlinkTarget = e.symlinkTarget;
+  if (e.xattrs !== undefined) entry.xattrs = e.xattrs;
   return entry;
 }
 
@@ -210,7 +211,7 @@ export async function uploadFile(ctx: EngineContext, id: string, path: string, s
     if (r.deleting) throw sandboxNotFound(id);
     ctx.registry.touch(id, false);
     try {
-      const written = await r.live.agent.uploadFile(abs, source, { tempPath, mode: opts.mode, maxBytes: opts.maxBytes, user: opts.user });
+      const written = await r.live.agent.uploadFile(abs, source, { tempPath, mode: opts.mode, maxBytes: opts.maxBytes, user: opts.user, xattrs: opts.xattrs });
       const { bytes, ...entry } = written;
       return { ...toFileEntry(entry), bytes };
     } catch (e) {

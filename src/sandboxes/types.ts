@@ -207,6 +207,8 @@ export interface FileEntry {
   /** Modification time, ns since the epoch. */
   mtimeNs: bigint;
   symlinkTarget?: string;
+  /** Its user.* extended attributes, by name without `user.`; absent when it has none. */
+  xattrs?: Record<string, string>;
 }
 
 export interface DirListing {
@@ -252,6 +254,8 @@ export interface UploadOptions {
   maxBytes?: number;
   /** Written with this account's permissions; a new file (and any parent made) is its. Absent: root. */
   user?: string;
+  /** Extended attributes of the user.* namespace the new file gets (names without `user.`); it has no others. */
+  xattrs?: Record<string, string>;
 }
 
 export interface MkdirOptions {

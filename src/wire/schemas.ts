@@ -493,6 +493,7 @@ export const FileEntry = named(
     modified_at: described(z.string(), 'Modification time, ISO 8601 (ms).'),
     mtime_ns: described(z.string().regex(/^\d+$/), 'Modification time in ns since the epoch, as a decimal string.'),
     symlink_target: described(z.string(), 'Symlinks only: the target, as stored.').optional(),
+    xattrs: described(z.record(z.string(), z.string()), 'Its extended attributes of the user.* namespace, by name without `user.` (values as UTF-8 text; at most 4 KiB of them); absent when it has none.').optional(),
   }),
   'One file-system entry as the guest sees it (a symlink itself, not what it points to).',
 );

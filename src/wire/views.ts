@@ -139,5 +139,6 @@ export function fileEntryView(e: FileEntry): z.infer<typeof S.FileEntry> {
     mtime_ns: e.mtimeNs.toString(),
   };
   if (e.symlinkTarget !== undefined) view.symlink_target = e.symlinkTarget;
+  if (e.xattrs !== undefined) view.xattrs = e.xattrs;
   return view;
 }

@@ -10,7 +10,7 @@ import { basename, join, posix } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
 import { CollimateError } from '../../src/errors.js';
-import type { EnvdBackend, FsEntry, ProcessExit, ProcessSpec, ProcessWatcher } from '../../src/e2b/envd.js';
+import type { EnvdBackend, FsEntry, ProcessExit, ProcessSpec, ProcessWatcher, WriteOptions } from '../../src/e2b/envd.js';
 
 interface Proc {
   pid: number;
@@ -27,6 +27,8 @@ export class HostEnvdBackend implements EnvdBackend {
   readonly stats: string[] = [];
   /** The account each mkdir and write was asked to run as (none: root), by guest path. */
   readonly accounts: Array<{ op: 'mkdir' | 'write'; path: string; user?: string }> = [];
+  /** E2B metadata by guest path (the guest keeps it in the file's extended attributes). */
+  private readonly metadata = new Map<string, Record<string, string>>();
 
   constructor(readonly root: string) {
     mkdirSync(join(root, 'root'), { recursive: true });
@@ -59,6 +61,7 @@ export class HostEnvdBackend implements EnvdBackend {
       group: 'root',
       mtimeMs: st.mtimeMs,
       ...(type === 'symlink' ? { symlinkTarget: readlinkSync(this.hostPath(path)) } : {}),
+      ...(this.metadata.has(guest) ? { metadata: this.metadata.get(guest) } : {}),
     };
   }
 
@@ -181,8 +184,11 @@ export class HostEnvdBackend implements EnvdBackend {
     for await (const chunk of createReadStream(this.hostPath(path))) await sink.chunk(chunk as Buffer);
   }
 
-  async writeFile(_s: unknown, _id: string, path: string, data: AsyncIterable<Buffer>, user?: string): Promise<FsEntry> {
-    this.accounts.push({ op: 'write', path: this.guestPath(path), ...(user ? { user } : {}) });
+  async writeFile(_s: unknown, _id: string, path: string, data: AsyncIterable<Buffer>, opts: WriteOptions = {}): Promise<FsEntry> {
+    this.accounts.push({ op: 'write', path: this.guestPath(path), ...(opts.user ? { user: opts.user } : {}) });
+    // As the guest's user.e2b.* attributes: a write replaces the file, and its metadata with it.
+    if (opts.metadata) this.metadata.set(this.guestPath(path), opts.metadata);
+    else this.metadata.delete(this.guestPath(path));
     const target = this.hostPath(path);
     mkdirSync(join(target, '..'), { recursive: true });
     const tmp = `${target}.upload-${process.pid}`;

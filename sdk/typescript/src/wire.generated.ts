@@ -330,6 +330,8 @@ export type FileEntry = {
   mtime_ns: string;
   /** Symlinks only: the target, as stored. */
   symlink_target?: string;
+  /** Its extended attributes of the user.* namespace, by name without `user.` (values as UTF-8 text; at most 4 KiB of them); absent when it has none. */
+  xattrs?: Record<string, string>;
 };
 
 export type FsListing = {

@@ -23,6 +23,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -562,6 +563,9 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
     uint64_t offset = 0;
     uint8_t truncate_first = 0;
     uint32_t mode = 0644;
+    /* user.* attributes set on a new or truncated file (names without "user."). */
+    struct tlv_field xattr_names[FS_XATTR_COUNT_MAX], xattr_values[FS_XATTR_COUNT_MAX];
+    size_t xattr_count = 0, xattr_bytes = 0;
     struct tlv_cursor c;
     struct tlv_field f;
     int rc;
@@ -586,6 +590,19 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
             break;
         case TAG_MODE:
             if (!tlv_as_u32(&f, &mode)) reject_request(id, "bad_request", "MODE must be a u32");
+            break;
+        case TAG_FS_XATTR_NAME:
+            if (xattr_count == FS_XATTR_COUNT_MAX) reject_request(id, "bad_request", "at most %u XATTR_NAME fields", FS_XATTR_COUNT_MAX);
+            if (f.len == 0 || f.len > 250 || tlv_has_nul(&f)) reject_request(id, "bad_request", "XATTR_NAME must be 1 to 250 bytes without NUL");
+            xattr_names[xattr_count] = f;
+            xattr_values[xattr_count] = (struct tlv_field){0};
+            xattr_count++;
+            break;
+        case TAG_FS_XATTR_VALUE:
+            if (xattr_count == 0) reject_request(id, "bad_request", "XATTR_VALUE before XATTR_NAME");
+            xattr_bytes += f.len;
+            if (xattr_bytes > FS_XATTR_BYTES_MAX) reject_request(id, "bad_request", "XATTR values over %u bytes", FS_XATTR_BYTES_MAX);
+            xattr_values[xattr_count - 1] = f;
             break;
         }
     }
@@ -617,6 +634,15 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
         int e = errno;
         close(fd);
         reject_request(id, "file_write_failed", "%s: chmod: %s", path, strerror(e));
+    }
+    for (size_t i = 0; (created || truncate_first) && i < xattr_count; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "user.%.*s", (int)xattr_names[i].len, (const char *)xattr_names[i].value);
+        if (fsetxattr(fd, name, xattr_values[i].value, xattr_values[i].len, 0) != 0) {
+            int e = errno;
+            close(fd);
+            reject_request(id, "file_write_failed", "%s: setting %s: %s", path, name, strerror(e));
+        }
     }
     size_t done = 0;
     while (done < data.len) {

@@ -160,7 +160,15 @@ enum field_tag {
     TAG_FS_MTIME_NS = 152,
     TAG_FS_TARGET = 153,
     TAG_FS_MAX_ENTRIES = 154,
+    /* An extended attribute of the user.* namespace: its name without "user.", then its value. */
+    TAG_FS_XATTR_NAME = 155,
+    TAG_FS_XATTR_VALUE = 156,
 };
+
+/* The user.* extended attributes an entry reports (and FILE_WRITE sets): at most this many bytes of
+   names and values together; attributes past it are left out of the entry. */
+#define FS_XATTR_BYTES_MAX 4096u
+#define FS_XATTR_COUNT_MAX 64u
 
 static inline uint16_t load_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t load_le32(const uint8_t *p)

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* Where relative paths are resolved (the guest's HOME). Test mode may point it elsewhere. */
@@ -208,8 +209,37 @@ static size_t entry_frame_bytes(const char *name, const char *path, mode_t mode)
     return ENTRY_FIXED_BYTES + strlen(name) + strlen(path) + (S_ISLNK(mode) ? PATH_MAX : 0);
 }
 
-/* The fields of one entry (st from lstat). */
-static void put_entry(struct frame_builder *b, const char *name, const char *path, const struct stat *st)
+/* What an entry's extended attributes may add to a frame: names and values, and a TLV header each. */
+#define XATTR_FRAME_BYTES (FS_XATTR_BYTES_MAX + FS_XATTR_COUNT_MAX * 2 * 6)
+
+/*
+ * The entry's user.* extended attributes (a final symlink is not followed): names without "user.",
+ * at most FS_XATTR_COUNT_MAX of them and FS_XATTR_BYTES_MAX of names and values (the rest is left
+ * out, as are attributes that cannot be read). False if they did not all fit in the frame's room.
+ */
+static bool put_xattrs(struct frame_builder *b, const char *path)
+{
+    char names[FS_XATTR_BYTES_MAX];
+    ssize_t n = llistxattr(path, names, sizeof names);
+    if (n <= 0) return true; /* none, not supported here, or more names than an entry reports */
+    size_t budget = FS_XATTR_BYTES_MAX, count = 0;
+    for (const char *name = names; name < names + n && count < FS_XATTR_COUNT_MAX; name += strlen(name) + 1) {
+        if (strncmp(name, "user.", 5) != 0) continue;
+        char value[FS_XATTR_BYTES_MAX];
+        ssize_t v = lgetxattr(path, name, value, sizeof value);
+        size_t short_name = strlen(name) - 5;
+        if (v < 0 || short_name + (size_t)v > budget) continue;
+        if (b->frame->len + short_name + (size_t)v + 12 > b->cap) return false;
+        frame_put_bytes(b, TAG_FS_XATTR_NAME, name + 5, short_name);
+        frame_put_bytes(b, TAG_FS_XATTR_VALUE, value, (size_t)v);
+        budget -= short_name + (size_t)v;
+        count++;
+    }
+    return true;
+}
+
+/* The fields of one entry (st from lstat). False if its extended attributes did not all fit. */
+static bool put_entry(struct frame_builder *b, const char *name, const char *path, const struct stat *st)
 {
     frame_put_text(b, TAG_FS_NAME, name);
     frame_put_text(b, TAG_FS_ENTRY_PATH, path);
@@ -226,6 +256,7 @@ static void put_entry(struct frame_builder *b, const char *name, const char *pat
         ssize_t n = readlink(path, target, sizeof target - 1);
         if (n >= 0) frame_put_bytes(b, TAG_FS_TARGET, target, (size_t)n);
     }
+    return put_xattrs(b, path);
 }
 
 /* Replies FS_ENTRY for path (not following a final symlink); CREATED when created >= 0. */
@@ -236,8 +267,8 @@ static void reply_entry(uint32_t id, const char *path, int created)
     refresh_names();
     const char *name = base_name(path);
     struct frame_builder b;
-    if (!frame_begin(&b, MSG_FS_ENTRY, id, entry_frame_bytes(name, path, st.st_mode) + 16)) reject_request(id, "fs_failed", "out of memory");
-    put_entry(&b, name, path, &st);
+    if (!frame_begin(&b, MSG_FS_ENTRY, id, entry_frame_bytes(name, path, st.st_mode) + XATTR_FRAME_BYTES + 16)) reject_request(id, "fs_failed", "out of memory");
+    (void)put_entry(&b, name, path, &st);
     if (created >= 0) frame_put_u8(&b, TAG_FS_CREATED, (uint8_t)created);
     frame_send(&b);
 }
@@ -329,8 +360,14 @@ static void list_directory(struct listing *l, const char *dir, uint32_t depth_le
             l->truncated = true;
             break;
         }
+        size_t mark = l->b.frame->len;
         frame_put_bytes(&l->b, TAG_FS_ENTRY_BEGIN, NULL, 0);
-        put_entry(&l->b, names[i], path, &st);
+        if (!put_entry(&l->b, names[i], path, &st)) {
+            /* Its attributes would not fit: the entry goes to the next listing, not half into this one. */
+            l->b.frame->len = mark;
+            l->truncated = true;
+            break;
+        }
         l->count++;
         if (S_ISDIR(st.st_mode) && depth_left > 1) {
             list_directory(l, path, depth_left - 1);

@@ -237,3 +237,38 @@ describe("E2B's default account", () => {
     }
   });
 });
+
+describe('envd 0.6.4: file metadata and watch entries', () => {
+  it('answers envd 0.6.4; metadata written with a file (form or octet-stream) comes back on write, getInfo and list, and a rewrite without it clears it', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    const info = await sbx.files.write('/tmp/meta.txt', 'with metadata', { metadata: { author: 'mish', purpose: 'upload' } } as never);
+    assert.deepEqual((info as { metadata?: unknown }).metadata, { author: 'mish', purpose: 'upload' });
+    assert.deepEqual((await sbx.files.getInfo('/tmp/meta.txt')).metadata, { author: 'mish', purpose: 'upload' });
+    assert.deepEqual((await sbx.files.list('/tmp')).find((e) => e.name === 'meta.txt')?.metadata, { author: 'mish', purpose: 'upload' });
+    const octet = await sbx.files.write('/tmp/meta-octet.txt', 'octet', { metadata: { tag: 'o' }, useOctetStream: true } as never);
+    assert.deepEqual((octet as { metadata?: unknown }).metadata, { tag: 'o' });
+    const plain = await sbx.files.write('/tmp/meta.txt', 'rewritten');
+    assert.equal((plain as { metadata?: unknown }).metadata, undefined);
+    assert.equal((await sbx.files.getInfo('/tmp/meta.txt')).metadata, undefined);
+    // As envd: a key that is no HTTP token or a value that is not printable ASCII is refused, nothing written.
+    const headers = { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken };
+    const bad = await fetch(`${base}/e2b/envd/files?path=/tmp/bad-meta.txt`, { method: 'POST', headers: { ...headers, 'content-type': 'application/octet-stream', 'x-metadata-ok': 'caf\u00e9' }, body: 'x' });
+    assert.equal(bad.status, 400);
+    assert.equal(await sbx.files.exists('/tmp/bad-meta.txt'), false);
+    await sbx.kill();
+  });
+
+  it('a watch with includeEntry sends each event with the entry as it is now', async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    await sbx.files.makeDir('/tmp/watched-entries');
+    const events: Array<{ name: string; entry?: { path: string; size: number } }> = [];
+    const handle = await sbx.files.watchDir('/tmp/watched-entries', (e) => void events.push(e as never), { includeEntry: true, allowNetworkMounts: true } as never);
+    await sbx.files.write('/tmp/watched-entries/seen.txt', '12345');
+    for (let i = 0; i < 200 && !events.some((e) => e.name === 'seen.txt' && e.entry?.size === 5); i++) await new Promise((r) => setTimeout(r, 25));
+    await handle.stop();
+    const withEntry = events.find((e) => e.name === 'seen.txt' && e.entry);
+    assert.ok(withEntry, JSON.stringify(events));
+    assert.equal(withEntry!.entry!.path, '/tmp/watched-entries/seen.txt');
+    await sbx.kill();
+  });
+});

@@ -4,7 +4,7 @@
  * stands in for the guest; relative paths resolve under its `home` (--home).
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -423,6 +423,39 @@ describe('streamed transfers', () => {
       const empty = await client.uploadFile(join(dir, 'new', 'empty'), Readable.from([]), { tempPath: join(dir, 'new', '.empty.upload') });
       assert.equal(empty.size, 0);
       assert.deepEqual(readdirSync(join(dir, 'new')), ['empty']);
+    });
+  });
+});
+
+describe('extended attributes', () => {
+  it("an upload sets the new file's user.* attributes; stat, list and rename report them (within 4 KiB); a replacing upload leaves none", async () => {
+    const dir = scratch('xattrs');
+    await withClient(async (client) => {
+      const entry = await client.uploadFile(join(dir, 'tagged'), Readable.from([Buffer.from('data')]), { tempPath: join(dir, '.tagged.up'), xattrs: { 'e2b.author': 'mish', 'e2b.purpose': 'upload' } });
+      assert.deepEqual(entry.xattrs, { 'e2b.author': 'mish', 'e2b.purpose': 'upload' });
+      assert.deepEqual((await client.stat(join(dir, 'tagged'))).xattrs, { 'e2b.author': 'mish', 'e2b.purpose': 'upload' });
+      // Set out of band, as a program in the sandbox would: reported too; other namespaces are not.
+      execFileSync('setfattr', ['-n', 'user.e2b.extra', '-v', 'x'.repeat(10), join(dir, 'tagged')]);
+      execFileSync('setfattr', ['-n', 'trusted.not-user', '-v', 'hidden', join(dir, 'tagged')]);
+      assert.equal((await client.stat(join(dir, 'tagged'))).xattrs?.['e2b.extra'], 'x'.repeat(10));
+      const listed = (await client.list(dir)).entries.find((e) => e.name === 'tagged');
+      assert.deepEqual(listed?.xattrs, { 'e2b.author': 'mish', 'e2b.purpose': 'upload', 'e2b.extra': 'xxxxxxxxxx' });
+      const moved = await client.rename(join(dir, 'tagged'), join(dir, 'moved'));
+      assert.equal(moved.xattrs?.['e2b.author'], 'mish');
+      const replaced = await client.uploadFile(join(dir, 'moved'), Readable.from([Buffer.from('new')]), { tempPath: join(dir, '.moved.up') });
+      assert.equal(replaced.xattrs, undefined, 'a replacing upload is a new file with no attributes');
+      // A file without any: none reported; a listing of many tagged files still fits one frame or says it is truncated.
+      writeFileSync(join(dir, 'plain'), 'x');
+      assert.equal((await client.stat(join(dir, 'plain'))).xattrs, undefined);
+      for (let i = 0; i < 400; i++) {
+        const p = join(dir, `many-${String(i).padStart(3, '0')}`);
+        writeFileSync(p, '');
+        execFileSync('setfattr', ['-n', 'user.big', '-v', 'v'.repeat(3000), p]);
+      }
+      const many = await client.list(dir, 1, 5000);
+      assert.ok(many.truncated, 'over the frame: truncated, not cut mid-entry');
+      assert.ok(many.entries.filter((e) => e.name.startsWith('many-')).length > 200, 'as many whole entries as fit');
+      assert.ok(many.entries.every((e) => !e.name.startsWith('many-') || e.xattrs?.big === 'v'.repeat(3000)), 'every listed entry has its attributes whole');
     });
   });
 });
