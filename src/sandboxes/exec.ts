@@ -78,8 +78,9 @@ export function buildAgentExec(
   for (const argv of commands) for (const a of argv) if (a.includes('\0')) throw bad('arguments cannot contain NUL bytes.');
   const timeout = req.timeout ?? opts.defaultTimeoutSecs;
   if (typeof timeout !== 'number' || !(timeout > 0) || timeout > MAX_EXEC_TIMEOUT_SECS) throw bad(`timeout must be a number of seconds greater than 0 and at most ${MAX_EXEC_TIMEOUT_SECS}.`);
-  if (opts.defaults?.prefix?.length) commands = commands.map((argv) => [...opts.defaults!.prefix!, ...argv]);
-  const env: Record<string, string> = { ...(opts.defaults?.env ?? {}) };
+  // A `user` of the request replaces the image's User (its setpriv prefix and the HOME it implies).
+  if (opts.defaults?.prefix?.length && req.user === undefined) commands = commands.map((argv) => [...opts.defaults!.prefix!, ...argv]);
+  const env: Record<string, string> = withoutImageHome(opts.defaults?.env, req.user);
   for (const [k, v] of Object.entries(req.env ?? {})) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw bad(`env name ${JSON.stringify(k)} is not a valid variable name.`);
     if (typeof v !== 'string' || v.includes('\0')) throw bad(`env value of ${k} must be a string without NUL bytes.`);
@@ -107,6 +108,13 @@ export function buildAgentExec(
     seed,
     ...(req.user !== undefined ? { user: req.user } : {}),
   };
+}
+
+/** An image's exec environment, less the HOME of its User when a request names its own account (the agent sets that one's). */
+export function withoutImageHome(env: Record<string, string> | undefined, user: string | undefined): Record<string, string> {
+  const out = { ...(env ?? {}) };
+  if (user !== undefined) delete out.HOME;
+  return out;
 }
 
 /** The agent's refusal of a `user` the sandbox's image does not have. */

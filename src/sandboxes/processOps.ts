@@ -2,7 +2,7 @@ import { constants } from 'node:os';
 import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import type { ProcStartRequest } from '../guest/protocol.js';
-import { checkUser, execSeed, userNotFound } from './exec.js';
+import { checkUser, execSeed, userNotFound, withoutImageHome } from './exec.js';
 import { rowFor, runningFor, type EngineContext } from './context.js';
 import { settledLink, type Running } from './registry.js';
 import type { ProcessEvent, ProcessInfo, SandboxProcesses } from './processes.js';
@@ -47,8 +47,9 @@ export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Reco
     argv = [...req.argv];
   }
   if (argv.some((a) => a.includes('\0'))) throw bad('arguments cannot contain NUL bytes.');
-  if (defaults?.prefix?.length) argv = [...defaults.prefix, ...argv];
-  const env: Record<string, string> = { ...(defaults?.env ?? {}) };
+  // A `user` of the request replaces the image's User (its setpriv prefix and the HOME it implies).
+  if (defaults?.prefix?.length && req.user === undefined) argv = [...defaults.prefix, ...argv];
+  const env: Record<string, string> = withoutImageHome(defaults?.env, req.user);
   for (const [k, v] of Object.entries(req.env ?? {})) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw bad(`env name ${JSON.stringify(k)} is not a valid variable name.`);
     if (typeof v !== 'string' || v.includes('\0')) throw bad(`env value of ${k} must be a string without NUL bytes.`);

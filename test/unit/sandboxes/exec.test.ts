@@ -31,6 +31,21 @@ test('defaults, files and limits', () => {
   assert.equal(r.maxOutput, 1024);
 });
 
+test("`user`: checked, sent to the guest, and in place of the image's User (no setpriv prefix, no image HOME)", () => {
+  const defaults = { env: { A: 'tpl', HOME: '/home/img' }, prefix: ['setpriv', '--reuid=1000', '--'] };
+  const as = buildAgentExec({ command: 'x', user: 'user' }, { ...opts, defaults });
+  assert.equal(as.user, 'user');
+  assert.deepEqual(as.commands[0], ['/bin/sh', '-c', 'x']);
+  assert.deepEqual(as.env, { A: 'tpl' });
+  const image = buildAgentExec({ command: 'x' }, { ...opts, defaults });
+  assert.equal(image.user, undefined);
+  assert.deepEqual(image.commands[0].slice(0, 3), ['setpriv', '--reuid=1000', '--']);
+  assert.equal(image.env!.HOME, '/home/img');
+  for (const user of ['', 'a:b', 'x'.repeat(65), 'new\nline', '-dash', 7]) {
+    assert.throws(() => buildAgentExec({ command: 'x', user } as any, opts), { code: 'validation_error' }, JSON.stringify(user));
+  }
+});
+
 test('output that is not UTF-8 is returned as base64, never mangled', () => {
   assert.deepEqual(encodeOutput(Buffer.from('héllo')), { text: 'héllo', encoding: 'utf8' });
   assert.deepEqual(encodeOutput(Buffer.from([0xff, 0xfe, 0x00])), { text: '//4A', encoding: 'base64' });
