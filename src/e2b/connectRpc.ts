@@ -154,6 +154,13 @@ export class ServerStream {
     return this.ended || this.res.destroyed;
   }
 
+  /** Closes the connection of a client too far behind: nothing more is sent. */
+  cutOff(): void {
+    this.ended = true;
+    if (this.keepalive) clearInterval(this.keepalive);
+    this.res.destroy();
+  }
+
   /**
    * Writes one message; resolves when the socket took it (backpressure reaches a producer that
    * waits). A client more than STREAM_PENDING_MAX behind is cut off: its connection is closed.
@@ -161,9 +168,7 @@ export class ServerStream {
   send(message: unknown): Promise<void> {
     if (this.closed) return Promise.resolve();
     if (this.res.writableLength > STREAM_PENDING_MAX) {
-      this.ended = true;
-      if (this.keepalive) clearInterval(this.keepalive);
-      this.res.destroy();
+      this.cutOff();
       return Promise.resolve();
     }
     const ok = this.res.write(envelope(message));

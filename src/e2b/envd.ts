@@ -243,6 +243,9 @@ const asConnectError = (err: unknown, log?: FastifyRequest['log']): ConnectError
 type Unary = (scope: Scope, id: string, msg: Record<string, unknown>, who: Account) => Promise<unknown>;
 type Streaming = (scope: Scope, id: string, msg: Record<string, unknown>, stream: ServerStream, req: IncomingMessage, who: Account) => Promise<void>;
 
+/** Watch events waiting for their entry's stat (includeEntry) before the client is cut off. */
+const ENTRY_STATS_PENDING_MAX = 1000;
+
 /** E2B's default account: commands and files are its unless a request names another. */
 export const E2B_DEFAULT_USER = 'user';
 
@@ -540,15 +543,8 @@ export class Envd {
         };
         const onClose = () => finish();
         req.socket.once('close', onClose);
-        // includeEntry (envd 0.6.3): each event with the entry as it is now (none once it is gone).
-        const withEntry = msg.includeEntry === true;
-        const send = async (e: FsEvent) => {
-          const entry = withEntry && e.type !== 'remove' ? await this.backend.stat(scope, id, posix.join(path, e.name)).catch(() => undefined) : undefined;
-          await stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type], ...(entry ? { entry: entryJson(entry) } : {}) } });
-        };
-        let order = Promise.resolve();
         this.backend
-          .watchDir(scope, id, path, msg.recursive === true, (e) => void (order = order.then(() => send(e)).catch(() => undefined)), finish)
+          .watchDir(scope, id, path, msg.recursive === true, msg.includeEntry === true ? this.withEntries(scope, id, path, stream) : (e) => void stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type] } }), finish)
           .then(async (s) => {
             stop = s;
             if (done) return s();
@@ -557,6 +553,25 @@ export class Envd {
       });
     },
   };
+
+  /**
+   * includeEntry (envd 0.6.3): each event is sent with the entry as it is now (none once it is
+   * gone), in order. The stats wait in line; a client so far behind that more than
+   * ENTRY_STATS_PENDING_MAX wait is cut off, as ServerStream cuts off one whose sends are behind.
+   */
+  private withEntries(scope: Scope, id: string, path: string, stream: ServerStream): (e: FsEvent) => void {
+    let line = Promise.resolve();
+    let waiting = 0;
+    return (e) => {
+      if (stream.closed) return;
+      if (++waiting > ENTRY_STATS_PENDING_MAX) return stream.cutOff();
+      line = line.then(async () => {
+        const entry = e.type === 'remove' ? undefined : await this.backend.stat(scope, id, posix.join(path, e.name)).catch(() => undefined);
+        waiting--;
+        void stream.send({ filesystem: { name: e.name, type: EVENT_TYPE[e.type], ...(entry ? { entry: entryJson(entry) } : {}) } });
+      });
+    };
+  }
 
   private watcherOf(scope: Scope, id: string, watcherId: unknown) {
     const w = this.watchers.get(String(watcherId ?? ''));

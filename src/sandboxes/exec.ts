@@ -13,6 +13,8 @@ export interface AgentExecRequest {
   maxOutput?: number;
   /** Seed of the exec's user-space randomness (docs/determinism.md); always set by buildAgentExec. */
   seed: bigint;
+  /** The image's account the commands run as (absent: root). */
+  user?: string;
 }
 
 export interface AgentExecOutput {
