@@ -15,14 +15,13 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync } from 'node:fs';
-import { dirname, basename, join } from 'node:path';
+import { dirname, basename } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
-import { ImageService } from '../../src/images/service.ts';
-import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
-import { HUGE_FILE, HUGE_JSON, hostSecret, hostShadowLines } from './fuzzHarness.ts';
+import type { Served } from './fixture.ts';
+import { HUGE_JSON, fuzzServer, hostSecret, hostShadowLines, type FuzzServer } from './fuzzHarness.ts';
 import { DOORS, HUGE_BODY, doorReport, prepareDoorTarget, runDoorFuzz, type DoorName } from './doorFuzz.ts';
 
 const N = Number(process.env.FUZZ_N ?? 300);
@@ -50,10 +49,9 @@ process.env.COLLIMATE_HOST_CPU_PRESSURE_MAX ??= '0';
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as () => void;
 
+let server: FuzzServer;
 let engine: Engine;
-let images: ImageService;
 let api: Served;
-let home: string;
 let base: URL;
 
 const mib = (n: number) => Math.round((n / (1024 * 1024)) * 10) / 10;
@@ -67,40 +65,16 @@ async function settledMemory(): Promise<{ rss: number; heap: number }> {
   return { rss: m.rss, heap: m.heapUsed };
 }
 
-async function call(method: string, path: string, key?: string, body?: unknown): Promise<{ status: number; json: any; text: string }> {
-  const res = await fetch(new URL(path, base), {
-    method,
-    headers: { connection: 'close', ...(key ? { authorization: `Bearer ${key}` } : {}), ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  let json: any = null;
-  try { json = JSON.parse(text); } catch { /* not JSON */ }
-  return { status: res.status, json, text };
-}
+const call = (method: string, path: string, key?: string, body?: unknown) => server.call(method, path, key, body);
 
 before(async () => {
-  process.env.COLLIMATE_FUZZ_HOST_SECRET = SECRET;
-  home = testHome('doorfuzz');
-  engine = await openEngine(home, { poolSize: 2, poolMin: 1, poolMax: 3 });
-  images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
-  await images.restore();
-  api = await serveEngine(engine, {
-    images,
-    // Small limits, so that bodies over them are cheap to send many times (the REST door's and the others' alike).
-    maxJsonBodyBytes: HUGE_JSON,
-    maxFileBytes: HUGE_FILE - 1,
-    requestTimeoutMs: 3000,
-  });
+  server = await fuzzServer('doorfuzz', { poolSize: 2, poolMin: 1, poolMax: 3 }, SECRET);
+  ({ engine, api, base } = server);
   assert.equal(HUGE_BODY, HUGE_JSON + 1);
-  base = new URL(await api.app.listen({ host: '127.0.0.1', port: 0 }));
 });
 
 after(async () => {
-  await api?.close(1000);
-  await images?.close();
-  if (engine) await assertNoLeaks(engine, home);
-  delete process.env.COLLIMATE_FUZZ_HOST_SECRET;
+  await server?.close();
 });
 
 test(`door fuzz: ${N} requests per door (seed ${SEED}): no undocumented 5xx, each door's error shape, no secret, RSS bounded, no leaks`, async () => {

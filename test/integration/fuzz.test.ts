@@ -14,24 +14,21 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
-import { request as httpRequest } from 'node:http';
-import { dirname, basename, join } from 'node:path';
+import { dirname, basename } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
-import { ImageService } from '../../src/images/service.ts';
-import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
-import { HUGE_FILE, HUGE_JSON, hostSecret, hostShadowLines, runFuzz } from './fuzzHarness.ts';
+import type { Served } from './fixture.ts';
+import { fuzzServer, hostSecret, hostShadowLines, runFuzz, type FuzzServer } from './fuzzHarness.ts';
 
 const N = Number(process.env.FUZZ_N ?? 10_000);
 const SEED = process.env.FUZZ_SEED !== undefined ? Number(process.env.FUZZ_SEED) : Math.floor(Math.random() * 2 ** 32);
 const ESCAPE_MARKER = `/tmp/collimate-fuzz-escape-${SEED}`;
 const SECRET = hostSecret();
 
+let server: FuzzServer;
 let engine: Engine;
-let images: ImageService;
 let api: Served;
-let home: string;
 let base: URL;
 
 function fds(): Map<string, string> {
@@ -87,50 +84,16 @@ function unixSockets(): Map<string, { path: string; state: string; peer: string;
   return out;
 }
 
-/** One request on a connection of its own, closed after the answer (no pooled sockets skew the descriptor count). */
-function call(method: string, path: string, key?: string, body?: unknown): Promise<{ status: number; json: any; text: string }> {
-  return new Promise((resolve, reject) => {
-    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-    const req = httpRequest(new URL(path, base), {
-      method,
-      agent: false,
-      headers: { connection: 'close', ...(key ? { authorization: `Bearer ${key}` } : {}), ...(payload ? { 'content-type': 'application/json', 'content-length': String(payload.length) } : {}) },
-    }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString();
-        resolve({ status: res.statusCode!, text, json: text ? (() => { try { return JSON.parse(text); } catch { return null; } })() : null });
-      });
-    });
-    req.on('error', reject);
-    req.end(payload);
-  });
-}
+const call = (method: string, path: string, key?: string, body?: unknown) => server.call(method, path, key, body);
 
 before(async () => {
-  process.env.COLLIMATE_FUZZ_HOST_SECRET = SECRET;
-  home = testHome('fuzz');
   // Fixed pools (two VMMs, never more or fewer) so that the descriptor count has a stable baseline.
-  engine = await openEngine(home, { poolSize: 2, poolMin: 2, poolMax: 2 });
-  images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
-  await images.restore();
-  api = await serveEngine(engine, {
-    images,
-    // Small limits, so that bodies over them are cheap to send many times.
-    maxJsonBodyBytes: HUGE_JSON,
-    maxFileBytes: HUGE_FILE - 1,
-    // A stalled body is given up on after this (slow clients the fuzz sends finish within ~1.5 s).
-    requestTimeoutMs: 3000,
-  });
-  base = new URL(await api.app.listen({ host: '127.0.0.1', port: 0 }));
+  server = await fuzzServer('fuzz', { poolSize: 2, poolMin: 2, poolMax: 2 }, SECRET);
+  ({ engine, api, base } = server);
 });
 
 after(async () => {
-  await api?.close(1000);
-  await images?.close();
-  if (engine) await assertNoLeaks(engine, home);
-  delete process.env.COLLIMATE_FUZZ_HOST_SECRET;
+  await server?.close();
 });
 
 async function waitForPools(): Promise<void> {

@@ -30,6 +30,10 @@ import { ERROR_CODES, type ErrorCode } from '../../src/errors.ts';
 import { ROUTES, matchPath, type RouteSpec } from '../../src/api/routes.ts';
 import { checkResponse } from '../unit/api/helpers.ts';
 import { rng, type Rng } from '../support/rng.ts';
+import { join } from 'node:path';
+import type { Engine, EngineOptions } from '../../src/sandboxes/engine.ts';
+import { ImageService } from '../../src/images/service.ts';
+import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
 
 // ---- requests and answers ---------------------------------------------------------------------
 
@@ -761,4 +765,60 @@ export function hostShadowLines(): string[] {
   } catch {
     return [];
   }
+}
+
+/** What both fuzz tests drive: a real engine (pools as given), its image service and the API on loopback. */
+export interface FuzzServer {
+  engine: Engine;
+  images: ImageService;
+  api: Served;
+  home: string;
+  base: URL;
+  /** One request on a connection of its own, closed after the answer (no pooled socket skews a count). */
+  call(method: string, path: string, key?: string, body?: unknown): Promise<{ status: number; json: any; text: string }>;
+  /** Closes the API and the images, then the leak check (every sandbox deleted, nothing left behind). */
+  close(): Promise<void>;
+}
+
+/**
+ * The fuzzed server, with `secret` in its environment (COLLIMATE_FUZZ_HOST_SECRET: no answer may
+ * carry it) and small limits, so that bodies over them are cheap to send many times; a stalled body
+ * is given up on after 3 s (the slow clients the fuzz sends finish within ~1.5 s).
+ */
+export async function fuzzServer(name: string, pools: Pick<EngineOptions, 'poolSize' | 'poolMin' | 'poolMax'>, secret: string): Promise<FuzzServer> {
+  process.env.COLLIMATE_FUZZ_HOST_SECRET = secret;
+  const home = testHome(name);
+  const engine = await openEngine(home, pools);
+  const images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
+  await images.restore();
+  const api = await serveEngine(engine, { images, maxJsonBodyBytes: HUGE_JSON, maxFileBytes: HUGE_FILE - 1, requestTimeoutMs: 3000 });
+  const base = new URL(await api.app.listen({ host: '127.0.0.1', port: 0 }));
+  const call: FuzzServer['call'] = (method, path, key, body) => new Promise((resolve, reject) => {
+    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    const req = httpRequest(new URL(path, base), {
+      method,
+      agent: false,
+      headers: { connection: 'close', ...(key ? { authorization: `Bearer ${key}` } : {}), ...(payload ? { 'content-type': 'application/json', 'content-length': String(payload.length) } : {}) },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString();
+        let json: any = null;
+        try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+        resolve({ status: res.statusCode!, text, json });
+      });
+    });
+    req.on('error', reject);
+    req.end(payload);
+  });
+  return {
+    engine, images, api, home, base, call,
+    async close() {
+      await api.close(1000);
+      await images.close();
+      await assertNoLeaks(engine, home);
+      delete process.env.COLLIMATE_FUZZ_HOST_SECRET;
+    },
+  };
 }
