@@ -796,7 +796,7 @@ function uploadMultipart(req: IncomingMessage, queryPath: string | undefined, wr
     };
     let parser: Busboy.Busboy;
     try {
-      parser = Busboy({ headers: req.headers, preservepath: true, limits: { files: 1000, fields: 100, fieldSize: FIELD_FILE_MAX } } as Busboy.BusboyConfig);
+      parser = Busboy({ headers: req.headers, preservePath: true, limits: { files: 1000, fields: 100, fieldSize: FIELD_FILE_MAX } } as Busboy.BusboyConfig);
     } catch {
       return reject(new CollimateError('validation_error', 'The multipart body has no boundary.'));
     }

@@ -315,7 +315,7 @@ export const ExecRequest = named(
       stdin: z.string().optional(),
       timeout: described(z.number().positive().max(3600), 'Seconds; default 60, max 3600.').optional(),
       seed: described(execSeed(), ExecSeedDescription + ' Absent: the server draws one at random; the result reports it either way.').optional(),
-      user: RunAsUser('the commands run as: its uid and groups, HOME, USER and LOGNAME, and its home as the default cwd; `files` are written as it').optional(),
+      user: RunAsUser('the commands run as: its uid and groups, HOME, USER and LOGNAME, and its home as the default cwd; `files` (and the directories made for them) become its').optional(),
     })
     .refine((r) => [r.command, r.code, r.commands].filter((x) => x !== undefined).length === 1, {
       message: 'exactly one of command, code, commands is required',
@@ -370,7 +370,7 @@ export const FileQuery = z.strictObject({
 export const PutFileQuery = z.strictObject({
   path: described(z.string().startsWith('/').max(4096), 'Absolute path inside the guest.'),
   mode: described(z.string().regex(/^0?[0-7]{3,4}$/), 'Octal permission bits, e.g. 755 (default 644).').optional(),
-  user: RunAsUser('the file is written as: with its permissions, and a new file and the parents made are its').optional(),
+  user: RunAsUser('whose the file and the directories made for it become (written by the guest agent, as E2B\'s envd writes: the account\'s permissions do not decide)').optional(),
 });
 
 export const PutFileResponse = named('PutFileResponse', z.strictObject({ path: z.string(), size: z.number().int() }));
@@ -521,7 +521,7 @@ export const FsListing = named(
 
 export const FsExists = named('FsExists', z.strictObject({ path: z.string(), exists: z.boolean() }));
 
-export const FsMkdirRequest = named('FsMkdirRequest', z.strictObject({ path: FsPath, mode: OctalMode.optional(), user: RunAsUser('the directories are made as, and whose they are; a relative path is under its home').optional() }));
+export const FsMkdirRequest = named('FsMkdirRequest', z.strictObject({ path: FsPath, mode: OctalMode.optional(), user: RunAsUser('whose the directories made become (made by the guest agent, as E2B\'s envd makes them); a relative path is under its home').optional() }));
 export const FsMkdirResponse = named(
   'FsMkdirResponse',
   z.strictObject({ created: described(z.boolean(), 'False when the directory existed already.'), entry: FileEntry }),

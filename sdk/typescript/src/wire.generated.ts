@@ -173,7 +173,7 @@ export type ExecRequest = {
   timeout?: number;
   /** CRNG seed of the exec: an unsigned 64-bit integer as a decimal string, "0" to "18446744073709551615". Re-running an exec with the seed it reported, in a sandbox in the same state (e.g. a fresh fork of the same parent), replays the randomness of dynamically linked glibc programs (getrandom, /dev/urandom, Python random/os.urandom/uuid4, Node Math.random); OpenSSL-based randomness (e.g. Node crypto.randomBytes), statically linked programs and the kernel CRNG stay truly random. See docs/determinism.md. Absent: the server draws one at random; the result reports it either way. */
   seed?: string;
-  /** An account of the sandbox's image (its /etc/passwd) the commands run as: its uid and groups, HOME, USER and LOGNAME, and its home as the default cwd; `files` are written as it, e.g. "user" in the `debian` image; absent: root. An account the image does not have is 404 user_not_found. */
+  /** An account of the sandbox's image (its /etc/passwd) the commands run as: its uid and groups, HOME, USER and LOGNAME, and its home as the default cwd; `files` (and the directories made for them) become its, e.g. "user" in the `debian` image; absent: root. An account the image does not have is 404 user_not_found. */
   user?: string;
 };
 
@@ -351,7 +351,7 @@ export type FsMkdirRequest = {
   path: string;
   /** Octal permission bits, e.g. 755. */
   mode?: string;
-  /** An account of the sandbox's image (its /etc/passwd) the directories are made as, and whose they are; a relative path is under its home, e.g. "user" in the `debian` image; absent: root. An account the image does not have is 404 user_not_found. */
+  /** An account of the sandbox's image (its /etc/passwd) whose the directories made become (made by the guest agent, as E2B's envd makes them); a relative path is under its home, e.g. "user" in the `debian` image; absent: root. An account the image does not have is 404 user_not_found. */
   user?: string;
 };
 

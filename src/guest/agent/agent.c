@@ -156,10 +156,12 @@ int make_directories(const char *path, mode_t mode)
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+        if (mkdir(buf, mode) == 0) own_path(buf);
+        else if (errno != EEXIST) return -1;
         *p = '/';
     }
-    if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+    if (mkdir(buf, mode) == 0) own_path(buf);
+    else if (errno != EEXIST) return -1;
     return 0;
 }
 
@@ -618,7 +620,10 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
         make_parent_directories(path);
         /* Created owner-only, then chmod'ed: the umask must not decide the mode. */
         fd = open(path, flags | O_CREAT | O_EXCL, 0600);
-        if (fd >= 0) created = true;
+        if (fd >= 0) {
+            created = true;
+            own_fd(fd);
+        }
         else if (errno == EEXIST) fd = open(path, flags);
     }
     if (fd < 0) {
@@ -660,8 +665,8 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
 }
 
 /*
- * A file request with USER runs with that account's filesystem credentials, and its relative paths
- * are under that account's home. Execs and processes take USER themselves (exec.c, proc.c).
+ * A file request with USER: what it creates is that account's, and its relative paths are under
+ * that account's home. Execs and processes take USER themselves (exec.c, proc.c).
  */
 static void dispatch_as_user(uint16_t type, uint32_t id, const uint8_t *payload, size_t len, const struct tlv_field *user_field);
 static void dispatch_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
@@ -679,12 +684,12 @@ static void dispatch_as_user(uint16_t type, uint32_t id, const uint8_t *payload,
     static struct run_as user;
     char why[256];
     if (!run_as_lookup(user_field, &user, why, sizeof why)) reject_request(id, "user_not_found", "%s", why);
-    if (!run_as_fs_enter(&user)) reject_request(id, "file_write_failed", "becoming %s: %s", user.name, strerror(errno));
+    run_as_own(&user);
     const char *home = fs_home_dir;
     fs_home_dir = user.home;
     dispatch_request(type, id, payload, len);
     fs_home_dir = home;
-    run_as_fs_leave();
+    run_as_disown();
 }
 
 static void dispatch_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len)

@@ -395,9 +395,12 @@ int run_as_become(const struct run_as *u);
 const char *user_cwd(const struct run_as *u);
 /* Sets HOME, USER and LOGNAME in envp (before the request's own ENV, which may override them). */
 void run_as_environment(struct run_as *u, char **envp, size_t *count);
-/* For one file request: the account's filesystem credentials; run_as_fs_leave restores root's. */
-bool run_as_fs_enter(const struct run_as *u);
-void run_as_fs_leave(void);
+/* For one file request: what it creates becomes the account's (own_path, own_fd), until run_as_disown. */
+void run_as_own(const struct run_as *u);
+void run_as_disown(void);
+/* Gives a path (not following a final symlink) or an open file to the request's account, if it has one. */
+void own_path(const char *path);
+void own_fd(int fd);
 /* Handles the FS_* requests; false for any other type. */
 bool fs_handle_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
 void fs_add_poll_fds(struct poll_set *ps);

@@ -425,6 +425,7 @@ static bool write_request_files(const uint8_t *payload, size_t len, char *why, s
                 snprintf(why, why_cap, "%s: not a regular file", path);
                 return false;
             }
+            own_fd(fd);
         } else if (f.tag == TAG_FILE_MODE) {
             tlv_as_u32(&f, &mode);
         } else if (f.tag == TAG_FILE_DATA) {
@@ -727,11 +728,11 @@ void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len)
     char user_error[256];
     if (has_user && !run_as_lookup(&user_field, &user, user_error, sizeof user_error)) reject_request(id, "user_not_found", "%s", user_error);
 
-    /* The request's files are the user's: written with its filesystem credentials. */
+    /* The request's files, and the directories made for them, are the user's. */
     char file_error[PATH_MAX + 128] = "";
-    if (has_user && !run_as_fs_enter(&user)) reject_request(id, "spawn_failed", "becoming %s: %s", user.name, strerror(errno));
+    if (has_user) run_as_own(&user);
     bool files_written = write_request_files(payload, len, file_error, sizeof file_error);
-    run_as_fs_leave();
+    run_as_disown();
     if (!files_written) reject_request(id, "file_write_failed", "%s", file_error);
 
     run = build_run(id, payload, len, &shape, has_user ? &user : NULL);

@@ -458,6 +458,7 @@ static void handle_mkdir(uint32_t id, const uint8_t *payload, size_t len)
         if (!last && *p != '/') continue;
         *p = '\0';
         if (mkdir(buf, (mode_t)mode) == 0) {
+            own_path(buf);
             if (chmod(buf, (mode_t)mode) != 0) reject_errno(id, errno, "chmod %s", buf);
         } else if (errno == EEXIST) {
             if (stat(buf, &st) != 0) reject_errno(id, errno, "%s", buf);

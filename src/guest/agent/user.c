@@ -2,10 +2,11 @@
  * Running as a user: a request's USER field names an account of the sandbox's image, looked up in
  * its /etc/passwd and /etc/group (the image's own files, read on every request: an exec may have
  * run `useradd` a moment ago). An exec or a process then runs with that account's uid, gid and
- * supplementary groups, HOME, USER and LOGNAME, and starts in its home unless CWD says otherwise; a
- * file operation runs with that account's filesystem credentials (setfsuid and setfsgid, for this
- * request only), so the kernel checks its permissions and what it creates is the account's.
- * Without USER everything is root's, as before.
+ * supplementary groups, HOME, USER and LOGNAME, and starts in its home unless CWD says otherwise. A
+ * file request (and an exec's files) is done by the agent, as E2B's envd does it: what it creates —
+ * the file, the directories made for it — is the account's, its relative paths are under the
+ * account's home, and the account's permissions are not what decides (the agent is root). Without
+ * USER everything is root's, as before.
  */
 #include "agent.h"
 
@@ -14,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/fsuid.h>
 #include <unistd.h>
 
 static bool parse_id(const char *s, uint32_t *out)
@@ -134,25 +134,21 @@ void run_as_environment(struct run_as *u, char **envp, size_t *count)
     merge_env(envp, count, u->env_logname);
 }
 
-/* The agent's own credentials while a file request runs as a user; restored by run_as_fs_leave. */
-static bool fs_entered;
+/* While a file request with USER runs: the account that owns what it creates. */
+static const struct run_as *owner;
 
-bool run_as_fs_enter(const struct run_as *u)
+void run_as_own(const struct run_as *u) { owner = u; }
+
+void run_as_disown(void) { owner = NULL; }
+
+void own_path(const char *path)
 {
-    if (setgroups(u->group_count, u->groups) != 0) return false;
-    setfsgid(u->gid);
-    setfsuid(u->uid);
-    fs_entered = true;
-    return true;
+    if (owner) (void)lchown(path, owner->uid, owner->gid);
 }
 
-void run_as_fs_leave(void)
+void own_fd(int fd)
 {
-    if (!fs_entered) return;
-    setfsuid(0);
-    setfsgid(0);
-    (void)setgroups(0, NULL);
-    fs_entered = false;
+    if (owner) (void)fchown(fd, owner->uid, owner->gid);
 }
 
 bool request_user(const uint8_t *payload, size_t len, struct tlv_field *out)

@@ -238,6 +238,17 @@ describe("E2B's default account", () => {
   });
 });
 
+describe('multipart uploads', () => {
+  it("writes each part to its filename's whole path, directories and all, not to its last component", async () => {
+    const sbx = await e2bNew.Sandbox.create('python', opts());
+    const infos = await sbx.files.write([{ path: '/tmp/parts/a/one.txt', data: 'one' }, { path: '/tmp/parts/two.txt', data: 'two' }]);
+    assert.deepEqual(infos.map((i) => i.path), ['/tmp/parts/a/one.txt', '/tmp/parts/two.txt']);
+    assert.equal(readFileSync(join(backend.root, 'tmp', 'parts', 'a', 'one.txt'), 'utf8'), 'one');
+    assert.equal(readFileSync(join(backend.root, 'tmp', 'parts', 'two.txt'), 'utf8'), 'two');
+    await sbx.kill();
+  });
+});
+
 describe('envd 0.6.4: file metadata and watch entries', () => {
   it('answers envd 0.6.4; metadata written with a file (form or octet-stream) comes back on write, getInfo and list, and a rewrite without it clears it', async () => {
     const sbx = await e2bNew.Sandbox.create('python', opts());
