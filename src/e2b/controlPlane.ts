@@ -85,7 +85,9 @@ export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
   if (n.rules !== undefined && n.rules !== null && Object.keys(n.rules as object).length > 0) throw bad('network.rules (header transforms) are not supported by Collimate; send the headers from the program in the sandbox.');
   if (n.egressProxy !== undefined && n.egressProxy !== null) throw bad('network.egressProxy is not supported by Collimate.');
   if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw bad('network.maskRequestHost is not supported by Collimate.');
-  if (n.allowPublicTraffic === false) throw bad("network.allowPublicTraffic: false is how Collimate always works: a sandbox's ports need a key or its traffic token; leave it out.");
+  // false is how Collimate always works (a port needs a key or the sandbox's traffic token); true it cannot do.
+  if (n.allowPublicTraffic === true) throw bad("network.allowPublicTraffic: true is not supported: a sandbox's ports always need a key or its traffic token (e2b-traffic-access-token); leave it out or set it false.");
+  if (n.allowPublicTraffic !== undefined && n.allowPublicTraffic !== null && n.allowPublicTraffic !== false) throw bad('network.allowPublicTraffic must be a boolean.');
   const allow = list('allowOut');
   const deny = list('denyOut');
   const denyAll = noInternet || n.allow_internet_access === false || deny.some((d) => d === '0.0.0.0/0' || d === '::/0');

@@ -168,6 +168,10 @@ describe('e2b 2.51 network', () => {
     await sbx.updateNetwork({} as never);
     assert.equal(await egress(), 'allow', 'omitting every field clears the rules');
     await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8'] } as never), /denyOut of some addresses is not supported/);
+    // allowPublicTraffic: false is what every sandbox here is (a port needs a key or the traffic token); true is refused.
+    const closed = await e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: false } } as never);
+    await closed.kill();
+    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: true } } as never), /allowPublicTraffic: true is not supported/);
     // Created with a network config too.
     const limited = await e2bNew.Sandbox.create('python', { ...opts, network: { denyOut: ['0.0.0.0/0'], allowOut: ['example.org'] } } as never);
     assert.equal((await e2bNew.Sandbox.getInfo(limited.sandboxId, opts)).sandboxId, limited.sandboxId);
