@@ -29,7 +29,7 @@ DEBIAN_PACKAGES=(
   docker-registry apache2-utils     # the image tests' local OCI registry, and htpasswd -B for its basic auth
   e2fsprogs                         # the writable ext4 layer
   cpio                              # the initramfs
-  debootstrap                       # the Debian base layer of the python and node templates
+  debootstrap                       # the Debian base layer of the python, node and debian templates
   iproute2 procps util-linux        # ip (network namespaces, veth, tap), ps, nsenter
   nftables                          # the egress policy in each sandbox's namespace (src/net/nft.ts)
   python3-venv python3-pip python3-setuptools python3-wheel  # the SDK tests build the Python SDK's wheel offline and install it into a fresh venv

@@ -10,7 +10,7 @@ import { fetchRegistryTarball, type RegistryTarball } from './registryTarball.js
 
 /**
  * Debian bookworm root filesystems as stacked erofs layers: a `minbase` debootstrap as the base
- * layer, and per-runtime DIFF layers (python, node) holding only what `apt-get install` changed on
+ * layer, and per-runtime DIFF layers (python, node, debian) holding only what `apt-get install` changed on
  * top of it. A diff layer is the upper dir of a host overlayfs mount, so its deletions are already
  * in overlayfs's own format (0:0 char-device whiteouts, trusted.overlay.opaque directories), which the
  * guest's overlayfs honours when the layers are stacked lowerdir=runtime:base. Everything is cached
@@ -28,6 +28,12 @@ const DEFAULT_MIRROR = 'http://deb.debian.org/debian';
 export const RUNTIME_PACKAGES = {
   python: ['python3', 'python3-pip', 'python3-venv'],
   node: [],
+  // E2B's `base`: a general-purpose userland. ncurses-bin (tput) and bash are in minbase already;
+  // naming them keeps them there whatever minbase becomes. nano is the one small editor.
+  debian: [
+    'bash', 'python3', 'python3-pip', 'python3-venv', 'git', 'curl', 'ca-certificates', 'sudo',
+    'ncurses-bin', 'procps', 'less', 'nano', 'unzip', 'xz-utils',
+  ],
 } as const satisfies Record<string, readonly string[]>;
 export type RuntimeName = keyof typeof RUNTIME_PACKAGES;
 
@@ -48,17 +54,37 @@ export const NODE_DISTS = {
 const RUNTIME_TARBALLS: Record<RuntimeName, readonly RegistryTarball[]> = {
   python: [],
   node: [NODE_DISTS.node, NODE_DISTS.npm],
+  debian: [NODE_DISTS.node, NODE_DISTS.npm],
+};
+
+/**
+ * The account E2B's `base` template runs commands as: `user` (uid and gid 1000, home /home/user
+ * from /etc/skel, bash), in group sudo, with passwordless sudo. Run by bash in the build chroot
+ * after apt; visudo refuses the build if the sudoers file does not parse. Its text is part of the
+ * layer's digest, so any change here rebuilds the layer.
+ */
+export const DEBIAN_USER_SETUP = `set -eu
+groupadd --gid 1000 user
+useradd --uid 1000 --gid 1000 --groups sudo --create-home --home-dir /home/user --skel /etc/skel --shell /bin/bash user
+printf '%s\n' 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user
+chmod 0440 /etc/sudoers.d/user
+visudo -c -q -f /etc/sudoers.d/user
+`;
+
+/** Shell run in the build chroot after apt and the tarballs, by runtime (its text is in the layer's digest). */
+const RUNTIME_SETUP: Partial<Record<RuntimeName, string>> = {
+  debian: DEBIAN_USER_SETUP,
 };
 
 /**
  * Installs the official Node.js build and npm under `<root>/usr/local`: bin/node, include/node (for
  * node-gyp in the sandbox), npm in lib/node_modules with bin/npm and bin/npx linked to it.
  */
-async function installNodeDists(root: string, tmp: string, progress: Progress): Promise<void> {
+async function installNodeDists(root: string, tmp: string, layer: string, progress: Progress): Promise<void> {
   const local = join(root, 'usr/local');
   const node = await fetchRegistryTarball(tmp, NODE_DISTS.node);
   const npm = await fetchRegistryTarball(tmp, NODE_DISTS.npm);
-  progress(`node layer: Node.js ${NODE_DISTS.node.version} and npm ${NODE_DISTS.npm.version} (npm registry, integrity checked)`);
+  progress(`${layer} layer: Node.js ${NODE_DISTS.node.version} and npm ${NODE_DISTS.npm.version} (npm registry, integrity checked)`);
   await run('tar', ['-xzf', node, '-C', local, '--strip-components=1', '--no-same-owner', 'package/bin/node', 'package/include/node', 'package/LICENSE']);
   mkdirSync(join(local, 'share/doc/node'), { recursive: true });
   renameSync(join(local, 'LICENSE'), join(local, 'share/doc/node/LICENSE'));
@@ -292,7 +318,9 @@ export function debianLayersCached(cacheDir: string, name: RuntimeName): boolean
 
 export function runtimeLayerDigest(name: RuntimeName, base: LayerAsset): string {
   const tarballs = RUNTIME_TARBALLS[name].map((t) => `${t.name}@${t.version} ${t.integrity}`);
-  return sha256Hex(RUNTIME_RECIPE, name, RUNTIME_PACKAGES[name].join(' '), ...tarballs, base.digest);
+  // A set-up step is keyed in only where there is one, so the digests of layers without one stay as they were.
+  const setup = RUNTIME_SETUP[name];
+  return sha256Hex(RUNTIME_RECIPE, name, RUNTIME_PACKAGES[name].join(' '), ...tarballs, base.digest, ...(setup === undefined ? [] : ['setup', setup]));
 }
 
 /**
@@ -301,7 +329,7 @@ export function runtimeLayerDigest(name: RuntimeName, base: LayerAsset): string 
  * upper dir (only what changed, deletions as overlay whiteouts) is packed as the layer.
  */
 export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, progress: Progress = () => {}): Promise<LayerAsset> {
-  const pkgs = RUNTIME_PACKAGES[name];
+  const pkgs: readonly string[] = RUNTIME_PACKAGES[name];
   if (!pkgs) throw new Error(`unknown runtime ${name}`);
   const base = await ensureDebianBaseLayer(cacheDir, progress);
   const paths = homePaths(cacheDir);
@@ -336,7 +364,12 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
         await chroot(['apt-get', 'install', '-y', '-q', '--no-install-recommends', ...pkgs]);
         await chroot(['apt-get', 'clean']);
       }
-      if (name === 'node') await installNodeDists(merged, tmp, progress);
+      if (RUNTIME_TARBALLS[name].includes(NODE_DISTS.node)) await installNodeDists(merged, tmp, name, progress);
+      const setup = RUNTIME_SETUP[name];
+      if (setup !== undefined) {
+        progress(`${name} layer: set-up in the chroot`);
+        await chroot(['/bin/bash', '-c', setup]);
+      }
       cleanTree(merged);
     } finally {
       await unmountAll(merged);
@@ -346,7 +379,7 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
     const treeBytes = await duBytes(upper);
     progress(`${name} layer: installed in ${((Date.now() - started) / 1000).toFixed(0)}s, diff tree ${mib(treeBytes)}`);
     await packLayer(upper, join(tmp, 'layer.erofs'));
-    writeFileSync(join(tmp, 'layer.json'), JSON.stringify({ recipe: RUNTIME_RECIPE, name, packages: pkgs, tarballs: RUNTIME_TARBALLS[name], base: base.digest, treeBytes }));
+    writeFileSync(join(tmp, 'layer.json'), JSON.stringify({ recipe: RUNTIME_RECIPE, name, packages: pkgs, tarballs: RUNTIME_TARBALLS[name], setup: RUNTIME_SETUP[name], base: base.digest, treeBytes }));
     rmSync(upper, { recursive: true, force: true });
     rmSync(lower, { recursive: true, force: true });
     rmSync(merged, { recursive: true, force: true });
@@ -375,5 +408,17 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'node', progress)],
     layersCached: (home) => debianLayersCached(home, 'node'),
+  },
+  {
+    id: 'debian',
+    description: `Debian 12 (bookworm) for general work, like E2B's \`base\`: bash, Python 3 (3.11) with pip and venv, Node.js ${NODE_DISTS.node.version.split('.')[0]} LTS (the official build) and npm, git, curl, sudo, tput, procps, less, nano, unzip, xz. Carries the account \`user\` (uid/gid 1000, home /home/user, bash, passwordless sudo). \`code\` runs as a bash script.`,
+    interpreter: ['/bin/bash', '-c'],
+    // Debian's python and pip keep their upstream versions for bookworm's lifetime; git's has moved
+    // with security updates (2.39.2 to 2.39.5): a layer built after the next one carries a newer git
+    // than stated here, which test/integration/images-debian.test.ts reports.
+    runtimes: { python: '3.11.2', pip: '23.0.1', node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version, git: '2.39.5' },
+    ...CATALOG_DEFAULTS,
+    layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'debian', progress)],
+    layersCached: (home) => debianLayersCached(home, 'debian'),
   },
 ];

@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { CATALOG } from '../../../src/images/templates.ts';
-import { NODE_DISTS, RUNTIME_PACKAGES } from '../../../src/images/debianRootfs.ts';
+import { NODE_DISTS, RUNTIME_PACKAGES, DEBIAN_USER_SETUP, baseLayerDigest, runtimeLayerDigest } from '../../../src/images/debianRootfs.ts';
 import { sriSha512 } from '../../../src/images/registryTarball.ts';
 import { templateView } from '../../../src/wire/views.ts';
 import * as S from '../../../src/wire/schemas.ts';
@@ -20,12 +20,34 @@ test('the node image carries the official Node.js LTS build and npm from the reg
 });
 
 test('every catalog image states its runtimes; the template view carries them, {} when none', () => {
-  assert.deepEqual(Object.fromEntries(CATALOG.map((e) => [e.id, Object.keys(e.runtimes)])), { base: [], python: ['python', 'pip'], node: ['node', 'npm'] });
+  assert.deepEqual(Object.fromEntries(CATALOG.map((e) => [e.id, Object.keys(e.runtimes)])), { base: [], python: ['python', 'pip'], node: ['node', 'npm'], debian: ['python', 'pip', 'node', 'npm', 'git'] });
   const info = { id: 'node', kind: 'catalog' as const, description: 'd', interpreter: ['node', '-e'], ready: true, vcpus: 1, memory_mib: 256, egress: 'allow' as const, network: false };
   const view = templateView({ ...info, runtimes: { node: '24.22.3' } });
   assert.deepEqual(view.runtimes, { node: '24.22.3' });
   S.Template.parse(view);
   assert.deepEqual(templateView(info).runtimes, {});
+});
+
+test('the debian image: what E2B\'s base carries, the node image\'s Node.js, code as bash, and the user account', () => {
+  const debian = CATALOG.find((e) => e.id === 'debian')!;
+  assert.deepEqual(debian.interpreter, ['/bin/bash', '-c']);
+  for (const p of ['bash', 'python3', 'python3-pip', 'python3-venv', 'git', 'curl', 'ca-certificates', 'sudo', 'ncurses-bin', 'procps']) {
+    assert.ok((RUNTIME_PACKAGES.debian as readonly string[]).includes(p), `debian installs ${p}`);
+  }
+  const python = CATALOG.find((e) => e.id === 'python')!;
+  assert.deepEqual({ ...debian.runtimes, git: undefined }, { ...python.runtimes, node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version, git: undefined });
+  assert.match(debian.runtimes.git, /^2\.39\.\d+$/, 'bookworm ships git 2.39');
+  assert.match(DEBIAN_USER_SETUP, /useradd --uid 1000 --gid 1000 --groups sudo --create-home --home-dir \/home\/user .*--shell \/bin\/bash user/);
+  assert.match(DEBIAN_USER_SETUP, /'user ALL=\(ALL:ALL\) NOPASSWD: ALL' > \/etc\/sudoers\.d\/user\nchmod 0440 /);
+  assert.match(debian.description, /`user` \(uid\/gid 1000, home \/home\/user/);
+});
+
+test('runtime layer digests: the set-up step is keyed in for debian only, so python and node keep theirs', () => {
+  const base = { path: '/x', digest: baseLayerDigest({ main: 'http://deb.debian.org/debian' }) };
+  // Literal: a change here rebuilds the python and node layers in every cache. Move them on purpose only.
+  assert.equal(runtimeLayerDigest('python', base).slice(0, 16), '295873ddd6d326b3');
+  assert.equal(runtimeLayerDigest('node', base).slice(0, 16), '08ee44f39ae5b2b2');
+  assert.notEqual(runtimeLayerDigest('debian', base), runtimeLayerDigest('node', base));
 });
 
 test('sriSha512 is the SRI string npm records as dist.integrity', async () => {
