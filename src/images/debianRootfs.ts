@@ -413,10 +413,10 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     id: 'debian',
     description: `Debian 12 (bookworm) for general work, like E2B's \`base\`: bash, Python 3 (3.11) with pip and venv, Node.js ${NODE_DISTS.node.version.split('.')[0]} LTS (the official build) and npm, git, curl, sudo, tput, procps, less, nano, unzip, xz. Carries the account \`user\` (uid/gid 1000, home /home/user, bash, passwordless sudo). \`code\` runs as a bash script.`,
     interpreter: ['/bin/bash', '-c'],
-    // Debian's python and pip keep their upstream versions for bookworm's lifetime; git's has moved
-    // with security updates (2.39.2 to 2.39.5): a layer built after the next one carries a newer git
-    // than stated here, which test/integration/images-debian.test.ts reports.
-    runtimes: { python: '3.11.2', pip: '23.0.1', node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version, git: '2.39.5' },
+    // Debian's python and pip keep their upstream versions for bookworm's lifetime; git's last number
+    // moves with its security updates (2.39.2 to 2.39.5 so far), so the release line is what is stated:
+    // a layer built after the next update is still what this says.
+    runtimes: { python: '3.11.2', pip: '23.0.1', node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version, git: '2.39' },
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'debian', progress)],
     layersCached: (home) => debianLayersCached(home, 'debian'),

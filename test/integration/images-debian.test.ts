@@ -176,7 +176,8 @@ describe('debian in a real VM', () => {
     const versions = await engine.exec(sb.id, {
       command: 'python3 --version; python3 -m pip --version | cut -d" " -f1-2; node --version; npm --version; git --version; curl --version | head -n1 | cut -d" " -f1',
     });
-    assert.equal(versions.stdout, `Python ${python}\npip ${pip}\nv${nodeVersion}\n${npm}\ngit version ${git}\ncurl\n`, versions.stderr);
+    // git as the catalog states it: the release line bookworm keeps (its security updates move the last number).
+    assert.match(versions.stdout, new RegExp(`^Python ${python}\\npip ${pip}\\nv${nodeVersion}\\n${npm}\\ngit version ${git!.replace(/\./g, '\\.')}\\.\\d+\\ncurl\\n$`), versions.stderr);
     // Without a terminal tput answers from terminfo: xterm's entry says 80 columns.
     const cols = await engine.exec(sb.id, { command: 'env -u COLUMNS -u LINES tput cols', env: { TERM: 'xterm' } });
     assert.equal(cols.stdout, '80\n', cols.stderr);

@@ -36,7 +36,7 @@ test('the debian image: what E2B\'s base carries, the node image\'s Node.js, cod
   }
   const python = CATALOG.find((e) => e.id === 'python')!;
   assert.deepEqual({ ...debian.runtimes, git: undefined }, { ...python.runtimes, node: NODE_DISTS.node.version, npm: NODE_DISTS.npm.version, git: undefined });
-  assert.match(debian.runtimes.git, /^2\.39\.\d+$/, 'bookworm ships git 2.39');
+  assert.equal(debian.runtimes.git, '2.39', 'bookworm ships git 2.39.x');
   assert.match(DEBIAN_USER_SETUP, /useradd --uid 1000 --gid 1000 --groups sudo --create-home --home-dir \/home\/user .*--shell \/bin\/bash user/);
   assert.match(DEBIAN_USER_SETUP, /'user ALL=\(ALL:ALL\) NOPASSWD: ALL' > \/etc\/sudoers\.d\/user\nchmod 0440 /);
   assert.match(debian.description, /`user` \(uid\/gid 1000, home \/home\/user/);
