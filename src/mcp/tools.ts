@@ -53,7 +53,7 @@ export const INPUTS = {
   exec: z.strictObject({
     sandbox_id: sandboxId,
     command: E.command.describe('A shell string run by /bin/sh -c, e.g. "ls -la /root && echo done".'),
-    code: E.code.describe("Source code run by the template's interpreter (sh for base, python3 for python, node for node)."),
+    code: E.code.describe("Source code run by the template's interpreter (sh for base, python3 for python, node for node, bash for debian)."),
     commands: E.commands.describe('argv lists run in order, e.g. [["mkdir","-p","/w"],["ls","/w"]]; the first failure stops the rest.'),
     files: E.files.describe('Files written before the command runs: [{path, content, encoding?: "utf8"|"base64", mode?}].'),
     env: E.env.describe('Extra environment variables.'),

@@ -304,7 +304,7 @@ export const ExecRequest = named(
   z
     .strictObject({
       command: described(z.string().min(1), 'A shell string, run by /bin/sh -c.').optional(),
-      code: described(z.string(), "Source run by the template's interpreter (python3 for python, node for node, sh for base).").optional(),
+      code: described(z.string(), "Source run by the template's interpreter (python3 for python, node for node, bash for debian, sh for base).").optional(),
       commands: described(
         z.array(z.array(z.string()).min(1)).min(1).max(256),
         'argv lists run in order; the first failure stops the rest.',
@@ -926,7 +926,7 @@ export const Health = named(
         building: z.record(z.string(), z.strictObject({ step: z.string(), secs: z.number().int() })),
         failed: z.record(z.string(), z.string()),
       }),
-      'Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of either is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready.',
+      'Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node, debian) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of one of them is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready.',
     ).optional(),
     cluster: described(
       z.strictObject({ host_id: z.string(), address: z.string(), capacity: z.number().int(), lease: z.boolean() }),

@@ -161,7 +161,7 @@ export type ExecFile = {
 export type ExecRequest = {
   /** A shell string, run by /bin/sh -c. */
   command?: string;
-  /** Source run by the template's interpreter (python3 for python, node for node, sh for base). */
+  /** Source run by the template's interpreter (python3 for python, node for node, bash for debian, sh for base). */
   code?: string;
   /** argv lists run in order; the first failure stops the rest. */
   commands?: string[][];
@@ -764,7 +764,7 @@ export type Health = {
       net_indexes: number;
     };
   };
-  /** Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of either is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready. */
+  /** Catalog templates still being built: a first start with an empty cache serves once `base` is ready and builds the others (python, node, debian) in the background, one at a time; `building` names each with the step it is at and the seconds since its build began, `failed` each whose build failed with why. A create of one of them is 503 template_not_ready with Retry-After (a failed one is built again by it). Both empty once every catalog template is ready. */
   catalog?: {
     building: Record<string, {
       step: string;
