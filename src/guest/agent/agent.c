@@ -544,18 +544,6 @@ static void handle_file_read(uint32_t id, const uint8_t *payload, size_t len)
     frame_send(&b);
 }
 
-/* A relative path made absolute under fs_home_dir (the USER's home for a request with one), in place. */
-static bool under_home(char path[PATH_MAX])
-{
-    if (path[0] == '/') return true;
-    size_t home = strlen(fs_home_dir), rel = strlen(path);
-    if (home + 1 + rel >= PATH_MAX) return false;
-    memmove(path + home + 1, path, rel + 1);
-    memcpy(path, fs_home_dir, home);
-    path[home] = '/';
-    return true;
-}
-
 static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
 {
     char path[PATH_MAX];
@@ -610,7 +598,7 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
     }
     if (rc < 0) reject_request(id, "bad_request", "FILE_WRITE payload is truncated");
     if (!have_path || !have_data) reject_request(id, "bad_request", "PATH and DATA are required");
-    if (!under_home(path)) reject_request(id, "bad_request", "PATH is longer than %d bytes under %s", PATH_MAX - 1, fs_home_dir);
+    if (!path_under_home(path)) reject_request(id, "bad_request", "PATH is longer than %d bytes under %s", PATH_MAX - 1, fs_home_dir);
     if (offset > (uint64_t)INT64_MAX - data.len) reject_request(id, "bad_request", "OFFSET out of range");
 
     int flags = O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (truncate_first ? O_TRUNC : 0);
@@ -664,26 +652,22 @@ static void handle_file_write(uint32_t id, const uint8_t *payload, size_t len)
     reply_ok(id);
 }
 
+static void dispatch_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
+
 /*
  * A file request with USER: what it creates is that account's, and its relative paths are under
  * that account's home. Execs and processes take USER themselves (exec.c, proc.c).
  */
-static void dispatch_as_user(uint16_t type, uint32_t id, const uint8_t *payload, size_t len, const struct tlv_field *user_field);
-static void dispatch_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
-
 static void dispatch_frame(uint16_t type, uint32_t id, const uint8_t *payload, size_t len)
 {
-    struct tlv_field user_field;
     bool file_request = type == MSG_FILE_READ || type == MSG_FILE_WRITE || (type >= MSG_FS_STAT && type <= MSG_FS_WATCH);
-    if (file_request && request_user(payload, len, &user_field)) dispatch_as_user(type, id, payload, len, &user_field);
-    else dispatch_request(type, id, payload, len);
-}
-
-static void dispatch_as_user(uint16_t type, uint32_t id, const uint8_t *payload, size_t len, const struct tlv_field *user_field)
-{
     static struct run_as user;
-    char why[256];
-    if (!run_as_lookup(user_field, &user, why, sizeof why)) reject_request(id, "user_not_found", "%s", why);
+    int has_user = file_request ? request_run_as(id, payload, len, &user) : 0;
+    if (has_user < 0) return;
+    if (has_user == 0) {
+        dispatch_request(type, id, payload, len);
+        return;
+    }
     run_as_own(&user);
     const char *home = fs_home_dir;
     fs_home_dir = user.home;

@@ -366,6 +366,8 @@ bool host_attached(void);
 
 /* Where relative paths are resolved: /root (test mode: --home DIR). */
 extern const char *fs_home_dir;
+/* A relative path made absolute under fs_home_dir (the USER's home for a request with one), in place; false if too long. */
+bool path_under_home(char path[PATH_MAX]);
 
 /* ---- user.c ---- */
 
@@ -384,8 +386,9 @@ struct run_as {
     char env_home[PATH_MAX + 8], env_user[RUN_AS_NAME_MAX + 8], env_logname[RUN_AS_NAME_MAX + 10];
 };
 
-/* The request's USER field, if it has one (the last one wins). */
-bool request_user(const uint8_t *payload, size_t len, struct tlv_field *out);
+/* The account the request's USER field names (the last one wins), looked up into *u: 1 with one,
+   0 without, -1 when it is malformed or unknown (user_not_found is sent; the caller stops). */
+int request_run_as(uint32_t id, const uint8_t *payload, size_t len, struct run_as *u);
 /* Looks the account up in /etc/passwd and /etc/group; false with `why` set if malformed or unknown. */
 bool run_as_lookup(const struct tlv_field *f, struct run_as *u, char *why, size_t why_cap);
 /* In a child before exec: the account's groups, gid and uid. Returns 0 or an errno. */

@@ -723,10 +723,8 @@ void exec_handle_request(uint32_t id, const uint8_t *payload, size_t len)
 
     /* Static: one exec at a time; build_run copies it into the run. */
     static struct run_as user;
-    struct tlv_field user_field;
-    bool has_user = request_user(payload, len, &user_field);
-    char user_error[256];
-    if (has_user && !run_as_lookup(&user_field, &user, user_error, sizeof user_error)) reject_request(id, "user_not_found", "%s", user_error);
+    int has_user = request_run_as(id, payload, len, &user);
+    if (has_user < 0) return;
 
     /* The request's files, and the directories made for them, are the user's. */
     char file_error[PATH_MAX + 128] = "";

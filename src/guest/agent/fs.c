@@ -89,6 +89,18 @@ static void reply_errno(uint32_t id, int e, const char *fmt, ...)
 
 /* ------------------------------------------------------------- paths */
 
+bool path_under_home(char path[PATH_MAX])
+{
+    if (path[0] == '/') return true;
+    size_t home = strlen(fs_home_dir), rel = strlen(path);
+    size_t prefix = home + (home == 0 || fs_home_dir[home - 1] != '/');
+    if (prefix + rel >= PATH_MAX) return false;
+    memmove(path + prefix, path, rel + 1);
+    memcpy(path, fs_home_dir, home);
+    if (prefix > home) path[home] = '/';
+    return true;
+}
+
 /* A PATH field as an absolute path: relative ones are under fs_home_dir. Trailing slashes go
    (but "/" stays). False (and an error sent) if it is empty, has a NUL or is too long. */
 static bool resolve_path(uint32_t id, const struct tlv_field *f, const char *what, char out[PATH_MAX])
@@ -97,23 +109,14 @@ static bool resolve_path(uint32_t id, const struct tlv_field *f, const char *wha
         reply_error(id, "invalid_path", "%s must be a non-empty path without NUL", what);
         return false;
     }
-    size_t used = 0;
-    if (f->value[0] != '/') {
-        size_t home = strlen(fs_home_dir);
-        if (home + 1 >= PATH_MAX) goto too_long;
-        memcpy(out, fs_home_dir, home);
-        used = home;
-        if (used == 0 || out[used - 1] != '/') out[used++] = '/';
+    if (!tlv_copy_text(f, out, PATH_MAX) || !path_under_home(out)) {
+        reply_error(id, "invalid_path", "%s is longer than %d bytes", what, PATH_MAX - 1);
+        return false;
     }
-    if (used + f->len >= PATH_MAX) goto too_long;
-    memcpy(out + used, f->value, f->len);
-    used += f->len;
+    size_t used = strlen(out);
     while (used > 1 && out[used - 1] == '/') used--;
     out[used] = '\0';
     return true;
-too_long:
-    reply_error(id, "invalid_path", "%s is longer than %d bytes", what, PATH_MAX - 1);
-    return false;
 }
 
 static const char *base_name(const char *path)

@@ -129,8 +129,8 @@ struct start_request {
     bool pty, stdin_open, seeded;
     uint32_t cols, rows;
     uint64_t seed;
-    struct tlv_field cwd, tag, user;
-    bool has_cwd, has_tag, has_user;
+    struct tlv_field cwd, tag;
+    bool has_cwd, has_tag;
 };
 
 static bool read_pid(const uint8_t *payload, size_t len, pid_t *pid)
@@ -301,10 +301,6 @@ static bool measure_start(const uint8_t *payload, size_t len, struct start_reque
             req->tag = f;
             req->has_tag = true;
             break;
-        case TAG_USER:
-            req->user = f;
-            req->has_user = true;
-            break;
         }
     }
     if (rc < 0) return *why = "PROC_START payload is truncated", false;
@@ -385,14 +381,12 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
 
     /* Static: one start at a time, and the child reads it only before exec. */
     static struct run_as user;
-    if (req.has_user) {
-        char why_user[256];
-        if (!run_as_lookup(&req.user, &user, why_user, sizeof why_user)) reject_request(id, "user_not_found", "%s", why_user);
-    }
+    int has_user = request_run_as(id, payload, len, &user);
+    if (has_user < 0) return;
     struct proc *p = calloc(1, sizeof *p);
     char **envp = NULL;
     size_t env_count = 0;
-    char **argv = p ? build_argv_env(payload, len, &req, req.has_user ? &user : NULL, &envp, &env_count) : NULL;
+    char **argv = p ? build_argv_env(payload, len, &req, has_user ? &user : NULL, &envp, &env_count) : NULL;
     if (!argv) {
         free(p);
         reject_request(id, "spawn_failed", "out of memory preparing the process");
@@ -401,7 +395,7 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
     if (req.seeded) apply_seed_environment(envp, &env_count, req.seed, &seed_env);
     envp[env_count] = NULL;
     if (req.has_cwd) tlv_copy_text(&req.cwd, p->cwd, sizeof p->cwd);
-    else snprintf(p->cwd, sizeof p->cwd, "%s", req.has_user ? user_cwd(&user) : default_cwd());
+    else snprintf(p->cwd, sizeof p->cwd, "%s", has_user ? user_cwd(&user) : default_cwd());
     if (req.has_tag) tlv_copy_text(&req.tag, p->tag, sizeof p->tag);
     remember_argv(p, argv);
     p->pty = req.pty;
@@ -414,7 +408,7 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
     char slave_path[128];
     const char *failure = NULL;
     int error = 0;
-    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .user = req.has_user ? &user : NULL, .seeded = req.seeded, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
+    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .user = has_user ? &user : NULL, .seeded = req.seeded, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
 
     if (pipe2(report, O_CLOEXEC) != 0) {
         failure = "pipe";

@@ -151,19 +151,25 @@ void own_fd(int fd)
     if (owner) (void)fchown(fd, owner->uid, owner->gid);
 }
 
-bool request_user(const uint8_t *payload, size_t len, struct tlv_field *out)
+int request_run_as(uint32_t id, const uint8_t *payload, size_t len, struct run_as *u)
 {
     struct tlv_cursor c;
-    struct tlv_field f;
+    struct tlv_field f, user;
     bool found = false;
     tlv_cursor_init(&c, payload, len);
     while (tlv_next(&c, &f) == 1) {
         if (f.tag == TAG_USER) {
-            *out = f;
+            user = f;
             found = true;
         }
     }
-    return found;
+    if (!found) return 0;
+    char why[256];
+    if (!run_as_lookup(&user, u, why, sizeof why)) {
+        reply_error(id, "user_not_found", "%s", why);
+        return -1;
+    }
+    return 1;
 }
 
 const char *user_cwd(const struct run_as *u) { return access(u->home, F_OK) == 0 ? u->home : "/"; }
