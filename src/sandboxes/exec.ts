@@ -124,13 +124,16 @@ export function userNotFound(id: string, why: string): CollimateError {
   return new CollimateError('user_not_found', `Sandbox ${id} has no such account (${why}). Name an account of its image (root always; "user" in the debian image), or create it first (useradd).`);
 }
 
+/** What a `user` may be: an account name as useradd makes them (and at most USER_NAME_MAX long). */
+export const USER_NAME_RE = /^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$/;
+
 /**
  * `user`: the name of an account in the sandbox's image (its /etc/passwd), as execs, processes and
  * file writes take it. Whether the image has it is the agent's to say (user_not_found).
  */
 export function checkUser(user: unknown): void {
   if (user === undefined) return;
-  if (typeof user !== 'string' || !/^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$/.test(user)) {
+  if (typeof user !== 'string' || !USER_NAME_RE.test(user)) {
     throw new CollimateError('validation_error', `user must be the name of an account in the sandbox's image (its /etc/passwd), e.g. "root" or "user": letters, digits, '_', '.', '-', at most 64; not ${JSON.stringify(String(user).slice(0, 80))}.`);
   }
 }

@@ -7,7 +7,7 @@
  * updating this file fails the response-validation tests instead of silently drifting from the doc.
  */
 import { z } from 'zod';
-import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE } from '../sandboxes/exec.js';
+import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE, USER_NAME_RE } from '../sandboxes/exec.js';
 import { MAX_FORK_COUNT } from '../sandboxes/types.js';
 import { EGRESS_LIMITS, parseEgress } from '../net/policy.js';
 
@@ -294,7 +294,7 @@ const execSeed = () =>
 
 /** `user` of an exec, a process, an upload or a mkdir: an account of the sandbox's image. A factory: `described` once per schema. */
 const RunAsUser = (what: string) => described(
-  z.string().regex(/^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$/),
+  z.string().regex(USER_NAME_RE),
   `An account of the sandbox's image (its /etc/passwd) ${what}, e.g. "user" in the \`debian\` image; absent: root. ` +
     'An account the image does not have is 404 user_not_found.',
 );
