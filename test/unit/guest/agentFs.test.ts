@@ -4,7 +4,7 @@
  * stands in for the guest; relative paths resolve under its `home` (--home).
  */
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -15,8 +15,7 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { buildAgent } from '../../../src/guest/agentBuild.js';
-import { connectSocket } from '../../support/agentSocket.js';
+import { connectSocket, startTestAgent } from '../../support/agentSocket.js';
 import { AgentClient, AgentError } from '../../../src/guest/agentClient.js';
 import {
   FrameDecoder,
@@ -105,10 +104,7 @@ before(async () => {
   workDir = await mkdtemp(join(tmpdir(), 'collimate-agent-fs-'));
   home = join(workDir, 'home');
   mkdirSync(home);
-  const binary = await buildAgent(join(workDir, 'bin'));
-  socketPath = join(workDir, 'agent.sock');
-  agent = spawn(binary, ['--serve-socket', socketPath, '--home', home], { stdio: ['ignore', 'inherit', 'inherit'] });
-  (await connectSocket(socketPath)).destroy();
+  ({ agent, socketPath } = await startTestAgent(workDir, ['--home', home]));
 });
 
 after(async () => {

@@ -3,7 +3,7 @@
  * (--serve-socket on the host), driven with AgentClient.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -11,8 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { buildAgent } from '../../../src/guest/agentBuild.js';
-import { connectSocket } from '../../support/agentSocket.js';
+import { connectSocket, startTestAgent } from '../../support/agentSocket.js';
 import { AgentClient, AgentError } from '../../../src/guest/agentClient.js';
 import { MessageType, decodeProcExit, decodeProcOutput, type Frame, type ProcExit, type ProcOutput } from '../../../src/guest/protocol.js';
 
@@ -92,10 +91,7 @@ function alive(pid: number): boolean {
 
 before(async () => {
   workDir = await mkdtemp(join(tmpdir(), 'collimate-agent-proc-'));
-  const binary = await buildAgent(join(workDir, 'bin'));
-  socketPath = join(workDir, 'agent.sock');
-  agent = spawn(binary, ['--serve-socket', socketPath], { stdio: ['ignore', 'inherit', 'inherit'] });
-  (await connectSocket(socketPath)).destroy();
+  ({ agent, socketPath } = await startTestAgent(workDir));
 });
 
 after(async () => {

@@ -4,7 +4,7 @@
  * /nonexistent). The tests run as root, as the agent does in a guest.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { chmodSync, mkdirSync, readFileSync, statSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -12,10 +12,9 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { buildAgent } from '../../../src/guest/agentBuild.js';
 import { AgentClient, AgentError } from '../../../src/guest/agentClient.js';
 import { MessageType, decodeProcExit, decodeProcOutput, type Frame, type ProcExit, type ProcOutput } from '../../../src/guest/protocol.js';
-import { connectSocket } from '../../support/agentSocket.js';
+import { connectSocket, startTestAgent } from '../../support/agentSocket.js';
 
 const NOBODY = (() => {
   const line = readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith('nobody:'));
@@ -38,10 +37,7 @@ before(async () => {
   chmodSync(shared, 0o1777);
   closed = join(workDir, 'closed');
   mkdirSync(closed, { mode: 0o700 });
-  const binary = await buildAgent(join(workDir, 'bin'));
-  socketPath = join(workDir, 'agent.sock');
-  agent = spawn(binary, ['--serve-socket', socketPath], { stdio: ['ignore', 'inherit', 'inherit'] });
-  (await connectSocket(socketPath)).destroy();
+  ({ agent, socketPath } = await startTestAgent(workDir));
 });
 
 after(async () => {
