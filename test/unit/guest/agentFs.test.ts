@@ -540,7 +540,8 @@ describe('FS_WATCH', () => {
         commands: [['sh', '-c', `echo hi > ${dir}/from-exec; i=0; while [ ! -d ${dir}/made-beside ]; do i=$((i+1)); [ $i -gt 400 ] && exit 1; sleep 0.05; done`]],
       });
       const settled = exec.then((r) => r, (error: unknown) => ({ error }));
-      await log.until((e) => e.op === 'create' && e.name === 'from-exec', 10_000);
+      // The create event comes before echo's write: wait for the write, or the stat may see 0 bytes.
+      await log.until((e) => e.op === 'write' && e.name === 'from-exec', 10_000);
       assert.equal((await client.stat(join(dir, 'from-exec'))).size, 3);
       assert.deepEqual((await client.list(dir)).entries.map((e) => e.name), ['from-exec']);
       await client.mkdir(join(dir, 'made-beside'));
