@@ -21,10 +21,13 @@ export const ERROR_CODES = {
   file_not_found: 404,
   process_not_found: 404,
   user_not_found: 404,
+  snapshot_not_found: 404,
   permission_denied: 403,
   method_not_allowed: 405,
   invalid_state: 409,
   conflict: 409,
+  snapshot_mismatch: 409,
+  sandbox_restored: 409,
   network_unavailable: 409,
   process_exited: 409,
   stdin_closed: 409,
@@ -136,6 +139,10 @@ export class CollimateError extends Error {
 
 export function sandboxNotFound(id: string): CollimateError {
   return new CollimateError('sandbox_not_found', msg`No sandbox with id ${id}. List yours${see('listSandboxes')}.`);
+}
+
+export function snapshotNotFound(id: string): CollimateError {
+  return new CollimateError('snapshot_not_found', msg`No snapshot with id ${id}. List yours${see('listSnapshots')}.`);
 }
 
 /** A sandbox that ended other than by its tenant's delete (its VM died): not found, saying why. */

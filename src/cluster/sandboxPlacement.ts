@@ -14,9 +14,9 @@
  * - While the cluster database is unreachable this host still serves its own running sandboxes for
  *   what leaves their state as it is; the rest answers 503 cluster_database.
  */
-import { CollimateError, environmentNotReady, sandboxEnded, sandboxNotFound } from '../errors.js';
+import { CollimateError, environmentNotReady, sandboxEnded, sandboxNotFound, snapshotNotFound } from '../errors.js';
 import type { EnvironmentRow } from '../images/imageRepo.js';
-import type { ListFilter, SandboxInfo, ServiceEngine, TemplateInfo } from '../sandboxes/types.js';
+import type { ListFilter, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, TemplateInfo } from '../sandboxes/types.js';
 import type { UsageReport } from '../service/metering.js';
 import { hostRefused, isHostRefusal, type Placement, type StartRequest } from '../service/placement.js';
 import type { ClusterReadings, LiveStat } from '../service/types.js';
@@ -115,7 +115,9 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
   }
 
   async start<T>(req: StartRequest, start: (host: SandboxHost) => Promise<T>): Promise<T> {
-    const near = req.near === undefined ? undefined : await this.db(() => this.entry(req.tenant, req.near!));
+    const near = req.near !== undefined ? await this.db(() => this.entry(req.tenant, req.near!))
+      : req.snapshot !== undefined ? { ...(await this.snapshotHost(req.tenant, req.snapshot)), id: req.snapshot, hostAlive: true }
+        : undefined;
     if (near && near.hostId !== this.node.hostId && !near.hostAlive) throw hostUnavailable(near.id);
     const env = !near && req.template !== undefined ? await this.db(() => this.environmentPlace(req)) : null;
     const exclude: string[] = [];
@@ -155,6 +157,63 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
 
   async running(tenant: string): Promise<number> {
     return (await this.db(() => this.node.placement.occupancy(tenant))).running;
+  }
+
+  /** Alive hosts other than this one. */
+  private async peers(): Promise<Array<{ id: string; address: string }>> {
+    const r = await this.db(() => this.node.pool.query<{ id: string; address: string }>(
+      `SELECT id, address FROM hosts WHERE state = 'alive' AND id <> $1 ORDER BY id`, [this.node.hostId]));
+    return r.rows;
+  }
+
+  /**
+   * The host that holds snapshot `id`: this one, else the alive host that answers for it (a
+   * snapshot lies on the host of the sandbox it was taken of). Remembered once found.
+   */
+  private async snapshotHost(tenant: string, id: string): Promise<{ hostId: string; address: string }> {
+    try {
+      this.engine.getSnapshot(id, { tenant });
+      return { hostId: this.node.hostId, address: '' };
+    } catch (err) {
+      if (!(err instanceof CollimateError && err.code === 'snapshot_not_found')) throw err;
+    }
+    const known = this.snapshotHosts.get(id);
+    const peers = await this.peers();
+    for (const p of known ? [...peers.filter((x) => x.id === known), ...peers.filter((x) => x.id !== known)] : peers) {
+      try {
+        await this.remote(p.id, p.address).asHost().getSnapshot(id, { tenant });
+        this.snapshotHosts.set(id, p.id);
+        return { hostId: p.id, address: p.address };
+      } catch (err) {
+        if (err instanceof CollimateError && err.code === 'snapshot_not_found') continue;
+        this.node.opts.log?.(err, `host ${p.id} did not answer for snapshot ${id}`);
+      }
+    }
+    throw snapshotNotFound(id);
+  }
+
+  private readonly snapshotHosts = new Map<string, string>();
+
+  async locateSnapshot(tenant: string, id: string): Promise<SandboxHost> {
+    const h = await this.snapshotHost(tenant, id);
+    return h.hostId === this.node.hostId ? this.here : this.remote(h.hostId, h.address).asHost();
+  }
+
+  /** Every alive host's page after `filter.after`, merged by id: a page of the tenant's snapshots on the whole cluster. */
+  async listSnapshots(tenant: string, filter: SnapshotListFilter): Promise<{ snapshots: SnapshotInfo[]; next: string | null }> {
+    const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
+    const pages = [this.engine.listSnapshots({ ...filter, limit }, { tenant })];
+    for (const p of await this.peers()) {
+      try {
+        pages.push(await this.remote(p.id, p.address).asHost().listSnapshots({ ...filter, limit }, { tenant }));
+      } catch (err) {
+        this.node.opts.log?.(err, `host ${p.id} did not list its snapshots`);
+      }
+    }
+    const all = pages.flatMap((x) => x.snapshots).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const page = all.slice(0, limit);
+    const more = all.length > limit || pages.some((x) => x.next !== null);
+    return { snapshots: page, next: more && page.length > 0 ? page[page.length - 1].id : null };
   }
 
   async tenantOf(id: string): Promise<string | null> {

@@ -12,7 +12,7 @@ import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
-import { execResultView, fileEntryView, sandboxView, templateView } from '../wire/views.js';
+import { execResultView, fileEntryView, sandboxView, snapshotView, templateView } from '../wire/views.js';
 import { MAX_FORK_COUNT, type FileChange, type WatchEndReason } from '../sandboxes/types.js';
 
 export interface ToolContext {
@@ -28,13 +28,14 @@ export interface ToolContext {
 // Input schemas. Field types and limits come from the REST schemas; descriptions are for agents.
 
 const sandboxId = z.string().max(100).describe('Sandbox id, e.g. sbx_9f2a1c7b3e40 (from create_sandbox, fork_sandbox or list_sandboxes).');
+const snapshotId = z.string().max(64).describe('Snapshot id, e.g. snap_4c1d9a0e7b2f3a65 (from snapshot_sandbox or list_snapshots).');
 const labels = S.Labels.optional().describe('Key/value labels, e.g. {"task": "t1"}; filter on them with list_sandboxes.');
 const E = S.ExecRequest.shape;
 
 export const INPUTS = {
   list_images: z.strictObject({}),
   create_sandbox: z.strictObject({
-    template: S.CreateSandboxRequest.shape.template.describe('Catalog image or template id, e.g. "base" (see list_images).'),
+    template: z.string().min(1).max(128).describe('Catalog image or template id, e.g. "base" (see list_images).'),
     labels,
     timeout_secs: S.CreateSandboxRequest.shape.timeout_secs.describe(
       'Maximum session length in seconds before the sandbox is reaped; default and maximum depend on your tier (demo: 900).',
@@ -77,6 +78,24 @@ export const INPUTS = {
     ),
   }),
   delete_sandbox: z.strictObject({ sandbox_id: sandboxId }),
+  snapshot_sandbox: z.strictObject({
+    sandbox_id: sandboxId,
+    name: S.CreateSnapshotRequest.shape.name.describe('A name to show, e.g. "after-setup"; not unique.'),
+    labels: S.Labels.optional().describe('Key/value labels; filter on them with list_snapshots.'),
+  }),
+  list_snapshots: z.strictObject({
+    sandbox_id: sandboxId.optional().describe('Only snapshots of this sandbox.'),
+    labels: S.Labels.optional().describe('Only snapshots with all of these labels.'),
+    after: S.ListSnapshotsQuery.shape.after,
+  }),
+  start_from_snapshot: z.strictObject({
+    snapshot_id: snapshotId,
+    count: S.CreateSandboxRequest.shape.count.describe(`How many sandboxes to start, 1..${MAX_FORK_COUNT} (default 1). Each counts against your concurrency cap.`),
+    labels,
+    timeout_secs: S.CreateSandboxRequest.shape.timeout_secs.describe('Session length in seconds; default your tier\'s, else that of the sandbox the snapshot was taken of.'),
+  }),
+  restore_sandbox: z.strictObject({ sandbox_id: sandboxId, snapshot_id: snapshotId.describe('A snapshot of this same sandbox (from snapshot_sandbox).') }),
+  delete_snapshot: z.strictObject({ snapshot_id: snapshotId }),
   get_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   list_sandboxes: z.strictObject({
     state: S.SandboxState.optional().describe('Only sandboxes in this state.'),
@@ -221,6 +240,18 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
     'Set how long a running sandbox lives from now: its session then ends (it is deleted, or suspended if the server is set to) at `timeout_secs` from now, sooner or later than before — use it to keep a sandbox you still need, or to let one go early. ' +
     'Returns the sandbox with the new expires_at and remaining_secs. tier_forbidden when the session would run past your tier\'s maximum from its start (the error says how many seconds are left to ask for); needs state "running" (a resume starts a new session).',
   delete_sandbox: 'Delete a sandbox (running or suspended) and everything in it. Irreversible. Returns {id, deleted: true}.',
+  snapshot_sandbox:
+    'Keep this moment of a sandbox (running or suspended) as a snapshot: its memory, running processes and files. The sandbox runs on. ' +
+    'Start any number of new sandboxes from it later (start_from_snapshot) or roll this sandbox back to it (restore_sandbox): "save here, try something, roll back". ' +
+    'Returns {id, name, sandbox_id, template, size_bytes, created_at, ...}. Snapshots last until deleted (delete_snapshot) and count against your snapshot quotas.',
+  list_snapshots: 'List your snapshots, by id: {snapshots: [{id, name, sandbox_id, labels, size_bytes, created_at, ...}], next}. Pass `next` as `after` for the next page.',
+  start_from_snapshot:
+    'Start `count` new sandboxes from a snapshot: each runs on from that moment with its memory, processes and files, and its own identity (fresh randomness and boot id). ' +
+    'Returns {sandboxes: [...]}, all running; each counts against your concurrency cap.',
+  restore_sandbox:
+    'Roll a sandbox back, in place (same id), to one of its own snapshots: its memory, processes and files become the snapshot\'s. A running sandbox runs on from there; a suspended one stays suspended. ' +
+    'Returns the sandbox. A snapshot of another sandbox is snapshot_mismatch (start a new sandbox from it instead).',
+  delete_snapshot: 'Delete a snapshot. Sandboxes started from it run on. Returns {id, deleted: true}.',
   get_sandbox:
     'Get one sandbox: {id, state, template, labels, parent, children, exec_count, age_secs, idle_secs, expires_at, egress, ports: [{port, protocol, url}], ...}; `ports` are the TCP ports servers listen on right now.',
   list_sandboxes:
@@ -266,6 +297,7 @@ function ok(value: Record<string, unknown>): CallToolResult {
 const TOOL_OF: Partial<Record<string, keyof typeof INPUTS>> = {
   listSandboxes: 'list_sandboxes', suspendSandbox: 'suspend_sandbox', resumeSandbox: 'resume_sandbox', deleteSandbox: 'delete_sandbox',
   listProcesses: 'list_processes', listImages: 'list_images', listTemplates: 'list_images', createPortUrl: 'expose_port',
+  listSnapshots: 'list_snapshots', deleteSnapshot: 'delete_snapshot', createSnapshot: 'snapshot_sandbox', createSandbox: 'start_from_snapshot',
 };
 export const mcpNames: DoorNames = ({ op }) => (TOOL_OF[op] ? `the ${TOOL_OF[op]} tool` : undefined);
 
@@ -348,6 +380,29 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   tool('delete_sandbox', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
     await tenants.sandboxes.delete(scope, sandboxIdOf(a.sandbox_id));
     return { id: a.sandbox_id, deleted: true };
+  });
+
+  tool('snapshot_sandbox', S.Snapshot, { readOnlyHint: false, destructiveHint: false }, async (a) =>
+    snapshotView(await tenants.sandboxes.createSnapshot(scope, sandboxIdOf(a.sandbox_id), { name: a.name, labels: a.labels })),
+  );
+
+  tool('list_snapshots', S.SnapshotList, { readOnlyHint: true }, async (a) => {
+    const r = await tenants.sandboxes.listSnapshots(scope, { sandboxId: a.sandbox_id, labels: a.labels, after: a.after, limit: 100 });
+    return { snapshots: r.snapshots.map(snapshotView), next: r.next };
+  });
+
+  tool('start_from_snapshot', S.ForkResponse, { readOnlyHint: false, destructiveHint: false }, async (a) => {
+    const started = await tenants.sandboxes.startFromSnapshot(scope, { snapshot: a.snapshot_id, count: a.count ?? 1, labels: a.labels, timeoutSecs: a.timeout_secs });
+    return { sandboxes: started.map(sandboxView) };
+  });
+
+  tool('restore_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: true }, async (a) =>
+    sandboxView(await tenants.sandboxes.restore(scope, sandboxIdOf(a.sandbox_id), a.snapshot_id)),
+  );
+
+  tool('delete_snapshot', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
+    await tenants.sandboxes.deleteSnapshot(scope, a.snapshot_id);
+    return { id: a.snapshot_id, deleted: true };
   });
 
   tool('get_sandbox', S.Sandbox, { readOnlyHint: true }, async (a) => sandboxView(await tenants.sandboxes.inspect(scope, sandboxIdOf(a.sandbox_id))));

@@ -27,6 +27,10 @@ export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scop
   ctx.registry.forget(id);
   ctx.processes.forget(id);
   gcForkPoints(ctx);
+  // The last sandbox on an artifact no template offers any more (its environment was deleted, or
+  // replaced): the VMMs spawned ahead for its forks go, and with them their hold on its layers.
+  const key = row.vmm?.artifactKey;
+  if (key && !ctx.templates.offers(key) && !ctx.repo.artifactKeys().includes(key) && !ctx.repo.snapshotArtifactKeys().has(key)) await ctx.receivers.drop(key);
   ctx.emit('transition', { id, tenant: row.tenant, state: 'deleted', op: reason ? 'lost' : 'delete', ...(reason ? { reason } : {}) });
 }
 
@@ -93,8 +97,10 @@ export function gcForkPoints(ctx: EngineContext): void {
     }
   }
   const mapped = new Set(ctx.repo.live().filter((r) => r.state === 'running' && r.vmm).map((r) => r.vmm!.memPath));
+  // A snapshot's RAM image, on disk, is the snapshot: it stays while the snapshot does.
+  const kept = ctx.repo.snapshotForkPoints();
   for (const fp of ctx.repo.allForkPoints()) {
-    if (mapped.has(fp.mem_path) || ctx.forking.has(fp.id) || !existsSync(fp.mem_path) || ctx.unlinking.has(fp.mem_path)) continue;
+    if (mapped.has(fp.mem_path) || kept.has(fp.id) || ctx.forking.has(fp.id) || !existsSync(fp.mem_path) || ctx.unlinking.has(fp.mem_path)) continue;
     void ctx.seeds.drop(fp.mem_path);
     unlinkInBackground(ctx, fp.mem_path);
   }

@@ -17,6 +17,7 @@ import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFi
 import { downloadFile, fsList, fsMkdir, fsRemove, fsRename, fsStat, fsWatch, uploadFile } from './files.js';
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
+import { createSnapshot, deleteSnapshot, getSnapshot, listSnapshots, restoreSnapshot, startFromSnapshot } from './snapshots.js';
 import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, pendingMovesIn, prepareMoveOut, type MoveEngine } from './move.js';
 import { deleteSandbox } from './delete.js';
 import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
@@ -39,6 +40,7 @@ import type { EgressPolicy } from '../net/policy.js';
 import type {
   CatalogStatus, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, UploadOptions, WatchHandlers,
+  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
 } from './types.js';
 
 export interface EngineOptions extends Partial<EngineConfig> {
@@ -217,10 +219,11 @@ export class Engine extends EventEmitter implements SandboxService {
 
   /**
    * The layer files of the artifacts this home's templates and sandboxes (running, suspended or
-   * being deleted; a fork point always has one of these) sit on, for the image service's layer record.
+   * being deleted; a fork point always has one of these) and snapshots sit on, for the image
+   * service's layer record.
    */
   artifactLayers(): string[] {
-    return this.templatePools.layerFiles(this.repo.artifactKeys());
+    return this.templatePools.layerFiles([...this.repo.artifactKeys(), ...this.repo.snapshotArtifactKeys()]);
   }
 
   /** Pool sizes by template, for metrics. */
@@ -451,6 +454,33 @@ export class Engine extends EventEmitter implements SandboxService {
     return suspendSandbox(this.ctx, id, scope);
   }
 
+  /** Keeps this moment of a running or suspended sandbox (snapshots.ts); it runs on. */
+  createSnapshot(id: string, opts: SnapshotOptions, scope?: Scope): Promise<SnapshotInfo> {
+    return createSnapshot(this.ctx, id, opts, scope);
+  }
+
+  getSnapshot(id: string, scope?: Scope): SnapshotInfo {
+    return getSnapshot(this.ctx, id, scope);
+  }
+
+  listSnapshots(filter: SnapshotListFilter, scope?: Scope): { snapshots: SnapshotInfo[]; next: string | null } {
+    return listSnapshots(this.ctx, filter, scope);
+  }
+
+  deleteSnapshot(id: string, scope?: Scope): void {
+    deleteSnapshot(this.ctx, id, scope);
+  }
+
+  /** Starts `opts.count` sandboxes from a snapshot, each a fresh identity with its memory, processes and files. */
+  startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]> {
+    return startFromSnapshot(this.ctx, id, opts, scope);
+  }
+
+  /** Rolls sandbox `id` back to its snapshot `snapshotId`, in place. */
+  restore(id: string, snapshotId: string, scope?: Scope): Promise<SandboxInfo> {
+    return restoreSnapshot(this.ctx, id, snapshotId, scope);
+  }
+
   resume(id: string, scope?: Scope): Promise<SandboxInfo> {
     return resumeSandbox(this.ctx, id, scope);
   }
@@ -460,9 +490,10 @@ export class Engine extends EventEmitter implements SandboxService {
     return deleteSandbox(this.ctx, id, scope);
   }
 
-  /** Deletes every sandbox this engine holds (tests, `collimate` shutdown with --delete). */
+  /** Deletes every sandbox and snapshot this engine holds (tests, `collimate` shutdown with --delete). */
   async deleteAll(): Promise<void> {
     for (const row of this.repo.live()) await this.delete(row.id).catch(() => {});
+    for (const s of this.repo.snapshots(undefined, { limit: 1000 })) deleteSnapshot(this.ctx, s.id);
   }
 
   /** Moves the end of a running sandbox's session (a lease); the reaper acts then (session.ts). */

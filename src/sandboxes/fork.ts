@@ -1,4 +1,5 @@
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
@@ -26,8 +27,10 @@ import { forkCountProblem, type ForkOptions, type SandboxInfo, type Scope } from
  * migrated into the fork point and runs on; a suspended one's snapshot is restored into it.
  */
 
-/** A fork point being made: its directory, RAM file (share=on) and frozen disk layer. */
 /** A fork point: a frozen state children (and a sandbox resumed on a receiver) map and sit on. */
+/** The name of a snapshot's RAM image in its fork point's directory. */
+export const SNAPSHOT_RAM = 'ram.img';
+
 export interface ForkPoint {
   id: string;
   dir: string;
@@ -92,14 +95,15 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
  * Children are spawned as soon as the disk is frozen and restored from the fork point once it is
  * whole. Its cost follows what the parent wrote, not its size; no receiving VMM, no migration stream.
  */
-async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOptions): Promise<SandboxInfo[]> {
+export async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOptions, keep?: KeepAs): Promise<SandboxInfo[]> {
   const parentRow = ctx.repo.get(r.id)!;
   const shape = shapeOf(ctx, parentRow);
   const rec = r.live.record;
   const artifact = ctx.templates.artifactFor(rec.artifactKey);
   const fp = beginForkPoint(ctx, r.id, rec.diskPath, (fpId) => {
     ctx.repo.update(r.id, { pending_op: { op: 'fork', forkPoint: fpId, startedAt: Date.now() } });
-  });
+    keep?.record(fpId);
+  }, keep ? 'disk' : 'tmpfs');
   const vmm = r.live.vmm;
   const unowned: Unowned = { children: [] };
   const phases = new Phases('fork');
@@ -112,7 +116,9 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     await ctx.fault('fork:before-seed');
     if (!rec.memShared) {
       const t0 = performance.now();
-      const spare = await ctx.seeds.take(rec.memPath, fp.mem, memBytes);
+      // The spare seeds lie on tmpfs: a snapshot's image, on disk, is copied from the file itself.
+      const spare = !keep && await ctx.seeds.take(rec.memPath, fp.mem, memBytes);
+      if (keep) await seedFromBacking(rec.memPath, fp.mem, memBytes);
       phases.since(spare ? 'memory_seed_spare' : 'memory_seed', t0);
     }
     unowned.disk = newDiskPath(dirs(ctx.cfg).disks, r.id);
@@ -132,8 +138,10 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     // The children's VMMs start now (their disks lie on the frozen layer); they wait for the device state.
     const devState = deferred<Buffer>();
     // A share=on parent's RAM file is copied whole below: a child's VMM may only open it once it has its size.
-    children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState.promise, opts, unowned.children, phases, { fileReady: !rec.memShared });
-    children.catch(() => {});
+    if (opts.count > 0) {
+      children = spawnChildren(ctx, parentRow, shape, fp, rec.artifactKey, devState.promise, opts, unowned.children, phases, { fileReady: !rec.memShared });
+      children.catch(() => {});
+    }
     try {
       const devices = await phases.time('device_state_save', () => vmm.saveDevicesOnly());
       const t0 = performance.now();
@@ -150,13 +158,17 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
       const state = spliceDeviceState(readFileSync(artifact.devStatePath), devices);
       writeFileSync(join(fp.dir, 'device.state'), state);
       sealShared(fp.mem);
+      // A snapshot is whole once its files are on the disk, whatever happens to the host after.
+      if (keep) await phases.time('fsync', () => Promise.all([fsyncFile(fp.mem), fsyncFile(join(fp.dir, 'device.state'))]));
       ctx.repo.markForkPointReady(fp.id);
       devState.resolve(state);
     } catch (e) {
       devState.reject(e);
       throw e;
     }
-    const out = await children;
+    const out = children ? await children : [];
+    // Children clear it as they commit; a snapshot has none.
+    if (!children) ctx.repo.update(r.id, { pending_op: null });
     ctx.emit('phases', phases.report(r.id));
     return out;
   } catch (e) {
@@ -164,7 +176,22 @@ async function forkRunningByPages(ctx: EngineContext, r: Running, opts: ForkOpti
     throw vmmFailure('fork', e, r);
   } finally {
     endFork(ctx, fp);
-    if (!rec.memShared) ctx.seeds.prepare(rec.memPath, memBytes);
+    if (!rec.memShared && !keep) ctx.seeds.prepare(rec.memPath, memBytes);
+  }
+}
+
+/** A live fork without children that keeps its fork point as a snapshot (snapshots.ts). */
+export interface KeepAs {
+  /** Records what holds the fork point, in the transaction that records it. */
+  record(forkPoint: string): void;
+}
+
+async function fsyncFile(path: string): Promise<void> {
+  const h = await open(path, 'r');
+  try {
+    await h.sync();
+  } finally {
+    await h.close();
   }
 }
 
@@ -297,9 +324,12 @@ async function freezeParentDisk(ctx: EngineContext, r: Running, fp: ForkPoint, p
  * the owner references it from the moment its disk freezes, and the fork point inherits the
  * owner's references (its disk chain and RAM lie on those).
  */
-function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInTx: (fpId: string) => void): ForkPoint {
+function beginForkPoint(ctx: EngineContext, owner: string, disk: string, alsoInTx: (fpId: string) => void, memOn: 'tmpfs' | 'disk' = 'tmpfs'): ForkPoint {
   const id = newForkPointId();
-  const fp: ForkPoint = { id, dir: join(dirs(ctx.cfg).forkpoints, id), mem: join(ctx.cfg.ramDir, `${id}.mem`), disk };
+  const dir = join(dirs(ctx.cfg).forkpoints, id);
+  // A snapshot's RAM image lies on disk in the fork point's directory (snapshots.ts); a fork's on tmpfs.
+  const mem = memOn === 'disk' ? join(dir, SNAPSHOT_RAM) : join(ctx.cfg.ramDir, `${id}.mem`);
+  const fp: ForkPoint = { id, dir, mem, disk };
   mkdirSync(fp.dir, { recursive: true });
   // Until the fork ends, its RAM file is kept though no running sandbox maps it yet (gcForkPoints).
   ctx.forking.add(id);
@@ -337,8 +367,13 @@ async function finishForkPoint(
   return children;
 }
 
-/** Restores `opts.count` children from a ready fork point and commits their rows in one transaction. */
-async function spawnChildren(
+/**
+ * Restores `opts.count` children from a ready fork point and commits their rows in one transaction.
+ * `parentRow` gives them their tenant, template, shape, policy and session rules; a start from a
+ * snapshot (`fromSnapshot`) passes one made of the snapshot, and the children's processes are the
+ * ones the host held when it was taken.
+ */
+export async function spawnChildren(
   ctx: EngineContext, parentRow: SandboxRow, shape: MachineShape, fp: ForkPoint, artifactKey: string, devStateReady: Buffer | Promise<Buffer>,
   opts: ForkOptions, children: PendingVm[], phases: Phases,
   /**
@@ -347,6 +382,7 @@ async function spawnChildren(
    * spawned once the fork point is whole. Receivers open it only then anyway.
    */
   file: { fileReady: boolean } = { fileReady: true },
+  fromSnapshot?: string,
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
   // Each child VMM's CPU time when this fork took it (a spawned one starts at none).
@@ -421,7 +457,7 @@ async function spawnChildren(
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
       on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume,
-      vmm: lives[i].record, snapshot: null, pending_op: null,
+      vmm: lives[i].record, snapshot: null, pending_op: null, from_snapshot: fromSnapshot ?? null,
     }));
     ctx.repo.tx(() => {
       for (const row of rows) {
@@ -429,12 +465,12 @@ async function spawnChildren(
         ctx.repo.addRef(fp.id, row.id);
         for (const up of ctx.repo.refsOf(fp.id)) ctx.repo.addRef(up, row.id);
       }
-      ctx.repo.update(parentRow.id, { pending_op: null });
+      if (!fromSnapshot) ctx.repo.update(parentRow.id, { pending_op: null });
     });
     phases.since('commit', committing);
     rows.forEach((row, i) => {
       // A child has its parent's processes (they are in its memory): it starts with the output held of them.
-      ctx.processes.inherit(parentRow.id, row.id);
+      ctx.processes.inherit(fromSnapshot ?? parentRow.id, row.id);
       ctx.registry.add(row.id, lives[i]);
       ctx.emit('transition', { id: row.id, tenant: row.tenant, state: 'running', op: 'fork' });
     });

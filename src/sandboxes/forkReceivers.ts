@@ -140,6 +140,17 @@ export class ForkReceivers {
     return Object.fromEntries([...this.pools].map(([k, s]) => [k, { ready: s.pool.size, target: s.pool.targetSize }]));
   }
 
+  /**
+   * Drops the receivers of artifact `key` at once (its environment is gone and its last sandbox
+   * too): nothing will fork on it, and its VMMs hold its layers open (images' layer collection).
+   */
+  async drop(key: string): Promise<void> {
+    const slot = this.pools.get(key);
+    if (!slot) return;
+    this.pools.delete(key);
+    await slot.pool.close();
+  }
+
   /** Drops the receivers of templates whose sandboxes have not forked for a while. */
   async sweepIdle(now = Date.now()): Promise<void> {
     for (const [key, slot] of [...this.pools]) {

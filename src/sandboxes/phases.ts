@@ -22,7 +22,7 @@ import { performance } from 'node:perf_hooks';
  * from their claim (or spawn) to their acknowledgement. On a host with few cores the CPU a fork of N
  * children needs, not the wall time of any one phase, is what bounds it.
  */
-export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume';
+export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume' | 'start_from_snapshot';
 
 export interface PhaseReport {
   op: LifecycleOp;

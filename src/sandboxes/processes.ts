@@ -456,6 +456,21 @@ export class ProcessRegistry {
   }
 
   /**
+   * Keeps, as `key` (a snapshot's id), what the host held of sandbox `id`'s processes when its live
+   * fork began (or now): sandboxes started from the snapshot, or rolled back to it, inherit it.
+   */
+  remember(key: string, id: string): void {
+    const s = this.forkCopies.get(id) ?? this.bySandbox.get(id);
+    if (s) this.forkCopies.set(key, s.copy());
+  }
+
+  /** A sandbox rolled back: what the host held of its processes goes, and it starts from `key`'s copy. */
+  replace(id: string, key: string): void {
+    this.forget(id);
+    this.inherit(key, id);
+  }
+
+  /**
    * A fork child has its parent's processes: it starts with a copy of what the host held of them
    * when the fork began (a suspended parent's, as they are). Output between that and the snapshot
    * shows in the child as a gap; its own continues at its guest's offsets.

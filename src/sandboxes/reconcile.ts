@@ -1,11 +1,12 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
-import { basename, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { stopOrphanedBakes } from '../images/bake.js';
 import { adoptVm, killFromDir, killPid, killRecorded, qemuProcessesNaming, sweepConfinement } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
 import { dirs, pooledVmmDir, type EngineContext } from './context.js';
 import { SNAPSHOT_REMOVED, snapshotRecord } from './suspendResume.js';
+import { reconcileSnapshots } from './snapshots.js';
 
 /**
  * Brings the database and the host back into agreement after a start: re-adopts VMMs of running
@@ -40,7 +41,9 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
     rmSync(join(forkpoints, d, 'recv'), { recursive: true, force: true });
     if (!fps.has(d)) rmSync(join(forkpoints, d), { recursive: true, force: true });
   }
-  // A half-made fork point stays while its parent's disk chain refers to it; otherwise it goes.
+  // A half-made fork point stays while its parent's disk chain refers to it; otherwise it goes
+  // (with a snapshot the crash caught before its files were whole).
+  reconcileSnapshots(ctx);
   gcForkPoints(ctx);
   // Disk layers no row accounts for: warm-pool disks of the previous process, children of a fork
   // that never committed.
@@ -88,9 +91,13 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
     return;
   }
   const dir = join(dirs(ctx.cfg).sandboxes, row.id);
-  // The snapshot of a resume that answered, if the crash came before it was removed.
+  // The snapshot of a resume that answered, if the crash came before it was removed; and suspend
+  // images a rollback (snapshots.ts) made and never switched to, or switched away from.
+  const current = row.state === 'suspended' && row.snapshot ? dirname(row.snapshot.statePath) : null;
   for (const f of existsSync(dir) ? readdirSync(dir) : []) {
-    if (f.startsWith(`suspend${SNAPSHOT_REMOVED}`)) rmSync(join(dir, f), { recursive: true, force: true });
+    const p = join(dir, f);
+    const stale = f.startsWith('suspend-') || (f === 'suspend' && current !== null);
+    if (f.includes(SNAPSHOT_REMOVED) || (stale && p !== current)) rmSync(p, { recursive: true, force: true });
   }
   const snapDir = join(dir, 'suspend');
   if (row.state === 'suspended' || (row.pending_op?.op === 'suspend' && existsSync(join(snapDir, 'complete')))) {

@@ -8,8 +8,10 @@ export interface Running {
   id: string;
   live: LiveVm;
   queue: ExecQueue;
-  /** Set by delete so queued operations fail fast instead of talking to a dying VMM. */
+  /** Set by delete (and a rollback) so queued operations fail fast instead of talking to a dying VMM. */
   deleting: boolean;
+  /** Set by a rollback (snapshots.ts) with the snapshot's id: queued operations fail with sandbox_restored. */
+  rolledBack?: string;
   /** Set while the host has it paused for being quiescent (quiesce.ts); its next operation wakes it. */
   paused?: { at: number };
   /** Set while the idle pause stops its VMM: a request sent beside the queue then waits its turn instead (files.ts). */

@@ -80,6 +80,36 @@ export interface SandboxRow {
   on_timeout: OnTimeout | null;
   /** 1: a request that needs it running resumes it while suspended (E2B's autoResume). */
   auto_resume: number;
+  /** The snapshot it was started from or last rolled back to (snapshots.ts); null otherwise. */
+  from_snapshot?: string | null;
+}
+
+/** A kept moment of a sandbox (snapshots.ts): what a sandbox started from it or rolled back to it gets. */
+export interface SnapshotRow {
+  id: string;
+  tenant: string;
+  name: string | null;
+  labels: Record<string, string>;
+  /** The sandbox it was taken of (the only one that may roll back to it). */
+  source: string;
+  template: string;
+  fork_point: string;
+  artifact_key: string;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  egress: EgressPolicy;
+  on_timeout: OnTimeout | null;
+  auto_resume: number;
+  timeout_secs: number;
+  /** What its files occupy on disk: the RAM image, the device state and the frozen disk layer. */
+  bytes: number;
+  created_at: number;
+  state: 'creating' | 'ready';
+}
+
+function decodeSnapshot(r: any): SnapshotRow {
+  return { ...r, labels: JSON.parse(r.labels), egress: JSON.parse(r.egress) };
 }
 
 function decode(r: any): SandboxRow {
@@ -99,10 +129,11 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume)
+        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume, from_snapshot)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume)`).run({
+        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume, @from_snapshot)`).run({
       ...row,
+      from_snapshot: row.from_snapshot ?? null,
       labels: JSON.stringify(row.labels),
       egress: JSON.stringify(row.egress),
       vmm: row.vmm ? JSON.stringify(row.vmm) : null,
@@ -250,6 +281,60 @@ export class SandboxRepo {
     this.db.prepare('DELETE FROM fork_point_refs WHERE owner = ?').run(id);
   }
 
+  insertSnapshot(s: SnapshotRow): void {
+    this.db.prepare(`INSERT INTO snapshots (id, tenant, name, labels, source, template, fork_point, artifact_key, vcpus, memory_mib, disk_mib,
+        egress, on_timeout, auto_resume, timeout_secs, bytes, created_at, state)
+      VALUES (@id, @tenant, @name, @labels, @source, @template, @fork_point, @artifact_key, @vcpus, @memory_mib, @disk_mib,
+        @egress, @on_timeout, @auto_resume, @timeout_secs, @bytes, @created_at, @state)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
+  }
+
+  snapshot(id: string): SnapshotRow | undefined {
+    const r = this.db.prepare('SELECT * FROM snapshots WHERE id = ?').get(id);
+    return r ? decodeSnapshot(r) : undefined;
+  }
+
+  /** A tenant's ready snapshots by id, a page at a time (`after`: the last id seen). */
+  snapshots(tenant: string | undefined, filter: { labels?: Record<string, string>; source?: string; after?: string; limit?: number }): SnapshotRow[] {
+    const where: string[] = ["state = 'ready'"];
+    const args: unknown[] = [];
+    if (tenant !== undefined) { where.push('tenant = ?'); args.push(tenant); }
+    if (filter.source) { where.push('source = ?'); args.push(filter.source); }
+    for (const [k, v] of Object.entries(filter.labels ?? {})) {
+      where.push('json_extract(labels, ?) = ?');
+      args.push(`$."${k.replace(/[\\"]/g, '\\$&')}"`, v);
+    }
+    if (filter.after) { where.push('id > ?'); args.push(filter.after); }
+    const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
+    return this.db.prepare(`SELECT * FROM snapshots WHERE ${where.join(' AND ')} ORDER BY id LIMIT ${limit + 1}`).all(...args).map(decodeSnapshot);
+  }
+
+  /** Snapshots a crash caught before their files were whole (reconcile removes them). */
+  unfinishedSnapshots(): SnapshotRow[] {
+    return this.db.prepare("SELECT * FROM snapshots WHERE state = 'creating'").all().map(decodeSnapshot);
+  }
+
+  markSnapshotReady(id: string, bytes: number): void {
+    this.db.prepare("UPDATE snapshots SET state = 'ready', bytes = ? WHERE id = ?").run(bytes, id);
+  }
+
+  /** Removes a snapshot's row and its hold on its fork point (the caller collects the fork point). */
+  removeSnapshot(id: string): void {
+    this.tx(() => {
+      this.db.prepare('DELETE FROM snapshots WHERE id = ?').run(id);
+      this.db.prepare('DELETE FROM fork_point_refs WHERE owner = ?').run(id);
+    });
+  }
+
+  /** The artifacts snapshots were taken on (sandboxes started from them run on those). */
+  snapshotArtifactKeys(): Set<string> {
+    return new Set(this.db.prepare('SELECT DISTINCT artifact_key FROM snapshots').all().map((r: any) => r.artifact_key as string));
+  }
+
+  /** Fork points a snapshot holds: their RAM images stay on disk though no VMM maps them. */
+  snapshotForkPoints(): Set<string> {
+    return new Set(this.db.prepare('SELECT fork_point FROM snapshots').all().map((r: any) => r.fork_point as string));
+  }
+
   tx<T>(fn: () => T): T {
     return this.db.transaction(fn)();
   }
@@ -281,6 +366,7 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now(), po
     ports,
     on_timeout: row.on_timeout ?? 'delete',
     auto_resume: row.auto_resume === 1,
+    from_snapshot: row.from_snapshot ?? null,
   };
 }
 

@@ -1,6 +1,6 @@
 import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync, linkSync } from 'node:fs';
 import { open, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { invalidState, sandboxNotFound } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
@@ -114,7 +114,8 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
   return getInfo(ctx, r.id);
 }
 
-export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<SandboxInfo> {
+/** `op`: what the transition it emits says (a rollback resumes the sandbox from its snapshot: restore). */
+export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scope, op: 'resume' | 'restore' = 'resume'): Promise<SandboxInfo> {
   ctx.assertOpen();
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') throw invalidState(id, row.state === 'running' ? 'running' : row.state, 'resume', ['suspended']);
@@ -203,10 +204,11 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
     });
     ctx.registry.add(id, live);
     phases.since('commit', t0);
-    removeAfterwards(ctx, join(dirs(ctx.cfg).sandboxes, id, 'suspend'));
+    // Where its image lay: `suspend`, or the directory a rollback (snapshots.ts) made.
+    removeAfterwards(ctx, dirname(snap.statePath));
     // Resumes, like forks, keep VMMs spawned ahead for the template (forkReceivers.ts).
     if (ctx.cfg.resumeOnReceivers) void ctx.receivers.forked(rec.artifactKey, 1, cur.egress);
-    ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'resume' });
+    ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op });
     ctx.emit('phases', phases.report(id));
     return getInfo(ctx, id);
   }));
@@ -278,7 +280,7 @@ async function resumeOnReceiver(ctx: EngineContext, row: SandboxRow, snap: Snaps
  * of megabytes on disk took 75–175 ms, a third of a resume. Renamed aside at once (a later suspend
  * makes a new `suspend`); one left by a crash is removed by reconcile (`SNAPSHOT_REMOVED`).
  */
-function removeAfterwards(ctx: EngineContext, snapDir: string): void {
+export function removeAfterwards(ctx: EngineContext, snapDir: string): void {
   const aside = `${snapDir}${SNAPSHOT_REMOVED}${Date.now()}`;
   try {
     renameSync(snapDir, aside);

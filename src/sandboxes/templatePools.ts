@@ -132,6 +132,11 @@ export class TemplatePools {
     return this.infoOf(t);
   }
 
+  /** Whether a template or environment offered now is on the artifact `key` (new sandboxes may still come from it). */
+  offers(key: string): boolean {
+    return [...this.byKey.values()].some((t) => t.artifact.key === key);
+  }
+
   async remove(tenant: string, id: string): Promise<void> {
     const removed = await this.removeKey(envKey(tenant, id));
     if (removed) this.release(removed.artifact.key);

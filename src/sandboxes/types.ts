@@ -60,6 +60,52 @@ export interface SandboxInfo {
   on_timeout: OnTimeout;
   /** While suspended, a request that needs it running (an exec, a file, a port) resumes it first. */
   auto_resume: boolean;
+  /** The snapshot it was started from, or last rolled back to; null otherwise. */
+  from_snapshot: string | null;
+}
+
+/** A kept moment of a sandbox: its memory, processes and files (src/sandboxes/snapshots.ts). */
+export interface SnapshotInfo {
+  id: string;
+  name: string | null;
+  tenant: string;
+  labels: Record<string, string>;
+  /** The sandbox it was taken of: the one sandbox that may roll back to it. */
+  sandbox_id: string;
+  /** The template (or environment) that sandbox descends from. */
+  template: string;
+  created_at: string; // ISO 8601
+  /** What it occupies on the host's disk: its RAM image, device state and disk layer. */
+  size_bytes: number;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  egress: EgressPolicy;
+}
+
+export interface SnapshotOptions {
+  name?: string;
+  labels?: Record<string, string>;
+}
+
+/** A start of `count` sandboxes from a snapshot: each a fresh identity, the snapshot's memory, processes and files. */
+export interface StartFromSnapshotOptions {
+  count: number;
+  labels?: Record<string, string>;
+  /** Default: the session length of the sandbox the snapshot was taken of. */
+  timeoutSecs?: number;
+  /** Default: the snapshot's (the tenant service allows only it or a narrower one). */
+  egress?: EgressPolicy;
+  onTimeout?: OnTimeout;
+  autoResume?: boolean;
+}
+
+export interface SnapshotListFilter {
+  labels?: Record<string, string>;
+  /** Only snapshots of this sandbox. */
+  sandboxId?: string;
+  after?: string;
+  limit?: number;
 }
 
 /** What the reaper does with a sandbox whose session ended. */
@@ -178,8 +224,9 @@ export interface SandboxTransition {
   /**
    * `lost`: deleted because its VM died (`reason` says how), not by a request. `move`: a suspended
    * sandbox moved between cluster hosts: `deleted` on the host it left, `suspended` on the one it reached.
+   * `restore`: rolled back to one of its snapshots (running again, or still suspended).
    */
-  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete' | 'lost' | 'move';
+  op: 'create' | 'fork' | 'suspend' | 'resume' | 'delete' | 'lost' | 'move' | 'restore';
   /** With op suspend: the size of the snapshot written. */
   snapshotBytes?: number;
   /** With op lost: what happened. */
@@ -316,6 +363,16 @@ export interface SandboxService extends ProcessService {
   suspend(id: string, scope?: Scope): Promise<SandboxInfo>;
   resume(id: string, scope?: Scope): Promise<SandboxInfo>;
   delete(id: string, scope?: Scope): Promise<void>;
+  /** Keeps this moment of a running or suspended sandbox: its memory, processes and files. It runs on. */
+  createSnapshot(id: string, opts: SnapshotOptions, scope?: Scope): Promise<SnapshotInfo>;
+  getSnapshot(id: string, scope?: Scope): SnapshotInfo;
+  listSnapshots(filter: SnapshotListFilter, scope?: Scope): { snapshots: SnapshotInfo[]; next: string | null };
+  /** No new sandbox starts from it; its files go once no sandbox started from it depends on them. */
+  deleteSnapshot(id: string, scope?: Scope): void;
+  /** `opts.count` sandboxes from a snapshot, each a fresh identity (as a fork child is). */
+  startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]>;
+  /** Rolls sandbox `id` back to its own snapshot `snapshotId`, in place; requests queued behind fail with sandbox_restored. */
+  restore(id: string, snapshotId: string, scope?: Scope): Promise<SandboxInfo>;
   readFile(id: string, path: string, scope?: Scope): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, scope?: Scope, mode?: number): Promise<void>;
   /**

@@ -5,7 +5,7 @@
  * above it; what a start costs against the tier's cap is decided here, once, for both modes.
  */
 import { CollimateError, sandboxNotFound } from '../errors.js';
-import type { ListFilter, SandboxInfo, ServiceEngine } from '../sandboxes/types.js';
+import type { ListFilter, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import type { SandboxHost } from './sandboxHost.js';
 import type { Tier } from './tiers.js';
@@ -22,6 +22,8 @@ export interface StartRequest {
   near?: string;
   /** A create: from this template or environment (a host that has it, or can pull it). */
   template?: string;
+  /** A start from a snapshot: on the host that holds it (its sandboxes map its RAM image). */
+  snapshot?: string;
 }
 
 export interface Placement {
@@ -42,6 +44,10 @@ export interface Placement {
   runningIds(): Promise<string[]>;
   /** Whose sandbox `id` is (for a request that proves access with a token, which names no tenant); null when none has it. */
   tenantOf(id: string): Promise<string | null>;
+  /** The host that holds the tenant's snapshot `id`; snapshot_not_found when the tenant has none by that id. */
+  locateSnapshot(tenant: string, id: string): Promise<SandboxHost>;
+  /** The tenant's snapshots on every host, by id, a page at a time. */
+  listSnapshots(tenant: string, filter: SnapshotListFilter): Promise<{ snapshots: SnapshotInfo[]; next: string | null }>;
 }
 
 /** One host: every sandbox is this engine's, and the cap counts its running sandboxes plus those starting. */
@@ -86,6 +92,15 @@ export class LocalPlacement implements Placement {
 
   async runningIds(): Promise<string[]> {
     return runningHere(this.engine);
+  }
+
+  async locateSnapshot(tenant: string, id: string): Promise<SandboxHost> {
+    this.engine.getSnapshot(id, { tenant }); // snapshot_not_found for an id it lacks or another tenant's
+    return this.host;
+  }
+
+  async listSnapshots(tenant: string, filter: SnapshotListFilter): Promise<{ snapshots: SnapshotInfo[]; next: string | null }> {
+    return this.engine.listSnapshots(filter, { tenant });
   }
 }
 

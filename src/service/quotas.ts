@@ -28,17 +28,19 @@ const GiB = 1024;
  * the disk reserve other tenants' suspends and creates need.
  */
 export const QUOTA_DEFAULTS: Record<TierName, QuotaLimits> = {
-  demo: { suspended_sandboxes: 2, suspended_mib: 4 * GiB, images: 0, environments: 0, open_streams: 32, keys: 5 },
-  pro: { suspended_sandboxes: 100, suspended_mib: 256 * GiB, images: 100, environments: 50, open_streams: 512, keys: 50 },
-  enterprise: { suspended_sandboxes: 1000, suspended_mib: 4096 * GiB, images: 1000, environments: 500, open_streams: 4096, keys: 500 },
+  demo: { suspended_sandboxes: 2, suspended_mib: 4 * GiB, snapshots: 5, snapshot_mib: 4 * GiB, images: 0, environments: 0, open_streams: 32, keys: 5 },
+  pro: { suspended_sandboxes: 100, suspended_mib: 256 * GiB, snapshots: 500, snapshot_mib: 256 * GiB, images: 100, environments: 50, open_streams: 512, keys: 50 },
+  enterprise: { suspended_sandboxes: 1000, suspended_mib: 4096 * GiB, snapshots: 5000, snapshot_mib: 4096 * GiB, images: 1000, environments: 500, open_streams: 4096, keys: 500 },
 };
 
-const NONE: QuotaLimits = { suspended_sandboxes: null, suspended_mib: null, images: null, environments: null, open_streams: null, keys: null };
+const NONE: QuotaLimits = { suspended_sandboxes: null, suspended_mib: null, snapshots: null, snapshot_mib: null, images: null, environments: null, open_streams: null, keys: null };
 
 /** What each quota counts, for messages and docs. */
 export const QUOTA_MEANING: Record<QuotaName, string> = {
   suspended_sandboxes: 'suspended sandboxes',
   suspended_mib: 'MiB of suspended sandboxes (each counted at its memory plus disk size)',
+  snapshots: 'snapshots',
+  snapshot_mib: 'MiB of snapshots (each counted at what its files take on disk, at least its memory size while it is taken)',
   images: 'own images',
   environments: 'environments',
   open_streams: 'open streams and tunnels (event streams, watches, process and terminal streams, E2B streams, port connections) on this host',
@@ -49,6 +51,8 @@ export const QUOTA_MEANING: Record<QuotaName, string> = {
 const QUOTA_FIX: Record<QuotaName, ReturnType<typeof msg>> = {
   suspended_sandboxes: msg`delete suspended sandboxes you no longer need${see('deleteSandbox')}, or resume one`,
   suspended_mib: msg`delete suspended sandboxes you no longer need${see('deleteSandbox')}, or resume one`,
+  snapshots: msg`delete snapshots you no longer need${see('deleteSnapshot')}`,
+  snapshot_mib: msg`delete snapshots you no longer need${see('deleteSnapshot')}`,
   images: msg`delete images you no longer need${see('deleteImage')}`,
   environments: msg`delete environments you no longer need${see('deleteEnvironment')}`,
   open_streams: msg`close streams, watches, terminals or port connections you no longer read`,
@@ -90,7 +94,7 @@ export function quotaExceeded(name: QuotaName, limit: number, used: number, addi
   return new CollimateError(
     'quota_exceeded',
     [
-      ...msg`Quota ${name} is ${limit} ${QUOTA_MEANING[name]} and you have ${used}${adding === 1 && name !== 'suspended_mib' ? '' : `; this needs ${adding} more`}. To go on, `,
+      ...msg`Quota ${name} is ${limit} ${QUOTA_MEANING[name]} and you have ${used}${adding === 1 && name !== 'suspended_mib' && name !== 'snapshot_mib' ? '' : `; this needs ${adding} more`}. To go on, `,
       ...QUOTA_FIX[name],
       '; or ask the operator for a larger quota.',
     ],

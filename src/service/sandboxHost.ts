@@ -11,6 +11,7 @@
 import type {
   CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, MkdirOptions, OpenPort, PortTarget,
   ProcessEvent, ProcessInfo, ProcessStartRequest, SandboxInfo, Scope, ServiceEngine, UploadOptions, WatchHandlers,
+  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
 } from '../sandboxes/types.js';
 import type { Duplex } from 'node:stream';
 import type { ExecLog, ExecLogEntry } from './execLog.js';
@@ -37,6 +38,12 @@ export interface SandboxHost {
   suspend(id: string, scope: Scope): Promise<SandboxInfo>;
   resume(id: string, scope: Scope): Promise<SandboxInfo>;
   delete(id: string, scope: Scope): Promise<void>;
+  createSnapshot(id: string, opts: SnapshotOptions, scope: Scope): Promise<SnapshotInfo>;
+  getSnapshot(id: string, scope: Scope): Maybe<SnapshotInfo>;
+  listSnapshots(filter: SnapshotListFilter, scope: Scope): Maybe<{ snapshots: SnapshotInfo[]; next: string | null }>;
+  deleteSnapshot(id: string, scope: Scope): Maybe<void>;
+  startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]>;
+  restore(id: string, snapshotId: string, scope: Scope): Promise<SandboxInfo>;
   setSessionEnd(id: string, endsAtMs: number, scope: Scope): Maybe<SandboxInfo>;
   setEgress(id: string, egress: EgressPolicy, scope: Scope): Promise<SandboxInfo>;
   exec(id: string, req: ExecRequest, scope: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
@@ -80,6 +87,12 @@ export const HOST_OPERATIONS = {
   suspend: { kind: 'call', changes: true },
   resume: { kind: 'call', changes: true },
   delete: { kind: 'call', changes: true },
+  createSnapshot: { kind: 'call', changes: true },
+  getSnapshot: { kind: 'call' },
+  listSnapshots: { kind: 'call' },
+  deleteSnapshot: { kind: 'call' },
+  startFromSnapshot: { kind: 'call', changes: true },
+  restore: { kind: 'call', changes: true },
   setSessionEnd: { kind: 'call', changes: true },
   setEgress: { kind: 'call', changes: true },
   exec: { kind: 'exec', arg: 3 },
@@ -168,6 +181,12 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
         books.log(err, 'metering failed');
       }
     },
+    createSnapshot: (id, opts, scope) => engine.createSnapshot(id, opts, scope),
+    getSnapshot: (id, scope) => engine.getSnapshot(id, scope),
+    listSnapshots: (filter, scope) => engine.listSnapshots(filter, scope),
+    deleteSnapshot: (id, scope) => engine.deleteSnapshot(id, scope),
+    startFromSnapshot: async (id, opts, scope) => observe(await engine.startFromSnapshot(id, opts, scope)),
+    restore: async (id, snapshotId, scope) => observe(await engine.restore(id, snapshotId, scope)),
     setSessionEnd: (id, endsAtMs, scope) => observe(engine.setSessionEnd(id, endsAtMs, scope)),
     setEgress: async (id, egress, scope) => observe(await engine.setEgress(id, egress, scope)),
     async exec(id, req, scope, stream) {

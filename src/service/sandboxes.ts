@@ -5,12 +5,12 @@
  * sandbox runs and where a new one goes is the placement's (placement.ts); the host that runs it is
  * reached through the same interface whether it is this one or another (sandboxHost.ts).
  */
-import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, msg, see } from '../errors.js';
+import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, snapshotNotFound, msg, see } from '../errors.js';
 import { assertTenantEgress, parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
   DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, MkdirOptions, OpenPort, ProcessEvent, ProcessInfo,
-  ProcessStartRequest, SandboxInfo, ServiceEngine, TemplateInfo, UploadOptions, WatchHandlers,
+  ProcessStartRequest, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, TemplateInfo, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { DEFAULT_PORT_URL_SECS } from '../wire/schemas.js';
 import type { ExecLogEntry } from './execLog.js';
@@ -22,7 +22,7 @@ import type { SandboxHost } from './sandboxHost.js';
 import type { Quotas } from './quotas.js';
 import type { MetricSample } from './sandboxMetrics.js';
 import type { Templates } from './templates.js';
-import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope } from './types.js';
+import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope, SnapshotStartInput } from './types.js';
 
 /** The latencies a service call observes, every front door. */
 export interface LifecycleTimers {
@@ -416,6 +416,97 @@ export class Sandboxes {
     const info = await host.get(id, scope);
     const egress = this.effectiveEgress(await this.templateToCreate(scope, info.template), raw) ?? parseEgress(raw);
     return host.setEgress(id, egress, scope);
+  }
+
+  // ---- snapshots ----------------------------------------------------------------------------------
+
+  /** The tenant's snapshots on every host: how many, and the MiB their files take (rounded up). */
+  async snapshotUse(tenant: string): Promise<{ snapshots: number; snapshot_mib: number }> {
+    let snapshots = 0;
+    let bytes = 0;
+    let after: string | undefined;
+    do {
+      const page = await this.placement.listSnapshots(tenant, { limit: 1000, ...(after ? { after } : {}) });
+      for (const s of page.snapshots) {
+        snapshots += 1;
+        bytes += s.size_bytes;
+      }
+      after = page.next ?? undefined;
+    } while (after);
+    return { snapshots, snapshot_mib: Math.ceil(bytes / (1024 * 1024)) };
+  }
+
+  /**
+   * Keeps this moment of a running or suspended sandbox, within the tenant's snapshot quotas (a
+   * snapshot is counted at its guest's memory size while it is taken, the most its RAM image takes).
+   */
+  async createSnapshot(scope: Scope, id: string, input: SnapshotOptions): Promise<SnapshotInfo> {
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.state !== 'running' && info.state !== 'suspended') throw invalidState(id, info.state, 'snapshot', ['running', 'suspended']);
+    const held = await this.snapshotUse(scope.tenant);
+    return this.d.quotas.within(scope, {
+      snapshots: { used: held.snapshots, adding: 1 },
+      snapshot_mib: { used: held.snapshot_mib, adding: info.memory_mib },
+    }, () => host.createSnapshot(id, input, scope));
+  }
+
+  async getSnapshot(scope: Scope, id: string): Promise<SnapshotInfo> {
+    const s = await (await this.placement.locateSnapshot(scope.tenant, id)).getSnapshot(id, scope);
+    if (s.tenant !== scope.tenant) throw snapshotNotFound(id);
+    return s;
+  }
+
+  listSnapshots(scope: Scope, filter: SnapshotListFilter): Promise<{ snapshots: SnapshotInfo[]; next: string | null }> {
+    return this.placement.listSnapshots(scope.tenant, filter);
+  }
+
+  async deleteSnapshot(scope: Scope, id: string): Promise<void> {
+    await (await this.placement.locateSnapshot(scope.tenant, id)).deleteSnapshot(id, scope);
+  }
+
+  /**
+   * Starts `count` sandboxes from a snapshot on the host that holds it; each takes a slot of the
+   * tier's cap. Session length and egress are checked as a create's (egress may only narrow the
+   * snapshot's).
+   */
+  async startFromSnapshot(scope: Scope, input: SnapshotStartInput): Promise<SandboxInfo[]> {
+    const tier = scope.tier;
+    const problem = forkCountProblem(input.count);
+    if (problem) throw new CollimateError('validation_error', problem);
+    const snap = await this.getSnapshot(scope, input.snapshot);
+    if (input.timeoutSecs !== undefined && input.timeoutSecs > tier.maxSessionSecs) {
+      throw new CollimateError('tier_forbidden', `timeout_secs ${input.timeoutSecs} exceeds the ${tier.name} tier's maximum session of ${tier.maxSessionSecs} s.`);
+    }
+    const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
+    let egress: EgressPolicy | undefined;
+    if (input.egress !== undefined) {
+      egress = parseEgress(input.egress);
+      assertTenantEgress(egress, this.engine.egressOpened?.() ?? []);
+      const wider = widening(egress, snap.egress);
+      if (wider) throw new CollimateError('egress_forbidden', `The egress policy is wider than snapshot ${snap.id}'s: ${wider}. A sandbox may only narrow the policy it starts with.`);
+    }
+    const opts: StartFromSnapshotOptions = {
+      count: input.count, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
+      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume === undefined ? {} : { autoResume: input.autoResume }),
+    };
+    return this.placement.start({ tenant: scope.tenant, tier, slots: input.count, operation: `start of ${input.count} from a snapshot`, snapshot: snap.id }, async (host) => {
+      const stop = this.createSeconds.startTimer();
+      const out = await host.startFromSnapshot(snap.id, opts, scope);
+      stop();
+      return out;
+    });
+  }
+
+  /**
+   * Rolls sandbox `id` back to one of its own snapshots, in place: a running one runs on from the
+   * snapshot's moment, a suspended one stays suspended at it. No slot: it runs as many sandboxes as before.
+   */
+  async restore(scope: Scope, id: string, snapshotId: string): Promise<SandboxInfo> {
+    const host = await this.where(scope, id);
+    const info = await host.get(id, scope);
+    if (info.state !== 'running' && info.state !== 'suspended') throw invalidState(id, info.state, 'restore', ['running', 'suspended']);
+    return host.restore(id, snapshotId, scope);
   }
 
   private effectiveEgress(t: TemplateInfo, raw: EgressInput | undefined): EgressPolicy | undefined {

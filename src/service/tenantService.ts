@@ -182,6 +182,7 @@ export class TenantService {
     const used: Record<QuotaName, number> = {
       suspended_sandboxes: suspended.count,
       suspended_mib: suspended.mib,
+      ...(await this.sandboxes.snapshotUse(scope.tenant)),
       images: this.templates.ownImages(scope).length,
       environments: (await this.templates.environments(scope)).length,
       open_streams: this.quotas.holding(scope.tenant, 'open_streams'),

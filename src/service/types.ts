@@ -45,6 +45,19 @@ export interface ForkInput {
   labels?: Record<string, string>;
 }
 
+/** A start of sandboxes from a snapshot (POST /v1/sandboxes with `snapshot`). */
+export interface SnapshotStartInput {
+  snapshot: string;
+  count: number;
+  labels?: Record<string, string>;
+  /** Default: the tier's default session, else that of the sandbox the snapshot was taken of. */
+  timeoutSecs?: number;
+  /** Narrows the snapshot's policy; absent: the snapshot's. */
+  egress?: EgressInput;
+  onTimeout?: OnTimeout;
+  autoResume?: boolean;
+}
+
 export interface PortUrl {
   /** The token of `/v1/p/<token>/`. */
   token: string;

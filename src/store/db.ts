@@ -99,6 +99,39 @@ const migrations: Migration[] = [
       ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
     `,
   },
+  {
+    version: 6,
+    name: 'snapshots',
+    // A snapshot keeps a moment of a sandbox (src/sandboxes/snapshots.ts): a fork point it refers
+    // to (fork_point_refs, owner = the snapshot's id) whose RAM image lies on disk in the fork
+    // point's directory, and what a sandbox started from it gets (shape, policy, session rules).
+    // state: 'creating' until its files are on disk and synced; a crash before that removes it.
+    // from_snapshot: the snapshot a sandbox was started from or last rolled back to.
+    sql: `
+      CREATE TABLE snapshots (
+        id            TEXT PRIMARY KEY,
+        tenant        TEXT NOT NULL,
+        name          TEXT,
+        labels        TEXT NOT NULL DEFAULT '{}',
+        source        TEXT NOT NULL,
+        template      TEXT NOT NULL,
+        fork_point    TEXT NOT NULL,
+        artifact_key  TEXT NOT NULL,
+        vcpus         INTEGER NOT NULL,
+        memory_mib    INTEGER NOT NULL,
+        disk_mib      INTEGER NOT NULL,
+        egress        TEXT NOT NULL,
+        on_timeout    TEXT,
+        auto_resume   INTEGER NOT NULL DEFAULT 0,
+        timeout_secs  INTEGER NOT NULL,
+        bytes         INTEGER NOT NULL DEFAULT 0,
+        created_at    INTEGER NOT NULL,
+        state         TEXT NOT NULL CHECK (state IN ('creating', 'ready'))
+      );
+      CREATE INDEX snapshots_tenant ON snapshots (tenant, id);
+      ALTER TABLE sandboxes ADD COLUMN from_snapshot TEXT;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

@@ -36,6 +36,9 @@ export const MAX_LABELS = 32;
 // Shared pieces
 
 export const SandboxId = described(z.string().regex(SANDBOX_ID_RE), 'Sandbox id, e.g. sbx_9f2a1c7b3e40.');
+export const SNAPSHOT_ID_RE = /^snap_[0-9a-f]{16}$/;
+/** A fresh schema per use, so each can carry its own description. */
+const snapshotIdRef = () => z.string().max(64);
 export const SandboxState = named('SandboxState', z.enum(['running', 'suspended', 'deleted']));
 
 export const Labels = named(
@@ -198,14 +201,35 @@ export const Sandbox = named(
     ),
     on_timeout: described(onTimeout(), 'What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes).'),
     auto_resume: described(z.boolean(), 'While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first.'),
+    from_snapshot: described(snapshotIdRef().nullable(), 'The snapshot it was started from, or last rolled back to; null otherwise.'),
   }),
   'One microVM.',
+);
+
+export const CreateSandboxResponse = named(
+  'CreateSandboxResponse',
+  Sandbox.extend({
+    sandboxes: described(
+      z.array(Sandbox),
+      'With `count` in the request (a start from a snapshot): every sandbox started, this one first. Absent otherwise.',
+    ).optional(),
+  }),
+  'The sandbox created (with `count`: the first of them, and all of them in `sandboxes`).',
 );
 
 export const CreateSandboxRequest = named(
   'CreateSandboxRequest',
   z.strictObject({
-    template: described(z.string().min(1).max(128), 'Template (or catalog image) id; see GET /v1/templates.'),
+    template: described(z.string().min(1).max(128), 'Template (or catalog image) id; see GET /v1/templates. Required unless `snapshot` is given.').optional(),
+    snapshot: described(
+      snapshotIdRef(),
+      'Start from this snapshot instead of a template: its memory, processes and files, with a fresh identity (as a fork child). ' +
+        'Its template, shape and egress policy are the snapshot\'s (egress may be narrowed). Default session: the tier\'s, else that of the sandbox it was taken of.',
+    ).optional(),
+    count: described(
+      z.number().int().min(1).max(MAX_FORK_COUNT),
+      `With \`snapshot\`: start this many sandboxes from it, 1..${MAX_FORK_COUNT}; the answer lists them all in \`sandboxes\`. Each counts against the tier cap.`,
+    ).optional(),
     labels: Labels.optional(),
     timeout_secs: described(
       z.number().int().min(1).max(2 ** 31 - 1),
@@ -264,6 +288,57 @@ export const ForkRequest = named(
 );
 
 export const ForkResponse = named('ForkResponse', z.strictObject({ sandboxes: z.array(Sandbox) }));
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+export const Snapshot = named(
+  'Snapshot',
+  z.strictObject({
+    id: described(snapshotIdRef(), 'Snapshot id, e.g. snap_4c1d9a0e7b2f3a65.'),
+    name: z.string().nullable(),
+    labels: z.record(z.string(), z.string()),
+    sandbox_id: described(z.string().regex(SANDBOX_ID_RE), 'The sandbox it was taken of: the one sandbox that may roll back to it.'),
+    template: described(z.string(), 'The template or environment that sandbox descends from.'),
+    created_at: IsoTime,
+    size_bytes: described(z.number().int(), 'What it occupies on the host\'s disk: its RAM image (zero pages are holes), device state and disk layer.'),
+    vcpus: z.number(),
+    memory_mib: z.number(),
+    disk_mib: z.number(),
+    egress: EgressPolicy,
+  }),
+  'A kept moment of a sandbox: its memory, processes and files. Start sandboxes from it (POST /v1/sandboxes with `snapshot`) or roll its sandbox back to it.',
+);
+
+export const CreateSnapshotRequest = named(
+  'CreateSnapshotRequest',
+  z.strictObject({
+    name: described(z.string().min(1).max(128), 'A name to show; not unique.').optional(),
+    labels: Labels.optional(),
+  }),
+);
+
+export const SnapshotList = named(
+  'SnapshotList',
+  z.strictObject({
+    snapshots: z.array(Snapshot),
+    next: described(z.string().nullable(), 'Cursor for the next page (pass as ?after=), or null on the last page.'),
+  }),
+);
+
+export const ListSnapshotsQuery = z.strictObject({
+  sandbox_id: described(z.string().max(64), 'Only snapshots of this sandbox.').optional(),
+  label: described(z.union([z.string(), z.array(z.string())]), 'k=v; repeat to require several labels (all must match).').optional(),
+  limit: described(z.coerce.number().int().min(1).max(1000), 'Page size, 1..1000 (default 100).').optional(),
+  after: described(z.string().max(256), 'Cursor: the `next` of the previous page.').optional(),
+});
+
+export const RestoreRequest = named(
+  'RestoreRequest',
+  z.strictObject({
+    snapshot: described(snapshotIdRef(), 'A snapshot of this sandbox (one of another sandbox is 409 snapshot_mismatch).'),
+  }),
+);
 
 // ---------------------------------------------------------------------------------------------
 // Exec
@@ -831,7 +906,7 @@ export const CreatedKey = named(
 );
 
 /** The per-tenant quotas (src/service/quotas.ts enforces them), in the order GET /v1/limits lists them. */
-export const QUOTA_NAMES = ['suspended_sandboxes', 'suspended_mib', 'images', 'environments', 'open_streams', 'keys'] as const;
+export const QUOTA_NAMES = ['suspended_sandboxes', 'suspended_mib', 'snapshots', 'snapshot_mib', 'images', 'environments', 'open_streams', 'keys'] as const;
 export type QuotaName = (typeof QUOTA_NAMES)[number];
 
 const QuotaUse = z.strictObject({
@@ -853,6 +928,7 @@ export const Limits = named(
     quotas: described(
       z.strictObject(Object.fromEntries(QUOTA_NAMES.map((n) => [n, QuotaUse])) as Record<QuotaName, typeof QuotaUse>),
       'Each quota with its limit and your use now. suspended_sandboxes; suspended_mib (each suspended sandbox at its memory plus disk size); ' +
+        'snapshots; snapshot_mib (each snapshot at its memory size, the most its RAM image takes, plus what its files take beyond that); ' +
         'images; environments; open_streams (event streams, watches, process and terminal streams, E2B streams and port connections open on this host); ' +
         'keys (not revoked). Going past one is 429 quota_exceeded with details.quota naming it.',
     ),
@@ -864,7 +940,7 @@ export const SandboxEvent = named(
   'SandboxEvent',
   z.strictObject({
     sandbox_id: SandboxId,
-    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost', 'move']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached).'),
+    op: described(z.enum(['create', 'fork', 'suspend', 'resume', 'delete', 'lost', 'move', 'restore']), 'What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached); `restore`: it was rolled back to one of its snapshots.'),
     state: SandboxState,
     at: IsoTime,
   }),

@@ -4,7 +4,7 @@
  * records) never leak. No HTTP here: MCP and the RL fleet import this, not the server.
  */
 import type { z } from 'zod';
-import type { ExecResult, FileEntry, SandboxInfo, TemplateInfo } from '../sandboxes/types.js';
+import type { ExecResult, FileEntry, SandboxInfo, SnapshotInfo, TemplateInfo } from '../sandboxes/types.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type * as S from './schemas.js';
 
@@ -37,6 +37,14 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
     ports: (i.ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: portPath(i.id, p.port) })),
     on_timeout: i.on_timeout,
     auto_resume: i.auto_resume,
+    from_snapshot: i.from_snapshot ?? null,
+  };
+}
+
+export function snapshotView(s: SnapshotInfo): z.infer<typeof S.Snapshot> {
+  return {
+    id: s.id, name: s.name, labels: s.labels, sandbox_id: s.sandbox_id, template: s.template, created_at: s.created_at, size_bytes: s.size_bytes,
+    vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: s.egress,
   };
 }
 

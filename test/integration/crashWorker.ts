@@ -1,6 +1,6 @@
 // A server stand-in for crash tests: opens an engine on a home, runs one operation, and SIGKILLs
 // itself at the named fault point inside it (COLLIMATE_CRASH_AT), like a server killed mid-request.
-// Usage: crashWorker.ts <home> <cacheDir> setup|fork|suspend|resume|resume-on-receiver|suspend-after-resume-on-receiver|create-and-suspend|bake [sandboxId | bake nonce]
+// Usage: crashWorker.ts <home> <cacheDir> setup|fork|snapshot|suspend|resume|resume-on-receiver|suspend-after-resume-on-receiver|create-and-suspend|bake [sandboxId | bake nonce]
 import { readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { Engine } from '../../src/sandboxes/engine.ts';
@@ -45,6 +45,9 @@ if (op === 'setup') {
   console.log(JSON.stringify({ id: sb.id }));
 } else if (op === 'fork') {
   await engine.fork(id, { count: 4 });
+  console.log(JSON.stringify({ done: true }));
+} else if (op === 'snapshot') {
+  await engine.createSnapshot(id, { name: 'crash' }, tenant);
   console.log(JSON.stringify({ done: true }));
 } else if (op === 'suspend') {
   await engine.suspend(id);

@@ -25,6 +25,10 @@ import type {
   ExecResult,
   ExecStreamHandlers,
   ForkOptions,
+  SnapshotInfo,
+  SnapshotListFilter,
+  SnapshotOptions,
+  StartFromSnapshotOptions,
   ListFilter,
   OnTimeout,
   OpenPort,
@@ -76,6 +80,7 @@ interface Box {
   watchers: Set<FakeWatch>;
   queue: Promise<unknown>;
   egress: EgressPolicy;
+  fromSnapshot?: string;
   onTimeout: OnTimeout;
   autoResume: boolean;
   ports: number[];
@@ -306,6 +311,87 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       children.push(this.info(child));
     }
     return children;
+  }
+
+  /** Snapshots: a copy of the box's files and shape at that moment. */
+  private readonly snaps = new Map<string, { info: SnapshotInfo; box: Box }>();
+
+  async createSnapshot(id: string, opts: SnapshotOptions, scope?: Scope): Promise<SnapshotInfo> {
+    this.calls.push('createSnapshot');
+    const box = this.find(id, scope);
+    if (box.state !== 'running' && box.state !== 'suspended') throw invalidState(id, box.state, 'snapshot', ['running', 'suspended']);
+    await sleep(this.opDelayMs);
+    const snapId = 'snap_' + randomBytes(8).toString('hex');
+    const info: SnapshotInfo = {
+      id: snapId, name: opts.name ?? null, tenant: box.tenant, labels: { ...(opts.labels ?? {}) }, sandbox_id: box.id, template: box.template,
+      created_at: iso(this.now()), size_bytes: box.memoryMib * 1024 * 1024, vcpus: box.vcpus, memory_mib: box.memoryMib, disk_mib: box.diskMib, egress: box.egress,
+    };
+    this.snaps.set(snapId, { info, box: { ...box, files: new Map(box.files), dirs: new Map(box.dirs), modes: new Map(box.modes) } });
+    return info;
+  }
+
+  private snap(id: string, scope?: Scope): { info: SnapshotInfo; box: Box } {
+    const s = this.snaps.get(id);
+    if (!s || (scope && s.info.tenant !== scope.tenant)) throw new CollimateError('snapshot_not_found', `No snapshot with id ${id}.`);
+    return s;
+  }
+
+  getSnapshot(id: string, scope?: Scope): SnapshotInfo {
+    return this.snap(id, scope).info;
+  }
+
+  listSnapshots(filter: SnapshotListFilter, scope?: Scope): { snapshots: SnapshotInfo[]; next: string | null } {
+    const limit = filter.limit ?? 100;
+    const all = [...this.snaps.values()].map((s) => s.info)
+      .filter((s) => (!scope || s.tenant === scope.tenant) && (!filter.sandboxId || s.sandbox_id === filter.sandboxId) && (!filter.after || s.id > filter.after)
+        && Object.entries(filter.labels ?? {}).every(([k, v]) => s.labels[k] === v))
+      .sort((a, b) => (a.id < b.id ? -1 : 1));
+    const page = all.slice(0, limit);
+    return { snapshots: page, next: all.length > limit ? page[page.length - 1].id : null };
+  }
+
+  deleteSnapshot(id: string, scope?: Scope): void {
+    this.calls.push('deleteSnapshot');
+    this.snap(id, scope);
+    this.snaps.delete(id);
+  }
+
+  async startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]> {
+    this.calls.push('startFromSnapshot');
+    const s = this.snap(id, scope);
+    const countProblem = forkCountProblem(opts.count);
+    if (countProblem) throw new CollimateError('validation_error', countProblem);
+    await sleep(this.opDelayMs);
+    const tpl = CATALOG.find((t) => t.id === s.box.template) ?? this.template(s.box.template, { tenant: s.box.tenant });
+    const out: SandboxInfo[] = [];
+    for (let i = 0; i < opts.count; i++) {
+      const b = this.newBox(s.box.tenant, tpl, { ...(opts.labels ?? {}) }, opts.timeoutSecs ?? s.box.timeoutSecs, s.box.id);
+      b.files = new Map(s.box.files);
+      b.dirs = new Map(s.box.dirs);
+      b.modes = new Map(s.box.modes);
+      b.egress = opts.egress ?? s.box.egress;
+      b.onTimeout = opts.onTimeout ?? s.box.onTimeout;
+      b.autoResume = opts.autoResume ?? s.box.autoResume;
+      b.fromSnapshot = id;
+      this.transition(b, 'fork');
+      out.push(this.info(b));
+    }
+    return out;
+  }
+
+  async restore(id: string, snapshotId: string, scope?: Scope): Promise<SandboxInfo> {
+    this.calls.push('restore');
+    const box = this.find(id, scope);
+    const s = this.snap(snapshotId, scope);
+    if (s.info.sandbox_id !== id) throw new CollimateError('snapshot_mismatch', `Snapshot ${snapshotId} was taken of sandbox ${s.info.sandbox_id}, not ${id}.`);
+    if (box.state !== 'running' && box.state !== 'suspended') throw invalidState(id, box.state, 'restore', ['running', 'suspended']);
+    await sleep(this.opDelayMs);
+    box.files = new Map(s.box.files);
+    box.dirs = new Map(s.box.dirs);
+    box.modes = new Map(s.box.modes);
+    box.fromSnapshot = snapshotId;
+    this.transition(box, 'restore');
+    return this.info(box);
   }
 
   async suspend(id: string, scope?: Scope): Promise<SandboxInfo> {
@@ -776,6 +862,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       ports: b.ports.map((port) => ({ port, protocol: 'tcp' as const })),
       on_timeout: b.onTimeout,
       auto_resume: b.autoResume,
+      from_snapshot: b.fromSnapshot ?? null,
     };
   }
 }

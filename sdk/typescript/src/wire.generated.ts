@@ -106,11 +106,58 @@ export type Sandbox = {
   on_timeout: "delete" | "suspend";
   /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
   auto_resume: boolean;
+  /** The snapshot it was started from, or last rolled back to; null otherwise. */
+  from_snapshot: string | null;
+};
+
+/** The sandbox created (with `count`: the first of them, and all of them in `sandboxes`). */
+export type CreateSandboxResponse = {
+  /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
+  id: string;
+  template: string;
+  state: SandboxState;
+  labels: Record<string, string>;
+  /** ISO 8601. */
+  created_at: string;
+  age_secs: number;
+  /** Seconds since the last exec finished (or since create). */
+  idle_secs: number;
+  exec_count: number;
+  /** The sandbox this one was live-forked from; null for a template create. */
+  parent: string | null;
+  forked_at: string | null;
+  children: string[];
+  /** Session length in seconds: each start (create, fork, resume) sets expires_at this far ahead. */
+  timeout_secs: number;
+  /** When the current session started (create, fork or resume; for a suspended sandbox, its last one). ISO 8601. The tier's maximum session counts from here. */
+  session_started_at: string;
+  /** When the session ends: the reaper then deletes the sandbox (or suspends it, as the server is configured). session_started_at + timeout_secs, or as POST /v1/sandboxes/{id}/timeout set it. ISO 8601. */
+  expires_at: string;
+  /** Seconds until expires_at (0 once past it); null unless running. */
+  remaining_secs: number | null;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  egress: EgressPolicy;
+  /** TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading. */
+  ports: OpenPort[];
+  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes). */
+  on_timeout: "delete" | "suspend";
+  /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
+  auto_resume: boolean;
+  /** The snapshot it was started from, or last rolled back to; null otherwise. */
+  from_snapshot: string | null;
+  /** With `count` in the request (a start from a snapshot): every sandbox started, this one first. Absent otherwise. */
+  sandboxes?: Sandbox[];
 };
 
 export type CreateSandboxRequest = {
-  /** Template (or catalog image) id; see GET /v1/templates. */
-  template: string;
+  /** Template (or catalog image) id; see GET /v1/templates. Required unless `snapshot` is given. */
+  template?: string;
+  /** Start from this snapshot instead of a template: its memory, processes and files, with a fresh identity (as a fork child). Its template, shape and egress policy are the snapshot's (egress may be narrowed). Default session: the tier's, else that of the sandbox it was taken of. */
+  snapshot?: string;
+  /** With `snapshot`: start this many sandboxes from it, 1..64; the answer lists them all in `sandboxes`. Each counts against the tier cap. */
+  count?: number;
   labels?: Labels;
   /** Session length in seconds: the sandbox is reaped this long after each start (create, resume); POST /v1/sandboxes/{id}/timeout moves the end of a running session. Default and maximum depend on the tier (demo 900, pro 86400, enterprise 604800; beyond it: 403 tier_forbidden). */
   timeout_secs?: number;
@@ -146,6 +193,43 @@ export type ForkRequest = {
 
 export type ForkResponse = {
   sandboxes: Sandbox[];
+};
+
+/** A kept moment of a sandbox: its memory, processes and files. Start sandboxes from it (POST /v1/sandboxes with `snapshot`) or roll its sandbox back to it. */
+export type Snapshot = {
+  /** Snapshot id, e.g. snap_4c1d9a0e7b2f3a65. */
+  id: string;
+  name: string | null;
+  labels: Record<string, string>;
+  /** The sandbox it was taken of: the one sandbox that may roll back to it. */
+  sandbox_id: string;
+  /** The template or environment that sandbox descends from. */
+  template: string;
+  /** ISO 8601. */
+  created_at: string;
+  /** What it occupies on the host's disk: its RAM image (zero pages are holes), device state and disk layer. */
+  size_bytes: number;
+  vcpus: number;
+  memory_mib: number;
+  disk_mib: number;
+  egress: EgressPolicy;
+};
+
+export type CreateSnapshotRequest = {
+  /** A name to show; not unique. */
+  name?: string;
+  labels?: Labels;
+};
+
+export type SnapshotList = {
+  snapshots: Snapshot[];
+  /** Cursor for the next page (pass as ?after=), or null on the last page. */
+  next: string | null;
+};
+
+export type RestoreRequest = {
+  /** A snapshot of this sandbox (one of another sandbox is 409 snapshot_mismatch). */
+  snapshot: string;
 };
 
 /** A file written into the guest before the command runs. */
@@ -650,7 +734,7 @@ export type Limits = {
   default_session_secs: number | null;
   max_vcpus: number;
   max_memory_mib: number;
-  /** Each quota with its limit and your use now. suspended_sandboxes; suspended_mib (each suspended sandbox at its memory plus disk size); images; environments; open_streams (event streams, watches, process and terminal streams, E2B streams and port connections open on this host); keys (not revoked). Going past one is 429 quota_exceeded with details.quota naming it. */
+  /** Each quota with its limit and your use now. suspended_sandboxes; suspended_mib (each suspended sandbox at its memory plus disk size); snapshots; snapshot_mib (each snapshot at its memory size, the most its RAM image takes, plus what its files take beyond that); images; environments; open_streams (event streams, watches, process and terminal streams, E2B streams and port connections open on this host); keys (not revoked). Going past one is 429 quota_exceeded with details.quota naming it. */
   quotas: {
     suspended_sandboxes: {
       /** null: no limit. */
@@ -658,6 +742,16 @@ export type Limits = {
       used: number;
     };
     suspended_mib: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    snapshots: {
+      /** null: no limit. */
+      limit: number | null;
+      used: number;
+    };
+    snapshot_mib: {
       /** null: no limit. */
       limit: number | null;
       used: number;
@@ -689,8 +783,8 @@ export type Limits = {
 export type SandboxEvent = {
   /** Sandbox id, e.g. sbx_9f2a1c7b3e40. */
   sandbox_id: string;
-  /** What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached). */
-  op: "create" | "fork" | "suspend" | "resume" | "delete" | "lost" | "move";
+  /** What happened; `lost`: the sandbox ended on its own (its VMM died, or it could not be restored); `move`: an operator moved it, suspended, to another cluster host (`deleted` from the host it left, then `suspended` on the one it reached); `restore`: it was rolled back to one of its snapshots. */
+  op: "create" | "fork" | "suspend" | "resume" | "delete" | "lost" | "move" | "restore";
   state: SandboxState;
   /** ISO 8601. */
   at: string;

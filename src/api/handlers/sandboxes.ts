@@ -3,13 +3,14 @@ import { CollimateError } from '../../errors.js';
 import { SAMPLE_MS } from '../../service/sandboxMetrics.js';
 import type { TenantService } from '../../service/tenantService.js';
 import * as S from '../../wire/schemas.js';
-import { execResultView, sandboxView } from '../../wire/views.js';
+import { execResultView, sandboxView, snapshotView } from '../../wire/views.js';
 import type { Handlers } from '../binder.js';
 import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics';
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics'
+  | 'createSnapshot' | 'listSnapshots' | 'getSnapshot' | 'deleteSnapshot' | 'restoreSandbox';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -28,10 +29,42 @@ export function parseLabelFilter(label: string | string[] | undefined): Record<s
 export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pick<Handlers, SandboxOps> {
   return {
     async createSandbox({ scope, body }) {
+      if (body.snapshot !== undefined) {
+        if (body.template !== undefined) throw new CollimateError('validation_error', 'Give either template or snapshot, not both: a sandbox started from a snapshot has the snapshot\'s template.');
+        const started = await tenants.sandboxes.startFromSnapshot(scope, {
+          snapshot: body.snapshot, count: body.count ?? 1, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress, onTimeout: body.on_timeout, autoResume: body.auto_resume,
+        });
+        const views = started.map(sandboxView);
+        return { status: 201, body: body.count === undefined ? views[0] : { ...views[0], sandboxes: views } };
+      }
+      if (body.count !== undefined) throw new CollimateError('validation_error', 'count starts several sandboxes from a snapshot: give snapshot with it (a template create makes one; fork one to have more).');
+      if (body.template === undefined) throw new CollimateError('validation_error', 'Give template (see GET /v1/templates) or snapshot (see GET /v1/snapshots).');
       const info = await tenants.sandboxes.create(scope, {
         template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress, onTimeout: body.on_timeout, autoResume: body.auto_resume,
       });
       return { status: 201, body: sandboxView(info) };
+    },
+
+    async createSnapshot({ scope, params, body }) {
+      return { status: 201, body: snapshotView(await tenants.sandboxes.createSnapshot(scope, params.id, { name: body.name, labels: body.labels })) };
+    },
+
+    async listSnapshots({ scope, query }) {
+      const r = await tenants.sandboxes.listSnapshots(scope, { sandboxId: query.sandbox_id, labels: parseLabelFilter(query.label), after: query.after, limit: query.limit ?? 100 });
+      return { status: 200, body: { snapshots: r.snapshots.map(snapshotView), next: r.next } };
+    },
+
+    async getSnapshot({ scope, params }) {
+      return { status: 200, body: snapshotView(await tenants.sandboxes.getSnapshot(scope, params.snapshot)) };
+    },
+
+    async deleteSnapshot({ scope, params }) {
+      await tenants.sandboxes.deleteSnapshot(scope, params.snapshot);
+      return { status: 204 };
+    },
+
+    async restoreSandbox({ scope, params, body }) {
+      return { status: 200, body: sandboxView(await tenants.sandboxes.restore(scope, params.id, body.snapshot)) };
     },
 
     async listSandboxes({ scope, query }) {
