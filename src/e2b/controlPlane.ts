@@ -5,7 +5,9 @@
  *
  * Mapping: templateID ↔ our template id; metadata ↔ labels; paused ↔ suspended; `timeout` (seconds
  * from now) ↔ a lease (POST /v1/sandboxes/{id}/timeout); envVars are kept beside the sandbox and
- * applied by envd (sandboxEnv.ts). Errors take E2B's shape, `{ code: <HTTP status>, message }`.
+ * applied by envd (sandboxEnv.ts). Snapshots are ours under our ids (`snap_…`): E2B's snapshot id
+ * is the template a sandbox is created from, so a create or a template delete whose templateID is a
+ * snapshot id is one of the snapshot. Errors take E2B's shape, `{ code: <HTTP status>, message }`.
  * Auth: `X-API-Key` with a Collimate key, in either shape (`clm_…` or the `e2b_<hex>` form the SDK
  * checks for; `collimate keys create --e2b`).
  */
@@ -14,9 +16,9 @@ import { CollimateError } from '../errors.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
-import { forkCountProblem, type SandboxInfo, type SandboxTransition } from '../sandboxes/types.js';
+import { forkCountProblem, type SandboxInfo, type SandboxTransition, type SnapshotInfo } from '../sandboxes/types.js';
 import type { EgressInput } from '../net/policy.js';
-import { Labels } from '../wire/schemas.js';
+import { CreateSnapshotRequest, Labels, SNAPSHOT_ID_RE } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
 import { keyFirst } from '../wire/keyFirst.js';
@@ -203,6 +205,57 @@ function listOrder(order: 'asc' | 'desc'): (a: { startedAt: string; id: string }
   return (a, b) => sign * (a.startedAt < b.startedAt ? -1 : a.startedAt > b.startedAt ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 }
 
+/** E2B's snapshot as its SDK reads it: our id as `snapshotID` (opaque to the SDK), the name given at its creation as `names`. */
+export function e2bSnapshot(s: SnapshotInfo): { snapshotID: string; names: string[] } {
+  return { snapshotID: s.id, names: s.name === null ? [] : [s.name] };
+}
+
+/** The name of E2B's snapshot create (`{}` or `{name}`); an empty one is none, as the SDK sends it. */
+function snapshotNameOf(body: Record<string, unknown>): string | undefined {
+  if (body.name === undefined || body.name === null || body.name === '') return undefined;
+  const parsed = CreateSnapshotRequest.safeParse({ name: body.name });
+  if (!parsed.success) throw bad(`name: ${parsed.error.issues.map((i) => i.message).join('; ')}.`);
+  return parsed.data.name;
+}
+
+/** E2B's `name[:tag]`: the tag is what follows the last `:` (a namespace `team/` stays in the name). */
+function nameAndTag(name: string): { name: string; tag?: string } {
+  const i = name.lastIndexOf(':');
+  return i > 0 && !name.slice(i + 1).includes('/') ? { name: name.slice(0, i), tag: name.slice(i + 1) } : { name };
+}
+
+/**
+ * E2B's `name` filter of the snapshot list: a snapshot id, or a name. A name without a tag matches
+ * that name with any tag, one with a tag only that tag; a name given without a tag has E2B's
+ * `default` one.
+ */
+function snapshotNamed(filter: string): (s: SnapshotInfo) => boolean {
+  if (SNAPSHOT_ID_RE.test(filter)) return (s) => s.id === filter;
+  const want = nameAndTag(filter);
+  return (s) => {
+    if (s.name === null) return false;
+    const have = nameAndTag(s.name);
+    return have.name === want.name && (want.tag === undefined || (have.tag ?? 'default') === want.tag);
+  };
+}
+
+/** E2B's snapshot pages hold 100 unless the SDK asks for fewer; 100 is also its most. */
+const SNAPSHOT_LIST_LIMIT = 100;
+
+/** E2B's snapshot list query (GET /snapshots): whose, which names, the page and where it starts (nextToken: the last id of the page before). */
+export function e2bSnapshotQuery(query: Record<string, unknown>): { sandboxId?: string; keep: (s: SnapshotInfo) => boolean; limit: number; after?: string } {
+  let limit = SNAPSHOT_LIST_LIMIT;
+  if (query.limit !== undefined) {
+    limit = Number(query.limit);
+    if (!Number.isInteger(limit) || limit < 1 || limit > SNAPSHOT_LIST_LIMIT) throw bad(`limit must be a whole number from 1 to ${SNAPSHOT_LIST_LIMIT}.`);
+  }
+  const token = typeof query.nextToken === 'string' && query.nextToken !== '' ? query.nextToken : undefined;
+  if (token !== undefined && !SNAPSHOT_ID_RE.test(token)) throw bad('nextToken is not one this server gave: pass the x-next-token of the previous page as it was.');
+  const sandboxId = typeof query.sandboxID === 'string' && query.sandboxID !== '' ? query.sandboxID : undefined;
+  const name = typeof query.name === 'string' && query.name !== '' ? query.name : undefined;
+  return { ...(sandboxId ? { sandboxId } : {}), keep: name === undefined ? () => true : snapshotNamed(name), limit, ...(token ? { after: token } : {}) };
+}
+
 /**
  * E2B's template names that mean one of ours: E2B's `base` (the SDK's default) is a Debian image with
  * a `user` account, bash, python3, node, git, curl and sudo, which is our `debian`, not our busybox `base`.
@@ -251,7 +304,6 @@ export class E2bControlPlane {
   async create(scope: Scope, body: Record<string, unknown>): Promise<[number, unknown]> {
     const named = body.templateID;
     if (typeof named !== 'string' || named === '') throw bad('templateID is required: the id of a template (GET /v1/templates).');
-    const template = this.templateFor(scope, named);
     const lifecycle = lifecycleOf(body);
     if (body.mcp !== undefined && body.mcp !== null) throw bad('mcp (the MCP gateway) is not supported by Collimate.');
     if (Array.isArray(body.volumeMounts) && body.volumeMounts.length > 0) throw bad('volumeMounts are not supported by Collimate.');
@@ -261,8 +313,14 @@ export class E2bControlPlane {
     const labels = metadataOf(body);
     const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const egress = network ?? (body.allow_internet_access === false ? ('none' as const) : undefined);
-    const info = await this.tenants.sandboxes.create(scope, { template, ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}), ...lifecycle });
-    const env = (body.envVars ?? {}) as Record<string, string>;
+    const common = { ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) };
+    const fromSnapshot = SNAPSHOT_ID_RE.test(named);
+    // From a snapshot, E2B's defaults hold (deleted at its timeout), not those of the sandbox it was taken of.
+    const info = fromSnapshot
+      ? (await this.tenants.sandboxes.startFromSnapshot(scope, { snapshot: named, count: 1, ...common, onTimeout: lifecycle.onTimeout ?? 'delete', autoResume: lifecycle.autoResume ?? false }))[0]
+      : await this.tenants.sandboxes.create(scope, { template: this.templateFor(scope, named), ...common, ...lifecycle });
+    // A sandbox from a snapshot has the envVars its envd held then (as E2B's, whose envd is in the snapshot's memory), under the create's own.
+    const env = { ...(fromSnapshot ? await this.opts.env.get(named) : {}), ...((body.envVars ?? {}) as Record<string, string>) };
     try {
       await this.opts.env.set(info.id, env);
     } catch (err) {
@@ -388,6 +446,50 @@ export class E2bControlPlane {
     if ((start !== undefined && nowMs / 1000 < start) || (end !== undefined && nowMs / 1000 > end + 10)) return [];
     return [entry(nowMs, null, 0)];
   }
+
+  /**
+   * A snapshot of a running or suspended sandbox, which goes on as it was (as E2B's). Its envVars are
+   * kept under the snapshot's id for the sandboxes started from it.
+   */
+  async createSnapshot(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
+    const name = snapshotNameOf(body);
+    const snap = await this.tenants.sandboxes.createSnapshot(scope, id, name === undefined ? {} : { name });
+    try {
+      await this.opts.env.set(snap.id, await this.opts.env.get(id));
+    } catch (err) {
+      await this.tenants.sandboxes.deleteSnapshot(scope, snap.id).catch(() => undefined);
+      throw err;
+    }
+    return [201, e2bSnapshot(snap)];
+  }
+
+  /**
+   * A page of the tenant's snapshots in our order, by id (E2B's is newest first): the service's pages
+   * are read from the cursor until the page is full, filtered by name here.
+   */
+  async listSnapshots(scope: Scope, query: Record<string, unknown>): Promise<{ items: unknown[]; next: string | null }> {
+    const q = e2bSnapshotQuery(query);
+    const kept: SnapshotInfo[] = [];
+    let after = q.after;
+    do {
+      const page = await this.tenants.sandboxes.listSnapshots(scope, { ...(q.sandboxId ? { sandboxId: q.sandboxId } : {}), limit: 1000, ...(after ? { after } : {}) });
+      kept.push(...page.snapshots.filter(q.keep));
+      after = page.next ?? undefined;
+    } while (after && kept.length <= q.limit);
+    const items = kept.slice(0, q.limit);
+    return { items: items.map(e2bSnapshot), next: kept.length > q.limit ? items[items.length - 1].id : null };
+  }
+
+  /** E2B deletes a snapshot as the template it is; templates are not deleted through this door. */
+  async deleteTemplate(scope: Scope, templateId: string): Promise<void> {
+    if (!SNAPSHOT_ID_RE.test(templateId)) throw notServed('DELETE', `/templates/${templateId}`);
+    await this.tenants.sandboxes.deleteSnapshot(scope, templateId);
+    await this.opts.env.forget(templateId);
+  }
+}
+
+function notServed(method: string, path: string): CollimateError {
+  return new CollimateError('not_found', `${method} ${path.slice(0, 200)} is not served by Collimate's E2B API; docs/e2b.md lists what is.`);
 }
 
 type Handler = (scope: Scope, req: FastifyRequest, reply: FastifyReply) => Promise<unknown> | unknown;
@@ -455,10 +557,16 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('PUT', '/sandboxes/:id/network', async (scope, req) => {
     await tenants.sandboxes.setEgress(scope, id(req), egressOfNetwork(jsonBody(req) ?? {}));
   });
+  route('POST', '/sandboxes/:id/snapshots', (scope, req) => plane.createSnapshot(scope, id(req), jsonBody(req)));
+  route('GET', '/snapshots', async (scope, req, reply) => {
+    const page = await plane.listSnapshots(scope, query(req));
+    if (page.next) reply.header('x-next-token', page.next);
+    return page.items;
+  });
+  route('DELETE', '/templates/:id', (scope, req) => plane.deleteTemplate(scope, id(req)));
   // Anything else under E2B's API is answered in E2B's error shape, so the SDK can print it.
   app.all(`${E2B_API_PREFIX}/*`, async (req, reply) => {
-    const path = req.url.split('?')[0].slice(E2B_API_PREFIX.length);
-    sendE2bError(reply, new CollimateError('not_found', `${req.method} ${path.slice(0, 200)} is not served by Collimate's E2B API; docs/e2b.md lists what is.`));
+    sendE2bError(reply, notServed(req.method, req.url.split('?')[0].slice(E2B_API_PREFIX.length)));
   });
   return plane;
 }

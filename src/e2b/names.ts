@@ -11,6 +11,8 @@ const CALLS: Partial<Record<string, string>> = {
   deleteSandbox: 'sandbox.kill()',
   listProcesses: 'sandbox.commands.list()',
   createPortUrl: 'sandbox.getHost(port)',
+  listSnapshots: 'Sandbox.listSnapshots()',
+  deleteSnapshot: 'Sandbox.deleteSnapshot(snapshotId)',
 };
 
 export const e2bNames: DoorNames = ({ op }) => CALLS[op];

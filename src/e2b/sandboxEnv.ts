@@ -2,7 +2,9 @@
  * What an E2B sandbox carries that Collimate's own sandboxes do not: the environment variables given
  * at create (`envVars`), which envd applies to every command it starts. Kept in the server's
  * database (migration 13) so they survive a restart; a fork through the E2B front door copies them
- * to the children. Rows of deleted sandboxes are removed with them (`forget`).
+ * to the children. Rows of deleted sandboxes are removed with them (`forget`). A snapshot taken
+ * through the door keeps its sandbox's under the snapshot's id, for the sandboxes started from it;
+ * that row goes when the door deletes the snapshot (one deleted by another door leaves it behind).
  */
 import type { Db } from '../store/db.js';
 import { applyMigrations, registerMigrations, type Migration } from '../store/db.js';
