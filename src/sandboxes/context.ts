@@ -78,6 +78,17 @@ export function rowFor(ctx: EngineContext, id: string, scope?: Scope): SandboxRo
   return row;
 }
 
+/**
+ * Why an operation that waited on a sandbox's queue finds it going: deleted (not found), or rolled
+ * back to a snapshot meanwhile (sandbox_restored: what the request asked was not done).
+ */
+export function gone(r: Running): CollimateError {
+  if (r.rolledBack) {
+    return new CollimateError('sandbox_restored', `Sandbox ${r.id} was rolled back to snapshot ${r.rolledBack} while this request waited; what it asked was not done. Send it again if it still applies.`, { details: { snapshot_id: r.rolledBack } });
+  }
+  return sandboxNotFound(r.id);
+}
+
 /** The running sandbox `id`, for an operation that needs its VMM; invalid_state otherwise (busy while being deleted). */
 export function runningFor(ctx: EngineContext, id: string, scope: Scope | undefined, operation: string): Running {
   const row = rowFor(ctx, id, scope);
@@ -124,7 +135,7 @@ export function vmmFailure(op: string, e: unknown, r?: Running): CollimateError 
   if (e instanceof CollimateError) return e;
   // A delete (the tenant's, the reaper's, a VM that died) overtook it and took its files: that is
   // what the caller must hear, not the missing file it tripped over.
-  if (r?.deleting) return r.lost ? sandboxEnded(r.id, r.lost) : sandboxNotFound(r.id);
+  if (r?.deleting) return r.lost ? sandboxEnded(r.id, r.lost) : gone(r);
   return new CollimateError('vmm_failed', `The ${op} failed inside the VMM: ${(e as Error).message}. Nothing was changed; retry, or delete the sandbox.`, { cause: e });
 }
 

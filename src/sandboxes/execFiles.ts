@@ -1,10 +1,10 @@
-import { CollimateError, sandboxNotFound, type ErrorCode } from '../errors.js';
+import { CollimateError, type ErrorCode } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import { listeningPorts } from '../net/ports.js';
 import type { ReadyTemplate } from '../images/templates.js';
 import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSeed, userNotFound, OOM_PROBE } from './exec.js';
 import { settledLink, type Running } from './registry.js';
-import { networkReason, rowFor, runningFor, type EngineContext } from './context.js';
+import { gone, networkReason, rowFor, runningFor, type EngineContext } from './context.js';
 import type { ExecRequest, ExecResult, ExecStreamHandlers, OpenPort, PortTarget, Scope } from './types.js';
 
 /**
@@ -24,7 +24,7 @@ export async function execIn(ctx: EngineContext, id: string, req: ExecRequest, s
   });
   const queuedAt = Date.now();
   return r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
+    if (r.deleting) throw gone(r);
     const startedAt = Date.now();
     try {
       // The guest enforces the exec timeout; the client-side limit only catches a guest that hangs.
@@ -135,7 +135,7 @@ const FS_CODES: Readonly<Record<string, ErrorCode>> = {
 /** An agent's failure as clients see it: the guest's own errors by code, anything else agent_unavailable. */
 export function agentFailure(r: Running, e: unknown, path?: string): Error {
   if (r.lost) return new CollimateError('vmm_failed', `Sandbox ${r.id}'s VM died during this request: ${r.lost}. The sandbox is deleted; create or fork a new one.`, { cause: e });
-  if (r.deleting) return sandboxNotFound(r.id);
+  if (r.deleting) return gone(r);
   if (e instanceof CollimateError) return e;
   if (e instanceof AgentError) {
     if (e.code === 'file_not_found') return new CollimateError('file_not_found', path !== undefined ? `No file at ${path} in sandbox ${r.id}${/destination/.test(e.message) ? ` (${e.message})` : ''}.` : `${e.message} (sandbox ${r.id}).`);

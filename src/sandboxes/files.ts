@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError } from '../errors.js';
 import { AgentError } from '../guest/agentClient.js';
 import type { FsEntry, FsEvent } from '../guest/protocol.js';
 import { FS_PATH_MAX } from '../guest/protocol.js';
 import { agentFailure } from './execFiles.js';
 import { settledLink, type Running } from './registry.js';
-import { runningFor, type EngineContext } from './context.js';
+import { gone, runningFor, type EngineContext } from './context.js';
 import type { DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, Scope, UploadOptions, WatchEndReason, WatchHandlers } from './types.js';
 import { checkUser } from './exec.js';
 
@@ -56,10 +56,10 @@ async function beside<T>(ctx: EngineContext, id: string, scope: Scope | undefine
   const r = runningFor(ctx, id, scope, operation);
   while (r.paused || r.pausing) {
     await r.queue.run(async () => {
-      if (r.deleting) throw sandboxNotFound(id);
+      if (r.deleting) throw gone(r);
     });
   }
-  if (r.deleting) throw sandboxNotFound(id);
+  if (r.deleting) throw gone(r);
   ctx.registry.touch(id, false);
   r.besides = (r.besides ?? 0) + 1;
   try {
@@ -180,7 +180,7 @@ export async function downloadFile(ctx: EngineContext, id: string, path: string,
   const abs = absoluteGuestPath(path);
   const r = runningFor(ctx, id, scope, 'reading a file');
   return r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
+    if (r.deleting) throw gone(r);
     ctx.registry.touch(id, false);
     try {
       return await r.live.agent.downloadFile(abs, sink, { maxBytes });
@@ -208,7 +208,7 @@ export async function uploadFile(ctx: EngineContext, id: string, path: string, s
   const r = runningFor(ctx, id, scope, 'writing a file');
   const tempPath = posix.join(posix.dirname(abs), `.${posix.basename(abs).slice(0, 200)}.upload-${randomBytes(6).toString('hex')}`);
   return r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
+    if (r.deleting) throw gone(r);
     ctx.registry.touch(id, false);
     try {
       const written = await r.live.agent.uploadFile(abs, source, { tempPath, mode: opts.mode, maxBytes: opts.maxBytes, user: opts.user, xattrs: opts.xattrs });

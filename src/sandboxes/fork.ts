@@ -2,7 +2,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { CollimateError, invalidState, sandboxNotFound } from '../errors.js';
+import { CollimateError, invalidState } from '../errors.js';
 import type { MachineShape } from '../vmm/machine.js';
 import { copyPrivatePages, preallocPrivatePages, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
@@ -18,7 +18,7 @@ import { Phases } from './phases.js';
 import { attachDisk, attachMemory } from './forkReceivers.js';
 import type { Running } from './registry.js';
 import { endFork } from './delete.js';
-import { dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import { gone, dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import { forkCountProblem, type ForkOptions, type SandboxInfo, type Scope } from './types.js';
 
 /**
@@ -75,7 +75,7 @@ export async function forkSandbox(ctx: EngineContext, id: string, opts: ForkOpti
     }
     const r = runningFor(ctx, id, scope, 'fork');
     return r.queue.run(async () => {
-      if (r.deleting) throw sandboxNotFound(id);
+      if (r.deleting) throw gone(r);
       ctx.registry.flushActivity();
       // Its children inherit what the host holds of its processes now, before it stops and runs on.
       ctx.processes.beginFork(r.id);

@@ -1,9 +1,9 @@
 import { constants } from 'node:os';
-import { CollimateError, sandboxNotFound, msg, see } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { AgentError, ClientErrorCode } from '../guest/agentClient.js';
 import type { ProcStartRequest } from '../guest/protocol.js';
 import { checkUser, execSeed, userNotFound, withoutImageHome } from './exec.js';
-import { rowFor, runningFor, type EngineContext } from './context.js';
+import { gone, rowFor, runningFor, type EngineContext } from './context.js';
 import { settledLink, type Running } from './registry.js';
 import type { ProcessEvent, ProcessInfo, SandboxProcesses } from './processes.js';
 import type { ProcessStartRequest, Scope } from './types.js';
@@ -87,7 +87,7 @@ async function awake(r: Running): Promise<void> {
 /** The agent's refusal as clients see it. */
 function processFailure(ctx: EngineContext, r: Running, pid: number | undefined, e: unknown): Error {
   if (r.lost) return new CollimateError('vmm_failed', `Sandbox ${r.id}'s VM died during this request: ${r.lost}. The sandbox is deleted; create or fork a new one.`, { cause: e });
-  if (r.deleting) return sandboxNotFound(r.id);
+  if (r.deleting) return gone(r);
   if (e instanceof AgentError && e.code === 'stdin_closed' && pid !== undefined) ctx.processes.of(r.id).stdinClosed(pid);
   return processError(r.id, pid, e);
 }
@@ -139,7 +139,7 @@ export async function startProcess(ctx: EngineContext, id: string, req: ProcessS
   try { defaults = ctx.templates.resolve(row.template, row.tenant).execDefaults; } catch { defaults = undefined; }
   const agentReq = buildProcStart(req, defaults);
   return r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
+    if (r.deleting) throw gone(r);
     try {
       const started = await r.live.agent.startProcess(agentReq);
       ctx.registry.touch(id, false);

@@ -9,7 +9,7 @@ import { Phases } from './phases.js';
 import { forkRunningByPages, recordForkPoint, spawnChildren, SNAPSHOT_RAM, type ForkPoint } from './fork.js';
 import { gcForkPoints } from './delete.js';
 import { removeAfterwards, resumeSandbox, snapshotFiles, snapshotRecord } from './suspendResume.js';
-import { dirs, getInfo, pooledVmmDir, rowFor, runningFor, vmmFailure, type EngineContext } from './context.js';
+import { dirs, getInfo, gone, pooledVmmDir, rowFor, runningFor, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions } from './types.js';
 import { forkCountProblem } from './types.js';
 
@@ -231,11 +231,6 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
   });
 }
 
-/** Why an operation queued on a sandbox did not run: the sandbox was rolled back to a snapshot meanwhile. */
-export function sandboxRolledBack(id: string, snapId: string): CollimateError {
-  return new CollimateError('sandbox_restored', `Sandbox ${id} was rolled back to snapshot ${snapId} while this request waited; what it asked was not done. Send it again if it still applies.`, { details: { snapshot_id: snapId } });
-}
-
 /**
  * Rolls sandbox `id` back to snapshot `snapId` of its own, in place (same id): its memory,
  * processes and files become the snapshot's. A running sandbox is stopped and becomes a suspended
@@ -273,7 +268,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
     }
     const r = runningFor(ctx, id, scope, 'restore');
     await r.queue.run(() => ctx.registry.serialized(id, async () => {
-      if (r.deleting) throw r.rolledBack ? sandboxRolledBack(id, r.rolledBack) : invalidState(id, 'busy', 'restore', ['running', 'suspended']);
+      if (r.deleting) throw r.rolledBack ? gone(r) : invalidState(id, 'busy', 'restore', ['running', 'suspended']);
       ctx.registry.flushActivity();
       const vmm = r.live.vmm;
       const rec = r.live.record;

@@ -2,7 +2,7 @@ import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFile
 import { open, rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { invalidState, sandboxNotFound } from '../errors.js';
+import { invalidState } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
 import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, destroyPending, newForkPointId, type LiveVm, type PendingVm } from './runtime.js';
@@ -13,7 +13,7 @@ import type { Running } from './registry.js';
 import { gcForkPoints } from './delete.js';
 import { Phases } from './phases.js';
 import { recordForkPoint, type ForkPoint } from './fork.js';
-import { dirs, getInfo, isUnacknowledgedRestore, pooledVmmDir, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import { gone, dirs, getInfo, isUnacknowledgedRestore, pooledVmmDir, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope } from './types.js';
 
 /**
@@ -56,7 +56,7 @@ export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Sco
   // Its RAM image goes to disk: at most the guest's memory.
   const memoryMib = ctx.repo.get(id)!.memory_mib;
   return ctx.capacity.within('suspend', { vmms: 0, memoryMib: 0, diskMib: memoryMib }, () => r.queue.run(async () => {
-    if (r.deleting) throw sandboxNotFound(id);
+    if (r.deleting) throw gone(r);
     ctx.registry.flushActivity();
     return ctx.registry.serialized(id, () => suspendRunning(ctx, r));
   }));
