@@ -15,6 +15,8 @@ __all__ = [
     "AuthenticationError",
     "NotFoundError",
     "InvalidStateError",
+    "SnapshotMismatchError",
+    "SandboxRestoredError",
     "ConcurrencyLimitError",
     "QuotaExceededError",
     "ValidationError",
@@ -70,7 +72,7 @@ class AuthenticationError(CollimateError):
 
 
 class NotFoundError(CollimateError):
-    """404: no such sandbox, template, image or file (other tenants' ids read as not found too)."""
+    """404: no such sandbox, snapshot, template, image or file (other tenants' ids read as not found too)."""
 
     default_status = 404
 
@@ -86,6 +88,28 @@ class InvalidStateError(CollimateError):
         return s if isinstance(s, str) else None
 
 
+class SnapshotMismatchError(InvalidStateError):
+    """409 snapshot_mismatch: a rollback (``sb.restore``) to a snapshot of another sandbox; a sandbox
+    rolls back only to its own. Start a new sandbox from it instead (``client.sandboxes.from_snapshot``)."""
+
+    @property
+    def snapshot_sandbox_id(self) -> Optional[str]:
+        """The sandbox the snapshot was taken of, when the server says."""
+        s = self.details.get("snapshot_sandbox_id")
+        return s if isinstance(s, str) else None
+
+
+class SandboxRestoredError(InvalidStateError):
+    """409 sandbox_restored: the request waited on the sandbox behind a rollback to a snapshot and was
+    not done (the sandbox is now at the snapshot's moment). Send it again if it still applies."""
+
+    @property
+    def snapshot_id(self) -> Optional[str]:
+        """The snapshot the sandbox was rolled back to, when the server says."""
+        s = self.details.get("snapshot_id")
+        return s if isinstance(s, str) else None
+
+
 class ConcurrencyLimitError(CollimateError):
     """429: the tier's cap on running sandboxes is reached; ``retry_after`` is in seconds."""
 
@@ -93,8 +117,9 @@ class ConcurrencyLimitError(CollimateError):
 
 
 class QuotaExceededError(CollimateError):
-    """429 quota_exceeded: a per-tenant quota is reached; ``quota`` names it. Retrying does not help
-    until something is deleted or closed."""
+    """429 quota_exceeded: a per-tenant quota is reached; ``quota`` names it (``suspended_sandboxes``,
+    ``suspended_mib``, ``snapshots``, ``snapshot_mib``, ``images``, ``environments``, ``open_streams``,
+    ``keys``). Retrying does not help until something is deleted or closed."""
 
     default_status = 429
 
@@ -198,6 +223,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "file_not_found": NotFoundError,
     "process_not_found": NotFoundError,
     "user_not_found": NotFoundError,
+    "snapshot_not_found": NotFoundError,
     "process_exited": InvalidStateError,
     "stdin_closed": InvalidStateError,
     "not_a_terminal": InvalidStateError,
@@ -215,6 +241,8 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "no_space": NoSpaceError,
     "invalid_state": InvalidStateError,
     "conflict": InvalidStateError,
+    "snapshot_mismatch": SnapshotMismatchError,
+    "sandbox_restored": SandboxRestoredError,
     "network_unavailable": NetworkUnavailableError,
     "payload_too_large": PayloadTooLargeError,
     "concurrency_limit": ConcurrencyLimitError,

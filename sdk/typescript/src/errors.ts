@@ -40,7 +40,7 @@ export class AuthenticationError extends CollimateError {
   static override readonly defaultStatus = 401;
 }
 
-/** 404: no such sandbox, template, image or file (other tenants' ids read as not found too). */
+/** 404: no such sandbox, snapshot, template, image or file (other tenants' ids read as not found too). */
 export class NotFoundError extends CollimateError {
   static override readonly defaultStatus = 404;
 }
@@ -54,18 +54,40 @@ export class InvalidStateError extends CollimateError {
   }
 }
 
+/**
+ * 409 snapshot_mismatch: a rollback (`sb.restore`) to a snapshot of another sandbox; a sandbox rolls
+ * back only to its own. Start a new sandbox from that snapshot instead (`client.sandboxes.fromSnapshot`).
+ */
+export class SnapshotMismatchError extends InvalidStateError {
+  /** The sandbox the snapshot was taken of, when the server says. */
+  get snapshotSandboxId(): string | undefined {
+    return typeof this.details.snapshot_sandbox_id === 'string' ? this.details.snapshot_sandbox_id : undefined;
+  }
+}
+
+/**
+ * 409 sandbox_restored: the request waited on the sandbox behind a rollback to a snapshot and was not
+ * done (the sandbox is now at the snapshot's moment). Send it again if it still applies.
+ */
+export class SandboxRestoredError extends InvalidStateError {
+  /** The snapshot the sandbox was rolled back to, when the server says. */
+  get snapshotId(): string | undefined {
+    return typeof this.details.snapshot_id === 'string' ? this.details.snapshot_id : undefined;
+  }
+}
+
 /** 429: the tier's cap on running sandboxes is reached. Suspend or delete one, then retry. */
 export class ConcurrencyLimitError extends CollimateError {
   static override readonly defaultStatus = 429;
 }
 
 /**
- * 429 quota_exceeded: a per-tenant quota (suspended sandboxes, images, environments, open streams,
- * keys) is reached; `quota` names it. Retrying does not help until something is deleted or closed.
+ * 429 quota_exceeded: a per-tenant quota (suspended sandboxes, snapshots, images, environments, open
+ * streams, keys) is reached; `quota` names it. Retrying does not help until something is deleted or closed.
  */
 export class QuotaExceededError extends CollimateError {
   static override readonly defaultStatus = 429;
-  /** Which quota (`suspended_sandboxes`, `suspended_mib`, `images`, `environments`, `open_streams`, `keys`). */
+  /** Which quota (`suspended_sandboxes`, `suspended_mib`, `snapshots`, `snapshot_mib`, `images`, `environments`, `open_streams`, `keys`). */
   get quota(): string | undefined {
     return typeof this.details.quota === 'string' ? this.details.quota : undefined;
   }
@@ -158,6 +180,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   file_not_found: NotFoundError,
   process_not_found: NotFoundError,
   user_not_found: NotFoundError,
+  snapshot_not_found: NotFoundError,
   process_exited: InvalidStateError,
   stdin_closed: InvalidStateError,
   not_a_terminal: InvalidStateError,
@@ -175,6 +198,8 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   no_space: NoSpaceError,
   invalid_state: InvalidStateError,
   conflict: InvalidStateError,
+  snapshot_mismatch: SnapshotMismatchError,
+  sandbox_restored: SandboxRestoredError,
   network_unavailable: NetworkUnavailableError,
   payload_too_large: PayloadTooLargeError,
   concurrency_limit: ConcurrencyLimitError,

@@ -13,6 +13,8 @@ export {
   AuthenticationError,
   NotFoundError,
   InvalidStateError,
+  SnapshotMismatchError,
+  SandboxRestoredError,
   ConcurrencyLimitError,
   QuotaExceededError,
   ValidationError,

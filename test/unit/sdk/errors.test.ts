@@ -12,7 +12,10 @@ import {
   InvalidStateError,
   NotFoundError,
   PayloadTooLargeError,
+  QuotaExceededError,
+  SandboxRestoredError,
   ServerError,
+  SnapshotMismatchError,
   TierForbiddenError,
   ValidationError,
 } from '../../../src/sdk/index.js';
@@ -59,6 +62,30 @@ test('the classes the issue names, by status', () => {
   assert.ok(errorFromBody(503, '<html>bad gateway</html>') instanceof ServerError);
   // SSE `error` events have no status: the class's own.
   assert.equal(errorFromBody(undefined, { error: { code: 'invalid_state', message: '' } }).status, 409);
+});
+
+test('the snapshot codes: a missing snapshot is not found; a mismatch and a request dropped by a rollback are 409s saying which snapshot', () => {
+  assert.ok(errorFromBody(404, { error: { code: 'snapshot_not_found', message: '' } }) instanceof NotFoundError);
+  const mismatch = errorFromBody(409, { error: { code: 'snapshot_mismatch', message: 'm', snapshot_sandbox_id: 'sbx_0123456789ab' } });
+  assert.ok(mismatch instanceof SnapshotMismatchError && mismatch instanceof InvalidStateError);
+  assert.equal(mismatch.snapshotSandboxId, 'sbx_0123456789ab');
+  const restored = errorFromBody(409, { error: { code: 'sandbox_restored', message: 'm', snapshot_id: 'snap_0123456789abcdef' } });
+  assert.ok(restored instanceof SandboxRestoredError && restored instanceof InvalidStateError && !(restored instanceof SnapshotMismatchError));
+  assert.equal(restored.snapshotId, 'snap_0123456789abcdef');
+  const quota = errorFromBody(429, { error: { code: 'quota_exceeded', message: 'm', quota: 'snapshot_mib', limit: 4096 } });
+  assert.ok(quota instanceof QuotaExceededError);
+  assert.equal(quota.quota, 'snapshot_mib');
+  const py = execFileSync(
+    '/usr/bin/python3',
+    ['-c', [
+      'import collimate',
+      "m = collimate.error_from_body(409, {'error': {'code': 'snapshot_mismatch', 'message': 'm', 'snapshot_sandbox_id': 'sbx_0123456789ab'}})",
+      "r = collimate.error_from_body(409, {'error': {'code': 'sandbox_restored', 'message': 'm', 'snapshot_id': 'snap_0123456789abcdef'}})",
+      'print(isinstance(m, collimate.InvalidStateError), m.snapshot_sandbox_id, isinstance(r, collimate.InvalidStateError), r.snapshot_id)',
+    ].join('\n')],
+    { env: { ...process.env, PYTHONPATH: `${ROOT}/sdk/python` } },
+  ).toString();
+  assert.equal(py.trim(), 'True sbx_0123456789ab True snap_0123456789abcdef');
 });
 
 test('the Python mapping is the same table (class names by code) and covers every code', () => {
