@@ -5,7 +5,7 @@
  *   await using sb = await client.sandboxes.create({ template: 'base' });
  *   const r = await sb.exec({ command: 'echo hi' });
  */
-export { Collimate, Sandboxes, SandboxPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
+export { Collimate, Sandboxes, SandboxPages, Snapshots, SnapshotPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
 export { Sandbox, SandboxFiles } from './sandbox.js';
 export { SandboxProcesses, ProcessHandle } from './processes.js';
 export {

@@ -12,13 +12,13 @@ import { parseSse as parseSseStream, type Transport } from './transport.js';
 import { SandboxProcesses } from './processes.js';
 import type {
   EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState,
-  WatchEvent,
+  Snapshot, SnapshotParams, WatchEvent,
 } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
 const EXEC_TIMEOUT_SLACK_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_SECS = 60;
-/** Fork and resume restore whole VMs: give them longer than a plain request. */
+/** Fork, resume, snapshots and rollbacks save or restore whole VMs: give them longer than a plain request. */
 const LIFECYCLE_TIMEOUT_MS = 300_000;
 
 export class Sandbox {
@@ -49,6 +49,10 @@ export class Sandbox {
   /** The sandbox this one was live-forked from (null for a template create). */
   get parent(): string | null {
     return this.info.parent;
+  }
+  /** The snapshot this sandbox was started from, or last rolled back to (null if neither). */
+  get fromSnapshot(): string | null {
+    return this.info.from_snapshot;
   }
   /** What the sandbox may reach: its template's egress policy, or the narrower one given at create. */
   get egress(): EgressPolicy {
@@ -120,6 +124,32 @@ export class Sandbox {
       timeoutMs: LIFECYCLE_TIMEOUT_MS,
     });
     return r.sandboxes.map((info) => new Sandbox(this.http, info));
+  }
+
+  /**
+   * Keeps this moment of the running or suspended sandbox — its memory, processes and files — as a
+   * snapshot, kept until deleted (`client.snapshots.delete`). A running sandbox pauses as briefly as
+   * for a fork and runs on. Start sandboxes from it (`client.sandboxes.fromSnapshot`) or roll this
+   * sandbox back to it (`restore`). Counts against the quotas `snapshots` and `snapshot_mib`
+   * (QuotaExceededError). Never retried: a repeat would keep a second snapshot.
+   */
+  async snapshot(params: SnapshotParams = {}): Promise<Snapshot> {
+    const body: Record<string, unknown> = {};
+    if (params.name !== undefined) body.name = params.name;
+    if (params.labels) body.labels = params.labels;
+    return this.http.json<Snapshot>({ method: 'POST', path: this.path('/snapshots'), json: body, timeoutMs: LIFECYCLE_TIMEOUT_MS });
+  }
+
+  /**
+   * Rolls this sandbox back to one of its own snapshots, in place (same id): its memory, processes
+   * and files become the snapshot's. A running sandbox runs on from that moment; a suspended one
+   * stays suspended at it. Requests queued on it behind the rollback fail with SandboxRestoredError;
+   * a snapshot of another sandbox is a SnapshotMismatchError (start a new sandbox from it instead).
+   * Refreshes `info`. Never retried.
+   */
+  async restore(snapshot: string | Snapshot): Promise<this> {
+    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/restore'), json: { snapshot: snapshotId(snapshot) }, timeoutMs: LIFECYCLE_TIMEOUT_MS });
+    return this;
   }
 
   /**
@@ -334,6 +364,11 @@ export class SandboxFiles {
       await reader.cancel().catch(() => undefined);
     }
   }
+}
+
+/** @internal A snapshot argument: its id, or the snapshot as the API returned it. */
+export function snapshotId(snapshot: string | Snapshot): string {
+  return typeof snapshot === 'string' ? snapshot : snapshot.id;
 }
 
 function octal(mode: number | undefined): string | undefined {

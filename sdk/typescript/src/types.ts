@@ -8,6 +8,11 @@ import type * as Wire from './wire.generated.js';
 export type SandboxInfo = Wire.Sandbox;
 export type SandboxState = Wire.SandboxState;
 export type Template = Wire.Template;
+/**
+ * A kept moment of a sandbox (its memory, processes and files): start sandboxes from it
+ * (`client.sandboxes.fromSnapshot`) or roll the sandbox it was taken of back to it (`sb.restore`).
+ */
+export type Snapshot = Wire.Snapshot;
 export type ExecFile = Wire.ExecFile;
 /** `"none"`, `"allow"` or `{ domains?, cidrs?, ports? }`; the server answers with the normalised form. */
 export type EgressPolicy = Wire.EgressPolicy;
@@ -69,6 +74,34 @@ export interface PortUrlParams {
 
 export interface ListSandboxesParams {
   state?: SandboxState;
+  /** Every label must match. */
+  labels?: Record<string, string>;
+  /** Page size, 1..1000 (default 100). */
+  limit?: number;
+}
+
+export interface SnapshotParams {
+  /** A name to show, 1..128 characters; not unique. */
+  name?: string;
+  labels?: Record<string, string>;
+}
+
+export interface FromSnapshotParams {
+  /** The started sandboxes' labels (the snapshot's sandbox's are not carried over). */
+  labels?: Record<string, string>;
+  /** Session length in seconds. Default: the tier's default session, else that of the sandbox the snapshot was taken of. */
+  timeoutSecs?: number;
+  /** Narrows the snapshot's egress policy (wider: EgressForbiddenError). Default: the snapshot's. */
+  egress?: EgressPolicy;
+  /** What happens when the session ends: `delete`, or `suspend`. */
+  onTimeout?: 'delete' | 'suspend';
+  /** While suspended, a request that needs it running resumes it first. */
+  autoResume?: boolean;
+}
+
+export interface ListSnapshotsParams {
+  /** Only snapshots of this sandbox. */
+  sandboxId?: string;
   /** Every label must match. */
   labels?: Record<string, string>;
   /** Page size, 1..1000 (default 100). */

@@ -30,6 +30,9 @@ const extraFieldDiffers: Same<{ a: string; b: number }, { a: string }> = true;
 // The types the SDK uses, against the schemas: responses as the server sends them, requests as a client writes them.
 const sdkTypesMatchSchemas: [
   Same<Wire.Sandbox, z.output<typeof S.Sandbox>>,
+  Same<Wire.CreateSandboxResponse, z.output<typeof S.CreateSandboxResponse>>,
+  Same<Wire.Snapshot, z.output<typeof S.Snapshot>>,
+  Same<Wire.SnapshotList, z.output<typeof S.SnapshotList>>,
   Same<Wire.SandboxState, z.output<typeof S.SandboxState>>,
   Same<Wire.Template, z.output<typeof S.Template>>,
   Same<Wire.OpenPort, z.output<typeof S.OpenPort>>,
@@ -42,7 +45,9 @@ const sdkTypesMatchSchemas: [
   Same<Wire.CreateSandboxRequest, z.input<typeof S.CreateSandboxRequest>>,
   Same<Wire.ForkRequest, z.input<typeof S.ForkRequest>>,
   Same<Wire.SetTimeoutRequest, z.input<typeof S.SetTimeoutRequest>>,
-] = [true, true, true, true, true, true, true, true, true, true, true, true, true];
+  Same<Wire.CreateSnapshotRequest, z.input<typeof S.CreateSnapshotRequest>>,
+  Same<Wire.RestoreRequest, z.input<typeof S.RestoreRequest>>,
+] = [true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true, true];
 void [optionalIsNotRequired, extraFieldDiffers, sdkTypesMatchSchemas];
 
 test('the committed wire types are what the API schemas render to', () => {

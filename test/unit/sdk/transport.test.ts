@@ -75,6 +75,29 @@ test('exec, suspend, resume and delete are never retried', async () => {
   assert.equal(s.seen.length, 5);
 });
 
+test('a start from a snapshot retries with one Idempotency-Key; taking, restoring and deleting snapshots are never retried', async () => {
+  const s = scripted([() => 'network', unavailable, () => json(201, { ...SANDBOX, from_snapshot: 'snap_0123456789abcdef' })]);
+  const c = new Collimate({ apiKey: 'k', baseUrl: 'http://h', fetch: s.fetch });
+  const sb = await c.sandboxes.fromSnapshot('snap_0123456789abcdef');
+  assert.equal(sb.fromSnapshot, 'snap_0123456789abcdef');
+  const keys = s.seen.map((r) => r.headers.get('idempotency-key'));
+  assert.equal(keys.length, 3);
+  assert.ok(keys[0] && keys.every((k) => k === keys[0]));
+
+  const s2 = scripted([() => json(200, SANDBOX), () => 'network', unavailable, () => 'network']);
+  const c2 = new Collimate({ apiKey: 'k', baseUrl: 'http://h', fetch: s2.fetch });
+  const sb2 = await c2.sandboxes.get(SANDBOX.id);
+  await assert.rejects(sb2.snapshot(), ConnectionError);
+  await assert.rejects(sb2.restore('snap_0123456789abcdef'), ServerError);
+  await assert.rejects(c2.snapshots.delete('snap_0123456789abcdef'), ConnectionError);
+  assert.deepEqual(s2.seen.map((r) => `${r.method} ${new URL(r.url).pathname}`), [
+    `GET /v1/sandboxes/${SANDBOX.id}`,
+    `POST /v1/sandboxes/${SANDBOX.id}/snapshots`,
+    `POST /v1/sandboxes/${SANDBOX.id}/restore`,
+    'DELETE /v1/snapshots/snap_0123456789abcdef',
+  ]);
+});
+
 test('a client-side timeout is a TimeoutError, not retried', async () => {
   const s = scripted([() => 'hang']);
   const c = new Collimate({ apiKey: 'k', baseUrl: 'http://h', fetch: s.fetch, timeoutMs: 50 });
