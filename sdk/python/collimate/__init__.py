@@ -6,7 +6,7 @@
     with client.sandboxes.create("base") as sb:
         print(sb.exec("echo hello").stdout)
 """
-from .client import DEFAULT_BASE_URL, Collimate, Sandbox, Sandboxes, SandboxFiles, SandboxPages
+from .client import DEFAULT_BASE_URL, Collimate, Sandbox, Sandboxes, SandboxFiles, SandboxPages, SnapshotPages, Snapshots
 from .errors import (
     ERROR_CLASSES,
     AuthenticationError,
@@ -32,7 +32,7 @@ from .errors import (
     ValidationError,
     error_from_body,
 )
-from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, Template, WatchEvent
+from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, Snapshot, Template, WatchEvent
 from .processes import Process, ProcessExit, ProcessGap, ProcessInfo, ProcessOutput, SandboxProcesses
 
 __version__ = "0.1.0"
@@ -43,6 +43,9 @@ __all__ = [
     "Sandboxes",
     "SandboxFiles",
     "SandboxPages",
+    "Snapshots",
+    "SnapshotPages",
+    "Snapshot",
     "DEFAULT_BASE_URL",
     "ExecChunk",
     "FileEntry",

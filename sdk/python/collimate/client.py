@@ -14,19 +14,21 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapp
 
 from ._http import Transport
 from .errors import CollimateError, ConnectionError, NotFoundError, error_from_body
-from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, Template, WatchEvent
+from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, Snapshot, Template, WatchEvent
 from .processes import SandboxProcesses
 
-__all__ = ["Collimate", "Sandboxes", "SandboxPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
+__all__ = ["Collimate", "Sandboxes", "SandboxPages", "Snapshots", "SnapshotPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:7070"
 #: Client-side slack over an exec's own timeout before the SDK gives up waiting.
 EXEC_TIMEOUT_SLACK_SECS = 30.0
 DEFAULT_EXEC_TIMEOUT_SECS = 60.0
-#: Create, fork and resume restore whole VMs: give them longer than a plain request.
+#: Create, fork, resume, snapshots and rollbacks save or restore whole VMs: give them longer than a plain request.
 LIFECYCLE_TIMEOUT_SECS = 300.0
 
 FilesArg = Union[Mapping[str, Union[str, bytes]], Sequence[Mapping[str, Any]], None]
+#: A snapshot, by id or as the API returned it.
+SnapshotArg = Union[str, Snapshot]
 
 
 class Collimate:
@@ -47,6 +49,7 @@ class Collimate:
             timeout=timeout,
         )
         self.sandboxes = Sandboxes(self)
+        self.snapshots = Snapshots(self)
 
     @property
     def base_url(self) -> str:
@@ -111,6 +114,76 @@ class Sandboxes:
         )
         return self._wrap(info)
 
+    def from_snapshot(
+        self,
+        snapshot: SnapshotArg,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_secs: Optional[int] = None,
+        egress: Any = None,
+        on_timeout: Optional[str] = None,
+        auto_resume: Optional[bool] = None,
+    ) -> "Sandbox":
+        """A running sandbox started from ``snapshot`` (``sb.snapshot()``): its memory, processes and
+        files, with a fresh identity, as a fork child has; its template, shape and egress policy are
+        the snapshot's (``egress`` may narrow it).
+
+        ``timeout_secs`` defaults to the tier's default session, else that of the sandbox the
+        snapshot was taken of; ``on_timeout`` is ``"delete"`` or ``"suspend"``. NotFoundError
+        (``snapshot_not_found``) for unknown ids and other tenants'. Counts against the tier's cap;
+        safe to retry, as create is.
+        """
+        return self._wrap(self._start_from_snapshot(snapshot, None, labels, timeout_secs, egress, on_timeout, auto_resume))
+
+    def many_from_snapshot(
+        self,
+        snapshot: SnapshotArg,
+        count: int,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_secs: Optional[int] = None,
+        egress: Any = None,
+        on_timeout: Optional[str] = None,
+        auto_resume: Optional[bool] = None,
+    ) -> List["Sandbox"]:
+        """``count`` (1..64) running sandboxes started from one snapshot in one request, each as
+        ``from_snapshot`` starts one. Each counts against the tier's cap. Safe to retry."""
+        first = self._start_from_snapshot(snapshot, count, labels, timeout_secs, egress, on_timeout, auto_resume)
+        # With ``count`` the answer is the first sandbox and, in ``sandboxes``, all of them (it first).
+        return [self._wrap(s) for s in first["sandboxes"]]
+
+    def _start_from_snapshot(
+        self,
+        snapshot: SnapshotArg,
+        count: Optional[int],
+        labels: Optional[Mapping[str, str]],
+        timeout_secs: Optional[int],
+        egress: Any,
+        on_timeout: Optional[str],
+        auto_resume: Optional[bool],
+    ) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"snapshot": _snapshot_id(snapshot)}
+        if count is not None:
+            body["count"] = count
+        if labels:
+            body["labels"] = dict(labels)
+        if timeout_secs is not None:
+            body["timeout_secs"] = timeout_secs
+        if egress is not None:
+            body["egress"] = egress
+        if on_timeout is not None:
+            body["on_timeout"] = on_timeout
+        if auto_resume is not None:
+            body["auto_resume"] = auto_resume
+        return self._client.http.json(
+            "POST",
+            "/v1/sandboxes",
+            json_body=body,
+            headers={"idempotency-key": str(uuid.uuid4())},
+            retry="idempotent",
+            timeout=LIFECYCLE_TIMEOUT_SECS,
+        )
+
     def get(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox (NotFoundError for unknown ids and other tenants')."""
         return self._wrap(self._client.http.json("GET", f"/v1/sandboxes/{_q(sandbox_id)}", retry="safe"))
@@ -134,27 +207,75 @@ class SandboxPages:
         self._limit = limit
 
     def __iter__(self) -> Iterator[List["Sandbox"]]:
-        after: Optional[str] = None
-        http = self._sandboxes._client.http
-        while True:
-            page = http.json(
-                "GET",
-                "/v1/sandboxes",
-                query={
-                    "state": self._state,
-                    "label": [f"{k}={v}" for k, v in self._labels.items()],
-                    "limit": self._limit,
-                    "after": after,
-                },
-                retry="safe",
-            )
-            yield [self._sandboxes._wrap(s) for s in page["sandboxes"]]
-            if not page.get("next") or not page["sandboxes"]:
-                return
-            after = page["next"]
+        query = {"state": self._state, "label": _label_filter(self._labels), "limit": self._limit}
+        for page in _list_pages(self._sandboxes._client.http, "/v1/sandboxes", "sandboxes", query):
+            yield [self._sandboxes._wrap(s) for s in page]
 
     def all(self) -> List["Sandbox"]:
         return [sb for page in self for sb in page]
+
+
+class Snapshots:
+    """The tenant's snapshots (take one with ``sb.snapshot()``)."""
+
+    def __init__(self, client: Collimate) -> None:
+        self._client = client
+
+    def get(self, snapshot_id: str) -> Snapshot:
+        """NotFoundError (``snapshot_not_found``) for unknown ids and other tenants'."""
+        return Snapshot.from_json(self._client.http.json("GET", f"/v1/snapshots/{_q(snapshot_id)}", retry="safe"))
+
+    def list(
+        self,
+        *,
+        sandbox_id: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        limit: Optional[int] = None,
+    ) -> "SnapshotPages":
+        """Your snapshots by id, optionally only those of one sandbox and with every label given;
+        iterate for pages (lists of Snapshot), or call ``.all()``."""
+        return SnapshotPages(self._client, sandbox_id, labels, limit)
+
+    def delete(self, snapshot: SnapshotArg) -> None:
+        """Deletes a snapshot: nothing starts from it or rolls back to it any more. Sandboxes started
+        from it run on. Not retried: a repeat would raise NotFoundError."""
+        self._client.http.request("DELETE", f"/v1/snapshots/{_q(_snapshot_id(snapshot))}")
+
+
+class SnapshotPages:
+    def __init__(self, client: Collimate, sandbox_id: Optional[str], labels: Optional[Mapping[str, str]], limit: Optional[int]) -> None:
+        self._client = client
+        self._sandbox_id = sandbox_id
+        self._labels = dict(labels or {})
+        self._limit = limit
+
+    def __iter__(self) -> Iterator[List[Snapshot]]:
+        query = {"sandbox_id": self._sandbox_id, "label": _label_filter(self._labels), "limit": self._limit}
+        for page in _list_pages(self._client.http, "/v1/snapshots", "snapshots", query):
+            yield [Snapshot.from_json(s) for s in page]
+
+    def all(self) -> List[Snapshot]:
+        return [s for page in self for s in page]
+
+
+def _list_pages(http: Transport, path: str, key: str, query: Mapping[str, Any]) -> Iterator[List[Mapping[str, Any]]]:
+    """The pages of a list operation: ``{key: items, "next"}`` answers, followed by ``?after=next``
+    until ``next`` is null."""
+    after: Optional[str] = None
+    while True:
+        page = http.json("GET", path, query={**query, "after": after}, retry="safe")
+        yield page[key]
+        if not page.get("next") or not page[key]:
+            return
+        after = page["next"]
+
+
+def _label_filter(labels: Mapping[str, str]) -> List[str]:
+    return [f"{k}={v}" for k, v in labels.items()]
+
+
+def _snapshot_id(snapshot: SnapshotArg) -> str:
+    return snapshot.id if isinstance(snapshot, Snapshot) else snapshot
 
 
 def _q(s: str) -> str:
@@ -209,6 +330,11 @@ class Sandbox:
     @property
     def parent(self) -> Optional[str]:
         return self.info.parent
+
+    @property
+    def from_snapshot(self) -> Optional[str]:
+        """The snapshot this sandbox was started from, or last rolled back to (None if neither)."""
+        return self.info.from_snapshot
 
     @property
     def egress(self) -> Any:
@@ -389,6 +515,29 @@ class Sandbox:
             timeout=LIFECYCLE_TIMEOUT_SECS,
         )
         return [self._wrap(s) for s in r["sandboxes"]]
+
+    def snapshot(self, *, name: Optional[str] = None, labels: Optional[Mapping[str, str]] = None) -> Snapshot:
+        """Keeps this moment of the running or suspended sandbox (its memory, processes and files) as
+        a snapshot, kept until deleted (``client.snapshots.delete``). A running sandbox pauses as
+        briefly as for a fork and runs on. Start sandboxes from it (``client.sandboxes.from_snapshot``)
+        or roll this sandbox back to it (``restore``). Counts against the quotas ``snapshots`` and
+        ``snapshot_mib`` (QuotaExceededError). Never retried: a repeat would keep a second snapshot."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if labels:
+            body["labels"] = dict(labels)
+        return Snapshot.from_json(self._client.http.json("POST", self._path("/snapshots"), json_body=body, timeout=LIFECYCLE_TIMEOUT_SECS))
+
+    def restore(self, snapshot: SnapshotArg) -> "Sandbox":
+        """Rolls this sandbox back to one of its own snapshots, in place (same id): its memory,
+        processes and files become the snapshot's. A running sandbox runs on from that moment; a
+        suspended one stays suspended at it. Requests queued on it behind the rollback raise
+        SandboxRestoredError; a snapshot of another sandbox raises SnapshotMismatchError (start a new
+        sandbox from it instead). Refreshes ``info``. Never retried."""
+        body = {"snapshot": _snapshot_id(snapshot)}
+        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/restore"), json_body=body, timeout=LIFECYCLE_TIMEOUT_SECS))
+        return self
 
     def suspend(self) -> "Sandbox":
         """Suspends to disk (memory and processes kept); frees its concurrency slot."""

@@ -1,4 +1,4 @@
-"""Data classes for the wire shapes (the REST API's Sandbox, Template, ExecResult)."""
+"""Data classes for the wire shapes (the REST API's Sandbox, Snapshot, Template, ExecResult)."""
 from __future__ import annotations
 
 import base64
@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
-__all__ = ["SandboxInfo", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent"]
+__all__ = ["SandboxInfo", "Snapshot", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent"]
 
 T = TypeVar("T")
 
@@ -52,12 +52,39 @@ class SandboxInfo:
     session_started_at: Optional[str] = None
     #: Seconds until ``expires_at``, when the session ends (0 once past); None unless running.
     remaining_secs: Optional[float] = None
+    #: The snapshot it was started from, or last rolled back to; None if neither.
+    from_snapshot: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":
         kw = _known(cls, data)
         kw["ports"] = [OpenPort(**_known(OpenPort, p)) for p in kw.get("ports") or []]
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A kept moment of a sandbox (its memory, processes and files): start sandboxes from it
+    (``client.sandboxes.from_snapshot``) or roll the sandbox it was taken of back to it (``sb.restore``)."""
+
+    id: str
+    name: Optional[str]
+    labels: Dict[str, str]
+    #: The sandbox it was taken of: the one sandbox that may roll back to it.
+    sandbox_id: str
+    template: str
+    created_at: str
+    #: What it occupies on the host's disk (its RAM image, device state and disk layer).
+    size_bytes: int
+    vcpus: float
+    memory_mib: float
+    disk_mib: float
+    #: ``"none"``, ``"allow"`` or ``{"domains": [...], "cidrs": [...], "ports": [...]}``.
+    egress: Any = "allow"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Snapshot":
+        return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True)
