@@ -6,7 +6,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify';
 import type { z } from 'zod';
-import { CollimateError, sandboxNotFound } from '../errors.js';
+import { CollimateError, sandboxNotFound, snapshotNotFound } from '../errors.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { fingerprint } from '../service/idempotency.js';
@@ -88,6 +88,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           const params = (req.params ?? {}) as Record<string, string>;
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));
+            if (kind === 'snapshot' && !S.SNAPSHOT_ID_RE.test(params[name])) throw snapshotNotFound(params[name].slice(0, 100));
             if (kind === 'pid' && !/^[1-9][0-9]{0,9}$/.test(params[name])) {
               throw new CollimateError('process_not_found', `No background process ${JSON.stringify(params[name].slice(0, 100))}: a process is named by its pid, a positive integer.`);
             }

@@ -49,6 +49,7 @@ export function openApiPath(path: string): string {
 
 const PARAM_DESCRIPTIONS: Record<string, string> = {
   sandbox: 'Sandbox id (^sbx_[0-9a-f]{12}$; anything else is 404).',
+  snapshot: 'Snapshot id (^snap_[0-9a-f]{16}$; anything else is 404).',
   template: 'Template id.',
   image: 'Image id: sha256:<64 hex> (the manifest digest).',
   environment: 'Environment name.',
@@ -61,6 +62,7 @@ const PARAM_DESCRIPTIONS: Record<string, string> = {
 
 const PARAM_SCHEMAS: Record<string, Json> = {
   sandbox: { type: 'string', pattern: '^sbx_[0-9a-f]{12}$' },
+  snapshot: { type: 'string', pattern: '^snap_[0-9a-f]{16}$' },
   port: { type: 'integer', minimum: 1, maximum: 65535 },
   pid: { type: 'integer', minimum: 1 },
 };
@@ -103,6 +105,7 @@ function errorResponses(route: RouteSpec): Json {
   const generic = route.method === 'ANY' ? (route.auth ? [...GENERIC_PROXY, 'unauthorized' as const] : GENERIC_PROXY) : route.auth ? GENERIC_AUTH : GENERIC_PUBLIC;
   const codes = new Set<ErrorCode>([...generic, ...route.errors]);
   if (route.params?.id === 'sandbox') codes.add('sandbox_not_found');
+  if (route.params?.snapshot === 'snapshot') codes.add('snapshot_not_found');
   if (route.bodyKind === undefined) { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); codes.delete('payload_too_large'); }
   if (route.bodyKind === 'raw' || route.bodyKind === 'stream') { codes.delete('invalid_json'); codes.delete('unsupported_media_type'); }
   // A streamed body has no framework limit; a route whose handler enforces one lists payload_too_large itself.

@@ -34,7 +34,7 @@ export interface RouteSpec {
   tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'account' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Readonly<Record<string, 'sandbox' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key'>>;
+  params?: Readonly<Record<string, 'sandbox' | 'snapshot' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key'>>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files); `stream`: any bytes, unread, for the handler to stream. */
   bodyKind?: 'json' | 'raw' | 'stream';
@@ -51,6 +51,7 @@ export interface RouteSpec {
 }
 
 const sandbox = { id: 'sandbox' } as const;
+const snapshot = { snapshot: 'snapshot' } as const;
 const sandboxProcess = { id: 'sandbox', pid: 'pid' } as const;
 const PROCESS_ERRORS = ['sandbox_not_found', 'process_not_found'] as const;
 
@@ -113,7 +114,7 @@ export const ROUTE_TABLE = [
     responses: {
       200: { description: 'The result (or an SSE stream, see description).', schema: S.ExecResult },
     },
-    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'quota_exceeded', 'user_not_found'],
+    errors: ['sandbox_not_found', 'invalid_state', 'agent_unavailable', 'quota_exceeded', 'user_not_found', 'sandbox_restored'],
   },
   {
     operationId: 'listExecs',
@@ -157,7 +158,7 @@ export const ROUTE_TABLE = [
     bodyOptional: true,
     idempotent: true,
     responses: { 201: { description: 'The children, running.', schema: S.ForkResponse } },
-    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity', 'idempotency_key_reused'],
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity', 'idempotency_key_reused', 'sandbox_restored'],
   },
   {
     operationId: 'createSnapshot',
@@ -175,7 +176,7 @@ export const ROUTE_TABLE = [
     body: S.CreateSnapshotRequest,
     bodyOptional: true,
     responses: { 201: { description: 'Taken.', schema: S.Snapshot } },
-    errors: ['sandbox_not_found', 'invalid_state', 'host_at_capacity', 'quota_exceeded'],
+    errors: ['sandbox_not_found', 'invalid_state', 'host_at_capacity', 'quota_exceeded', 'sandbox_restored'],
   },
   {
     operationId: 'listSnapshots',
@@ -195,6 +196,7 @@ export const ROUTE_TABLE = [
     summary: 'Get a snapshot',
     tag: 'sandboxes',
     auth: true,
+    params: snapshot,
     responses: { 200: { description: 'The snapshot.', schema: S.Snapshot } },
     errors: ['snapshot_not_found'],
   },
@@ -203,6 +205,7 @@ export const ROUTE_TABLE = [
     method: 'DELETE',
     path: '/v1/snapshots/:snapshot',
     summary: 'Delete a snapshot',
+    params: snapshot,
     description: 'No sandbox starts from it or rolls back to it any more. Sandboxes started from it run on; its files go when the last of them does.',
     tag: 'sandboxes',
     auth: true,
@@ -223,7 +226,7 @@ export const ROUTE_TABLE = [
     bodyKind: 'json',
     body: S.RestoreRequest,
     responses: { 200: { description: 'Rolled back.', schema: S.Sandbox } },
-    errors: ['sandbox_not_found', 'snapshot_not_found', 'snapshot_mismatch', 'invalid_state', 'host_at_capacity'],
+    errors: ['sandbox_not_found', 'snapshot_not_found', 'snapshot_mismatch', 'sandbox_restored', 'invalid_state', 'host_at_capacity'],
   },
   {
     operationId: 'suspendSandbox',
@@ -254,7 +257,7 @@ export const ROUTE_TABLE = [
     bodyOptional: true,
     idempotent: true,
     responses: { 200: { description: 'Running again.', schema: S.Sandbox } },
-    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity', 'idempotency_key_reused'],
+    errors: ['sandbox_not_found', 'invalid_state', 'concurrency_limit', 'host_at_capacity', 'idempotency_key_reused', 'sandbox_restored'],
   },
   {
     operationId: 'setSandboxTimeout',

@@ -453,7 +453,8 @@ export async function spawnChildren(
     const rows: SandboxRow[] = ids.map((id, i) => ({
       id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
       labels: { ...parentRow.labels, ...(opts.labels ?? {}) },
-      created_at: now, last_active: now, exec_count: 0, parent: parentRow.id, forked_at: now,
+      // Started from a snapshot: no parent (the sandbox it was taken of may have moved on, or gone); from_snapshot says where from.
+      created_at: now, last_active: now, exec_count: 0, parent: fromSnapshot ? null : parentRow.id, forked_at: fromSnapshot ? null : now,
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
       on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume,

@@ -365,7 +365,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const tpl = CATALOG.find((t) => t.id === s.box.template) ?? this.template(s.box.template, { tenant: s.box.tenant });
     const out: SandboxInfo[] = [];
     for (let i = 0; i < opts.count; i++) {
-      const b = this.newBox(s.box.tenant, tpl, { ...(opts.labels ?? {}) }, opts.timeoutSecs ?? s.box.timeoutSecs, s.box.id);
+      const b = this.newBox(s.box.tenant, tpl, { ...(opts.labels ?? {}) }, opts.timeoutSecs ?? s.box.timeoutSecs, null);
       b.files = new Map(s.box.files);
       b.dirs = new Map(s.box.dirs);
       b.modes = new Map(s.box.modes);

@@ -1,0 +1,99 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { assertErrorBody, fixture, type Fixture } from './helpers.js';
+
+describe('snapshot endpoints', () => {
+  let f: Fixture;
+  let key: string;
+  before(async () => {
+    f = await fixture({ server: { quotas: { 'tenant:tight': { snapshots: 1 } } } });
+    key = f.key('acme', 'pro');
+  });
+  after(() => f.close());
+
+  const created = async (k = key) => {
+    const r = await f.req('createSandbox', { url: '/v1/sandboxes', key: k, body: { template: 'base' } });
+    assert.equal(r.statusCode, 201, r.body);
+    return r.json();
+  };
+  const snapshotOf = async (id: string, body?: unknown, k = key) => {
+    const r = await f.req('createSnapshot', { url: `/v1/sandboxes/${id}/snapshots`, key: k, body });
+    assert.equal(r.statusCode, 201, r.body);
+    return r.json();
+  };
+
+  test('take, list, get and delete a snapshot; another tenant sees none of it', async () => {
+    const sb = await created();
+    const s = await snapshotOf(sb.id, { name: 'after-setup', labels: { step: '3' } });
+    assert.equal(s.sandbox_id, sb.id);
+    assert.equal(s.name, 'after-setup');
+    assert.deepEqual(s.labels, { step: '3' });
+    assert.equal(s.template, 'base');
+    assert.equal('tenant' in s, false);
+    const unnamed = await snapshotOf(sb.id);
+    assert.equal(unnamed.name, null);
+
+    const list = (await f.req('listSnapshots', { url: `/v1/snapshots?sandbox_id=${sb.id}`, key })).json();
+    assert.deepEqual(list.snapshots.map((x: any) => x.id).sort(), [s.id, unnamed.id].sort());
+    const byLabel = (await f.req('listSnapshots', { url: '/v1/snapshots?label=step=3', key })).json();
+    assert.deepEqual(byLabel.snapshots.map((x: any) => x.id), [s.id]);
+    const page = (await f.req('listSnapshots', { url: `/v1/snapshots?sandbox_id=${sb.id}&limit=1`, key })).json();
+    assert.equal(page.snapshots.length, 1);
+    assert.equal(page.next, page.snapshots[0].id);
+
+    assert.equal((await f.req('getSnapshot', { url: `/v1/snapshots/${s.id}`, key })).json().id, s.id);
+    const other = f.key('other', 'pro');
+    assertErrorBody(await f.req('getSnapshot', { url: `/v1/snapshots/${s.id}`, key: other }), 'snapshot_not_found');
+    assertErrorBody(await f.req('deleteSnapshot', { method: 'DELETE', url: `/v1/snapshots/${s.id}`, key: other }), 'snapshot_not_found');
+    assert.deepEqual((await f.req('listSnapshots', { url: '/v1/snapshots', key: other })).json().snapshots, []);
+    assertErrorBody(await f.req('createSnapshot', { url: `/v1/sandboxes/${sb.id}/snapshots`, key: other }), 'sandbox_not_found');
+
+    assert.equal((await f.req('deleteSnapshot', { method: 'DELETE', url: `/v1/snapshots/${s.id}`, key })).statusCode, 204);
+    assertErrorBody(await f.req('getSnapshot', { url: `/v1/snapshots/${s.id}`, key }), 'snapshot_not_found');
+  });
+
+  test('POST /v1/sandboxes with snapshot starts one sandbox, or `count` listed in `sandboxes`', async () => {
+    const sb = await created();
+    const s = await snapshotOf(sb.id);
+    const one = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: s.id, labels: { k: 'v' } } });
+    assert.equal(one.statusCode, 201, one.body);
+    assert.equal(one.json().from_snapshot, s.id);
+    assert.deepEqual(one.json().labels, { k: 'v' });
+    assert.equal('sandboxes' in one.json(), false);
+    const many = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: s.id, count: 3 } });
+    assert.equal(many.statusCode, 201, many.body);
+    assert.equal(many.json().sandboxes.length, 3);
+    assert.equal(many.json().id, many.json().sandboxes[0].id);
+    for (const x of many.json().sandboxes) assert.equal(x.from_snapshot, s.id);
+  });
+
+  test('bad starts and rollbacks are clear errors', async () => {
+    const sb = await created();
+    const s = await snapshotOf(sb.id);
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: s.id, template: 'base' } }), 'validation_error');
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'base', count: 2 } }), 'validation_error');
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: s.id, count: 0 } }), 'validation_error');
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: 'snap_0000000000000000' } }), 'snapshot_not_found');
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: s.id, egress: 'allow', timeout_secs: 10 ** 9 } }), 'tier_forbidden');
+    const other = await created();
+    const r = await f.req('restoreSandbox', { url: `/v1/sandboxes/${other.id}/restore`, key, body: { snapshot: s.id } });
+    assertErrorBody(r, 'snapshot_mismatch');
+    assertErrorBody(await f.req('restoreSandbox', { url: `/v1/sandboxes/${sb.id}/restore`, key, body: {} }), 'validation_error');
+    const back = await f.req('restoreSandbox', { url: `/v1/sandboxes/${sb.id}/restore`, key, body: { snapshot: s.id } });
+    assert.equal(back.statusCode, 200, back.body);
+    assert.equal(back.json().id, sb.id);
+    assert.equal(back.json().from_snapshot, s.id);
+  });
+
+  test('the snapshots quota: past it is 429 quota_exceeded naming it, and /v1/limits shows the use', async () => {
+    const k = f.key('tight', 'pro');
+    const sb = await created(k);
+    await snapshotOf(sb.id, undefined, k);
+    const r = await f.req('createSnapshot', { url: `/v1/sandboxes/${sb.id}/snapshots`, key: k });
+    assertErrorBody(r, 'quota_exceeded');
+    assert.equal(r.json().error.quota, 'snapshots');
+    const limits = (await f.req('getLimits', { url: '/v1/limits', key: k })).json();
+    assert.deepEqual(limits.quotas.snapshots, { limit: 1, used: 1 });
+    assert.ok(limits.quotas.snapshot_mib.used > 0);
+  });
+});
