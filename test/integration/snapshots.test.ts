@@ -125,9 +125,9 @@ test('rollback in place: the sandbox\'s files and counter process return to the 
   assert.equal(await sh(src.id, 'cat /root/file'), 'changed');
 
   const rolling = engine.restore(src.id, snap.id, tenant);
-  const queued = engine.exec(src.id, { command: 'echo queued' }, tenant);
+  const queued = engine.exec(src.id, { command: 'echo queued' }, tenant).then(() => null, (e: unknown) => e);
   const back = await rolling;
-  await assert.rejects(queued, refused('sandbox_restored'), 'a request queued behind the rollback fails saying why');
+  assert.ok(refused('sandbox_restored')(await queued), `a request queued behind the rollback fails saying why: ${String(await queued)}`);
   assert.equal(back.id, src.id);
   assert.equal(back.state, 'running');
   assert.equal(back.from_snapshot, snap.id);
@@ -204,7 +204,9 @@ function runWorker(crashHome: string, args: string[], crashAt?: string): Promise
   });
 }
 
-for (const point of ['fork:before-stop', 'fork:after-disk', 'fork:after-migrate', 'snapshot:before-ready']) {
+// The points a fork's own crash tests do not cover for a snapshot: its sandbox stopped with its
+// memory captured into an image nobody holds yet, and its files whole but not yet recorded as such.
+for (const point of ['fork:after-migrate', 'snapshot:before-ready']) {
   test(`SIGKILL while a snapshot is taken, at ${point}: after restart it is whole or absent, and the sandbox runs on`, async () => {
     const crashHome = testHome('crash-snapshot');
     const { id } = JSON.parse((await runWorker(crashHome, ['setup'])).trim().split('\n').pop()!);
