@@ -5,7 +5,7 @@
 //   its snapshot (target ≤ 300 ms); and fork(16) beside a 16-wide start from a snapshot, with the
 //   CPU the children's VMMs spend from claim to acknowledgement (target ≤ 50 ms per child).
 // Runs alternate the measures, so load on the host falls on all of them alike.
-// Usage: COLLIMATE_HOST_CPU_PRESSURE_MAX=0 node --import tsx bench/snapshots.ts [--runs 10] [--wide-runs 5]
+// Usage: COLLIMATE_CACHE_DIR=/var/tmp/collimate-test-cache COLLIMATE_HOST_CPU_PRESSURE_MAX=0 node --import tsx bench/snapshots.ts [--runs 10] [--wide-runs 5]
 import { rmSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { Engine } from '../src/sandboxes/engine.ts';
@@ -18,7 +18,7 @@ const arg = (name: string, dflt: number) => {
 };
 const RUNS = arg('runs', 10);
 const WIDE_RUNS = arg('wide-runs', 5);
-const home = `/tmp/collimate-bench-snapshots-${process.pid}`;
+const home = `/tmp/clm-bsnap-${process.pid}`;
 const tenant = { tenant: 'bench' };
 const log = (m: string) => console.error(`[bench] ${m}`);
 const loadAtStart = loadavg()[0];
