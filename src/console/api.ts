@@ -124,6 +124,41 @@ export async function allSandboxes(query = ''): Promise<Sandbox[]> {
   return out;
 }
 
-/** A sandbox as the API returns it: the SDK's wire type, generated from the API's schemas. */
-import type { Sandbox } from '../../sdk/typescript/src/wire.generated.js';
-export type { Sandbox };
+/** Every snapshot of the tenant, or only those of `sandboxId`, all pages. */
+export async function allSnapshots(sandboxId?: string): Promise<Snapshot[]> {
+  const out: Snapshot[] = [];
+  let after: string | null = null;
+  do {
+    const q = new URLSearchParams({ limit: '1000' });
+    if (sandboxId) q.set('sandbox_id', sandboxId);
+    if (after) q.set('after', after);
+    const page: SnapshotList = await api('GET', `/v1/snapshots?${q}`);
+    out.push(...page.snapshots);
+    after = page.next;
+  } while (after);
+  return out;
+}
+
+/** Takes a snapshot of a running or suspended sandbox; `name` is only shown, not unique. */
+export function takeSnapshot(sandboxId: string, name?: string): Promise<Snapshot> {
+  return api('POST', `/v1/sandboxes/${sandboxId}/snapshots`, name ? { name } : {});
+}
+
+/** Starts `count` sandboxes from a snapshot (each with a fresh identity); resolves to all of them. */
+export async function startFromSnapshot(snapshotId: string, count = 1): Promise<Sandbox[]> {
+  const r = await api<CreateSandboxResponse>('POST', '/v1/sandboxes', count === 1 ? { snapshot: snapshotId } : { snapshot: snapshotId, count });
+  return r.sandboxes ?? [r];
+}
+
+/** Rolls a sandbox back to one of its own snapshots, in place: its current memory, processes and files are discarded. */
+export function rollBack(sandboxId: string, snapshotId: string): Promise<Sandbox> {
+  return api('POST', `/v1/sandboxes/${sandboxId}/restore`, { snapshot: snapshotId });
+}
+
+export function deleteSnapshot(snapshotId: string): Promise<void> {
+  return api('DELETE', `/v1/snapshots/${snapshotId}`);
+}
+
+/** Sandboxes and snapshots as the API returns them: the SDK's wire types, generated from the API's schemas. */
+import type { CreateSandboxResponse, Sandbox, Snapshot, SnapshotList } from '../../sdk/typescript/src/wire.generated.js';
+export type { Sandbox, Snapshot };

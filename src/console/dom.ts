@@ -36,6 +36,14 @@ export function duration(secs: number): string {
   return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
 }
 
+/** A byte count in binary units: 512 B, 3.2 MiB, 1.4 GiB. */
+export function bytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  for (; n >= 1024 && i < units.length - 1; i++) n /= 1024;
+  return i === 0 ? `${n} B` : `${n < 10 ? n.toFixed(1) : Math.round(n)} ${units[i]}`;
+}
+
 /** A status line that shows what went wrong, for the user and for screen readers (role=alert). */
 export function errorBox(): { el: HTMLElement; show(err: unknown): void; clear(): void } {
   const el = h('p', { class: 'error', role: 'alert', hidden: true });

@@ -1,12 +1,15 @@
 /**
- * One sandbox: its details, the fork lineage of the whole tree it belongs to, actions (exec, fork N,
- * suspend, resume, extend, delete — delete confirmed), a web terminal, a file browser, its ports with
- * signed URLs, and the execs run from this page. Kept live from /v1/events.
+ * One sandbox: its details, the fork lineage of the whole tree it belongs to (and the snapshot it was
+ * started from), its snapshots (take one; start sandboxes from one, roll back to one — confirmed —,
+ * delete one), actions (exec, fork N, suspend, resume, extend, delete — delete confirmed), a web
+ * terminal, a file browser, its ports with signed URLs, and the execs run from this page. Kept live
+ * from /v1/events.
  */
-import { allSandboxes, api, apiBlob, apiBytes, type Sandbox } from '../api.js';
+import { allSandboxes, allSnapshots, api, apiBlob, apiBytes, takeSnapshot, type Sandbox, type Snapshot } from '../api.js';
 import { duration, errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
 import { followSandboxes } from './live.js';
+import { snapshotTable } from './snapshots.js';
 import { openTerminal, type WebTerminal } from './terminal.js';
 
 interface ExecEntry { command: string; exit_code: number; timed_out: boolean; duration_ms: number; started_at: string }
@@ -17,6 +20,8 @@ export const sandboxPage: Page = (main, id) => {
   const details = h('dl', { class: 'details', id: 'details' });
   const tree = h('div', { class: 'tree', id: 'lineage', 'aria-label': 'Fork lineage' });
   const actions = h('div', { class: 'actions', id: 'actions' });
+  const provenance = h('p', { id: 'provenance', hidden: true });
+  const snapshots = h('div', { id: 'snapshots' });
   const execOut = h('pre', { class: 'output', id: 'exec-output', 'aria-live': 'polite' });
   const execList = h('tbody', { id: 'execs' });
   const terminalBox = h('div', { class: 'terminal', id: 'terminal' });
@@ -34,7 +39,9 @@ export const sandboxPage: Page = (main, id) => {
     err.el,
     h('div', { class: 'columns' },
       h('section', { 'aria-labelledby': 'h-details' }, h('h2', { id: 'h-details' }, 'Details'), details, actions),
-      h('section', { 'aria-labelledby': 'h-lineage' }, h('h2', { id: 'h-lineage' }, 'Fork lineage'), tree),
+      h('section', { 'aria-labelledby': 'h-lineage' },
+        h('h2', { id: 'h-lineage' }, 'Fork lineage'), provenance, tree,
+        h('h2', { id: 'h-snapshots' }, 'Snapshots'), snapshotForm(), snapshots),
     ),
     h('section', { 'aria-labelledby': 'h-exec' },
       h('h2', { id: 'h-exec' }, 'Exec'),
@@ -71,7 +78,7 @@ export const sandboxPage: Page = (main, id) => {
         fill(actions);
       } else err.show(e);
     }
-    await loadTree();
+    await Promise.all([loadTree(), loadSnapshots()]);
   };
 
   function renderDetails(s: Sandbox): void {
@@ -150,10 +157,75 @@ export const sandboxPage: Page = (main, id) => {
       };
       const rootNode = all.get(rootId)!;
       fill(tree, rootNode.parent ? h('p', { class: 'muted' }, `(forked from ${rootNode.parent}, since deleted)`) : null, h('ul', {}, node(rootNode)));
+      await showProvenance(all.get(sandboxId)!.from_snapshot, all);
     } catch (e) {
       err.show(e);
     }
   };
+
+  /** Where the snapshot this sandbox came from (or was last rolled back to) was taken. Snapshots do not change, so each is read once. */
+  const snapshotCache = new Map<string, Snapshot | null>();
+  async function showProvenance(snapshotId: string | null, all: Map<string, Sandbox>): Promise<void> {
+    provenance.hidden = !snapshotId;
+    if (!snapshotId) return;
+    if (!snapshotCache.has(snapshotId)) {
+      try {
+        snapshotCache.set(snapshotId, await api<Snapshot>('GET', `/v1/snapshots/${snapshotId}`));
+      } catch (e) {
+        if ((e as { code?: string }).code !== 'snapshot_not_found') throw e;
+        snapshotCache.set(snapshotId, null);
+      }
+    }
+    const snap = snapshotCache.get(snapshotId);
+    const label = h('code', {}, snap?.name ?? snapshotId);
+    if (!snap) return fill(provenance, 'From snapshot ', label, h('span', { class: 'muted' }, ' (since deleted)'));
+    if (snap.sandbox_id === sandboxId) return fill(provenance, 'Rolled back to its snapshot ', label, ` of ${new Date(snap.created_at).toLocaleString()}`);
+    fill(provenance, 'Started from snapshot ', label, ' of ',
+      all.has(snap.sandbox_id) ? h('a', { href: `#/sandboxes/${snap.sandbox_id}` }, snap.sandbox_id) : h('span', { class: 'muted' }, `${snap.sandbox_id} (since deleted)`),
+      ` taken ${new Date(snap.created_at).toLocaleString()}`);
+  }
+
+  // ---- snapshots -------------------------------------------------------------------------------
+
+  function snapshotForm(): HTMLFormElement {
+    const name = h('input', { id: 'snapshot-name', placeholder: 'name (optional)', size: 20, maxlength: 128, 'aria-label': 'Snapshot name' });
+    const take = h('button', { type: 'submit', id: 'take-snapshot' }, 'Take snapshot');
+    return h('form', { class: 'inline', onsubmit: async (e: Event) => {
+      e.preventDefault();
+      take.disabled = true;
+      err.clear();
+      try {
+        await takeSnapshot(sandboxId, name.value.trim() || undefined);
+        name.value = '';
+        await loadSnapshots();
+      } catch (e2) {
+        err.show(e2);
+      } finally {
+        take.disabled = false;
+      }
+    } }, name, take);
+  }
+
+  /** This sandbox's snapshots; re-rendered only when they or the sandbox's state change, so open confirmations and typed counts survive the live updates. */
+  let shownSnapshots = '';
+  async function loadSnapshots(): Promise<void> {
+    try {
+      const list = await allSnapshots(sandboxId);
+      const self = !gone && current ? current : null;
+      const key = JSON.stringify([list.map((s) => s.id), self?.state]);
+      if (key === shownSnapshots) return;
+      shownSnapshots = key;
+      fill(snapshots, snapshotTable(list, {
+        sandboxes: new Map(self ? [[self.id, self]] : []),
+        showSource: false,
+        fail: (e) => err.show(e),
+        before: () => err.clear(),
+        after: () => load(),
+      }));
+    } catch (e) {
+      err.show(e);
+    }
+  }
 
   // ---- exec ------------------------------------------------------------------------------------
 

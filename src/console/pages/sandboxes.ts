@@ -1,8 +1,13 @@
-/** The sandboxes list: state, template, age, idle, execs, live CPU and memory, size, labels; filtered by state and label; live from /v1/events. */
-import { allSandboxes, api, type Sandbox } from '../api.js';
+/**
+ * The sandboxes list: state, template, age, idle, execs, live CPU and memory, size, labels, parent or
+ * source snapshot; filtered by state and label; live from /v1/events. Below it, the tenant's
+ * snapshots with the sandbox each was taken of (which may be gone: snapshots outlive it).
+ */
+import { allSandboxes, allSnapshots, api, type Sandbox } from '../api.js';
 import { duration, errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
 import { followSandboxes } from './live.js';
+import { snapshotTable } from './snapshots.js';
 
 export const sandboxesPage: Page = (main) => {
   const err = errorBox();
@@ -12,6 +17,7 @@ export const sandboxesPage: Page = (main) => {
   const count = h('span', { class: 'muted', 'aria-live': 'polite' });
   const template = h('select', { id: 'new-template', 'aria-label': 'Template' });
   const createButton = h('button', { type: 'submit' }, 'Create sandbox');
+  const snapshots = h('div', { id: 'snapshots' });
 
   let generation = 0;
   const load = async () => {
@@ -25,6 +31,7 @@ export const sandboxesPage: Page = (main) => {
       err.clear();
       fill(body, ...list.map(row));
       void loadStats();
+      void loadSnapshots(q.toString() ? null : list);
       count.textContent = `${list.length} sandbox${list.length === 1 ? '' : 'es'}`;
     } catch (e) {
       err.show(e);
@@ -43,6 +50,31 @@ export const sandboxesPage: Page = (main) => {
       }
     } catch { /* the list says what is wrong */ }
   };
+  /**
+   * Every snapshot of the tenant, with its source sandbox linked while that exists. `unfiltered` is
+   * the whole sandbox list when the table shows it, saving a second read. Re-rendered only when
+   * something shown changed, so open confirmations and typed counts survive the live updates.
+   */
+  let shownSnapshots = '';
+  const loadSnapshots = async (unfiltered: Sandbox[] | null) => {
+    try {
+      const [list, sandboxes] = await Promise.all([allSnapshots(), unfiltered ?? allSandboxes()]);
+      const byId = new Map(sandboxes.map((s) => [s.id, s]));
+      const key = JSON.stringify(list.map((s) => [s.id, byId.get(s.sandbox_id)?.state]));
+      if (key === shownSnapshots) return;
+      shownSnapshots = key;
+      fill(snapshots, snapshotTable(list, {
+        sandboxes: byId,
+        showSource: true,
+        fail: (e) => err.show(e),
+        before: () => err.clear(),
+        after: () => load(),
+      }));
+    } catch (e) {
+      err.show(e);
+    }
+  };
+
   const statsTimer = setInterval(() => void loadStats(), 5000);
 
   const filters = h(
@@ -78,9 +110,10 @@ export const sandboxesPage: Page = (main) => {
     count,
     h(
       'table', { class: 'list', id: 'sandboxes' },
-      h('thead', {}, h('tr', {}, ...['Id', 'State', 'Template', 'Age', 'Idle', 'Execs', 'CPU', 'Memory', 'Size', 'Labels', 'Parent'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('thead', {}, h('tr', {}, ...['Id', 'State', 'Template', 'Age', 'Idle', 'Execs', 'CPU', 'Memory', 'Size', 'Labels', 'Parent / snapshot'].map((c) => h('th', { scope: 'col' }, c)))),
       body,
     ),
+    h('section', { 'aria-labelledby': 'h-snapshots' }, h('h2', { id: 'h-snapshots' }, 'Snapshots'), snapshots),
   );
 
   // The stream first, then the list: nothing that changes in between is missed.
@@ -104,6 +137,6 @@ function row(s: Sandbox): HTMLTableRowElement {
     h('td', { class: 'mem' }, '—'),
     h('td', {}, `${s.vcpus} vCPU · ${s.memory_mib} MiB`),
     h('td', {}, ...Object.entries(s.labels).map(([k, v]) => h('span', { class: 'label' }, `${k}=${v}`))),
-    h('td', {}, s.parent ? h('a', { href: `#/sandboxes/${s.parent}` }, s.parent) : '—'),
+    h('td', {}, s.parent ? h('a', { href: `#/sandboxes/${s.parent}` }, s.parent) : s.from_snapshot ? h('span', { class: 'muted', title: 'Started from (or rolled back to) this snapshot' }, s.from_snapshot) : '—'),
   );
 }
