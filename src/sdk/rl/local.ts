@@ -13,7 +13,9 @@ import type { TenantService } from '../../service/tenantService.js';
 import type { Scope } from '../../service/types.js';
 import { sandboxView } from '../../wire/views.js';
 import { errorFromBody, NotFoundError, type ExecHandlers, type ExecRequest, type ExecResult, type SandboxInfo, type SandboxState } from '../../../sdk/typescript/src/index.js';
-import { newRunId, RUN_LABEL, sweep, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from '../../../sdk/typescript/src/rl/index.js';
+import {
+  newRunId, RUN_LABEL, storedStateId, sweep, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions,
+} from '../../../sdk/typescript/src/rl/index.js';
 
 export interface LocalFleetOptions {
   runId?: string;
@@ -53,6 +55,15 @@ export class LocalFleet implements Fleet {
     return new LocalSandbox(this, view(info));
   }
 
+  async fromSnapshot(state: StoredStateRef, n: number, opts: CreateOptions = {}): Promise<Sandbox[]> {
+    const infos = await mapped(() => this.service.sandboxes.startFromSnapshot(this.scope, { snapshot: storedStateId(state), count: n, labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs }));
+    return infos.map((i) => new LocalSandbox(this, view(i)));
+  }
+
+  async deleteSnapshot(state: StoredStateRef): Promise<void> {
+    await mapped(() => this.service.sandboxes.deleteSnapshot(this.scope, storedStateId(state)));
+  }
+
   /** A fleet handle on an existing sandbox of this scope. */
   async get(id: string): Promise<Sandbox> {
     return new LocalSandbox(this, view(await mapped(() => this.service.sandboxes.get(this.scope, id))));
@@ -79,7 +90,7 @@ export class LocalFleet implements Fleet {
 }
 
 export class LocalSandbox implements Sandbox {
-  constructor(private readonly fleet: LocalFleet, public info: SandboxInfo) {}
+  constructor(readonly fleet: LocalFleet, public info: SandboxInfo) {}
 
   get id(): string {
     return this.info.id;
@@ -96,6 +107,14 @@ export class LocalSandbox implements Sandbox {
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
     const kids = await mapped(() => this.svc.sandboxes.fork(this.fleet.scope, this.info.id, { count: n, labels: { ...opts.labels, ...this.fleet.runLabel } }));
     return kids.map((k) => new LocalSandbox(this.fleet, view(k)));
+  }
+
+  async snapshot(opts: SnapshotOptions = {}): Promise<StoredState> {
+    const s = await mapped(() => this.svc.sandboxes.createSnapshot(this.fleet.scope, this.info.id, { name: opts.name, labels: { ...opts.labels, ...this.fleet.runLabel } }));
+    return { id: s.id, name: s.name, labels: s.labels, sandbox_id: s.sandbox_id };
+  }
+  async restore(state: StoredStateRef): Promise<void> {
+    this.info = view(await mapped(() => this.svc.sandboxes.restore(this.fleet.scope, this.info.id, storedStateId(state))));
   }
 
   async suspend(): Promise<void> {

@@ -2,8 +2,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { FakeSandboxService } from '../../support/fakeSandboxService.js';
-import { NotFoundError } from '../../../src/sdk/index.js';
-import { bestOfN, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch } from '../../../src/sdk/rl/index.js';
+import { NotFoundError, SnapshotMismatchError } from '../../../src/sdk/index.js';
+import { bestOfN, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch, type Sandbox, type TreeNodeContext } from '../../../src/sdk/rl/index.js';
 
 import { openDb } from '../../../src/store/db.js';
 import { TenantService } from '../../../src/service/tenantService.js';
@@ -13,6 +13,8 @@ const scope = trustedScope('t1');
 /** The local fleet calls the tenant service, over the fake engine here. */
 const tenantsOn = (svc: FakeSandboxService) => new TenantService({ engine: svc, db: openDb(':memory:'), reconcileIntervalMs: 0 });
 const live = (svc: FakeSandboxService) => svc.list({}, scope).sandboxes.map((s) => s.id).sort();
+const storedIds = (svc: FakeSandboxService) => svc.listSnapshots({}, scope).snapshots.map((s) => s.id).sort();
+const text = async (sb: Sandbox, path: string) => (await sb.readFile(path)).toString();
 
 test('create and fork carry the run label; the service errors become SDK classes', async () => {
   const svc = new FakeSandboxService();
@@ -144,4 +146,139 @@ test('sweep deletes only the run, including a create that lands after the first 
   assert.ok(late, 'the late create happened');
   assert.equal(n, 4);
   assert.deepEqual(live(svc), [keep.id]);
+});
+
+test('stored states: snapshot, restore, fromSnapshot and deleteSnapshot carry the run label; sweep removes what fromSnapshot started', async () => {
+  const svc = new FakeSandboxService();
+  const fleet = createLocalFleet(tenantsOn(svc), scope, { runId: 'r-snap' });
+  const root = await fleet.create('base');
+  await root.writeFile('/s.txt', 'one');
+  const state = await root.snapshot({ name: 'after one', labels: { k: 'v' } });
+  assert.deepEqual(state.labels, { k: 'v', [RUN_LABEL]: 'r-snap' });
+  assert.equal(state.name, 'after one');
+  assert.equal(state.sandbox_id, root.id);
+
+  await root.writeFile('/s.txt', 'two');
+  await root.restore(state);
+  assert.equal(await text(root, '/s.txt'), 'one');
+
+  const kids = await fleet.fromSnapshot(state.id, 2, { labels: { role: 'w' } });
+  assert.equal(kids.length, 2);
+  for (const k of kids) {
+    assert.deepEqual(k.info.labels, { role: 'w', [RUN_LABEL]: 'r-snap' });
+    assert.equal(k.info.from_snapshot, state.id);
+    assert.equal(await text(k, '/s.txt'), 'one');
+  }
+  await assert.rejects(kids[0].restore(state), SnapshotMismatchError, 'only the sandbox it was taken of rolls back to it');
+
+  await fleet.deleteSnapshot(state);
+  assert.deepEqual(storedIds(svc), []);
+  await assert.rejects(fleet.fromSnapshot(state, 1), NotFoundError);
+  await assert.rejects(fleet.deleteSnapshot(state.id), NotFoundError);
+  assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 3, 'the root and both sandboxes started from the state');
+  assert.deepEqual(live(svc), []);
+});
+
+test('bestOfN from a stored state: every candidate starts from it, not from what its sandbox did later', async () => {
+  const svc = new FakeSandboxService();
+  const fleet = createLocalFleet(tenantsOn(svc), scope);
+  const root = await fleet.create('base');
+  await root.writeFile('/f', 'stored');
+  const state = await root.snapshot();
+  await root.writeFile('/f', 'later');
+  await root.writeFile('/g', 'only later');
+  svc.calls.length = 0;
+
+  const step = async (sb: Sandbox, i: number) => {
+    const seen = await text(sb, '/f');
+    await assert.rejects(sb.readFile('/g'), /No file/);
+    await sb.writeFile('/f', seen + i);
+    return seen;
+  };
+  const out = await bestOfN({ fleet, snapshot: state }, 3, step, (_r, i) => i, { keepWinner: true });
+  assert.deepEqual(out.all.map((a) => a.result), ['stored', 'stored', 'stored']);
+  assert.equal(out.winner.index, 2);
+  const winner = out.winner.sandbox!;
+  assert.equal(winner.info.from_snapshot, state.id);
+  assert.equal(winner.info.labels[RUN_LABEL], fleet.runId);
+  assert.equal(await text(winner, '/f'), 'stored2');
+  assert.ok(svc.calls.includes('startFromSnapshot') && !svc.calls.includes('fork'), `started from the state, not forked (${svc.calls})`);
+  assert.equal(await text(root, '/f'), 'later', 'the source sandbox is left as it was');
+  assert.deepEqual(live(svc), [root.id, winner.id].sort());
+  await winner.delete();
+
+  // The state outlives its sandbox; by id too. A failing step deletes every candidate, not the state.
+  await root.delete();
+  const again = await bestOfN({ fleet, snapshot: state.id }, 2, step, () => 1);
+  assert.deepEqual(again.all.map((a) => a.result), ['stored', 'stored']);
+  await assert.rejects(bestOfN({ fleet, snapshot: state }, 2, async (_sb, i) => { if (i === 1) throw new Error('boom'); return ''; }, () => 1), /boom/);
+  assert.deepEqual(live(svc), []);
+  assert.deepEqual(storedIds(svc), [state.id]);
+});
+
+test('treeSearch keeping nodes as snapshots: node sandboxes are gone, a node is expanded again from its state, seeds per node', async () => {
+  const svc = new FakeSandboxService();
+  const fleet = createLocalFleet(tenantsOn(svc), scope);
+  const root = await fleet.create('base');
+  await root.writeFile('/trail', 'r');
+  let peak = 0;
+  const seeds = new Map<string, string>();
+  const parents = new Map<string, string>();
+  const step = async (sb: Sandbox, ctx: TreeNodeContext) => {
+    peak = Math.max(peak, live(svc).length);
+    const trail = (await text(sb, '/trail')) + ctx.path[ctx.path.length - 1];
+    await sb.writeFile('/trail', trail);
+    const r = await sb.exec({ command: `echo ${ctx.path.join('')}` });
+    seeds.set(trail, r.seed);
+    parents.set(trail, ctx.parentId);
+    return r;
+  };
+  const score = (r: { stdout: string }) => Number(r.stdout);
+  const t = await treeSearch(root, { expand: 2, depth: 3, beam: 2, step, score, keep: 'snapshots' });
+  assert.deepEqual(t.best.path, [1, 1, 1]);
+  assert.equal(t.best.sandbox, undefined);
+  assert.deepEqual(live(svc), [root.id], 'every node sandbox is deleted; the states carry the beam');
+  assert.ok(peak <= 1 + 2 * 2, `at most root + beam × expand alive (${peak})`);
+  assert.deepEqual(t.levels.map((l) => l.length), [2, 4, 4]);
+  // Only the beam is stored: 2 per level, each labelled with the run.
+  const kept = t.levels.flat().filter((n) => n.snapshot);
+  assert.equal(kept.length, 6);
+  assert.deepEqual(storedIds(svc), kept.map((n) => n.snapshot!.id).sort());
+  assert.ok(kept.every((n) => n.snapshot!.labels[RUN_LABEL] === fleet.runId));
+  assert.equal(t.best.snapshot!.id, t.levels[2].find((n) => n.path.join('') === '111')!.snapshot!.id);
+  // Every node ran its own exec with its own seed, recorded by its trail.
+  assert.equal(seeds.size, 10);
+  assert.ok([...seeds.values()].every((s) => /^\d+$/.test(s)));
+  assert.equal(t.best.result.seed, seeds.get('r111'));
+  // A deeper node's parent is the stored node it started from.
+  assert.equal(parents.get('r0'), root.id);
+
+  // Node [1]'s sandbox is gone; expand it again, twice, from its state: each time it is as it was stored.
+  const node1 = t.levels[0].find((n) => n.path.join('') === '1')!.snapshot!;
+  assert.ok(!live(svc).includes(node1.sandbox_id));
+  for (let round = 0; round < 2; round++) {
+    seeds.clear();
+    const again = await treeSearch({ fleet, snapshot: node1 }, { expand: 2, depth: 1, beam: 1, step, score });
+    assert.deepEqual([...seeds.keys()].sort(), ['r10', 'r11']);
+    assert.equal(parents.get('r10'), node1.id);
+    assert.equal(again.best.snapshot, undefined, "keep 'sandboxes' stores nothing");
+  }
+  assert.deepEqual(live(svc), [root.id]);
+
+  // On an error the search deletes the sandboxes and the states it made, not earlier ones.
+  const before = storedIds(svc);
+  await assert.rejects(
+    treeSearch(root, { expand: 2, depth: 3, beam: 2, keep: 'snapshots', step: async (sb, ctx) => { if (ctx.depth === 3) throw new Error('deep'); return step(sb, ctx); }, score }),
+    /deep/,
+  );
+  assert.deepEqual(live(svc), [root.id]);
+  assert.deepEqual(storedIds(svc), before);
+
+  // keepBest keeps the best final node's sandbox beside its state.
+  const kb = await treeSearch({ fleet, snapshot: node1 }, { expand: 2, depth: 2, beam: 1, step, score, keep: 'snapshots', keepBest: true });
+  assert.equal(await text(kb.best.sandbox!, '/trail'), 'r111');
+  assert.equal(kb.best.snapshot!.sandbox_id, kb.best.sandbox!.id);
+  await kb.best.sandbox!.delete();
+  for (const id of storedIds(svc)) await fleet.deleteSnapshot(id);
+  assert.deepEqual(live(svc), [root.id]);
 });

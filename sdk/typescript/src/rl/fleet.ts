@@ -6,6 +6,9 @@
  * createLocalFleet() (calling the tenant service directly, with no HTTP hop; it stays in the server's
  * repository, src/sdk/rl/local.ts). The helpers (bestOfN, treeSearch, map, sweep) are written once
  * against it.
+ *
+ * Stored states (snapshots) carry the run label too, so a run's snapshots can be listed by it; sweep
+ * deletes sandboxes only — a snapshot is kept until deleted (fleet.deleteSnapshot).
  */
 import { randomBytes } from 'node:crypto';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
@@ -18,15 +21,46 @@ export function newRunId(): string {
   return `run-${stamp}-${randomBytes(4).toString('hex')}`;
 }
 
+/**
+ * A stored state: a snapshot of a sandbox (memory, processes and files at one moment), kept until
+ * deleted, independent of the sandbox it was taken of. The SDK's `Snapshot` has these fields too.
+ */
+export interface StoredState {
+  readonly id: string;
+  readonly name: string | null;
+  readonly labels: Record<string, string>;
+  /** The sandbox it was taken of: the only one that may `restore` it. */
+  readonly sandbox_id: string;
+}
+
+/** A stored state by id, or as a fleet (or the SDK) returned it. */
+export type StoredStateRef = string | { readonly id: string };
+
+export function storedStateId(ref: StoredStateRef): string {
+  return typeof ref === 'string' ? ref : ref.id;
+}
+
+export interface SnapshotOptions {
+  name?: string;
+  /** The run label is always added. */
+  labels?: Record<string, string>;
+}
+
 /** One sandbox of a fleet. */
 export interface Sandbox {
   readonly id: string;
+  /** The fleet that made it (or got a handle on it). */
+  readonly fleet: Fleet;
   /** As of creation (or the last call that returned it). */
   readonly info: SandboxInfo;
   /** Runs a command (the sandbox must be running); output streams to `handlers` when given. */
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult>;
   /** Forks into `n` children that keep this sandbox's memory and processes (running or suspended: it stays as it is); they carry the run label. */
   fork(n: number, opts?: { labels?: Record<string, string> }): Promise<Sandbox[]>;
+  /** Stores this moment (running or suspended: it stays as it is); counts against the snapshot quotas until fleet.deleteSnapshot. */
+  snapshot(opts?: SnapshotOptions): Promise<StoredState>;
+  /** Rolls this sandbox back, in place, to one of its own stored states (another sandbox's: SnapshotMismatchError; start new sandboxes from it with fleet.fromSnapshot). */
+  restore(state: StoredStateRef): Promise<void>;
   suspend(): Promise<void>;
   resume(): Promise<void>;
   delete(): Promise<void>;
@@ -46,6 +80,10 @@ export interface Fleet {
   /** `{collimate_run: runId}`: merged into the labels of everything this fleet creates or forks. */
   readonly runLabel: Record<string, string>;
   create(template: string, opts?: CreateOptions): Promise<Sandbox>;
+  /** Starts `n` running sandboxes from a stored state (fresh identities, the state's memory, processes and files); they carry the run label, so sweep deletes them. */
+  fromSnapshot(state: StoredStateRef, n: number, opts?: CreateOptions): Promise<Sandbox[]>;
+  /** Deletes a stored state; sandboxes started from it run on. NotFoundError when it is already gone. */
+  deleteSnapshot(state: StoredStateRef): Promise<void>;
   /** Ids of the tenant's sandboxes matching every label (all pages). */
   listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]>;
   /** Deletes by id; NotFoundError when it is already gone. */

@@ -2,9 +2,14 @@
  * Search and fan-out helpers, written once against the Fleet / Sandbox interface so they run the same
  * over HTTP (connect) and in-process (createLocalFleet). Each one deletes what it forked or created,
  * also when a step throws: a helper never leaks sandboxes unless you ask to keep the winner.
+ *
+ * bestOfN and treeSearch start from an Origin: a live sandbox (its children are live forks, with its
+ * memory and processes) or a stored state `{ fleet, snapshot }` (its children are started with
+ * fleet.fromSnapshot, so they see the state as it was stored, whatever the sandbox it was taken of
+ * did since, and that sandbox may be gone).
  */
 import { NotFoundError } from '../errors.js';
-import { RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
+import { RUN_LABEL, storedStateId, type CreateOptions, type Fleet, type Sandbox, type StoredState, type StoredStateRef, type SweepOptions } from './fleet.js';
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -21,6 +26,31 @@ async function deleteAll(sandboxes: Iterable<Sandbox>): Promise<void> {
   const results = await Promise.allSettled([...sandboxes].map(deleteQuietly));
   const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) throw failed.reason;
+}
+
+async function deleteSnapshotQuietly(fleet: Fleet, state: StoredState): Promise<void> {
+  try {
+    await fleet.deleteSnapshot(state);
+  } catch (e) {
+    if (!(e instanceof NotFoundError)) throw e;
+  }
+}
+
+/** Where a helper's children start: a live sandbox (forked) or a stored state (started from it). */
+export type Origin = Sandbox | { fleet: Fleet; snapshot: StoredStateRef };
+
+function isSandbox(origin: Origin): origin is Sandbox {
+  return typeof (origin as Sandbox).fork === 'function';
+}
+
+/** `n` children of `origin`, carrying the run label and `labels`. */
+function spawn(origin: Origin, n: number, labels: Record<string, string> | undefined): Promise<Sandbox[]> {
+  return isSandbox(origin) ? origin.fork(n, { labels }) : origin.fleet.fromSnapshot(origin.snapshot, n, { labels });
+}
+
+/** A sandbox's id, or a stored state's. */
+function originId(origin: Origin): string {
+  return isSandbox(origin) ? origin.id : storedStateId(origin.snapshot);
 }
 
 function finiteScore(x: number): number {
@@ -50,19 +80,20 @@ export interface BestOfNResult<R> {
 }
 
 /**
- * Live-forks `parent` into `n` children, runs `step(child, i)` in each concurrently, scores each
- * result and picks the highest score (ties: lowest index). Losers are deleted; the winner too unless
+ * Starts `n` children of `origin` — live forks of a sandbox, or sandboxes started from a stored
+ * state `{ fleet, snapshot }` — runs `step(child, i)` in each concurrently, scores each result and
+ * picks the highest score (ties: lowest index). Losers are deleted; the winner too unless
  * `keepWinner`. If any step or score throws, every child is deleted and the first error is rethrown.
- * The parent is left as it was.
+ * The origin (sandbox or stored state) is left as it was.
  */
 export async function bestOfN<R>(
-  parent: Sandbox,
+  origin: Origin,
   n: number,
   step: (sb: Sandbox, i: number) => Promise<R>,
   score: (result: R, i: number) => number,
   opts: BestOfNOptions = {},
 ): Promise<BestOfNResult<R>> {
-  const children = await parent.fork(n, { labels: opts.labels });
+  const children = await spawn(origin, n, opts.labels);
   let winner: Sandbox | undefined;
   try {
     const settled = await Promise.allSettled(children.map((c, i) => step(c, i)));
@@ -88,6 +119,7 @@ export interface TreeNodeContext {
   depth: number;
   /** Child indices from the root down to this node. */
   path: number[];
+  /** The parent node's sandbox id (for the root's children: the root sandbox's, or its stored state's id). */
   parentId: string;
 }
 
@@ -98,18 +130,28 @@ export interface TreeSearchOptions<R> {
   depth: number;
   /** Nodes kept per level (the rest are deleted). */
   beam: number;
-  /** Runs in each new child; the child starts as a live copy of its parent. */
+  /** Runs in each new child; the child starts as a copy of its parent (a live fork, or started from its stored state). */
   step: (sb: Sandbox, ctx: TreeNodeContext) => Promise<R>;
   score: (result: R, ctx: TreeNodeContext) => number;
   /** Keep the best final node alive and return it as `best.sandbox` (default false). */
   keepBest?: boolean;
+  /**
+   * 'sandboxes' (default): a kept node is its live sandbox, deleted once its children exist.
+   * 'snapshots': every node kept in the beam is stored (a snapshot, labelled with the run label and
+   * `labels`) and its sandbox deleted; its children start from the stored state. The states outlive
+   * the search (returned in `levels[].snapshot` and `best.snapshot`), so a node can be expanded again
+   * — `treeSearch({ fleet, snapshot }, …)`, `bestOfN(…)`, `fleet.fromSnapshot` — as many times as
+   * wanted after its sandbox is gone. They count against the snapshot quotas: delete them with
+   * fleet.deleteSnapshot (on an error the search deletes those it stored). Pruned nodes are not stored.
+   */
+  keep?: 'sandboxes' | 'snapshots';
   labels?: Record<string, string>;
 }
 
 export interface TreeSearchResult<R> {
-  best: { result: R; score: number; path: number[]; depth: number; sandbox?: Sandbox };
-  /** Scores of every node evaluated, per level (index 0 = depth 1), in evaluation order. */
-  levels: Array<Array<{ path: number[]; score: number }>>;
+  best: { result: R; score: number; path: number[]; depth: number; sandbox?: Sandbox; snapshot?: StoredState };
+  /** Every node evaluated, per level (index 0 = depth 1), in evaluation order; with keep 'snapshots', the beam's nodes carry their stored state. */
+  levels: Array<Array<{ path: number[]; score: number; snapshot?: StoredState }>>;
 }
 
 interface TreeNode<R> {
@@ -117,31 +159,40 @@ interface TreeNode<R> {
   result: R;
   score: number;
   ctx: TreeNodeContext;
+  snapshot?: StoredState;
 }
 
 /**
- * Beam search over live forks. Each level forks every frontier node into `expand` children, runs
- * `step` in each, scores them, keeps the best `beam` as the next frontier and deletes the rest; an
- * expanded node is deleted once its children exist (its state lives on in them). The root is never
- * deleted. At most beam × (expand + 1) sandboxes are alive at once (plus the root). On any error
- * every sandbox the search created is deleted and the error rethrown.
+ * Beam search. Each level starts `expand` children of every frontier node (the root first: a live
+ * sandbox or a stored state `{ fleet, snapshot }`), runs `step` in each, scores them, keeps the best
+ * `beam` as the next frontier and deletes the rest. With keep 'sandboxes' (default) children are
+ * live forks and an expanded node is deleted once its children exist (its state lives on in them):
+ * at most beam × (expand + 1) sandboxes are alive at once (plus the root). With keep 'snapshots'
+ * each beam node is stored and its sandbox deleted before the next level starts from the stored
+ * states: at most beam × expand alive, and the stored states are the caller's. The root is never
+ * deleted. On any error every sandbox (and stored state) the search created is deleted and the
+ * error rethrown.
  */
-export async function treeSearch<R>(root: Sandbox, opts: TreeSearchOptions<R>): Promise<TreeSearchResult<R>> {
+export async function treeSearch<R>(root: Origin, opts: TreeSearchOptions<R>): Promise<TreeSearchResult<R>> {
   if (!(opts.expand >= 1 && opts.depth >= 1 && opts.beam >= 1)) throw new RangeError('treeSearch needs expand, depth and beam ≥ 1');
+  const keepSnapshots = opts.keep === 'snapshots';
+  const fleet = root.fleet;
   const owned = new Set<Sandbox>();
+  const stored: StoredState[] = [];
   const levels: TreeSearchResult<R>['levels'] = [];
-  let frontier: Array<{ sandbox: Sandbox; path: number[]; node?: TreeNode<R> }> = [{ sandbox: root, path: [] }];
+  // A frontier entry: where its children start from, and the node it is (absent for the root).
+  let frontier: Array<{ origin: Origin; id: string; path: number[]; node?: TreeNode<R> }> = [{ origin: root, id: originId(root), path: [] }];
   let kept: Sandbox | undefined;
+  let ok = false;
   try {
-    let scored: TreeNode<R>[] = [];
     for (let depth = 1; depth <= opts.depth; depth++) {
       const expansions = await Promise.allSettled(
         frontier.map(async (f) => {
-          const kids = await f.sandbox.fork(opts.expand, { labels: opts.labels });
+          const kids = await spawn(f.origin, opts.expand, opts.labels);
           kids.forEach((k) => owned.add(k));
           return Promise.all(
             kids.map(async (sandbox, i): Promise<TreeNode<R>> => {
-              const ctx: TreeNodeContext = { depth, path: [...f.path, i], parentId: f.sandbox.id };
+              const ctx: TreeNodeContext = { depth, path: [...f.path, i], parentId: f.id };
               const result = await opts.step(sandbox, ctx);
               return { sandbox, result, score: finiteScore(opts.score(result, ctx)), ctx };
             }),
@@ -150,25 +201,48 @@ export async function treeSearch<R>(root: Sandbox, opts: TreeSearchOptions<R>): 
       );
       const failed = expansions.find((e): e is PromiseRejectedResult => e.status === 'rejected');
       if (failed) throw failed.reason;
-      scored = expansions.flatMap((e) => (e as PromiseFulfilledResult<TreeNode<R>[]>).value);
-      levels.push(scored.map((n) => ({ path: n.ctx.path, score: n.score })));
+      const scored = expansions.flatMap((e) => (e as PromiseFulfilledResult<TreeNode<R>[]>).value);
       // Stable sort: equal scores keep evaluation order.
       const ranked = [...scored].sort((a, b) => b.score - a.score);
       const survivors = ranked.slice(0, opts.beam);
       const pruned = ranked.slice(opts.beam).map((n) => n.sandbox);
-      const expanded = frontier.map((f) => f.sandbox).filter((s) => s !== root);
-      await deleteAll([...pruned, ...expanded]);
-      [...pruned, ...expanded].forEach((s) => owned.delete(s));
-      frontier = survivors.map((n) => ({ sandbox: n.sandbox, path: n.ctx.path, node: n }));
+      const expanded = frontier.flatMap((f) => (f.node && !keepSnapshots ? [f.node.sandbox] : []));
+      let done = [...pruned, ...expanded];
+      if (keepSnapshots) {
+        const taken = await Promise.allSettled(
+          survivors.map(async (n) => {
+            n.snapshot = await n.sandbox.snapshot({ name: `treeSearch node ${n.ctx.path.join('.')}`, labels: opts.labels });
+            stored.push(n.snapshot);
+          }),
+        );
+        const notTaken = taken.find((t): t is PromiseRejectedResult => t.status === 'rejected');
+        if (notTaken) throw notTaken.reason;
+        // The stored states carry the beam on; the last level's sandboxes stay for keepBest.
+        if (depth < opts.depth) done = [...done, ...survivors.map((n) => n.sandbox)];
+      }
+      levels.push(scored.map((n) => ({ path: n.ctx.path, score: n.score, ...(n.snapshot ? { snapshot: n.snapshot } : {}) })));
+      await deleteAll(done);
+      done.forEach((s) => owned.delete(s));
+      frontier = survivors.map((n) => ({
+        origin: n.snapshot ? { fleet, snapshot: n.snapshot } : n.sandbox,
+        id: n.sandbox.id,
+        path: n.ctx.path,
+        node: n,
+      }));
     }
     const best = frontier[0].node!;
     if (opts.keepBest) kept = best.sandbox;
+    ok = true;
     return {
-      best: { result: best.result, score: best.score, path: best.ctx.path, depth: best.ctx.depth, sandbox: kept },
+      best: { result: best.result, score: best.score, path: best.ctx.path, depth: best.ctx.depth, sandbox: kept, ...(best.snapshot ? { snapshot: best.snapshot } : {}) },
       levels,
     };
   } finally {
-    await deleteAll([...owned].filter((s) => s !== kept));
+    const cleanup = [deleteAll([...owned].filter((s) => s !== kept))];
+    if (!ok) cleanup.push(Promise.all(stored.map((st) => deleteSnapshotQuietly(fleet, st))).then(() => undefined));
+    const results = await Promise.allSettled(cleanup);
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
   }
 }
 

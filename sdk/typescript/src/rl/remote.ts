@@ -3,7 +3,7 @@ import { Collimate, type CollimateOptions } from '../client.js';
 import { NotFoundError } from '../errors.js';
 import type { Sandbox as SdkSandbox } from '../sandbox.js';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
-import { newRunId, RUN_LABEL, type CreateOptions, type Fleet, type Sandbox, type SweepOptions } from './fleet.js';
+import { newRunId, RUN_LABEL, storedStateId, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions } from './fleet.js';
 import { sweep } from './helpers.js';
 
 export interface ConnectOptions extends CollimateOptions {
@@ -28,6 +28,15 @@ export class RemoteFleet implements Fleet {
     return new RemoteSandbox(this, sb);
   }
 
+  async fromSnapshot(state: StoredStateRef, n: number, opts: CreateOptions = {}): Promise<Sandbox[]> {
+    const sbs = await this.client.sandboxes.manyFromSnapshot(storedStateId(state), n, { labels: { ...opts.labels, ...this.runLabel }, timeoutSecs: opts.timeoutSecs });
+    return sbs.map((sb) => new RemoteSandbox(this, sb));
+  }
+
+  async deleteSnapshot(state: StoredStateRef): Promise<void> {
+    await this.client.snapshots.delete(storedStateId(state));
+  }
+
   /** A fleet handle on an existing sandbox of yours. */
   async get(id: string): Promise<Sandbox> {
     return new RemoteSandbox(this, await this.client.sandboxes.get(id));
@@ -47,7 +56,7 @@ export class RemoteFleet implements Fleet {
 }
 
 export class RemoteSandbox implements Sandbox {
-  constructor(private readonly fleet: RemoteFleet, readonly sdk: SdkSandbox) {}
+  constructor(readonly fleet: RemoteFleet, readonly sdk: SdkSandbox) {}
 
   get id(): string {
     return this.sdk.id;
@@ -63,6 +72,14 @@ export class RemoteSandbox implements Sandbox {
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
     const kids = await this.sdk.fork(n, { labels: { ...opts.labels, ...this.fleet.runLabel } });
     return kids.map((k) => new RemoteSandbox(this.fleet, k));
+  }
+
+  async snapshot(opts: SnapshotOptions = {}): Promise<StoredState> {
+    const s = await this.sdk.snapshot({ name: opts.name, labels: { ...opts.labels, ...this.fleet.runLabel } });
+    return { id: s.id, name: s.name, labels: s.labels, sandbox_id: s.sandbox_id };
+  }
+  async restore(state: StoredStateRef): Promise<void> {
+    await this.sdk.restore(storedStateId(state));
   }
 
   async suspend(): Promise<void> {
