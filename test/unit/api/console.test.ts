@@ -91,6 +91,69 @@ describe('console bundle', () => {
   });
 });
 
+/**
+ * Just enough of the DOM for the console's element builder (src/console/dom.ts) and the snapshot
+ * table: elements with attributes, children, listeners and the reflected properties it uses.
+ */
+class FakeNode {
+  parent: FakeElement | null = null;
+  get textContent(): string { return ''; }
+}
+class FakeText extends FakeNode {
+  constructor(readonly data: string) { super(); }
+  override get textContent(): string { return this.data; }
+}
+class FakeElement extends FakeNode {
+  readonly attrs = new Map<string, string>();
+  children: FakeNode[] = [];
+  readonly listeners = new Map<string, Array<(e: unknown) => unknown>>();
+  private typed: string | undefined;
+  constructor(readonly tagName: string) { super(); }
+  setAttribute(k: string, v: string): void { this.attrs.set(k, v); }
+  removeAttribute(k: string): void { this.attrs.delete(k); }
+  getAttribute(k: string): string | null { return this.attrs.get(k) ?? null; }
+  get hidden(): boolean { return this.attrs.has('hidden'); }
+  set hidden(v: boolean) { if (v) this.attrs.set('hidden', ''); else this.attrs.delete('hidden'); }
+  get disabled(): boolean { return this.attrs.has('disabled'); }
+  set disabled(v: boolean) { if (v) this.attrs.set('disabled', ''); else this.attrs.delete('disabled'); }
+  get value(): string { return this.typed ?? this.attrs.get('value') ?? ''; }
+  set value(v: string) { this.typed = v; }
+  override get textContent(): string { return this.children.map((c) => c.textContent).join(''); }
+  set textContent(v: string) { this.replaceChildren(v); }
+  append(...nodes: Array<FakeNode | string>): void {
+    for (const n of nodes) {
+      const node = typeof n === 'string' ? new FakeText(n) : n;
+      node.parent = this;
+      this.children.push(node);
+    }
+  }
+  replaceChildren(...nodes: Array<FakeNode | string>): void {
+    this.children = [];
+    this.append(...nodes);
+  }
+  addEventListener(type: string, fn: (e: unknown) => unknown): void { this.listeners.set(type, [...(this.listeners.get(type) ?? []), fn]); }
+  /** Runs the listeners and waits for what they started (the console's handlers are async). */
+  async click(): Promise<void> { await Promise.all((this.listeners.get('click') ?? []).map((fn) => fn({ preventDefault() {} }))); }
+  focus(): void {}
+  hasClass(c: string): boolean { return (this.attrs.get('class') ?? '').split(' ').includes(c); }
+  closest(sel: string): FakeElement | null {
+    assert.match(sel, /^\.[\w-]+$/, 'the fake DOM knows class selectors only');
+    for (let e: FakeElement | null = this; e; e = e.parent) if (e.hasClass(sel.slice(1))) return e;
+    return null;
+  }
+  /** Every element below this one that `pred` accepts, in document order. */
+  all(pred: (e: FakeElement) => boolean): FakeElement[] {
+    return this.children.flatMap((c) => (c instanceof FakeElement ? [...(pred(c) ? [c] : []), ...c.all(pred)] : []));
+  }
+  one(pred: (e: FakeElement) => boolean, what: string): FakeElement {
+    const found = this.all(pred);
+    assert.equal(found.length, 1, `one ${what}`);
+    return found[0];
+  }
+}
+const byClass = (c: string) => (e: FakeElement) => e.hasClass(c);
+const button = (text: string) => (e: FakeElement) => e.tagName === 'button' && e.textContent === text;
+
 describe('console API client: snapshots', () => {
   let f: Fixture;
   let client: ConsoleClient;
@@ -150,6 +213,66 @@ describe('console API client: snapshots', () => {
     await client.deleteSnapshot(unnamed.id);
     assert.equal(last(), `DELETE /v1/snapshots/${unnamed.id}`);
     assert.deepEqual((await client.allSnapshots(sb.id)).map((s) => s.id), [named.id]);
+  });
+
+  test('the snapshot table: start N with links to them, roll back only after the confirm, delete, and refusals shown', async () => {
+    const g = globalThis as any;
+    const savedDom = { document: g.document, Node: g.Node };
+    g.document = { createElement: (tag: string) => new FakeElement(tag) };
+    g.Node = FakeNode;
+    try {
+      const { snapshotTable } = await consoleModule<{ snapshotTable(list: ConsoleSnapshot[], o: unknown): FakeElement }>('pages/snapshots.ts');
+      const sb = await sandbox();
+      const s = await client.takeSnapshot(sb.id, 'base-state');
+      const failures: any[] = [];
+      let reloads = 0;
+      const render = (sandboxes: Map<string, unknown>) => snapshotTable([s], {
+        sandboxes, showSource: true, fail: (e: unknown) => failures.push(e), before() {}, after: () => void reloads++,
+      });
+
+      const table = render(new Map([[sb.id, sb]]));
+      const row = table.one((e) => e.getAttribute('data-snapshot') === s.id, 'row');
+      assert.match(row.textContent, /base-state/);
+      assert.equal(row.one((e) => e.tagName === 'a', 'source link').getAttribute('href'), `#/sandboxes/${sb.id}`);
+
+      row.one(byClass('start-count'), 'count').value = '2';
+      calls.length = 0;
+      await row.one(button('Start from it'), 'start').click();
+      assert.deepEqual(calls, [`POST /v1/sandboxes {"snapshot":"${s.id}","count":2}`]);
+      const links = row.one(byClass('started'), 'started').all((e) => e.tagName === 'a');
+      assert.equal(links.length, 2);
+      assert.ok(links.every((a) => /^#\/sandboxes\/sbx_/.test(a.getAttribute('href')!)));
+
+      const confirmBox = row.one((e) => e.hasClass('confirm') && /^Roll /.test(e.getAttribute('aria-label')!), 'roll back confirmation');
+      assert.ok(confirmBox.hidden);
+      assert.match(confirmBox.textContent, /discarded/);
+      calls.length = 0;
+      await row.one(button('Roll back…'), 'roll back').click();
+      assert.equal(confirmBox.hidden, false);
+      assert.deepEqual(calls, [], 'asking does not roll back');
+      await row.one(button('Yes, roll back'), 'confirm').click();
+      assert.deepEqual(calls, [`POST /v1/sandboxes/${sb.id}/restore {"snapshot":"${s.id}"}`]);
+      assert.ok(confirmBox.hidden);
+      assert.equal(reloads, 1);
+
+      // A snapshot whose sandbox is gone: no rollback, the source marked deleted.
+      const orphan = render(new Map());
+      assert.equal(orphan.all(button('Roll back…')).length, 0);
+      assert.match(orphan.textContent, new RegExp(`${sb.id} \\(deleted\\)`));
+
+      await row.one(button('Yes, delete'), 'delete confirm').click();
+      assert.equal(last(), `DELETE /v1/snapshots/${s.id}`);
+      assert.equal(reloads, 2);
+      await row.one(button('Yes, delete'), 'delete confirm').click();
+      assert.equal(failures.length, 1);
+      assert.equal(failures[0].code, 'snapshot_not_found');
+      assert.equal(reloads, 2, 'no reload after a refusal');
+
+      assert.match(snapshotTable([], { sandboxes: new Map(), showSource: true, fail() {}, before() {}, after() {} }).textContent, /No snapshots/);
+    } finally {
+      g.document = savedDom.document;
+      g.Node = savedDom.Node;
+    }
   });
 
   test('refusals reach the page as the API\'s code and message', async () => {
