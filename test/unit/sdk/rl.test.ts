@@ -2,8 +2,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { FakeSandboxService } from '../../support/fakeSandboxService.js';
-import { NotFoundError, SnapshotMismatchError } from '../../../src/sdk/index.js';
-import { bestOfN, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch, type Sandbox, type TreeNodeContext } from '../../../src/sdk/rl/index.js';
+import { Collimate, NotFoundError, SnapshotMismatchError } from '../../../src/sdk/index.js';
+import { fixture } from '../api/helpers.js';
+import { bestOfN, connect, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch, type Sandbox, type TreeNodeContext } from '../../../src/sdk/rl/index.js';
 
 import { openDb } from '../../../src/store/db.js';
 import { TenantService } from '../../../src/service/tenantService.js';
@@ -281,4 +282,27 @@ test('treeSearch keeping nodes as snapshots: node sandboxes are gone, a node is 
   await kb.best.sandbox!.delete();
   for (const id of storedIds(svc)) await fleet.deleteSnapshot(id);
   assert.deepEqual(live(svc), [root.id]);
+});
+
+test('connect(): the same stored-state calls over REST', async () => {
+  const f = await fixture();
+  try {
+    const base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    const fleet = connect({ client: new Collimate({ baseUrl: base, apiKey: f.key('rl-remote', 'pro') }), runId: 'r-remote' });
+    const root = await fleet.create('python');
+    await root.writeFile('/root/f', 'stored');
+    const state = await root.snapshot({ labels: { k: 'v' } });
+    assert.deepEqual(state.labels, { k: 'v', [RUN_LABEL]: 'r-remote' });
+    await root.writeFile('/root/f', 'later');
+    const out = await bestOfN({ fleet, snapshot: state }, 2, (sb) => text(sb, '/root/f'), () => 1, { keepWinner: true });
+    assert.deepEqual(out.all.map((a) => a.result), ['stored', 'stored']);
+    assert.equal(out.winner.sandbox!.info.labels[RUN_LABEL], 'r-remote');
+    await root.restore(state.id);
+    assert.equal(await text(root, '/root/f'), 'stored');
+    await fleet.deleteSnapshot(state);
+    await assert.rejects(fleet.fromSnapshot(state.id, 1), NotFoundError);
+    assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 2, 'the root and the kept winner');
+  } finally {
+    await f.close();
+  }
 });
