@@ -183,6 +183,31 @@ export function deleteSnapshot(ctx: EngineContext, id: string, scope?: Scope): v
   gcForkPoints(ctx);
 }
 
+/** How many operations hold each snapshot's fork point now, per engine (starts and rollbacks run concurrently). */
+const holds = new WeakMap<EngineContext, Map<string, number>>();
+
+/**
+ * Runs `fn` with snapshot `s`'s fork point held (in `ctx.forking`): its files stay whatever a
+ * delete of the snapshot does meanwhile, until the last operation holding it is done.
+ */
+async function holding<T>(ctx: EngineContext, s: SnapshotRow, fn: () => Promise<T>): Promise<T> {
+  const counts = holds.get(ctx) ?? new Map<string, number>();
+  holds.set(ctx, counts);
+  counts.set(s.fork_point, (counts.get(s.fork_point) ?? 0) + 1);
+  ctx.forking.add(s.fork_point);
+  try {
+    return await fn();
+  } finally {
+    const left = (counts.get(s.fork_point) ?? 1) - 1;
+    if (left > 0) counts.set(s.fork_point, left);
+    else {
+      counts.delete(s.fork_point);
+      ctx.forking.delete(s.fork_point);
+      gcForkPoints(ctx);
+    }
+  }
+}
+
 /** The fork point of a snapshot, as fork.ts takes it. */
 function forkPointOf(ctx: EngineContext, s: SnapshotRow): ForkPoint {
   const f = ctx.repo.forkPoint(s.fork_point);
@@ -200,35 +225,28 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
   const problem = forkCountProblem(opts.count);
   if (problem) throw new CollimateError('validation_error', problem);
   const s = snapshotFor(ctx, snapId, scope);
-  return ctx.capacity.within('start from a snapshot', { vmms: opts.count, memoryMib: s.memory_mib }, async () => {
-    // Its files stay while the children restore, whatever a delete of the snapshot does meanwhile.
-    ctx.forking.add(s.fork_point);
-    try {
-      const fp = forkPointOf(ctx, s);
-      const now = Date.now();
-      const timeoutSecs = opts.timeoutSecs ?? s.timeout_secs;
-      // What the children get of a parent: made of the snapshot and the request.
-      const origin: SandboxRow = {
-        id: s.source, tenant: s.tenant, template: s.template, state: 'running', labels: {},
-        created_at: now, last_active: now, exec_count: 0, parent: null, forked_at: null,
-        timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
-        vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: opts.egress ?? s.egress,
-        on_timeout: opts.onTimeout ?? s.on_timeout, auto_resume: opts.autoResume === undefined ? s.auto_resume : opts.autoResume ? 1 : 0,
-        vmm: null, snapshot: null, pending_op: null,
-      };
-      const shape = { vcpus: s.vcpus, memoryMib: s.memory_mib };
-      const phases = new Phases('start_from_snapshot');
-      const devState = readFileSync(join(fp.dir, 'device.state'));
-      const children = await spawnChildren(ctx, origin, { ...ctx.templates.artifactFor(s.artifact_key).shape, ...shape }, fp, s.artifact_key, devState,
-        { count: opts.count, labels: opts.labels }, [], phases, { fileReady: true }, s.id)
-        .catch((e) => { throw vmmFailure('start from a snapshot', e); });
-      ctx.emit('phases', phases.report(s.id));
-      return children;
-    } finally {
-      ctx.forking.delete(s.fork_point);
-      gcForkPoints(ctx);
-    }
-  });
+  return ctx.capacity.within('start from a snapshot', { vmms: opts.count, memoryMib: s.memory_mib }, () => holding(ctx, s, async () => {
+    const fp = forkPointOf(ctx, s);
+    const now = Date.now();
+    const timeoutSecs = opts.timeoutSecs ?? s.timeout_secs;
+    // What the children get of a parent: made of the snapshot and the request.
+    const origin: SandboxRow = {
+      id: s.source, tenant: s.tenant, template: s.template, state: 'running', labels: {},
+      created_at: now, last_active: now, exec_count: 0, parent: null, forked_at: null,
+      timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
+      vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: opts.egress ?? s.egress,
+      on_timeout: opts.onTimeout ?? s.on_timeout, auto_resume: opts.autoResume === undefined ? s.auto_resume : opts.autoResume ? 1 : 0,
+      vmm: null, snapshot: null, pending_op: null,
+    };
+    const shape = { vcpus: s.vcpus, memoryMib: s.memory_mib };
+    const phases = new Phases('start_from_snapshot');
+    const devState = readFileSync(join(fp.dir, 'device.state'));
+    const children = await spawnChildren(ctx, origin, { ...ctx.templates.artifactFor(s.artifact_key).shape, ...shape }, fp, s.artifact_key, devState,
+      { count: opts.count, labels: opts.labels }, [], phases, { fileReady: true }, s.id)
+      .catch((e) => { throw vmmFailure('start from a snapshot', e); });
+    ctx.emit('phases', phases.report(s.id));
+    return children;
+  }));
 }
 
 /**
@@ -247,8 +265,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
     throw new CollimateError('snapshot_mismatch', msg`Snapshot ${snapId} was taken of sandbox ${s.source}, not ${id}; a sandbox rolls back only to its own snapshots. Start a new sandbox from it instead${see('createSandbox')}.`, { details: { snapshot_sandbox_id: s.source } });
   }
   if (row.state !== 'suspended') runningFor(ctx, id, scope, 'restore');
-  ctx.forking.add(s.fork_point);
-  try {
+  return holding(ctx, s, async () => {
     if (rowFor(ctx, id, scope).state === 'suspended') {
       const done = await ctx.registry.serialized(id, async () => {
         const cur = rowFor(ctx, id, scope);
@@ -302,9 +319,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
       if (e instanceof CollimateError && e.code === 'invalid_state' && e.details?.state === 'running') return getInfo(ctx, id);
       throw e;
     });
-  } finally {
-    ctx.forking.delete(s.fork_point);
-  }
+  });
 }
 
 interface PreparedSwitch {
