@@ -24,6 +24,8 @@ export interface Door {
   fork(base: string, key: string, id: string, count?: number): Promise<Outcome>;
   suspend(base: string, key: string, id: string): Promise<Outcome>;
   resume(base: string, key: string, id: string): Promise<Outcome>;
+  /** One sandbox started from snapshot `snapshot` (taken through REST: not every door takes them). */
+  startFromSnapshot(base: string, key: string, snapshot: string): Promise<Outcome>;
   remove(base: string, key: string, id: string): Promise<Outcome>;
   /**
    * How this door's error messages name the operations they point the user to (errors.ts `see`);
@@ -57,6 +59,7 @@ export const rest: Door = {
   fork: async (base, key, id, count = 1) => restOutcome(await call(base, key, 'POST', `/v1/sandboxes/${id}/fork`, { count }), 201),
   suspend: async (base, key, id) => restOutcome(await call(base, key, 'POST', `/v1/sandboxes/${id}/suspend`), 200),
   resume: async (base, key, id) => restOutcome(await call(base, key, 'POST', `/v1/sandboxes/${id}/resume`), 200),
+  startFromSnapshot: async (base, key, snapshot) => restOutcome(await call(base, key, 'POST', '/v1/sandboxes', { snapshot }), 201),
   remove: async (base, key, id) => restOutcome(await call(base, key, 'DELETE', `/v1/sandboxes/${id}`), 204),
   names: { suspend: 'POST /v1/sandboxes/{id}/suspend', resume: (id) => `POST /v1/sandboxes/${id}/resume`, list: 'GET /v1/sandboxes' },
 };
@@ -79,6 +82,10 @@ export const mcp: Door = {
   fork: (base, key, id, count = 1) => tool(base, key, 'fork_sandbox', { sandbox_id: id, count }),
   suspend: (base, key, id) => tool(base, key, 'suspend_sandbox', { sandbox_id: id }),
   resume: (base, key, id) => tool(base, key, 'resume_sandbox', { sandbox_id: id }),
+  startFromSnapshot: async (base, key, snapshot) => {
+    const o = await tool(base, key, 'start_from_snapshot', { snapshot_id: snapshot });
+    return o.ok ? { ...o, id: o.ids?.[0] } : o;
+  },
   remove: (base, key, id) => tool(base, key, 'delete_sandbox', { sandbox_id: id }),
   names: { suspend: 'the suspend_sandbox tool', resume: () => 'the resume_sandbox tool', list: 'the list_sandboxes tool' },
 };
@@ -100,6 +107,8 @@ export const e2b: Door = {
   suspend: (base, key, id) => e2bCall(base, key, 'POST', `/sandboxes/${id}/pause`, undefined, [204]),
   // E2B's resume of a paused sandbox (connect resumes too, and answers 200 for a running one).
   resume: (base, key, id) => e2bCall(base, key, 'POST', `/sandboxes/${id}/resume`, {}, [201]),
+  // E2B starts a sandbox from a snapshot by naming the snapshot as the template.
+  startFromSnapshot: (base, key, snapshot) => e2bCall(base, key, 'POST', '/sandboxes', { templateID: snapshot }, [201]),
   remove: (base, key, id) => e2bCall(base, key, 'DELETE', `/sandboxes/${id}`, undefined, [204]),
   // A pause of a paused sandbox is E2B's own message ("already paused"), with nothing to point to.
   names: { suspend: 'sandbox.pause()', resume: () => null, list: 'Sandbox.list()' },

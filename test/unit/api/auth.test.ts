@@ -105,6 +105,7 @@ describe('tenant isolation', () => {
           execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 }, setSandboxEgress: { egress: 'allow' },
           startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 },
           makeDirectory: { path: '/stolen' }, removePath: { path: '/secret' }, renamePath: { from: '/secret', to: '/stolen' },
+          restoreSandbox: { snapshot: 'snap_0000000000000000' }, createSnapshot: {},
         }[route.operationId];
         const query = route.path.endsWith('/files') || (route.path.includes('/fs/') && route.method === 'GET') ? '?path=/secret' : '';
         for (const accept of route.sse ? ['application/json', 'text/event-stream'] : ['application/json']) {

@@ -172,11 +172,11 @@ describe('every door, one host and a three-host cluster: one contract (fake engi
       const service = readFileSync(SERVICE, 'utf8');
       const starters = [...service.matchAll(/\n  async (\w+)\(scope: Scope[^\n]*\n((?:(?!\n  async )[\s\S])*?)\n  }\n/g)]
         .filter((m) => m[2].includes('this.placement.start(')).map((m) => m[1]).sort();
-      assert.deepEqual(starters, ['create', 'fork', 'resume'], 'the tenant service starts sandboxes only in these; cover a new one here');
+      assert.deepEqual(starters, ['create', 'fork', 'resume', 'startFromSnapshot'], 'the tenant service starts sandboxes only in these; cover a new one here');
       const owner = async (id: string) => (await db.query('SELECT h.address FROM sandboxes s JOIN hosts h ON h.id = s.host_id WHERE s.id = $1', [id])).rows[0]?.address as string;
       for (const door of DOORS) {
         for (const op of starters) {
-          const key = makeKey(['--cluster', clusterUrl], `race-${door.name}-${op}`, 'demo');
+          const key = makeKey(['--cluster', clusterUrl], `race-${door.name}-${op.toLowerCase()}`, 'demo');
           // One slot left: one running sandbox (the fork's parent), and for resumes four suspended ones.
           const parent = await door.create(cluster[0].url, key);
           expectOk(parent, `${door.name} ${op}: the first sandbox`);
@@ -188,6 +188,13 @@ describe('every door, one host and a three-host cluster: one contract (fake engi
               expectOk(await door.suspend(cluster[(i + 1) % 3].url, key, s.id!), 'suspend');
               suspended.push(s.id!);
             }
+          }
+          // Starts from a snapshot of the parent, which lies on the parent's host.
+          let snapshot = '';
+          if (op === 'startFromSnapshot') {
+            const taken = await call(cluster[1].url, key, 'POST', `/v1/sandboxes/${parent.id}/snapshots`, {});
+            assert.equal(taken.status, 201, `a snapshot to start from: ${taken.bytes.toString()}`);
+            snapshot = taken.json.id;
           }
           const ownerUrl = await owner(parent.id!);
           const via = cluster.filter((h) => h.url !== ownerUrl);
@@ -201,6 +208,7 @@ describe('every door, one host and a three-host cluster: one contract (fake engi
             const h = via[i % via.length];
             if (op === 'create') return door.create(h.url, key);
             if (op === 'fork') return door.fork(h.url, key, parent.id!);
+            if (op === 'startFromSnapshot') return door.startFromSnapshot(h.url, key, snapshot);
             return door.resume(resumeVia[i].url, key, suspended[i]);
           };
           const outcomes = await Promise.all(Array.from({ length: op === 'resume' ? 4 : 8 }, (_, i) => fire(i)));
@@ -212,6 +220,7 @@ describe('every door, one host and a three-host cluster: one contract (fake engi
           assert.equal(running.json.running, 2, `${door.name} ${op}: two running on the cluster`);
           const all = await call(cluster[1].url, key, 'GET', '/v1/sandboxes');
           for (const s of all.json.sandboxes) assert.equal((await call(cluster[2].url, key, 'DELETE', `/v1/sandboxes/${s.id}`)).status, 204);
+          if (snapshot) assert.equal((await call(cluster[0].url, key, 'DELETE', `/v1/snapshots/${snapshot}`)).status, 204);
         }
       }
     });

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { type SandboxRow } from '../../../src/sandboxes/repo.ts';
+import { type SandboxRow, type SnapshotRow } from '../../../src/sandboxes/repo.ts';
 import { freshRepo, row } from '../../support/sandboxRows.ts';
 
 const t = freshRepo('repo');
@@ -16,8 +16,33 @@ test('insert then get gives the row back, JSON columns decoded', () => {
     pending_op: { op: 'fork', forkPoint: 'fp_1', startedAt: 7 },
   });
   t.repo.insert(r);
-  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null, end_reason: null });
+  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null, end_reason: null, from_snapshot: null });
   assert.equal(t.repo.get('sbx_missing'), undefined);
+});
+
+test('snapshots: listed only once ready, per tenant and source, by id; removing one drops its hold on its fork point', () => {
+  const snap = (id: string, over: Partial<SnapshotRow> = {}): SnapshotRow => ({
+    id, tenant: 'acme', name: null, labels: { run: '1' }, source: 'sbx_a', template: 'base', fork_point: `fp_${id}`, artifact_key: 'k',
+    vcpus: 1, memory_mib: 256, disk_mib: 64, egress: 'none', on_timeout: 'delete', auto_resume: 0, timeout_secs: 60, bytes: 0, created_at: 1, state: 'ready', ...over,
+  });
+  t.repo.insertSnapshot(snap('snap_b'));
+  t.repo.insertSnapshot(snap('snap_a', { source: 'sbx_b', labels: { run: '2' } }));
+  t.repo.insertSnapshot(snap('snap_c', { state: 'creating' }));
+  t.repo.insertSnapshot(snap('snap_d', { tenant: 'other' }));
+  t.repo.addRef('fp_snap_b', 'snap_b');
+  assert.deepEqual(t.repo.snapshots('acme', {}).map((s) => s.id), ['snap_a', 'snap_b']);
+  assert.deepEqual(t.repo.snapshots('acme', { source: 'sbx_a' }).map((s) => s.id), ['snap_b']);
+  assert.deepEqual(t.repo.snapshots('acme', { labels: { run: '2' } }).map((s) => s.id), ['snap_a']);
+  assert.deepEqual(t.repo.snapshots('acme', { after: 'snap_a' }).map((s) => s.id), ['snap_b']);
+  assert.deepEqual(t.repo.unfinishedSnapshots().map((s) => s.id), ['snap_c']);
+  assert.deepEqual(t.repo.snapshot('snap_b')?.labels, { run: '1' });
+  t.repo.markSnapshotReady('snap_c', 42);
+  assert.equal(t.repo.snapshot('snap_c')?.bytes, 42);
+  assert.ok(t.repo.snapshotForkPoints().has('fp_snap_b'));
+  t.repo.removeSnapshot('snap_b');
+  assert.equal(t.repo.snapshot('snap_b'), undefined);
+  assert.deepEqual(t.repo.refsOf('snap_b'), []);
+  assert.ok(!t.repo.snapshotForkPoints().has('fp_snap_b'));
 });
 
 test('update changes only the given fields; JSON columns can be cleared', () => {
