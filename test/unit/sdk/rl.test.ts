@@ -99,7 +99,11 @@ test('map: hard concurrency cap, start-rate limit, input order, stops after the 
   );
   assert.deepEqual(out, [10, 20, 30, 40, 50, 60]);
   assert.equal(peak, 2);
-  for (let i = 1; i < starts.length; i++) assert.ok(starts[i] - starts[i - 1] >= 45, `starts ${i} are 50 ms apart (${starts[i] - starts[i - 1]})`);
+  // The limiter spaces the moments starts pass its gate 50 ms apart; each task begins a moment after,
+  // later on a busy event loop, so one gap seen from inside the tasks can shrink by that delay
+  // (43 ms was seen under load). Without the limiter two starts would come within a millisecond.
+  for (let i = 1; i < starts.length; i++) assert.ok(starts[i] - starts[i - 1] >= 25, `starts ${i} are spaced by the rate (${starts[i] - starts[i - 1]} ms)`);
+  assert.ok(starts[starts.length - 1] - starts[0] >= (starts.length - 1) * 50 - 15, `6 starts at 20/s span ≥ 250 ms less a task's delay (${starts[starts.length - 1] - starts[0]} ms)`);
 
   const started: number[] = [];
   await assert.rejects(
