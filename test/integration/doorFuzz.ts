@@ -792,7 +792,12 @@ const badKeyHeaders = (t: DoorTarget, r: Rng): Record<string, string> => r.pick<
 // MCP --------------------------------------------------------------------------------------------------
 
 const TOOL_NAMES = Object.keys(INPUTS);
-const DESTRUCTIVE_TOOLS = new Set(['delete_sandbox', 'suspend_sandbox', 'resume_sandbox', 'set_sandbox_timeout', 'fork_sandbox', 'signal_process']);
+const DESTRUCTIVE_TOOLS = new Set(['delete_sandbox', 'suspend_sandbox', 'resume_sandbox', 'set_sandbox_timeout', 'fork_sandbox', 'signal_process', 'restore_sandbox']);
+/**
+ * Tools that act on no sandbox by its id: listings, and those of a snapshot (`list_snapshots`
+ * filters by a sandbox id, and one the tenant does not have lists nothing).
+ */
+const NO_SANDBOX_TOOLS = ['list_images', 'list_sandboxes', 'create_sandbox', 'list_snapshots', 'start_from_snapshot', 'delete_snapshot'];
 const MUTATING_TOOLS = new Set(['write_file', 'remove_path', 'rename_path', 'make_directory']);
 
 /** Valid arguments of every tool, for another tenant's sandbox: each must be sandbox_not_found. */
@@ -802,6 +807,7 @@ function foreignArgs(name: string, sandbox_id: string): Record<string, unknown> 
     read_file: { path: '/etc/hostname' }, write_file: { path: '/tmp/x', content: 'x' }, list_directory: { path: '/' }, stat_path: { path: '/' }, path_exists: { path: '/' },
     make_directory: { path: '/tmp/d' }, remove_path: { path: '/tmp/d' }, rename_path: { from: '/tmp/a', to: '/tmp/b' }, watch_directory: { path: '/tmp', duration_secs: 0.1 },
     start_process: { command: 'true' }, read_process_output: { pid: 1 }, send_process_input: { pid: 1, input: 'x' }, signal_process: { pid: 1, signal: 'SIGTERM' }, wait_process: { pid: 1, timeout_secs: 0 },
+    restore_sandbox: { snapshot_id: 'snap_0000000000000000' },
   };
   return { sandbox_id, ...(more[name] ?? {}) };
 }
@@ -861,7 +867,7 @@ const mcpGenerator: Generator = (t, r) => {
   }
   if (x < 0.30) {
     // Another tenant's sandbox through every tool: not found, never touched.
-    const name = r.pick(TOOL_NAMES.filter((n) => !['list_images', 'list_sandboxes', 'create_sandbox'].includes(n)));
+    const name = r.pick(TOOL_NAMES.filter((n) => !NO_SANDBOX_TOOLS.includes(n)));
     return mcpStep(t, 'foreign-sandbox', call(id, name, foreignArgs(name, r.pick([t.victimSandbox, 'sbx_000000000000']))), { expect: { code: 'sandbox_not_found' } });
   }
   if (x < 0.60) {
