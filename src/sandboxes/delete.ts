@@ -42,20 +42,29 @@ export function markLost(ctx: EngineContext, row: SandboxRow, reason: string): v
 
 /** Removes a sandbox's directory, its own disk layers and its RAM file. */
 export function removeSandboxFiles(ctx: EngineContext, row: SandboxRow): void {
-  const { sandboxes, disks } = dirs(ctx.cfg);
+  const { sandboxes } = dirs(ctx.cfg);
   rmSync(join(sandboxes, row.id), { recursive: true, force: true });
   const pooled = pooledVmmDir(ctx.cfg, row.id, row.vmm);
   if (pooled) rmSync(pooled, { recursive: true, force: true });
-  // Every disk layer named after it except those fork points hold (removed with the fork point).
-  // By name rather than by the row's top-disk path: a delete that overtakes a fork may read the
-  // row before the fork recorded the parent's new top layer.
+  removeOwnLayers(ctx, row.id, row.vmm?.diskPath);
+  rmSync(join(ctx.cfg.ramDir, `${row.id}.mem`), { force: true });
+}
+
+/**
+ * Removes sandbox `id`'s top layer `top` and every disk layer named after it, except those fork
+ * points hold (removed with the fork point) and `keep` (a rollback's new top layer). By name
+ * rather than by the row's top-disk path alone: a delete that overtakes a fork may read the row
+ * before the fork recorded the parent's new top layer.
+ */
+export function removeOwnLayers(ctx: EngineContext, id: string, top: string | undefined, keep?: string): void {
   const held = new Set(ctx.repo.allForkPoints().map((f) => f.disk_path));
-  if (row.vmm?.diskPath && !held.has(row.vmm.diskPath)) rmSync(row.vmm.diskPath, { force: true });
+  if (keep !== undefined) held.add(keep);
+  if (top && !held.has(top)) rmSync(top, { force: true });
+  const { disks } = dirs(ctx.cfg);
   for (const f of readdirSync(disks)) {
     const p = join(disks, f);
-    if (f.startsWith(`${row.id}-`) && !held.has(p)) rmSync(p, { force: true });
+    if (f.startsWith(`${id}-`) && !held.has(p)) rmSync(p, { force: true });
   }
-  rmSync(join(ctx.cfg.ramDir, `${row.id}.mem`), { force: true });
 }
 
 /**

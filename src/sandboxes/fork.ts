@@ -1,6 +1,6 @@
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { open } from 'node:fs/promises';
 import { join } from 'node:path';
+import { fsyncFile } from '../host/fsync.js';
 import { performance } from 'node:perf_hooks';
 import { CollimateError, invalidState } from '../errors.js';
 import type { MachineShape } from '../vmm/machine.js';
@@ -184,15 +184,6 @@ export async function forkRunningByPages(ctx: EngineContext, r: Running, opts: F
 export interface KeepAs {
   /** Records what holds the fork point, in the transaction that records it. */
   record(forkPoint: string): void;
-}
-
-async function fsyncFile(path: string): Promise<void> {
-  const h = await open(path, 'r');
-  try {
-    await h.sync();
-  } finally {
-    await h.close();
-  }
 }
 
 /**

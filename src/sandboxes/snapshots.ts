@@ -7,7 +7,7 @@ import { createOverlay, newDiskPath, newForkPointId } from './runtime.js';
 import type { SandboxRow, SnapshotRow } from './repo.js';
 import { Phases } from './phases.js';
 import { forkRunningByPages, recordForkPoint, spawnChildren, SNAPSHOT_RAM, type ForkPoint } from './fork.js';
-import { gcForkPoints } from './delete.js';
+import { gcForkPoints, removeOwnLayers } from './delete.js';
 import { removeAfterwards, resumeSandbox, snapshotFiles, snapshotRecord } from './suspendResume.js';
 import { dirs, getInfo, gone, pooledVmmDir, rowFor, runningFor, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions } from './types.js';
@@ -55,7 +55,7 @@ export function listSnapshots(ctx: EngineContext, filter: SnapshotListFilter, sc
 }
 
 /** The row a snapshot starts from: the sandbox's shape, policy and session rules at that moment. */
-function snapshotRowOf(ctx: EngineContext, row: SandboxRow, id: string, fpId: string, opts: SnapshotOptions): SnapshotRow {
+function snapshotRowOf(row: SandboxRow, id: string, fpId: string, opts: SnapshotOptions): SnapshotRow {
   return {
     id, tenant: row.tenant, name: opts.name ?? null, labels: opts.labels ?? {}, source: row.id, template: row.template,
     fork_point: fpId, artifact_key: row.vmm!.artifactKey, vcpus: row.vcpus, memory_mib: row.memory_mib, disk_mib: row.disk_mib,
@@ -95,7 +95,7 @@ export async function createSnapshot(ctx: EngineContext, id: string, opts: Snaps
           try {
             await forkRunningByPages(ctx, r, { count: 0 }, {
               record: (fpId) => {
-                ctx.repo.insertSnapshot(snapshotRowOf(ctx, ctx.repo.get(r.id)!, snapId, fpId, opts));
+                ctx.repo.insertSnapshot(snapshotRowOf(ctx.repo.get(r.id)!, snapId, fpId, opts));
                 ctx.repo.addRef(fpId, snapId);
               },
             });
@@ -155,7 +155,7 @@ async function snapshotSuspended(ctx: EngineContext, id: string, snapId: string,
       recordForkPoint(ctx, fp, id);
       ctx.repo.markForkPointReady(fp.id);
       ctx.repo.update(id, { vmm: { ...rec, diskPath: newDisk } });
-      ctx.repo.insertSnapshot(snapshotRowOf(ctx, row, snapId, fp.id, opts));
+      ctx.repo.insertSnapshot(snapshotRowOf(row, snapId, fp.id, opts));
       ctx.repo.addRef(fp.id, snapId);
     });
     ctx.processes.remember(snapId, id);
@@ -273,7 +273,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
         const p = await prepareSwitch(ctx, id, s);
         switchTo(ctx, cur, s, p);
         removeAfterwards(ctx, dirname(cur.snapshot!.statePath));
-        removeOldLayers(ctx, id, cur.vmm!.diskPath, p.disk);
+        removeOwnLayers(ctx, id, cur.vmm!.diskPath, p.disk);
         ctx.processes.replace(id, s.id);
         return true;
       });
@@ -309,7 +309,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
       if (rec.memPath === join(ctx.cfg.ramDir, `${id}.mem`)) rmSync(rec.memPath, { force: true });
       const pooled = pooledVmmDir(ctx.cfg, id, rec);
       if (pooled) rmSync(pooled, { recursive: true, force: true });
-      removeOldLayers(ctx, id, rec.diskPath, p.disk);
+      removeOwnLayers(ctx, id, rec.diskPath, p.disk);
       // Its processes are the snapshot's, as the host knew them then; the resume learns them from the guest.
       ctx.processes.replace(id, s.id);
     }));
@@ -366,17 +366,6 @@ function switchTo(ctx: EngineContext, row: SandboxRow, s: SnapshotRow, p: Prepar
       state: 'suspended', snapshot: snapshotRecord(p.snapDir), vmm: { ...row.vmm!, diskPath: p.disk }, pending_op: null, from_snapshot: s.id,
     });
   });
-}
-
-/** The sandbox's own disk layers but its new one and those fork points hold. */
-function removeOldLayers(ctx: EngineContext, id: string, oldTop: string, keep: string): void {
-  const held = new Set(ctx.repo.allForkPoints().map((f) => f.disk_path));
-  const { disks } = dirs(ctx.cfg);
-  if (oldTop !== keep && !held.has(oldTop)) rmSync(oldTop, { force: true });
-  for (const f of readdirSync(disks)) {
-    const p = join(disks, f);
-    if (f.startsWith(`${id}-`) && p !== keep && !held.has(p)) rmSync(p, { force: true });
-  }
 }
 
 /** A snapshot a crash caught before it was whole is removed (its fork point goes unless a sandbox sits on it). */

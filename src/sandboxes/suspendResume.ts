@@ -1,6 +1,7 @@
 import { mkdirSync, rmSync, renameSync, statSync, openSync, closeSync, writeFileSync, readFileSync, existsSync, truncateSync, linkSync } from 'node:fs';
-import { open, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
+import { fsyncFile } from '../host/fsync.js';
 import { performance } from 'node:perf_hooks';
 import { invalidState } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
@@ -39,15 +40,6 @@ export function snapshotRecord(snapDir: string, suspendedAt = Date.now()): Snaps
   const f = snapshotFiles(snapDir);
   if (existsSync(f.ramPath)) return { statePath: f.statePath, ramPath: f.ramPath, bytes: allocatedBytes(f.ramPath) + statSync(f.statePath).size, suspendedAt };
   return { statePath: f.legacyStream, bytes: statSync(f.legacyStream).size, suspendedAt };
-}
-
-async function fsyncFile(path: string): Promise<void> {
-  const h = await open(path, 'r');
-  try {
-    await h.sync();
-  } finally {
-    await h.close();
-  }
 }
 
 export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<SandboxInfo> {
