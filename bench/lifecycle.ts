@@ -8,7 +8,7 @@
 //   --suspend-resume-only: only the suspend / resume runs and their phases (minutes less).
 import { readFileSync, rmSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
-import { summary, fmt, timed, pssMiB, rssMiB } from './stats.ts';
+import { summary, fmt, phaseTable, timed, pssMiB, rssMiB } from './stats.ts';
 import type { PhaseReport } from '../src/sandboxes/phases.ts';
 
 const arg = (name: string, dflt: number) => {
@@ -112,7 +112,7 @@ if (process.argv.includes('--suspend-resume-only')) {
     '| measure | n | p50 | p99 |', '|---|---|---|---|',
     `| suspend | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
     `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`, '',
-    ...phaseTable(),
+    ...phaseTable(phaseReports),
   ].join('\n'));
   process.exit(0);
 }
@@ -251,7 +251,7 @@ console.log([
   '',
   'Phases (p50 / p99 ms, src/sandboxes/phases.ts; children restored in parallel record the slowest; "CPU:" rows are CPU time summed over the operation):',
   '',
-  ...phaseTable(),
+  ...phaseTable(phaseReports),
 ].join('\n'));
 
 async function suspendResumeRuns(): Promise<{ suspendMs: number[]; resumeMs: number[] }> {
@@ -266,21 +266,4 @@ async function suspendResumeRuns(): Promise<{ suspendMs: number[]; resumeMs: num
     measuring = '';
   }
   return { suspendMs, resumeMs };
-}
-
-function phaseTable(): string[] {
-  const out = ['| operation | phase | n | p50 | p99 |', '|---|---|---|---|---|'];
-  for (const [what, reports] of phaseReports) {
-    const names = [...new Set(reports.flatMap((r) => Object.keys(r.phases)))];
-    for (const name of [...names, 'total']) {
-      const v = summary(reports.map((r) => (name === 'total' ? r.totalMs : r.phases[name])).filter((x): x is number => x !== undefined));
-      out.push(`| ${what} | ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
-    }
-    // CPU time, summed over the operation (phases.ts): what bounds a wide fork on few cores.
-    for (const name of new Set(reports.flatMap((r) => Object.keys(r.cpuMs ?? {})))) {
-      const v = summary(reports.map((r) => r.cpuMs?.[name]).filter((x): x is number => x !== undefined));
-      out.push(`| ${what} | CPU: ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
-    }
-  }
-  return out;
 }

@@ -9,7 +9,7 @@
 import { rmSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { Engine } from '../src/sandboxes/engine.ts';
-import { summary, fmt, timed } from './stats.ts';
+import { summary, fmt, phaseTable, timed } from './stats.ts';
 import type { PhaseReport } from '../src/sandboxes/phases.ts';
 
 const arg = (name: string, dflt: number) => {
@@ -142,21 +142,5 @@ console.log([
   `Snapshot size on disk (p50): ${fmt(summary(sizes).p50 / 1024 / 1024)} MiB. CPU of the children's VMMs, claim → acknowledgement, per child: fork(16) ${cpuPerChild('fork(16)', 16)}; start of 16 from a snapshot ${cpuPerChild('start from a snapshot (16)', 16)} (target ≤ 50 ms).`,
   '',
   'Phases (p50 / p99 ms, src/sandboxes/phases.ts; "CPU:" rows are CPU time summed over the operation):', '',
-  ...phaseTable(),
+  ...phaseTable(phaseReports),
 ].join('\n'));
-
-function phaseTable(): string[] {
-  const out = ['| operation | phase | n | p50 | p99 |', '|---|---|---|---|---|'];
-  for (const [what, reports] of phaseReports) {
-    const names = [...new Set(reports.flatMap((r) => Object.keys(r.phases)))];
-    for (const name of [...names, 'total']) {
-      const v = summary(reports.map((r) => (name === 'total' ? r.totalMs : r.phases[name])).filter((x): x is number => x !== undefined));
-      out.push(`| ${what} | ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
-    }
-    for (const name of new Set(reports.flatMap((r) => Object.keys(r.cpuMs ?? {})))) {
-      const v = summary(reports.map((r) => r.cpuMs?.[name]).filter((x): x is number => x !== undefined));
-      out.push(`| ${what} | CPU: ${name} | ${v.n} | ${fmt(v.p50)} | ${fmt(v.p99)} |`);
-    }
-  }
-  return out;
-}

@@ -70,15 +70,7 @@ export class Sandboxes {
     if (params.labels) body.labels = params.labels;
     if (params.timeoutSecs !== undefined) body.timeout_secs = params.timeoutSecs;
     if (params.egress !== undefined) body.egress = params.egress;
-    const info = await this.http.json<SandboxInfo>({
-      method: 'POST',
-      path: '/v1/sandboxes',
-      json: body,
-      headers: { 'idempotency-key': randomUUID() },
-      retry: 'idempotent',
-      timeoutMs: CREATE_TIMEOUT_MS,
-    });
-    return new Sandbox(this.http, info);
+    return new Sandbox(this.http, await this.postSandboxes(body));
   }
 
   /**
@@ -111,6 +103,14 @@ export class Sandboxes {
     if (params.egress !== undefined) body.egress = params.egress;
     if (params.onTimeout !== undefined) body.on_timeout = params.onTimeout;
     if (params.autoResume !== undefined) body.auto_resume = params.autoResume;
+    return this.postSandboxes(body);
+  }
+
+  /**
+   * POST /v1/sandboxes (a create, or a start from a snapshot): one Idempotency-Key for every
+   * attempt, so a retry never starts twice.
+   */
+  private postSandboxes(body: Record<string, unknown>): Promise<SandboxInfo & { sandboxes?: SandboxInfo[] }> {
     return this.http.json<SandboxInfo & { sandboxes?: SandboxInfo[] }>({
       method: 'POST',
       path: '/v1/sandboxes',
