@@ -16,6 +16,8 @@ import { randomBytes } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import pino from 'pino';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest, FastifyServerOptions } from 'fastify';
+import type { HostReadings, ReapedEvent, SandboxTransition } from '../sandboxes/types.js';
+import type { PhaseReport } from '../sandboxes/phases.js';
 
 /** Ids a client (or a proxy in front) may choose for its request: short, no spaces or quotes. */
 const CLIENT_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -93,19 +95,14 @@ export function registerRequestLogging(app: FastifyInstance): void {
   });
 }
 
-interface Emitter {
-  on(event: string, fn: (payload: any) => void): unknown;
-  off(event: string, fn: (payload: any) => void): unknown;
-}
-
 /**
  * Logs the engine's lifecycle events (emitted once a transition is persisted). Returns the
  * unsubscribe. An engine without events (a fake) logs nothing.
  */
-export function logLifecycle(engine: unknown, log: FastifyBaseLogger): () => void {
-  const e = engine as Partial<Emitter>;
-  if (typeof e.on !== 'function' || typeof e.off !== 'function') return () => {};
-  const onTransition = (t: { id: string; tenant: string; state: string; op: string; snapshotBytes?: number; reason?: string }) =>
+export function logLifecycle(e: Pick<HostReadings, 'on' | 'off'>, log: FastifyBaseLogger): () => void {
+  const off = e.off?.bind(e);
+  if (!e.on || !off) return () => {};
+  const onTransition = (t: SandboxTransition) =>
     (t.op === 'lost' ? log.warn.bind(log) : log.info.bind(log))(
       {
         event: 'transition', sandbox_id: t.id, tenant: t.tenant, op: t.op, state: t.state,
@@ -114,19 +111,19 @@ export function logLifecycle(engine: unknown, log: FastifyBaseLogger): () => voi
       'sandbox transition',
     );
   const tenths = (m: Record<string, number> | undefined) => Object.fromEntries(Object.entries(m ?? {}).map(([k, v]) => [k, Math.round(v * 10) / 10]));
-  const onPhases = (r: { op: string; id: string; phases: Record<string, number>; cpuMs?: Record<string, number>; totalMs: number }) =>
+  const onPhases = (r: PhaseReport) =>
     log.info(
       { event: 'phases', sandbox_id: r.id, op: r.op, total_ms: Math.round(r.totalMs * 10) / 10, phases_ms: tenths(r.phases), cpu_ms: tenths(r.cpuMs) },
       'lifecycle phases',
     );
-  const onReaped = (r: { id: string; action: string }) =>
+  const onReaped = (r: ReapedEvent) =>
     log.info({ event: 'reaped', sandbox_id: r.id, action: r.action }, 'session limit reached');
   e.on('transition', onTransition);
   e.on('phases', onPhases);
   e.on('reaped', onReaped);
   return () => {
-    e.off!('transition', onTransition);
-    e.off!('phases', onPhases);
-    e.off!('reaped', onReaped);
+    off('transition', onTransition);
+    off('phases', onPhases);
+    off('reaped', onReaped);
   };
 }

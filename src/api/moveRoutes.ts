@@ -30,7 +30,9 @@ import { sendError } from './binder.js';
 
 export interface MoveRoutesOptions {
   node: ClusterNode;
-  engine: { moves: MoveEngine; get(id: string): SandboxInfo; list(f: { state?: 'running' | 'suspended'; limit?: number; after?: string }): { sandboxes: SandboxInfo[]; next: string | null }; delete(id: string): Promise<void> };
+  /** The engine's moves of suspended sandboxes (Engine.moves). */
+  moves: MoveEngine;
+  engine: { get(id: string): SandboxInfo; list(f: { state?: 'running' | 'suspended'; limit?: number; after?: string }): { sandboxes: SandboxInfo[]; next: string | null }; delete(id: string): Promise<void> };
   blobs: LocalBlobs;
 }
 
@@ -70,7 +72,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
 
   const moveOne = async (id: string, to?: string): Promise<MoveResult> => {
     const t0 = Date.now();
-    const prepared = await o.engine.moves.prepareOut(id);
+    const prepared = await o.moves.prepareOut(id);
     try {
       const m = prepared.manifest;
       const targets = await moves.targets({ from: o.node.hostId, compat: compatKey(o.node.compat), artifactKey: m.artifactKey, to });
@@ -96,7 +98,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
           const stillSuspended = () => {
             try { return o.engine.get(id).state === 'suspended'; } catch { return false; }
           };
-          ({ deletedMeanwhile } = await o.engine.moves.commitOut(id, m.suspendedAt, dest.hostId, () => moves.flip(id, o.node.hostId, dest.hostId, stillSuspended)));
+          ({ deletedMeanwhile } = await o.moves.commitOut(id, m.suspendedAt, dest.hostId, () => moves.flip(id, o.node.hostId, dest.hostId, stillSuspended)));
         } catch (e) {
           // Not moved: the receiver's copy goes (or at its next join, if it cannot be told now).
           await peer(o.node, dest.address, 'DELETE', `/cluster/moves/incoming/${id}`).catch(() => {});
@@ -129,7 +131,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
       const to = optionalHost(bodyOf(req).to);
       const moved: MoveResult[] = [];
       const failed: Array<{ id: string; code: string; message: string }> = [];
-      const pendingIn = new Set(o.engine.moves.pendingIn());
+      const pendingIn = new Set(o.moves.pendingIn());
       for (const id of localSandboxes(o.engine, 'suspended')) {
         if (pendingIn.has(id)) continue;
         try {
@@ -155,7 +157,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
       if (o.node.capacity === 0) throw new CollimateError('host_at_capacity', 'This host is an API-only node (capacity 0): it holds no sandboxes.', { retryAfterSecs: 5, details: { resource: 'cluster_capacity', reason: 'target_full' } });
       const source = { hostId: b.source.hostId, address: b.source.address, size: 0 };
       let transferred = 0;
-      await o.engine.moves.importIn(m, async (f, dest) => {
+      await o.moves.importIn(m, async (f, dest) => {
         const got = await fetcher.fetchFrom([{ ...source, size: f.size }], f.digest, dest, { sparse: f.sparse });
         transferred += got.transferred;
       });
@@ -167,7 +169,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
     if (!peerOnly(req, reply)) return reply;
     return answer(reply, async () => {
       const { id } = req.params as { id: string };
-      const committed = o.engine.moves.commitIn(id);
+      const committed = o.moves.commitIn(id);
       // The tenant's delete reached the source while the directory flipped: it is this host's to carry out.
       if ((req.query as { delete?: string }).delete === '1') await o.engine.delete(id).catch(() => {});
       return { id, committed };
@@ -176,7 +178,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
 
   app.delete('/cluster/moves/incoming/:id', async (req, reply) => {
     if (!peerOnly(req, reply)) return reply;
-    return answer(reply, async () => ({ id: (req.params as { id: string }).id, removed: o.engine.moves.abortIn((req.params as { id: string }).id) }));
+    return answer(reply, async () => ({ id: (req.params as { id: string }).id, removed: o.moves.abortIn((req.params as { id: string }).id) }));
   });
 }
 

@@ -19,10 +19,10 @@ export interface ClusterViews {
   stop(): Promise<void>;
 }
 
-export async function startClusterViews(node: ClusterNode, engine: Emitter & { db: Db }, opts: { url: string; log?: (err: unknown, msg: string) => void }): Promise<ClusterViews> {
+export async function startClusterViews(node: ClusterNode, engine: Emitter, db: Db, opts: { url: string; log?: (err: unknown, msg: string) => void }): Promise<ClusterViews> {
   const log = opts.log ?? (() => {});
   const events = await ClusterEvents.start({ url: opts.url, pool: node.pool, hostId: node.hostId, engine, onError: log });
-  const usage = new UsagePush(node.pool, engine.db, node.hostId, log);
+  const usage = new UsagePush(node.pool, db, node.hostId, log);
   try {
     await usage.start();
   } catch (err) {

@@ -456,8 +456,17 @@ export interface HostReadings {
   /** `transition` for every acknowledged state change, `phases` for each timed lifecycle operation. */
   on?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
+  /** `reaped` when the reaper ends a session (suspends or deletes the sandbox). */
+  on?(event: 'reaped', listener: (r: ReapedEvent) => void): unknown;
   off?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   off?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
+  off?(event: 'reaped', listener: (r: ReapedEvent) => void): unknown;
+}
+
+/** What the reaper did to a sandbox whose session ended. */
+export interface ReapedEvent {
+  id: string;
+  action: 'suspend' | 'delete';
 }
 
 /** Catalog templates still being built after the server began serving (step, seconds so far), and those whose build failed (why). */

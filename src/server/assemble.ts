@@ -20,6 +20,43 @@ import type { ImageService } from '../images/service.js';
 import type { BuildServerOptions } from '../api/server.js';
 import type { ServiceEngine } from '../sandboxes/types.js';
 import type { Db } from '../store/db.js';
+import type { TemplateHost } from '../images/service.js';
+import type { EnvironmentEngine } from '../cluster/environmentHost.js';
+import type { MoveEngine } from '../sandboxes/move.js';
+import type { JailSettings } from '../vmm/jail.js';
+import type * as RealEngine from '../sandboxes/engine.js';
+
+/**
+ * The engine the server is built around: the tenant service's surface (ServiceEngine) and its
+ * database, and the host parts an engine may carry — configuration, confinement, environments
+ * (TemplateHost), moves between hosts, a close. The real engine has them all; a stand-in (tests)
+ * has the surface and what it chooses of the rest, and the server leaves out what it lacks.
+ */
+export type ServedEngine = ServiceEngine & EnvironmentEngine & Partial<Pick<TemplateHost, 'addTemplate' | 'removeTemplate' | 'artifactLayers'>> & {
+  /** Its database, where keys and usage are kept unless the caller gives another (ServerConfig.db). */
+  readonly db?: Db;
+  readonly cfg?: { home?: string; cacheDir?: string; artifactRamDir?: string; layerGraceSecs?: number; qemuBinary?: string; jail?: JailSettings; homeTag?: string };
+  readonly moves?: MoveEngine;
+  poolHealth?(): Record<string, { ready: number; target: number; reason: string }>;
+  close?(): Promise<void>;
+};
+
+/** What an engine module exports (src/sandboxes/engine.ts, or a stand-in named by `engineModule`). */
+interface EngineModule {
+  Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<ServedEngine> };
+}
+// The real engine is one: the type checker holds it to what the server uses of it.
+true satisfies (typeof RealEngine extends EngineModule ? true : false);
+
+function missing(what: string): never {
+  throw new StartError(`cannot start: ${what} is needed`);
+}
+
+/** An engine that makes environments: it has their configuration and templates (the real one). */
+function makesTemplates(engine: ServedEngine): engine is ServedEngine & TemplateHost {
+  return typeof engine.addTemplate === 'function' && typeof engine.removeTemplate === 'function' && typeof engine.artifactLayers === 'function'
+    && typeof engine.cfg?.home === 'string' && typeof engine.cfg.cacheDir === 'string';
+}
 
 /** The server's knobs a caller may set beyond the defaults (body limits, grace, clock, console, envd backend, health). */
 export type ServerTuning = Partial<Omit<BuildServerOptions, 'tenants' | 'tls' | 'beforeRoutes' | 'interceptUpgrade' | 'e2bEnv'>>;
@@ -42,7 +79,7 @@ export interface ServerConfig {
    * database of keys and usage (default its own) and its image service if it has one. The server
    * uses them as they are and leaves them open when it stops.
    */
-  engine?: ServiceEngine;
+  engine?: ServedEngine;
   db?: Db;
   images?: ImageService;
   /** The tenant service's clock, port-URL key file and metering period (tests). */
@@ -68,7 +105,7 @@ export interface RunningServer {
   /** Where it listens ('' with `listen: false`). */
   address: string;
   /** The engine as opened (the real one or the module's stand-in). */
-  engine: any;
+  engine: ServedEngine;
   tenants: TenantService;
   api: ApiServer;
   node?: ClusterNode;
@@ -85,12 +122,12 @@ export interface RunningServer {
 export class StartError extends Error {}
 
 /** How this server's VMMs are confined, for /healthz (docs/security.md). */
-async function vmmConfinement(engine: { cfg?: { jail: any; homeTag: string; cacheDir: string } }): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
-  if (!engine.cfg?.jail) return { enabled: false, reason: 'engine without VMM confinement' };
-  if (!engine.cfg.homeTag) return { enabled: false, reason: 'engine without VMM confinement' };
+async function vmmConfinement(engine: ServedEngine): Promise<{ enabled: boolean; cgroups?: string; reason?: string }> {
+  const { jail, homeTag, cacheDir } = engine.cfg ?? {};
+  if (!jail || !homeTag || cacheDir === undefined) return { enabled: false, reason: 'engine without VMM confinement' };
   const { jailerFor, jailAvailability } = await import('../vmm/jail.js');
-  const j = await jailerFor(engine.cfg);
-  if (!j) return { enabled: false, reason: jailAvailability(engine.cfg.jail).reason };
+  const j = await jailerFor({ jail, homeTag, cacheDir });
+  if (!j) return { enabled: false, reason: jailAvailability(jail).reason };
   return { enabled: true, cgroups: j.status().cgroups };
 }
 
@@ -100,10 +137,11 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   const say = cfg.say ?? (() => {});
   const progress = cfg.progress ?? (() => {});
   const given = cfg.engine !== undefined;
-  let engine: any = cfg.engine;
-  if (!given) {
+  let engine: ServedEngine;
+  if (cfg.engine) engine = cfg.engine;
+  else {
     if (!cfg.home) throw new StartError('cannot start: no home directory given (--home)');
-    const { Engine } = (await import(cfg.engineModule ?? '../sandboxes/engine.js')) as { Engine: { open(o: { home: string; progress?: (m: string) => void; catalogInBackground?: boolean }): Promise<any> } };
+    const { Engine } = (await import(cfg.engineModule ?? '../sandboxes/engine.js')) as EngineModule;
     try {
       // The first start with an empty cache builds base first and the other catalog templates once serving.
       engine = await Engine.open({ home: cfg.home, progress, catalogInBackground: true });
@@ -111,13 +149,14 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
       throw new StartError(`cannot start: ${(err as Error).message}`);
     }
   }
+  const db = cfg.db ?? engine.db ?? missing('a database (the engine has none)');
   const confinement = await vmmConfinement(engine);
   // Own images and environments: ready environments are registered with the engine again before
   // the server listens (their artifacts are cached), interrupted bakes resume in the background.
   let images = cfg.images;
-  if (!given && typeof engine.addTemplate === 'function') {
+  if (!given && makesTemplates(engine)) {
     const { ImageService } = await import('../images/service.js');
-    images = new ImageService({ host: engine, db: engine.db, log: progress, clusterSecretsKey: cfg.cluster?.secretsKey });
+    images = new ImageService({ host: engine, db, log: progress, clusterSecretsKey: cfg.cluster?.secretsKey });
     say('collimate: restoring environments...');
     await images.restore();
   }
@@ -128,24 +167,24 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
     const { ClusterNode } = await import('../cluster/node.js');
     say(`collimate: joining the cluster at ${c.shownUrl} as ${c.advertise} (capacity ${c.capacity})...`);
     try {
-      node = await ClusterNode.join({ url: c.url, advertise: c.advertise, capacity: c.capacity, home: cfg.home ?? engine.cfg.home, ...(c.timings ? { timings: c.timings } : {}), log: clusterLog }, engine);
+      node = await ClusterNode.join({ url: c.url, advertise: c.advertise, capacity: c.capacity, home: cfg.home ?? engine.cfg?.home ?? missing('a home directory (--home) for the cluster host id'), ...(c.timings ? { timings: c.timings } : {}), log: clusterLog }, engine);
     } catch (err) {
       if (!given) {
         await images?.close();
-        await engine.close();
+        await engine.close?.();
       }
       throw new StartError(`cannot join the cluster: ${(err as Error).message}`);
     }
   }
   // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
-  const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, { url: c!.url, log: clusterLog }) : undefined;
+  const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, db, { url: c!.url, log: clusterLog }) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
   const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
   // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
   const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
   const { TenantService } = await import('../service/tenantService.js');
-  const cluster = node && views ? await clusterParts(node, engine, views, envs) : undefined;
-  const tenants = new TenantService({ engine, images, db: cfg.db ?? engine.db, ...cfg.service, ...(cluster?.service ?? {}) });
+  const cluster = node && views ? await clusterParts(node, engine, db, views, envs) : undefined;
+  const tenants = new TenantService({ engine, images, db, ...cfg.service, ...(cluster?.service ?? {}) });
   if (node) tenants.signer.useKey(node.signingKey());
   const { serverLoggerOptions } = await import('../api/logging.js');
   const moveRoutes = node && engine.moves ? await import('../api/moveRoutes.js') : undefined;
@@ -162,7 +201,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
           peers.register(app);
           blobs?.register(app);
           // Operators move suspended sandboxes between hosts (collimate cluster move / drain).
-          if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, blobs: blobs.blobs });
+          if (blobs && engine.moves) moveRoutes!.registerMoveRoutes(app, { node: node!, engine, moves: engine.moves, blobs: blobs.blobs });
           app.addHook('preClose', async () => peers.closeTunnels());
         },
         interceptUpgrade: (req, socket, head) => peers.tunnel(req, socket, head),
@@ -202,7 +241,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
       tenants.close();
       if (given) return;
       await images?.close();
-      await engine.close();
+      await engine.close?.();
     },
   };
 }
@@ -212,14 +251,14 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
  * idempotency, events and E2B envVars for the service, and the peer endpoint other hosts operate
  * this host's sandboxes through.
  */
-async function clusterParts(node: ClusterNode, engine: any, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined) {
+async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined) {
   const { ClusterSandboxPlacement } = await import('../cluster/sandboxPlacement.js');
   const { ClusterSandboxEnvs } = await import('../cluster/sandboxEnvs.js');
   const { ClusterSandboxGrants } = await import('../cluster/sandboxGrants.js');
   const { registerPeerHost, peerTunnel } = await import('../api/peerRoutes.js');
   let placement: InstanceType<typeof ClusterSandboxPlacement> | undefined;
   const service: Partial<TenantServiceOptions> = {
-    keys: node.keyCache(engine.db),
+    keys: node.keyCache(db),
     accountKeys: node.keys,
     sandboxGrants: new ClusterSandboxGrants(node.pool),
     idempotency: node.idempotency,
