@@ -6,7 +6,8 @@ import { DIGEST_RE, LocalBlobs, type LocalBlob } from '../images/localBlobs.js';
 import type { LayerStore } from '../images/layerStore.js';
 import { homePaths } from '../host/paths.js';
 import { BlobLocations, BlobPublisher } from '../cluster/blobLocations.js';
-import { PEER_HEADER, type ClusterNode } from '../cluster/node.js';
+import type { ClusterNode } from '../cluster/node.js';
+import { PEER_HEADER } from '../cluster/peerHeader.js';
 import { BLOB_KIND_HEADER, BLOB_PATH, BLOB_SIZE_HEADER, SPARSE_MEDIA_TYPE, sparseFrames } from '../images/sparseBlob.js';
 import { sendError } from './binder.js';
 

@@ -9,7 +9,8 @@ import { BlobLocations } from './blobLocations.js';
 import { EnvironmentPuller } from './environmentPull.js';
 import { ClusterEnvironments, EnvironmentMirror } from './environments.js';
 import { compatKey } from './hosts.js';
-import { PEER_HEADER, type ClusterNode } from './node.js';
+import type { ClusterNode } from './node.js';
+import { PEER_HEADER } from './peerHeader.js';
 
 export interface ClusterEnvironmentHost {
   environments: ClusterEnvironments;

@@ -14,7 +14,7 @@
 import { request as httpRequest } from 'node:http';
 import type pg from 'pg';
 import { CollimateError } from '../errors.js';
-import { PEER_HEADER } from './node.js';
+import { PEER_HEADER } from './peerHeader.js';
 import { FREE_OF_H } from './placement.js';
 import type { SandboxDirectory } from './directory.js';
 

@@ -20,8 +20,6 @@ import { ClusterKeys, KeyCache } from './keys.js';
 import { ClusterPlacement } from './placement.js';
 import { reconcileMoves, type MovesReconcileEngine } from './moves.js';
 
-/** The header a host sends the peer secret in when it forwards a request to the owning host. */
-export const PEER_HEADER = 'x-collimate-peer';
 /** Set by an owner on a 503 that means "not here, place elsewhere" (fenced, or at capacity). */
 export const REFUSED_HEADER = 'x-collimate-refused';
 

@@ -19,7 +19,7 @@ import type { Duplex } from 'node:stream';
 import { CollimateError, type ErrorCode, type MessagePart } from '../errors.js';
 import type { FileChange, Scope, WatchEndReason } from '../sandboxes/types.js';
 import { hostOf, type SandboxHost } from '../service/sandboxHost.js';
-import { PEER_HEADER } from './node.js';
+import { PEER_HEADER } from './peerHeader.js';
 
 /** Where peer operations are served on every host. */
 export const PEER_HOST_PATH = '/peer/v1/host';

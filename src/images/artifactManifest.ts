@@ -1,7 +1,25 @@
 import { readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { basename, isAbsolute, join, relative, resolve } from 'node:path';
 import type { MachineShape } from '../vmm/machine.js';
-import type { Artifact } from './bake.js';
+
+/**
+ * An artifact: a booted, checkpointed guest that sandboxes are restored from. RAM in a file on
+ * tmpfs (mapped share=off by every child), device state saved with x-ignore-shared, and the writable
+ * disk frozen at the checkpoint (every child's qcow2 overlay is backed by it).
+ */
+export interface Artifact {
+  key: string;
+  dir: string;
+  shape: MachineShape;
+  diskMib: number;
+  memPath: string;
+  devStatePath: string;
+  /** The frozen upper disk (raw ext4) children's overlays are backed by. */
+  diskPath: string;
+  /** Guest uptime (ms) when the checkpoint was taken; a restored child continues from it. */
+  uptimeAtCheckpointMs: number;
+  bakedAt: string;
+}
 
 /**
  * `artifact.json`, the manifest of one built artifact (`<cacheDir>/artifacts/<key>/<build>/`), in a

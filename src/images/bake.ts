@@ -14,26 +14,7 @@ import { run } from '../host/run.js';
 import { digHoles } from '../vmm/memory.js';
 import { claimArtifact } from './artifactGc.js';
 import { sha256Hex } from '../host/hash.js';
-import { ARTIFACT_FILES, readArtifactManifest, writeArtifactManifest } from './artifactManifest.js';
-
-/**
- * An artifact: a booted, checkpointed guest that sandboxes are restored from. RAM in a file on
- * tmpfs (mapped share=off by every child), device state saved with x-ignore-shared, and the writable
- * disk frozen at the checkpoint (every child's qcow2 overlay is backed by it).
- */
-export interface Artifact {
-  key: string;
-  dir: string;
-  shape: MachineShape;
-  diskMib: number;
-  memPath: string;
-  devStatePath: string;
-  /** The frozen upper disk (raw ext4) children's overlays are backed by. */
-  diskPath: string;
-  /** Guest uptime (ms) when the checkpoint was taken; a restored child continues from it. */
-  uptimeAtCheckpointMs: number;
-  bakedAt: string;
-}
+import { ARTIFACT_FILES, readArtifactManifest, writeArtifactManifest, type Artifact } from './artifactManifest.js';
 
 /** Ready parameters: what runs once at bake, after boot and before the checkpoint. */
 export interface ReadyParams {

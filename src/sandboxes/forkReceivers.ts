@@ -5,7 +5,7 @@ import type { EngineConfig } from '../config.js';
 import type { NetManager } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
 import { homePaths } from '../host/paths.js';
-import type { Artifact } from '../images/bake.js';
+import type { Artifact } from '../images/artifactManifest.js';
 import { backingChain, diskRemapDir, exposeLayers, jailerFor, sealShared, untrustedLayer } from '../vmm/jail.js';
 import { rebaseEmptyOverlay, qcow2Size } from '../vmm/qcow2.js';
 import { WarmPool } from './warmPool.js';

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { CollimateError, msg, see } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
-import type { Artifact } from '../images/bake.js';
+import type { Artifact } from '../images/artifactManifest.js';
 import { claimArtifact, releaseArtifact } from '../images/artifactGc.js';
 import { ARTIFACT_FILES, readArtifactManifest } from '../images/artifactManifest.js';
 import { CATALOG, catalogTemplate, guestBase, loadCatalog, bakeRecipe, type GuestBase, type ReadyTemplate, type TemplateInfo, type TemplateRecipe } from '../images/templates.js';

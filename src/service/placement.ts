@@ -8,6 +8,7 @@ import { CollimateError, sandboxNotFound } from '../errors.js';
 import type { ListFilter, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter } from '../sandboxes/types.js';
 import { Admission } from './admission.js';
 import type { SandboxHost } from './sandboxHost.js';
+import { runningHere } from './sandboxMetrics.js';
 import type { Tier } from './tiers.js';
 
 /** What starts sandboxes: how many, for the messages, and where they must or may go. */
@@ -102,18 +103,6 @@ export class LocalPlacement implements Placement {
   async listSnapshots(tenant: string, filter: SnapshotListFilter): Promise<{ snapshots: SnapshotInfo[]; next: string | null }> {
     return this.engine.listSnapshots(filter, { tenant });
   }
-}
-
-/** Every running sandbox's id on this host's engine, whoever's. */
-export function runningHere(engine: ServiceEngine): string[] {
-  const ids: string[] = [];
-  let after: string | undefined;
-  do {
-    const page = engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
-    ids.push(...page.sandboxes.map((s) => s.id));
-    after = page.next ?? undefined;
-  } while (after);
-  return ids;
 }
 
 /** A host turned a placed start away (it filled up, or lost its lease): the placement may try another. */

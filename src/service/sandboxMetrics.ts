@@ -6,7 +6,6 @@
  * Kept in memory: a server restart starts the series anew.
  */
 import type { ServiceEngine } from '../sandboxes/types.js';
-import { runningHere } from './placement.js';
 
 export const SAMPLE_MS = 5000;
 const KEEP = (12 * 3600 * 1000) / SAMPLE_MS;
@@ -60,4 +59,16 @@ export class SandboxMetrics {
     this.series.delete(id);
     this.last.delete(id);
   }
+}
+
+/** Every running sandbox's id on this host's engine, whoever's. */
+export function runningHere(engine: ServiceEngine): string[] {
+  const ids: string[] = [];
+  let after: string | undefined;
+  do {
+    const page = engine.list({ state: 'running', limit: 1000, ...(after ? { after } : {}) });
+    ids.push(...page.sandboxes.map((s) => s.id));
+    after = page.next ?? undefined;
+  } while (after);
+  return ids;
 }

@@ -12,7 +12,7 @@ import { compatKey, HostMembership, type HostRegistration } from '../../../src/c
 import { SandboxDirectory } from '../../../src/cluster/directory.js';
 import { peerRequest, reconcileMoves, SandboxMoves } from '../../../src/cluster/moves.js';
 import { createServer } from 'node:http';
-import { PEER_HEADER } from '../../../src/cluster/node.js';
+import { PEER_HEADER } from '../../../src/cluster/peerHeader.js';
 import { freePort } from '../../support/registry.js';
 import { refusal } from '../../support/refusal.js';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../../support/postgres.js';

@@ -10,7 +10,8 @@ import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, write
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
-import { artifactKey, bakeKey, ensureArtifact, type Artifact, type ShapeDigests } from '../../../src/images/bake.js';
+import { artifactKey, bakeKey, ensureArtifact, type ShapeDigests } from '../../../src/images/bake.js';
+import type { Artifact } from '../../../src/images/artifactManifest.js';
 import { readArtifactManifest, writeArtifactManifest } from '../../../src/images/artifactManifest.js';
 import { LayerStore } from '../../../src/images/layerStore.js';
 import { builtFileSha256 } from '../../../src/host/hash.js';

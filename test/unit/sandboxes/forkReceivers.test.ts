@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ForkReceivers } from '../../../src/sandboxes/forkReceivers.ts';
 import { loadConfig } from '../../../src/config.ts';
-import type { Artifact } from '../../../src/images/bake.ts';
+import type { Artifact } from '../../../src/images/artifactManifest.ts';
 import type { PendingVm } from '../../../src/sandboxes/runtime.ts';
 
 /** Receivers that are only names: spawned one by one, destroyed into a list. */
