@@ -17,7 +17,7 @@ import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition, type SnapshotInfo } from '../sandboxes/types.js';
-import type { EgressInput } from '../net/policy.js';
+import { cidrOf, cidrText, cidrWithin, parseCidr, type EgressInput } from '../net/policy.js';
 import { CreateSnapshotRequest, Labels, SNAPSHOT_ID_RE } from '../wire/schemas.js';
 import { toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
@@ -70,10 +70,12 @@ const e2bState = (s: SandboxInfo['state']) => (s === 'suspended' ? 'paused' : s)
 
 /**
  * E2B's network config (create's `network`, `PUT /sandboxes/{id}/network`) as a Collimate egress
- * policy. E2B allows everything unless told to deny; `allowOut` wins over `denyOut`. Collimate's
- * policies are allowlists, so what they express is: everything (no deny), nothing (deny all, allow
- * nothing), or only `allowOut` (deny all, allow those CIDRs, addresses and domains). Denying some
- * addresses while allowing the rest, header rules and egress proxies are refused, saying how.
+ * policy. E2B allows everything unless told to deny; `allowOut` wins over `denyOut`. As Collimate
+ * policies: everything (no deny: "allow"), nothing (deny all, allow nothing: "none"), only
+ * `allowOut` (deny all, allow those CIDRs, addresses and domains: an allowlist), or everything but
+ * some addresses (a denylist, less the addresses `allowOut` names). What none of these says — a
+ * domain denied, or allowed inside a denied range — header rules and egress proxies are refused,
+ * saying how.
  */
 export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw bad('network must be an object: {allowOut, denyOut, allow_internet_access}.');
@@ -93,15 +95,26 @@ export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
   const allow = list('allowOut');
   const deny = list('denyOut');
   const denyAll = noInternet || n.allow_internet_access === false || deny.some((d) => d === '0.0.0.0/0' || d === '::/0');
-  if (!denyAll) {
-    if (deny.length > 0) throw bad('network.denyOut of some addresses is not supported: Collimate allows a list. Deny 0.0.0.0/0 and list in allowOut what the sandbox may reach.');
-    return 'allow';
-  }
-  if (allow.length === 0) return 'none';
   const isAddress = (s: string) => /^[0-9.]+(\/\d+)?$/.test(s) || s.includes(':');
+  if (!denyAll) return deny.length ? denylistOf(deny, allow, isAddress) : 'allow';
+  if (allow.length === 0) return 'none';
   const cidrs = allow.filter(isAddress).map((s) => (s.includes('/') ? s : s.includes(':') ? `${s}/128` : `${s}/32`));
   const domains = allow.filter((s) => !isAddress(s));
   return { cidrs, domains };
+}
+
+/** `denyOut` of some addresses as a denylist, less what `allowOut` names (E2B: allow wins). */
+function denylistOf(deny: string[], allow: string[], isAddress: (s: string) => boolean): EgressInput {
+  const named = deny.find((d) => !isAddress(d));
+  if (named) throw bad(`network.denyOut: ${JSON.stringify(named.slice(0, 80))} is a name; Collimate denies addresses and CIDRs (a name's addresses can change under it). Deny its addresses, or deny 0.0.0.0/0 and list in allowOut what the sandbox may reach.`);
+  const allowedName = allow.find((a) => !isAddress(a));
+  if (allowedName) throw bad(`network.allowOut: ${JSON.stringify(allowedName.slice(0, 80))} next to a denyOut of some addresses is not supported (every name is reachable then unless its addresses are denied). Leave it out, or deny 0.0.0.0/0 and list in allowOut everything the sandbox may reach.`);
+  const field = (f: string) => (s: string) => cidrOf(parseCidr(s, f))!; // parseCidr refuses what is not one (validation_error)
+  const allowed = allow.map(field('network.allowOut'));
+  const kept = deny.map(field('network.denyOut')).filter((d) => !allowed.some((a) => cidrWithin(d, a)));
+  const inside = allowed.find((a) => kept.some((d) => cidrWithin(a, d)));
+  if (inside) throw bad(`network.allowOut: ${cidrText(inside)} lies inside a denied range; Collimate cannot open an address inside a denied one. Deny the ranges around it instead, or deny 0.0.0.0/0 and list in allowOut what the sandbox may reach.`);
+  return kept.length ? { deny: kept.map(cidrText) } : 'allow';
 }
 
 /**

@@ -6,7 +6,8 @@
  *     the policy: first the resolver (only as the target of the DNS DNAT), then the host's own
  *     addresses, the transit range and link-local (never), then the policy's CIDRs inside ranges
  *     the operator opened, then the blocked ranges, then the policy's other CIDRs (their blocked
- *     parts are closed by then), then what the policy's resolver answered
+ *     parts are closed by then) — or, for "allow" and a denylist, the denied CIDRs and then every
+ *     address —, then what the policy's resolver answered
  *     (set `dns4`, filled as names resolve), else reject — fast, with an ICMP error, so a connect
  *     fails at once instead of timing out;
  *   - DNS to the gateway is DNATed to the policy's resolver on the host; with "none" there is none
@@ -20,7 +21,7 @@
  * from sandboxes is masqueraded on its way out, and the only host service a sandbox may talk to is
  * the resolver address.
  */
-import { BLOCKED_RANGES, NEVER_OPENED, openedCidrs, type EgressPolicy } from './policy.js';
+import { BLOCKED_RANGES, NEVER_OPENED, isDenylist, openedCidrs, type EgressPolicy } from './policy.js';
 
 export const GUEST_IP = '172.16.0.2';
 export const GATEWAY_IP = '172.16.0.1';
@@ -61,17 +62,22 @@ function egressRules(inp: SandboxRulesetInput): string[] {
     out.push(reject);
     return out;
   }
-  const ports = p !== 'allow' && p.ports.length ? ` meta l4proto { tcp, udp } th dport ${set(p.ports)}` : '';
   out.push(`ip daddr ${NEVER_OPENED} ${reject}`);
+  if (p === 'allow' || isDenylist(p)) {
+    out.push(`ip daddr ${set(BLOCKED_RANGES)} ${reject}`);
+    if (isDenylist(p)) out.push(`ip daddr ${set(p.deny)} ${reject}`);
+    out.push('accept');
+    return out;
+  }
+  const ports = p.ports.length ? ` meta l4proto { tcp, udp } th dport ${set(p.ports)}` : '';
   // A policy's CIDRs inside a range the operator opened come before the blocked ranges; the others
   // after them, so that whatever a policy names, an unopened blocked range stays closed.
   const early = openedCidrs(p, inp.opened ?? []);
-  const late = p !== 'allow' ? p.cidrs.filter((c) => !early.includes(c)) : [];
+  const late = p.cidrs.filter((c) => !early.includes(c));
   if (early.length) out.push(`ip daddr ${set(early)}${ports} accept`);
   out.push(`ip daddr ${set(BLOCKED_RANGES)} ${reject}`);
   if (late.length) out.push(`ip daddr ${set(late)}${ports} accept`);
-  if (p === 'allow') out.push('accept');
-  else if (!p.domains.length && !p.cidrs.length) out.push(`${ports.trim()} accept`);
+  if (!p.domains.length && !p.cidrs.length) out.push(`${ports.trim()} accept`);
   else if (p.domains.length) out.push(`ip daddr @dns4${ports} accept`);
   out.push(reject);
   return out;

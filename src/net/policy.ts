@@ -6,6 +6,8 @@
  * JSON forms:
  *   "none"                     no route out, DNS fails
  *   "allow"                    everything public
+ *   { "deny": [...] }          everything public except these CIDRs (IPv4 "a.b.c.d/n" or bare
+ *                              addresses): a denylist
  *   { "domains": [...], "cidrs": [...], "ports": [...] }
  *       domains: exact names ("api.example.com") or "*.suffix" (any name below suffix, not suffix
  *       itself); cidrs: IPv4 "a.b.c.d/n" or a bare address; ports: TCP/UDP destination ports that
@@ -28,12 +30,27 @@ export interface EgressAllowlist {
   ports: number[];
 }
 
-export type EgressPolicy = 'none' | 'allow' | EgressAllowlist;
+/** Every public address except these CIDRs. */
+export interface EgressDenylist {
+  deny: string[];
+}
+
+export type EgressPolicy = 'none' | 'allow' | EgressAllowlist | EgressDenylist;
 
 /** What callers may pass: the allowlist's fields are optional (parseEgress fills them in). */
-export type EgressInput = 'none' | 'allow' | { domains?: string[]; cidrs?: string[]; ports?: number[] };
+export type EgressInput = 'none' | 'allow' | { domains?: string[]; cidrs?: string[]; ports?: number[] } | EgressDenylist;
 
-export const EGRESS_LIMITS = { domains: 256, cidrs: 256, ports: 64 } as const;
+export const EGRESS_LIMITS = { domains: 256, cidrs: 256, ports: 64, deny: 256 } as const;
+
+/** Whether the policy opens every public address but those it lists ("allow" or a denylist). */
+export function isDenylist(p: EgressPolicy): p is EgressDenylist {
+  return typeof p === 'object' && 'deny' in p;
+}
+
+/** The policy's allowlist, or null for "none", "allow" and denylists. */
+export function allowlistOf(p: EgressPolicy): EgressAllowlist | null {
+  return typeof p === 'object' && !isDenylist(p) ? p : null;
+}
 
 const LABEL = /^(?!-)[a-z0-9-]{1,63}(?<!-)$/;
 
@@ -116,9 +133,10 @@ const uniqSorted = <T>(xs: T[], cmp?: (a: T, b: T) => number) => [...new Set(xs)
 /** Validates and normalises an egress policy from JSON. Throws validation_error with the field named. */
 export function parseEgress(input: unknown, field = 'egress'): EgressPolicy {
   if (input === 'none' || input === 'allow') return input;
-  if (typeof input === 'string') bad(field, `${JSON.stringify(input.slice(0, 40))} is not a policy; use "none", "allow" or { "domains": [...], "cidrs": [...], "ports": [...] }`);
-  if (typeof input !== 'object' || input === null || Array.isArray(input)) bad(field, 'must be "none", "allow" or { "domains": [...], "cidrs": [...], "ports": [...] }');
+  if (typeof input === 'string') bad(field, `${JSON.stringify(input.slice(0, 40))} is not a policy; use "none", "allow", { "domains": [...], "cidrs": [...], "ports": [...] } or { "deny": [...] }`);
+  if (typeof input !== 'object' || input === null || Array.isArray(input)) bad(field, 'must be "none", "allow", { "domains": [...], "cidrs": [...], "ports": [...] } or { "deny": [...] }');
   const o = input as Record<string, unknown>;
+  if ('deny' in o) return parseDenylist(o, field);
   for (const k of Object.keys(o)) if (!['domains', 'cidrs', 'ports'].includes(k)) bad(field, `unknown key ${JSON.stringify(k)} (allowed: domains, cidrs, ports)`);
   const list = (k: 'domains' | 'cidrs' | 'ports'): unknown[] => {
     const v = o[k];
@@ -138,9 +156,24 @@ export function parseEgress(input: unknown, field = 'egress'): EgressPolicy {
   return { domains, cidrs, ports };
 }
 
+function parseDenylist(o: Record<string, unknown>, field: string): EgressDenylist {
+  const other = Object.keys(o).find((k) => k !== 'deny');
+  if (other) bad(field, `a denylist { "deny": [...] } has no other keys (${JSON.stringify(other)}): it allows every public address but those listed; for an allowlist use { "domains", "cidrs", "ports" } alone`);
+  const v = o.deny;
+  if (!Array.isArray(v)) bad(`${field}.deny`, 'must be an array of IPv4 CIDRs or addresses');
+  if (v.length > EGRESS_LIMITS.deny) bad(`${field}.deny`, `at most ${EGRESS_LIMITS.deny} entries`);
+  if (!v.length) bad(`${field}.deny`, 'an empty denylist denies nothing; use "allow" for every public address');
+  const deny = uniqSorted(v.map((c: unknown) => {
+    if (typeof c !== 'string') bad(`${field}.deny`, `${JSON.stringify(c)} is not a string`);
+    return parseCidr(c, `${field}.deny`);
+  }));
+  return { deny };
+}
+
 /** A stable key: equal policies, equal keys (one resolver per key). */
 export function policyKey(p: EgressPolicy): string {
-  return typeof p === 'string' ? p : JSON.stringify([p.domains, p.cidrs, p.ports]);
+  if (typeof p === 'string') return p;
+  return isDenylist(p) ? JSON.stringify(['deny', p.deny]) : JSON.stringify([p.domains, p.cidrs, p.ports]);
 }
 
 /** Whether `name` (lower-case, no trailing dot) matches a domain rule. */
@@ -155,7 +188,7 @@ export function domainMatches(rule: string, name: string): boolean {
  */
 export function resolvesName(p: EgressPolicy, name: string): boolean {
   if (p === 'none') return false;
-  if (p === 'allow') return true;
+  if (p === 'allow' || isDenylist(p)) return true;
   if (!p.domains.length && !p.cidrs.length) return true;
   const n = name.toLowerCase().replace(/\.$/, '');
   return p.domains.some((d) => domainMatches(d, n));
@@ -176,7 +209,15 @@ function domainCovered(child: string, parent: string): boolean {
 export function widening(child: EgressPolicy, parent: EgressPolicy): string | null {
   if (parent === 'allow' || child === 'none') return null;
   if (parent === 'none') return 'the environment allows no egress ("none")';
+  if (isDenylist(parent)) {
+    if (child === 'allow') return `the environment denies ${parent.deny.join(', ')}, so "allow" is wider; deny at least those`;
+    if (!isDenylist(child)) return `the environment allows every public address but ${parent.deny.join(', ')}; a sandbox may narrow it to a denylist that denies at least those, or "none"`;
+    const mine = child.deny.map((c) => cidrOf(c)!);
+    const missed = parent.deny.find((d) => !mine.some((m) => cidrWithin(cidrOf(d)!, m)));
+    return missed ? `the environment denies ${missed}, which the sandbox's denylist does not` : null;
+  }
   if (child === 'allow') return 'the environment allows only its allowlist, not "allow"';
+  if (isDenylist(child)) return 'the environment allows only its allowlist, and a denylist allows every public address but those it lists';
   const parentAny = !parent.domains.length && !parent.cidrs.length;
   if (!parentAny) {
     if (!child.domains.length && !child.cidrs.length) return 'the allowlist names no destinations (every address), but the environment allows only its own';
@@ -237,7 +278,7 @@ export function parseOpenCidrs(text: string | undefined, field = 'COLLIMATE_EGRE
  * only after (so its blocked part stays blocked).
  */
 export function openedCidrs(p: EgressPolicy, opened: readonly string[]): string[] {
-  if (typeof p === 'string') return [];
+  if (typeof p === 'string' || isDenylist(p)) return [];
   const blocked = BLOCKED_RANGES.map((r) => cidrOf(r)!);
   const open = opened.map((c) => cidrOf(c)!);
   return p.cidrs.filter((c) => {
@@ -251,7 +292,8 @@ export function openedCidrs(p: EgressPolicy, opened: readonly string[]): string[
  * did not open: 403 egress_forbidden saying which range and why.
  */
 export function assertTenantEgress(p: EgressPolicy, opened: readonly string[]): void {
-  if (typeof p === 'string') return;
+  // A denylist opens nothing a blocked range holds: it only closes more.
+  if (typeof p === 'string' || isDenylist(p)) return;
   const open = opened.map((c) => cidrOf(c)!);
   for (const c of p.cidrs) {
     const x = cidrOf(c)!;

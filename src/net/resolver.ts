@@ -15,7 +15,7 @@
 import { randomInt } from 'node:crypto';
 import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { createServer, type Server, type Socket } from 'node:net';
-import { resolvesName, type EgressPolicy } from './policy.js';
+import { allowlistOf, resolvesName, type EgressPolicy } from './policy.js';
 
 const TYPE_A = 1;
 const TYPE_AAAA = 28;
@@ -262,7 +262,7 @@ export class PolicyResolver {
     try {
       reply = await this.upstream.ask(msg);
       const { ips, ttl } = answerAddresses(reply);
-      if (ips.length && this.opts.policy !== 'allow') await this.opts.onAnswer(src, ips, ttl);
+      if (ips.length && allowlistOf(this.opts.policy)) await this.opts.onAnswer(src, ips, ttl);
     } catch {
       return emptyResponse(msg, q, RCODE_SERVFAIL);
     } finally {

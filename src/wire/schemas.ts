@@ -85,7 +85,7 @@ function egressProblem(input: unknown): string | null {
   }
 }
 
-const EGRESS_FORMS = 'must be "none", "allow" or an allowlist { "domains": [...], "cidrs": [...], "ports": [...] }';
+const EGRESS_FORMS = 'must be "none", "allow", an allowlist { "domains": [...], "cidrs": [...], "ports": [...] } or a denylist { "deny": [...] }';
 
 export const EgressPolicy = named(
   'EgressPolicy',
@@ -107,6 +107,12 @@ export const EgressPolicy = named(
             ).optional(),
           }),
           'An allowlist; at least one of the lists must be non-empty.',
+        ),
+        described(
+          z.strictObject({
+            deny: described(z.array(z.string()).min(1).max(EGRESS_LIMITS.deny), 'IPv4 "a.b.c.d/n" or bare addresses the sandbox may not reach.'),
+          }),
+          'A denylist: every public address except these.',
         ),
       ],
       { error: (iss) => egressProblem(iss.input) ?? EGRESS_FORMS },
@@ -861,6 +867,48 @@ export const SandboxMetrics = named(
     ),
   }),
   "A sandbox's resource use over time, oldest first: sampled while it runs on the host that runs it, kept for its life (its last 12 hours), gone with it and with a server restart.",
+);
+
+/** Log levels, least severe first: a read's `level` returns that one and those after it. */
+export const LOG_LEVELS = ['debug', 'info', 'warn', 'error'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+/** Log entries kept per sandbox (the oldest go first). */
+export const LOG_KEPT_PER_SANDBOX = 1000;
+/** Most log entries one read returns, and its default. */
+export const LOG_READ_MAX = 1000;
+/** Longest log search string. */
+export const LOG_SEARCH_MAX = 256;
+
+export const LogLevelSchema = named('LogLevel', z.enum(LOG_LEVELS), 'Severity, least first: debug, info, warn, error.');
+
+export const SandboxLogsQuery = z.strictObject({
+  cursor: described(
+    z.coerce.number().int().min(0),
+    'Where to start, ms since the epoch, inclusive: forward reads entries at or after it (default: the oldest kept), backward at or before it (default: the newest).',
+  ).optional(),
+  direction: described(z.enum(['forward', 'backward']), '`forward` (default): oldest first; `backward`: newest first.').optional(),
+  level: described(LogLevelSchema.optional(), 'The least severe level returned (default debug: every entry).'),
+  search: described(z.string().max(LOG_SEARCH_MAX), `Only entries whose message contains this, case-sensitive (at most ${LOG_SEARCH_MAX} characters).`).optional(),
+  limit: described(z.coerce.number().int().min(1).max(LOG_READ_MAX), `At most this many, 1..${LOG_READ_MAX} (default ${LOG_READ_MAX}).`).optional(),
+});
+
+export const SandboxLogEntry = named(
+  'SandboxLogEntry',
+  z.strictObject({
+    timestamp: IsoTime,
+    level: LogLevelSchema,
+    message: described(z.string(), 'What happened, for people, e.g. `Exec exited 0 in 12 ms: echo hi`.'),
+    fields: described(
+      z.record(z.string(), z.string()),
+      'The same for programs: `event` (lifecycle, exec, process, reaper, snapshot) and what it has — `op` and `state`; `command`, `exit_code`, `duration_ms`, `timed_out`; `pid`, `status`, `signal`; `error_code`…',
+    ),
+  }),
+);
+
+export const SandboxLogs = named(
+  'SandboxLogs',
+  z.strictObject({ logs: z.array(SandboxLogEntry) }),
+  `What happened to a sandbox, kept where it runs (its last ${LOG_KEPT_PER_SANDBOX} entries, across restarts, gone with it): lifecycle changes, execs (a one-line summary of the command, never stdin, env or files), background processes' starts and exits, the reaper's action, snapshots taken and failures of the guest.`,
 );
 
 export const LiveStats = named(

@@ -35,6 +35,9 @@ export type EgressPolicy = "none" | "allow" | {
   cidrs?: string[];
   /** TCP/UDP destination ports for every listed destination (empty or absent: any port). With no domains and no cidrs they apply to every public address. */
   ports?: number[];
+} | {
+  /** IPv4 "a.b.c.d/n" or bare addresses the sandbox may not reach. */
+  deny: string[];
 };
 
 /** A TCP port a server listens on inside the sandbox. */

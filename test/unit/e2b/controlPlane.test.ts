@@ -157,7 +157,7 @@ describe('e2b 2.51 metrics', () => {
 });
 
 describe('e2b 2.51 network', () => {
-  it("updateNetwork replaces the sandbox's egress: deny all with an allowOut list is an allowlist, nothing is everything, some denials are refused", async () => {
+  it("updateNetwork replaces the sandbox's egress: deny all with an allowOut list is an allowlist, nothing is everything, some denials are a denylist less what allowOut names", async () => {
     const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
     const sbx = await e2bNew.Sandbox.create('python', opts);
     const egress = async () => ((await (await fetch(`${apiUrl.replace('/e2b/api', '')}/v1/sandboxes/${sbx.sandboxId}`, { headers: { authorization: `Bearer ${key}` } })).json()) as { egress: unknown }).egress;
@@ -167,7 +167,18 @@ describe('e2b 2.51 network', () => {
     assert.equal(await egress(), 'none');
     await sbx.updateNetwork({} as never);
     assert.equal(await egress(), 'allow', 'omitting every field clears the rules');
-    await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8'] } as never), /denyOut of some addresses is not supported/);
+    await sbx.updateNetwork({ denyOut: ['8.8.8.8', '203.0.113.0/24'] } as never);
+    assert.deepEqual(await egress(), { deny: ['203.0.113.0/24', '8.8.8.8/32'] }, 'every public address but these');
+    await sbx.updateNetwork({ denyOut: ['8.8.8.8', '203.0.113.0/24'], allowOut: ['8.8.8.8'] } as never);
+    assert.deepEqual(await egress(), { deny: ['203.0.113.0/24'] }, 'allowOut wins over denyOut, as on E2B');
+    await sbx.updateNetwork({ denyOut: ['8.8.8.8'], allowOut: ['8.8.8.8/32'] } as never);
+    assert.equal(await egress(), 'allow', 'nothing left denied');
+    // What a denylist cannot say is refused, saying why, and the policy is left as it was.
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['203.0.113.0/24'], allowOut: ['203.0.113.7'] } as never), /203\.0\.113\.7\/32 lies inside a denied range/);
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['example.com'] } as never), /is a name/);
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8'], allowOut: ['example.com'] } as never), /next to a denyOut of some addresses/);
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8/33'] } as never), /network\.denyOut/);
+    assert.equal(await egress(), 'allow');
     // allowPublicTraffic: false is what every sandbox here is (a port needs a key or the traffic token); true is refused.
     const closed = await e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: false } } as never);
     await closed.kill();

@@ -13,11 +13,14 @@ describe('egress policy parsing', () => {
     });
     assert.equal(parseEgress('none'), 'none');
     assert.equal(parseEgress('allow'), 'allow');
+    assert.deepEqual(parseEgress({ deny: ['8.8.8.8', '203.0.113.0/24', '8.8.8.8/32'] }), { deny: ['203.0.113.0/24', '8.8.8.8/32'] });
   });
   for (const [bad, re] of [
     ['everything', /not a policy/], [{ domains: ['a..b'] }, /not a domain/], [{ domains: ['*.com'] }, /two labels/],
     [{ cidrs: ['10.0.0.1/8'] }, /host bits/], [{ cidrs: ['::1'] }, /IPv6/], [{ ports: [0] }, /not a port/],
     [{}, /allows nothing/], [{ domain: ['x.y'] }, /unknown key/], [{ domains: 'a.b' }, /array/],
+    [{ deny: [] }, /denies nothing/], [{ deny: ['8.8.8.8'], cidrs: ['1.1.1.1'] }, /no other keys/], [{ deny: '8.8.8.8' }, /array/],
+    [{ deny: ['example.com'] }, /not an IPv4 address/], [{ deny: ['8.8.9.0/23'] }, /host bits/],
   ] as const) {
     it(`refuses ${JSON.stringify(bad)}`, () => {
       assert.throws(() => parseEgress(bad), (e: any) => e.code === 'validation_error' && re.test(e.message));
@@ -41,6 +44,20 @@ describe('narrowing', () => {
     assert.match(widening(parseEgress({ domains: ['pypi.org'], ports: [22] }), env)!, /port 22/);
     assert.match(widening(parseEgress({ ports: [443] }), env)!, /no destinations/);
     assert.match(widening(parseEgress({ domains: ['pypi.org'] }), 'none')!, /none/);
+  });
+  it('a denylist narrows "allow"; under a denylist, only a denylist that denies at least as much, or "none"', () => {
+    const deny = parseEgress({ deny: ['203.0.113.0/24'] });
+    assert.equal(widening(deny, 'allow'), null);
+    assert.equal(widening('none', deny), null);
+    assert.equal(widening(parseEgress({ deny: ['203.0.112.0/23', '8.8.8.8'] }), deny), null, 'a wider denied range covers the environment\'s');
+    assert.match(widening('allow', deny)!, /denies 203\.0\.113\.0\/24/);
+    assert.match(widening(parseEgress({ deny: ['203.0.113.0/25'] }), deny)!, /denies 203\.0\.113\.0\/24, which the sandbox's denylist does not/);
+    assert.match(widening(parseEgress({ cidrs: ['198.51.100.0/24'] }), deny)!, /narrow it to a denylist/);
+    assert.match(widening(deny, env)!, /a denylist allows every public address/);
+    assert.doesNotThrow(() => assertTenantEgress(parseEgress({ deny: ['10.0.0.0/8', '169.254.169.254'] }), []), 'denying a blocked range only closes more');
+    assert.ok(resolvesName(deny, 'anything.org'));
+    assert.notEqual(policyKey(deny), policyKey('allow'));
+    assert.notEqual(policyKey(deny), policyKey(parseEgress({ cidrs: ['203.0.113.0/24'] })));
   });
   it('a tenant naming a blocked range is egress_forbidden, saying which and why, unless the operator opened it; link-local never', () => {
     const forbidden = (p: unknown, opened: string[], re: RegExp) => assert.throws(() => assertTenantEgress(parseEgress(p), opened), (e: any) => e.code === 'egress_forbidden' && e.status === 403 && re.test(e.message));
@@ -98,6 +115,19 @@ describe('nftables rulesets', () => {
     assert.match(r, /iifname "tap0" ip daddr 172\.16\.0\.1 udp dport 53 dnat to 10\.201\.0\.1:5353/);
     assert.match(r, /iifname "eth0" ip saddr 10\.201\.0\.5 ip daddr 10\.201\.0\.6 meta l4proto tcp dnat to 172\.16\.0\.2/);
     assert.ok(r.startsWith('table ip collimate {}\ndelete table ip collimate\n'), 'replaces the table atomically');
+  });
+  it('"allow" and a denylist: never the host, transit, link-local or blocked ranges, then the denied CIDRs, then everything', () => {
+    const allow = egressOf(sandboxRuleset({ ...base, policy: 'allow', resolver: { ip: '10.201.0.1', port: 5353 } }));
+    const deny = egressOf(sandboxRuleset({ ...base, policy: parseEgress({ deny: ['8.8.8.8', '203.0.113.0/24'] }), resolver: { ip: '10.201.0.1', port: 5353 } }));
+    const head = [
+      'ip daddr 10.201.0.1 meta l4proto { tcp, udp } th dport 5353 ct status dnat accept',
+      'ip daddr { 192.0.2.2 } reject with icmp type admin-prohibited',
+      'ip daddr 10.201.0.0/16 reject with icmp type admin-prohibited',
+      'ip daddr 169.254.0.0/16 reject with icmp type admin-prohibited',
+      BLOCKED_RULE,
+    ];
+    assert.deepEqual(allow, [...head, 'accept']);
+    assert.deepEqual(deny, [...head, 'ip daddr { 203.0.113.0/24, 8.8.8.8/32 } reject with icmp type admin-prohibited', 'accept']);
   });
   it('a stored policy naming metadata and the LAN opens neither when the operator opened nothing', () => {
     const r = sandboxRuleset({ ...base, policy: { domains: [], cidrs: ['10.0.0.0/8', '169.254.169.254/32'], ports: [] } });
