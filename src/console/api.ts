@@ -159,6 +159,6 @@ export function deleteSnapshot(snapshotId: string): Promise<void> {
   return api('DELETE', `/v1/snapshots/${snapshotId}`);
 }
 
-/** Sandboxes and snapshots as the API returns them: the SDK's wire types, generated from the API's schemas. */
-import type { CreateSandboxResponse, Sandbox, Snapshot, SnapshotList } from '../../sdk/typescript/src/wire.generated.js';
-export type { Sandbox, Snapshot };
+/** Sandboxes, snapshots and metrics as the API returns them: the SDK's wire types, generated from the API's schemas. */
+import type { CreateSandboxResponse, Sandbox, SandboxMetrics, Snapshot, SnapshotList } from '../../sdk/typescript/src/wire.generated.js';
+export type { Sandbox, SandboxMetrics, Snapshot };

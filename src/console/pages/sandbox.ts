@@ -1,14 +1,15 @@
 /**
  * One sandbox: its details, the fork lineage of the whole tree it belongs to (and the snapshot it was
  * started from), its snapshots (take one; start sandboxes from one, roll back to one — confirmed —,
- * delete one), actions (exec, fork N, suspend, resume, extend, delete — delete confirmed), a web
- * terminal, a file browser, its ports with signed URLs, and the execs run from this page. Kept live
- * from /v1/events.
+ * delete one), actions (exec, fork N, suspend, resume, extend, delete — delete confirmed), its CPU and
+ * memory over its life (charts, pages/metrics.ts), a web terminal, a file browser, its ports with
+ * signed URLs, and the execs run from this page. Kept live from /v1/events.
  */
 import { allSandboxes, allSnapshots, api, apiBlob, apiBytes, takeSnapshot, type Sandbox, type Snapshot } from '../api.js';
 import { duration, errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
 import { followSandboxes } from './live.js';
+import { metricsSection } from './metrics.js';
 import { snapshotTable } from './snapshots.js';
 import { openTerminal, type WebTerminal } from './terminal.js';
 
@@ -27,6 +28,7 @@ export const sandboxPage: Page = (main, id) => {
   const terminalBox = h('div', { class: 'terminal', id: 'terminal' });
   const files = h('div', { id: 'files' });
   const ports = h('div', { id: 'ports' });
+  const metrics = metricsSection(sandboxId);
   let current: Sandbox | null = null;
   let terminal: WebTerminal | null = null;
   let gone = false;
@@ -43,6 +45,7 @@ export const sandboxPage: Page = (main, id) => {
         h('h2', { id: 'h-lineage' }, 'Fork lineage'), provenance, tree,
         h('h2', { id: 'h-snapshots' }, 'Snapshots'), snapshotForm(), snapshots),
     ),
+    h('section', { 'aria-labelledby': 'h-metrics' }, h('h2', { id: 'h-metrics' }, 'Metrics'), metrics.el),
     h('section', { 'aria-labelledby': 'h-exec' },
       h('h2', { id: 'h-exec' }, 'Exec'),
       execForm(),
@@ -70,12 +73,14 @@ export const sandboxPage: Page = (main, id) => {
       renderDetails(s);
       renderActions(s);
       renderPorts(s);
+      metrics.show(s);
       void loadExecs();
     } catch (e) {
       if ((e as { code?: string }).code === 'sandbox_not_found') {
         gone = true;
         fill(details, h('p', { class: 'notice', role: 'status' }, 'This sandbox no longer exists.'));
         fill(actions);
+        metrics.show(null);
       } else err.show(e);
     }
     await Promise.all([loadTree(), loadSnapshots()]);
@@ -368,6 +373,7 @@ export const sandboxPage: Page = (main, id) => {
   }, () => void load().then(loadFiles));
   return () => {
     stop();
+    metrics.close();
     terminal?.close();
   };
 };
