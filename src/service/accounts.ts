@@ -116,7 +116,8 @@ export class Accounts {
    * The scope of whoever holds a sandbox's access token (E2B's envd token, or its traffic token for
    * the ports): its tenant, under the tenant's tier, acting for the key the token was issued under.
    * 401 for a wrong, rotated or revoked token and for an unknown sandbox alike, so a token-less
-   * caller learns nothing about which ids exist.
+   * caller learns nothing about which ids exist; a token this server issued for a sandbox since
+   * deleted is 404 sandbox_not_found (its holder knew the sandbox).
    */
   async sandboxScope(id: string, token: string, kind: SandboxTokenKind = 'envd'): Promise<Scope> {
     const refused = (why = 'missing or wrong') => new CollimateError('unauthorized', kind === 'envd'
@@ -127,6 +128,8 @@ export class Accounts {
     const claimed = this.signer.sandboxTokenGrant(id, token, kind);
     if (!claimed) throw refused('missing or wrong');
     const grant = (await this.grants.get([id])).get(id);
+    // A token this server made for a sandbox that is gone (deleted, reaped): its holder may know that.
+    if (!grant && await this.placement.tenantOf(id) === null) throw sandboxNotFound(id);
     if (!grant || grant.generation !== claimed.generation || grant.keyId !== claimed.keyId) throw refused('rotated: new tokens were issued since');
     if (grant.keyId !== null && await this.keyRevoked(grant.keyId)) throw refused('one issued under an API key since revoked');
     const tenant = await this.placement.tenantOf(id);

@@ -339,6 +339,25 @@ describe('ports proxy', () => {
     assert.equal(doomedScope.keyId, doomed.record.id);
   });
 
+  test("a token of a sandbox since deleted is sandbox_not_found to its holder, not a rotated token", async () => {
+    // With transitions, as the engine emits them: a deletion drops the sandbox's token grant.
+    const g = await fixture({ fake: { events: true } });
+    try {
+      const k = g.key('acme', 'pro');
+      const scope = await g.api.tenants.accounts.authenticate(k);
+      const gone = (await g.req('createSandbox', { url: '/v1/sandboxes', key: k, body: { template: 'python' } })).json().id as string;
+      const tokens = await g.api.tenants.accounts.sandboxTokens(scope, gone);
+      assert.equal((await g.api.tenants.accounts.sandboxScope(gone, tokens.envd)).tenant, scope.tenant);
+      assert.equal((await g.req('deleteSandbox', { url: `/v1/sandboxes/${gone}`, method: 'DELETE', key: k })).statusCode, 204);
+      await new Promise((r) => setTimeout(r, 50)); // the grant is dropped on the deletion's transition
+      await assert.rejects(g.api.tenants.accounts.sandboxScope(gone, tokens.envd), (e: { code?: string; status?: number }) => e.code === 'sandbox_not_found' && e.status === 404);
+      // Without this server's MAC the answer stays 401, whatever the id.
+      await assert.rejects(g.api.tenants.accounts.sandboxScope(gone, tokens.envd.slice(0, -2) + 'xx'), (e: { code?: string }) => e.code === 'unauthorized');
+    } finally {
+      await g.close();
+    }
+  });
+
   test('401 without a key, 404 for another tenant and bad ids, 400 for bad ports, 502 when nothing listens, 409 suspended or no network', async () => {
     const err = async (url: string, headers: Record<string, string>, status: number, code: string) => {
       const r = await call(url, { headers, method: 'POST', body: 'ignored' });
