@@ -269,6 +269,24 @@ out['private'] = tcp('10.255.255.1', 80)
     }
   });
 
+  it('a denylist reaches every public host but those it denies, by name and address, and never the blocked ranges; replaced, it holds at once', async () => {
+    const s = await engine.create({ template: 'python', egress: { deny: ['203.0.113.10/32'] } }, T);
+    try {
+      assert.deepEqual(s.egress, { deny: ['203.0.113.10/32'] });
+      const both = `out['a'] = http('http://a.test/')\nout['b'] = http('http://203.0.113.10/')\nout['meta'] = tcp('169.254.169.254', 80)\nout['private'] = tcp('10.255.255.1', 80)`;
+      const denied = await probe(engine, s.id, both);
+      assert.equal(denied.a, 'host A', 'a host it does not deny, by name');
+      assert.notEqual(denied.b, 'host B', `the denied address: ${JSON.stringify(denied.b)}`);
+      for (const k of ['meta', 'private']) assert.notEqual(denied[k][0], 'ok', `${k} stays blocked under a denylist: ${JSON.stringify(denied[k])}`);
+      await engine.setEgress(s.id, { deny: ['198.51.100.10/32'] }, T);
+      const swapped = await probe(engine, s.id, both);
+      assert.equal(swapped.b, 'host B');
+      assert.notEqual(swapped.a, 'host A', `now A is denied: ${JSON.stringify(swapped.a)}`);
+    } finally {
+      await engine.delete(s.id, T);
+    }
+  });
+
   it('a private address opens only where the operator opened it: a policy naming a wider private range (stored before the check) reaches nothing of it', async () => {
     // The engine takes policies as stored; the tenant service refuses unopened blocked ranges before they get here (api tests).
     const wide = await engine.create({ template: 'python', egress: { domains: [], cidrs: ['10.250.0.0/16', '169.254.169.254/32'], ports: [] } }, T);
