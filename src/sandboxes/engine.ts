@@ -83,7 +83,7 @@ const LINK_CHECK_MS = 2000;
  * their warm pools (templatePools.ts).
  *
  * Events: 'transition' (SandboxTransition) once a change of state is persisted; 'reaped'
- * ({ id, action }) when the reaper ended a session.
+ * ({ id, tenant, action }) when the reaper ended a session.
  */
 export class Engine extends EventEmitter implements SandboxService {
   readonly repo: SandboxRepo;

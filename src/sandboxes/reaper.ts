@@ -32,7 +32,7 @@ export class Reaper {
           if (action === 'suspend') await suspendSandbox(ctx, row.id);
           else await deleteSandbox(ctx, row.id);
           reaped.push(row.id);
-          ctx.emit('reaped', { id: row.id, action });
+          ctx.emit('reaped', { id: row.id, tenant: row.tenant, action });
         } catch {
           // Busy or already gone; the next tick retries.
         }

@@ -466,6 +466,7 @@ export interface HostReadings {
 /** What the reaper did to a sandbox whose session ended. */
 export interface ReapedEvent {
   id: string;
+  tenant: string;
   action: 'suspend' | 'delete';
 }
 

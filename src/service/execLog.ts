@@ -20,9 +20,13 @@ export interface ExecLogEntry {
 
 /** The one line that says what an exec ran: its command, its code's first line, or its argv lists. */
 export function execSummary(req: ExecRequest): string {
-  const text = req.command ?? (req.code !== undefined ? `[code] ${req.code.split('\n').find((l) => l.trim()) ?? ''}` : (req.commands ?? []).map((argv) => argv.join(' ')).join(' && '));
+  return summaryLine(req.command ?? (req.code !== undefined ? `[code] ${req.code.split('\n').find((l) => l.trim()) ?? ''}` : (req.commands ?? []).map((argv) => argv.join(' ')).join(' && ')));
+}
+
+/** `text` on one line (runs of white space as one space), cut to `max` characters with an ellipsis. */
+export function summaryLine(text: string, max = EXEC_SUMMARY_MAX): string {
   const line = text.replace(/\s+/g, ' ').trim();
-  return line.length > EXEC_SUMMARY_MAX ? line.slice(0, EXEC_SUMMARY_MAX - 1) + '…' : line;
+  return line.length > max ? line.slice(0, max - 1) + '…' : line;
 }
 
 export class ExecLog {

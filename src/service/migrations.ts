@@ -1,5 +1,5 @@
 /**
- * The tenant service's tables (keys, idempotency, usage; migration versions 10–19). Registered on import so that any later openDb()
+ * The tenant service's tables (keys, idempotency, usage, the exec and sandbox logs; migration versions 10–19). Registered on import so that any later openDb()
  * applies them; `applyApiMigrations` also applies them to a database that was opened before this
  * module was imported (the engine may open the db first).
  */
@@ -81,6 +81,23 @@ export const API_MIGRATIONS: Migration[] = [
         duration_ms  INTEGER NOT NULL
       );
       CREATE INDEX api_execs_sandbox ON api_execs (sandbox, id);
+    `,
+  },
+  {
+    version: 18,
+    name: 'api_sandbox_logs',
+    sql: `
+      CREATE TABLE api_sandbox_logs (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant   TEXT NOT NULL,
+        sandbox  TEXT NOT NULL,
+        at_ms    INTEGER NOT NULL,
+        level    INTEGER NOT NULL CHECK (level BETWEEN 0 AND 3),
+        message  TEXT NOT NULL,
+        fields   TEXT NOT NULL
+      );
+      CREATE INDEX api_sandbox_logs_sandbox ON api_sandbox_logs (sandbox, id);
+      CREATE INDEX api_sandbox_logs_time ON api_sandbox_logs (sandbox, at_ms);
     `,
   },
 ];

@@ -4,9 +4,9 @@
  * host (src/cluster/remoteHost.ts) that speaks the same interface. The tenant service decides the
  * rules and asks a Placement (placement.ts) which host to call; it never knows which kind it holds.
  *
- * What runs beside the engine on the host that runs the sandbox — the exec log and metering — is
- * here too, so a sandbox's execs and usage are kept where it runs, whichever host the request
- * entered by.
+ * What runs beside the engine on the host that runs the sandbox — the exec log, the sandbox log
+ * and metering — is here too, so a sandbox's execs, log and usage are kept where it runs, whichever
+ * host the request entered by.
  */
 import type {
   CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, MkdirOptions, OpenPort, PortTarget,
@@ -14,7 +14,11 @@ import type {
   SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
 } from '../sandboxes/types.js';
 import type { Duplex } from 'node:stream';
-import type { ExecLog, ExecLogEntry } from './execLog.js';
+import { execSummary, type ExecLog, type ExecLogEntry } from './execLog.js';
+import {
+  execLine, failureLine, forkedLine, processExitLine, processStartLine, processSummary, sessionEndLine, snapshotTakenLine, startedFromSnapshotLine,
+  type SandboxLog, type SandboxLogEntry, type SandboxLogLine, type SandboxLogQuery,
+} from './sandboxLog.js';
 import type { Meter, MeteredSandboxInfo } from './metering.js';
 import type { EgressPolicy } from '../net/policy.js';
 import type { MetricSample, SandboxMetrics } from './sandboxMetrics.js';
@@ -49,6 +53,8 @@ export interface SandboxHost {
   exec(id: string, req: ExecRequest, scope: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
   /** The sandbox's recent execs, newest first. */
   recentExecs(id: string, limit: number | undefined, scope: Scope): Maybe<ExecLogEntry[]>;
+  /** Its log entries matching `query` (sandboxLog.ts), in the query's direction. */
+  logs(id: string, query: SandboxLogQuery, scope: Scope): Maybe<SandboxLogEntry[]>;
   /** Its resource use sampled within [fromMs, toMs], oldest first. */
   metrics(id: string, fromMs: number | undefined, toMs: number | undefined, scope: Scope): Maybe<MetricSample[]>;
   readFile(id: string, path: string, scope: Scope): Promise<Buffer>;
@@ -97,6 +103,7 @@ export const HOST_OPERATIONS = {
   setEgress: { kind: 'call', changes: true },
   exec: { kind: 'exec', arg: 3 },
   recentExecs: { kind: 'call' },
+  logs: { kind: 'call' },
   metrics: { kind: 'call' },
   readFile: { kind: 'call' },
   writeFile: { kind: 'call' },
@@ -146,9 +153,11 @@ export function hostOf(each: <K extends HostOperation>(op: K, how: (typeof HOST_
   return host as unknown as SandboxHost;
 }
 
-/** What the host keeps beside its engine: the exec log and the meter. */
+/** What the host keeps beside its engine: the exec log, the sandbox log and the meter. */
 export interface HostBooks {
   execLog: ExecLog;
+  /** What happened to each sandbox (its lifecycle entries come from the tenant service's transitions). */
+  sandboxLog: SandboxLog;
   meter: Meter;
   /** Each sandbox's resource use over time, sampled here. */
   metrics: SandboxMetrics;
@@ -157,7 +166,7 @@ export interface HostBooks {
   log(err: unknown, msg: string): void;
 }
 
-/** This host's engine as a SandboxHost: each operation the engine's, with the exec log and metering kept here. */
+/** This host's engine as a SandboxHost: each operation the engine's, with the exec log, the sandbox log and metering kept here. */
 export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost {
   const observe = <T extends SandboxInfo | SandboxInfo[]>(r: T): T => {
     try {
@@ -167,10 +176,49 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
     }
     return r;
   };
+  // Nor must the sandbox log.
+  const note = (scope: Scope, id: string, line: SandboxLogLine | undefined) => {
+    if (!line) return;
+    try {
+      books.sandboxLog.add(scope.tenant, id, line);
+    } catch (err) {
+      books.log(err, `writing sandbox ${id}'s log failed`);
+    }
+  };
+  /** Runs `op`; a failure of the server or the guest (not a refusal) is written to the sandbox's log before it is thrown. */
+  const noting = async <T>(scope: Scope, id: string, what: 'Exec' | 'Process start', command: () => string, op: () => Promise<T>): Promise<T> => {
+    try {
+      return await op();
+    } catch (err) {
+      // Never for another tenant's id: that is sandbox_not_found, a refusal, answered before anything ran.
+      note(scope, id, failureLine(what, command(), err));
+      throw err;
+    }
+  };
+  /**
+   * Writes a background process's end when it comes (its exit, or lost). Only for processes started
+   * through this host: a fork child's inherited ones, or those a restart adopted, end unwritten.
+   */
+  const noteExit = (scope: Scope, id: string, pid: number, command: string) => {
+    let stop: (() => void) | undefined;
+    let ended = false;
+    engine
+      .watchProcessOutput(id, pid, 'now', (e) => {
+        if (e.type !== 'exit' || ended) return;
+        ended = true;
+        stop?.();
+        note(scope, id, processExitLine(command, e.process));
+      }, scope)
+      .then((unsubscribe) => (ended ? unsubscribe() : (stop = unsubscribe)), (err) => books.log(err, `watching process ${pid} of ${id} for its exit failed`));
+  };
   return {
     create: async (opts, scope) => observe(await engine.create(opts, scope)),
     get: (id, scope) => engine.get(id, scope),
-    fork: async (id, opts, scope) => observe(await engine.fork(id, opts, scope)),
+    async fork(id, opts, scope) {
+      const children = observe(await engine.fork(id, opts, scope));
+      note(scope, id, forkedLine(children.map((c) => c.id)));
+      return children;
+    },
     suspend: async (id, scope) => observe(await engine.suspend(id, scope)),
     resume: async (id, scope) => observe(await engine.resume(id, scope)),
     async delete(id, scope) {
@@ -181,22 +229,40 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
         books.log(err, 'metering failed');
       }
     },
-    createSnapshot: (id, opts, scope) => engine.createSnapshot(id, opts, scope),
+    async createSnapshot(id, opts, scope) {
+      const snap = await engine.createSnapshot(id, opts, scope);
+      note(scope, id, snapshotTakenLine(snap.id, snap.name));
+      return snap;
+    },
     getSnapshot: (id, scope) => engine.getSnapshot(id, scope),
     listSnapshots: (filter, scope) => engine.listSnapshots(filter, scope),
     deleteSnapshot: (id, scope) => engine.deleteSnapshot(id, scope),
-    startFromSnapshot: async (id, opts, scope) => observe(await engine.startFromSnapshot(id, opts, scope)),
+    async startFromSnapshot(id, opts, scope) {
+      const started = observe(await engine.startFromSnapshot(id, opts, scope));
+      for (const s of started) note(scope, s.id, startedFromSnapshotLine(id));
+      return started;
+    },
     restore: async (id, snapshotId, scope) => observe(await engine.restore(id, snapshotId, scope)),
-    setSessionEnd: (id, endsAtMs, scope) => observe(engine.setSessionEnd(id, endsAtMs, scope)),
+    setSessionEnd(id, endsAtMs, scope) {
+      const info = observe(engine.setSessionEnd(id, endsAtMs, scope));
+      note(scope, id, sessionEndLine(endsAtMs));
+      return info;
+    },
     setEgress: async (id, egress, scope) => observe(await engine.setEgress(id, egress, scope)),
     async exec(id, req, scope, stream) {
       const started = books.now();
       const t0 = performance.now();
-      const r = await engine.exec(id, req, scope, stream);
-      books.execLog.record(scope.tenant, id, req, started, performance.now() - t0, r);
+      const r = await noting(scope, id, 'Exec', () => execSummary(req), () => engine.exec(id, req, scope, stream));
+      const ms = performance.now() - t0;
+      books.execLog.record(scope.tenant, id, req, started, ms, r);
+      note(scope, id, execLine(req, ms, r));
       return r;
     },
     recentExecs: (id, limit, scope) => books.execLog.recent(scope.tenant, id, limit),
+    async logs(id, query, scope) {
+      await engine.get(id, scope); // sandbox_not_found for another tenant's, or one gone
+      return books.sandboxLog.read(scope.tenant, id, query);
+    },
     metrics(id, fromMs, toMs, scope) {
       const info = engine.get(id, scope) as SandboxInfo; // sandbox_not_found for another tenant's
       return books.metrics.of(id, fromMs ?? undefined, toMs ?? undefined, info.state === 'running');
@@ -213,7 +279,12 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
     uploadFile: (id, path, source, opts, scope) => engine.uploadFile(id, path, source, opts, scope),
     openPorts: (id, scope) => engine.openPorts(id, scope),
     portTarget: (id, port, scope) => engine.portTarget(id, port, scope),
-    startProcess: (id, req, scope) => engine.startProcess(id, req, scope),
+    async startProcess(id, req, scope) {
+      const p = await noting(scope, id, 'Process start', () => processSummary(req), () => engine.startProcess(id, req, scope));
+      note(scope, id, processStartLine(req, p));
+      noteExit(scope, id, p.pid, processSummary(req));
+      return p;
+    },
     listProcesses: (id, scope) => engine.listProcesses(id, scope),
     getProcess: (id, pid, scope) => engine.getProcess(id, pid, scope),
     watchProcessOutput: (id, pid, from, listener, scope) => engine.watchProcessOutput(id, pid, from, listener, scope),

@@ -21,6 +21,7 @@ import type { PortUrlSigner } from './portUrls.js';
 import type { SandboxHost } from './sandboxHost.js';
 import type { Quotas } from './quotas.js';
 import type { MetricSample } from './sandboxMetrics.js';
+import type { SandboxLogEntry, SandboxLogQuery } from './sandboxLog.js';
 import type { Templates } from './templates.js';
 import type { ClusterReadings, CreateInput, ForkInput, IdempotencyRunner, PortUrl, ResolvedPort, Scope, SnapshotStartInput } from './types.js';
 
@@ -191,6 +192,16 @@ export class Sandboxes {
     const host = await this.where(scope, id);
     await host.get(id, scope);
     return host.recentExecs(id, limit, scope);
+  }
+
+  /**
+   * What happened to the sandbox (sandboxLog.ts), read on the host that runs it: the entries matching
+   * `query`, oldest first unless it reads backward.
+   */
+  async logs(scope: Scope, id: string, query: SandboxLogQuery = {}): Promise<SandboxLogEntry[]> {
+    const host = await this.where(scope, id);
+    await host.get(id, scope);
+    return host.logs(id, query, scope);
   }
 
   /**

@@ -17,7 +17,7 @@
  */
 import { dirname, join } from 'node:path';
 import type { ImageService } from '../images/service.js';
-import type { SandboxTransition, ServiceEngine } from '../sandboxes/types.js';
+import type { ReapedEvent, SandboxTransition, ServiceEngine } from '../sandboxes/types.js';
 import type { Db } from '../store/db.js';
 import { Accounts } from './accounts.js';
 import type { Admission } from './admission.js';
@@ -36,8 +36,9 @@ import { Templates } from './templates.js';
 import { QUOTA_NAMES, Quotas, type QuotaName, type QuotaOverrides } from './quotas.js';
 import { SandboxGrantStore, type SandboxGrants } from './sandboxGrants.js';
 import { SAMPLE_MS, SandboxMetrics } from './sandboxMetrics.js';
+import { reapedLine, SandboxLog, transitionLine, type SandboxLogLine } from './sandboxLog.js';
 import type { AccountKeys, ClusterReadings, IdempotencyRunner, Scope } from './types.js';
-import { Usage, type Transition } from './usage.js';
+import { Usage } from './usage.js';
 
 export interface TenantServiceOptions {
   engine: ServiceEngine;
@@ -101,20 +102,39 @@ export class TenantService {
   readonly idempotency: IdempotencyRunner;
   /** Each sandbox's recent execs (what ran, exit code, duration), for GET /v1/sandboxes/{id}/execs. */
   readonly execLog: ExecLog;
+  /** What happened to each sandbox on this host, for GET /v1/sandboxes/{id}/logs and E2B's logs. */
+  readonly sandboxLog: SandboxLog;
   /** Where failures of background work (metering, port readings) go; settable once a logger exists. */
   log: (err: unknown, msg: string) => void;
   private readonly timers: NodeJS.Timeout[] = [];
-  private readonly onTransition = (ev: Transition) => {
+  private readonly onTransition = (ev: SandboxTransition) => {
     this.usage.transition(ev);
     if (ev.state === 'deleted') {
       this.execLog.forget(ev.id);
+      this.sandboxLog.forget(ev.id);
       this.sandboxMetrics.forget(ev.id);
       this.grants.forget(ev.id).catch((err) => this.log(err, `forgetting deleted sandbox ${ev.id}'s token grant failed`));
+    } else {
+      this.note(ev.tenant, ev.id, transitionLine(ev));
     }
-    this.events.feed(ev as SandboxTransition);
+    this.events.feed(ev);
+  };
+  /** A reaper's suspend is written (after the suspend's own entry); its delete took the log with it. */
+  private readonly onReaped = (r: ReapedEvent) => {
+    if (r.action === 'suspend') this.note(r.tenant, r.id, reapedLine(r.action));
   };
   private closed = false;
   private readonly grants: SandboxGrants;
+
+  /** Writes an entry of sandbox `id`'s log; a failure is reported, never thrown into the engine's event. */
+  private note(tenant: string, id: string, line: SandboxLogLine | undefined): void {
+    if (!line) return;
+    try {
+      this.sandboxLog.add(tenant, id, line);
+    } catch (err) {
+      this.log(err, `writing sandbox ${id}'s log failed`);
+    }
+  }
   /** Each sandbox's resource use over time on this host (GET /v1/sandboxes/{id}/metrics, E2B's getMetrics). */
   readonly sandboxMetrics: SandboxMetrics;
 
@@ -128,9 +148,10 @@ export class TenantService {
     const keys = opts.keys ?? new KeyStore(opts.db);
     this.idempotency = opts.idempotency ?? new IdempotencyStore(opts.db);
     this.execLog = new ExecLog(opts.db);
+    this.sandboxLog = new SandboxLog(opts.db, now);
     const meter = new Meter(opts.db, now);
     this.sandboxMetrics = new SandboxMetrics(engine, now);
-    this.here = localHost(engine, { execLog: this.execLog, meter, metrics: this.sandboxMetrics, now, log });
+    this.here = localHost(engine, { execLog: this.execLog, sandboxLog: this.sandboxLog, meter, metrics: this.sandboxMetrics, now, log });
     let clusterReadings: ClusterReadings | undefined;
     if (opts.cluster) {
       const cluster = opts.cluster(this.here);
@@ -161,6 +182,7 @@ export class TenantService {
     if (engine.on) {
       engine.on('transition', this.onTransition);
       engine.on('phases', this.usage.onPhases);
+      engine.on('reaped', this.onReaped);
     }
     this.usage.reconcile();
     const period = opts.reconcileIntervalMs ?? (engine.on ? 60_000 : 10_000);
@@ -208,6 +230,7 @@ export class TenantService {
     if (this.engine.off) {
       this.engine.off('transition', this.onTransition);
       this.engine.off('phases', this.usage.onPhases);
+      this.engine.off('reaped', this.onReaped);
     }
     this.usage.reconcile();
   }

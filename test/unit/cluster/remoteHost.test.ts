@@ -68,7 +68,7 @@ describe('another host\'s sandboxes through RemoteHost and the peer endpoint (fa
     await remote.delete(made.id, scope);
   });
 
-  test('exec output arrives as it is written, then the result; the exec log is kept where the sandbox runs', async () => {
+  test('exec output arrives as it is written, then the result; the exec log and the sandbox log are kept where the sandbox runs', async () => {
     const made = await remote.create({ template: 'base' }, scope);
     const out: Buffer[] = [];
     const r = await remote.exec(made.id, { command: 'echo streamed' }, scope, { onStdout: (c) => out.push(c) });
@@ -77,6 +77,10 @@ describe('another host\'s sandboxes through RemoteHost and the peer endpoint (fa
     const logged = await local.recentExecs(made.id, 10, scope);
     assert.equal(logged.length, 1);
     assert.deepEqual(await remote.recentExecs(made.id, 10, scope), logged);
+    const entries = await local.logs(made.id, { search: 'echo streamed' }, scope);
+    assert.equal(entries.length, 1);
+    assert.deepEqual(await remote.logs(made.id, { search: 'echo streamed' }, scope), entries);
+    await assert.rejects(async () => remote.logs(made.id, {}, { tenant: 'globex' }), (e: unknown) => e instanceof CollimateError && e.code === 'sandbox_not_found');
     await remote.delete(made.id, scope);
   });
 
