@@ -143,6 +143,24 @@ export const ROUTE_TABLE = [
     errors: ['sandbox_not_found'],
   },
   {
+    operationId: 'getSandboxLogs',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/logs',
+    summary: 'What happened to a sandbox',
+    description:
+      `Its log, kept where it runs (the last ${S.LOG_KEPT_PER_SANDBOX} entries, across server restarts, gone with the sandbox): lifecycle changes (created, forked, suspended, resumed, rolled back), ` +
+      'every exec (a one-line summary of the command, exit code, duration; warn on a non-zero exit, error on a timeout), background processes\' starts and exits, ' +
+      'the reaper\'s suspend, snapshots taken, and failures of the guest. Never stdin, env values or file contents. ' +
+      'Oldest first from `cursor` (ms, inclusive), or newest first back from it with `direction=backward`; `level` is the least severe returned; `search` a case-sensitive substring of the message. ' +
+      'To read on, pass the last entry\'s time (ms) + 1 forward, − 1 backward.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    query: S.SandboxLogsQuery,
+    responses: { 200: { description: 'In the query\'s direction.', schema: S.SandboxLogs } },
+    errors: ['sandbox_not_found'],
+  },
+  {
     operationId: 'forkSandbox',
     method: 'POST',
     path: '/v1/sandboxes/:id/fork',

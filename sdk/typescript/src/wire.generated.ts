@@ -685,6 +685,24 @@ export type SandboxMetrics = {
   }>;
 };
 
+/** Severity, least first: debug, info, warn, error. */
+export type LogLevel = "debug" | "info" | "warn" | "error";
+
+export type SandboxLogEntry = {
+  /** ISO 8601. */
+  timestamp: string;
+  level: LogLevel;
+  /** What happened, for people, e.g. `Exec exited 0 in 12 ms: echo hi`. */
+  message: string;
+  /** The same for programs: `event` (lifecycle, exec, process, reaper, snapshot) and what it has — `op` and `state`; `command`, `exit_code`, `duration_ms`, `timed_out`; `pid`, `status`, `signal`; `error_code`… */
+  fields: Record<string, string>;
+};
+
+/** What happened to a sandbox, kept where it runs (its last 1000 entries, across restarts, gone with it): lifecycle changes, execs (a one-line summary of the command, never stdin, env or files), background processes' starts and exits, the reaper's action, snapshots taken and failures of the guest. */
+export type SandboxLogs = {
+  logs: SandboxLogEntry[];
+};
+
 /** Live use of the host by each running sandbox. */
 export type LiveStats = {
   sandboxes: Array<{

@@ -9,7 +9,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
-  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics'
+  | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics' | 'getSandboxLogs'
   | 'createSnapshot' | 'listSnapshots' | 'getSnapshot' | 'deleteSnapshot' | 'restoreSandbox';
 
 /** `key=value` label filters of a list query. */
@@ -99,6 +99,13 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
 
     async listExecs({ scope, params, query }) {
       return { status: 200, body: { execs: await tenants.sandboxes.recentExecs(scope, params.id, query.limit) } };
+    },
+
+    async getSandboxLogs({ scope, params, query }) {
+      const logs = await tenants.sandboxes.logs(scope, params.id, {
+        cursorMs: query.cursor, direction: query.direction, level: query.level, search: query.search, limit: query.limit,
+      });
+      return { status: 200, body: { logs } };
     },
 
     async forkSandbox({ scope, params, body }) {
