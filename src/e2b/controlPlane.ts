@@ -12,14 +12,16 @@
  * checks for; `collimate keys create --e2b`).
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { z } from 'zod';
 import { CollimateError } from '../errors.js';
+import type { SandboxLogEntry } from '../service/sandboxLog.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
 import { forkCountProblem, type SandboxInfo, type SandboxTransition, type SnapshotInfo } from '../sandboxes/types.js';
 import { cidrOf, cidrText, cidrWithin, parseCidr, type EgressInput } from '../net/policy.js';
-import { CreateSnapshotRequest, Labels, SNAPSHOT_ID_RE } from '../wire/schemas.js';
-import { toClientError } from '../wire/errors.js';
+import { CreateSnapshotRequest, Labels, LOG_READ_MAX, SandboxLogsQuery, SNAPSHOT_ID_RE } from '../wire/schemas.js';
+import { parseWith, toClientError } from '../wire/errors.js';
 import { parseJsonObject } from '../wire/jsonBody.js';
 import { keyFirst } from '../wire/keyFirst.js';
 import { envVarsProblem, type SandboxEnvs } from './sandboxEnv.js';
@@ -270,6 +272,22 @@ export function e2bSnapshotQuery(query: Record<string, unknown>): { sandboxId?: 
 }
 
 /**
+ * E2B's v2 log query: ours (the same names, levels and meanings), with E2B's limit of 0 (none)
+ * allowed; other names are ignored, as E2B's API ignores them.
+ */
+const E2bLogsQuery = z.object({ ...SandboxLogsQuery.shape, limit: z.coerce.number().int().min(0).max(LOG_READ_MAX).optional() });
+/** E2B's v1 (deprecated) log query: from `start` (ms), at most `limit` (E2B sets no most; we keep LOG_READ_MAX). */
+const E2bLogsV1Query = z.object({ start: z.coerce.number().int().min(0).optional(), limit: z.coerce.number().int().min(0).optional() });
+
+/**
+ * A log entry as v1's `logs` line: a JSON object, which E2B's CLI (`e2b sandbox logs`) parses,
+ * reading its `level` and `logger`.
+ */
+function e2bLogLine(e: SandboxLogEntry): { timestamp: string; line: string } {
+  return { timestamp: e.timestamp, line: JSON.stringify({ ...e.fields, logger: 'collimate', level: e.level, message: e.message }) };
+}
+
+/**
  * E2B's template names that mean one of ours: E2B's `base` (the SDK's default) is a Debian image with
  * a `user` account, bash, python3, node, git, curl and sudo, which is our `debian`, not our busybox `base`.
  */
@@ -461,6 +479,24 @@ export class E2bControlPlane {
   }
 
   /**
+   * E2B's logs v2: the sandbox's log (src/service/sandboxLog.ts) as E2B's SandboxLogEntry, which has
+   * our entry's shape; the levels are E2B's four. `cursor` (ms), `direction`, `level` (the least
+   * severe), `limit` and `search` (case-sensitive) mean what they mean on GET /v1/sandboxes/{id}/logs.
+   */
+  async logs(scope: Scope, id: string, query: Record<string, unknown>): Promise<{ logs: SandboxLogEntry[] }> {
+    const q = parseWith(E2bLogsQuery, query, 'query', '');
+    const logs = await this.tenants.sandboxes.logs(scope, id, { cursorMs: q.cursor, direction: q.direction, level: q.level, search: q.search, limit: q.limit });
+    return { logs };
+  }
+
+  /** E2B's logs v1 (deprecated): the entries from `start` on, oldest first, as JSON lines (`logs`) and as entries (`logEntries`). */
+  async logsV1(scope: Scope, id: string, query: Record<string, unknown>): Promise<{ logs: Array<{ timestamp: string; line: string }>; logEntries: SandboxLogEntry[] }> {
+    const q = parseWith(E2bLogsV1Query, query, 'query', '');
+    const entries = await this.tenants.sandboxes.logs(scope, id, { cursorMs: q.start, limit: Math.min(q.limit ?? LOG_READ_MAX, LOG_READ_MAX) });
+    return { logs: entries.map(e2bLogLine), logEntries: entries };
+  }
+
+  /**
    * A snapshot of a running or suspended sandbox, which goes on as it was (as E2B's). Its envVars are
    * kept under the snapshot's id for the sandboxes started from it.
    */
@@ -567,6 +603,8 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('POST', '/sandboxes/:id/resume', (scope, req) => plane.resume(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/fork', (scope, req) => plane.fork(scope, id(req), jsonBody(req)));
   route('GET', '/sandboxes/:id/metrics', (scope, req) => plane.metrics(scope, id(req), query(req)));
+  route('GET', '/sandboxes/:id/logs', (scope, req) => plane.logsV1(scope, id(req), query(req)));
+  route('GET', '/v2/sandboxes/:id/logs', (scope, req) => plane.logs(scope, id(req), query(req)));
   route('PUT', '/sandboxes/:id/network', async (scope, req) => {
     await tenants.sandboxes.setEgress(scope, id(req), egressOfNetwork(jsonBody(req) ?? {}));
   });

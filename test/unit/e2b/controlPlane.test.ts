@@ -156,6 +156,66 @@ describe('e2b 2.51 metrics', () => {
   });
 });
 
+describe('E2B logs, v1 and v2', () => {
+  const get = (path: string, k = key) => api.app.inject({ method: 'GET', url: `/e2b/api${path}`, headers: { 'x-api-key': k } });
+  const rest = (id: string, body: object) =>
+    api.app.inject({ method: 'POST', url: `/v1/sandboxes/${id}/exec`, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, payload: JSON.stringify(body) });
+
+  it("answer the sandbox's log in E2B's shapes, filtered as asked, only to its tenant", async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const sbx = await e2bNew.Sandbox.create('python', opts);
+    const id = sbx.sandboxId;
+    await rest(id, { command: 'echo from-e2b' });
+    await rest(id, { command: 'exit 5' });
+
+    const v2 = await get(`/v2/sandboxes/${id}/logs`);
+    assert.equal(v2.statusCode, 200, v2.body);
+    const entries = v2.json().logs as Array<{ timestamp: string; level: string; message: string; fields: Record<string, string> }>;
+    assert.deepEqual(entries.map((e) => e.fields.event), ['lifecycle', 'exec', 'exec']);
+    for (const e of entries) {
+      assert.deepEqual(Object.keys(e).sort(), ['fields', 'level', 'message', 'timestamp'], "E2B's SandboxLogEntry");
+      assert.ok(['debug', 'info', 'warn', 'error'].includes(e.level));
+      assert.equal(new Date(e.timestamp).toISOString(), e.timestamp);
+      for (const v of Object.values(e.fields)) assert.equal(typeof v, 'string');
+    }
+    assert.deepEqual((await get(`/v2/sandboxes/${id}/logs?level=warn`)).json().logs.map((e: { fields: { command: string } }) => e.fields.command), ['exit 5']);
+    assert.deepEqual((await get(`/v2/sandboxes/${id}/logs?search=from-e2b&direction=backward`)).json().logs.length, 1);
+    assert.deepEqual((await get(`/v2/sandboxes/${id}/logs?direction=backward&limit=1`)).json().logs[0].fields.command, 'exit 5');
+    assert.deepEqual((await get(`/v2/sandboxes/${id}/logs?cursor=${Date.parse(entries[2].timestamp) + 1}`)).json(), { logs: [] });
+    assert.deepEqual((await get(`/v2/sandboxes/${id}/logs?limit=0`)).json(), { logs: [] }, "E2B's limit 0");
+
+    // v1 (deprecated): from `start`, oldest first, as JSON lines (which E2B's CLI parses) and as entries.
+    const v1 = await get(`/sandboxes/${id}/logs?start=0&limit=2`);
+    assert.equal(v1.statusCode, 200, v1.body);
+    const body = v1.json();
+    assert.deepEqual(body.logEntries, entries.slice(0, 2));
+    assert.equal(body.logs.length, 2);
+    const line = JSON.parse(body.logs[1].line);
+    assert.equal(body.logs[1].timestamp, entries[1].timestamp);
+    assert.equal(line.level, 'info');
+    assert.equal(line.logger, 'collimate');
+    assert.equal(line.message, entries[1].message);
+    assert.equal(line.command, 'echo from-e2b');
+
+    // Bad values: 400 in E2B's shape. Another tenant's sandbox, or none: E2B's 404.
+    for (const q of ['level=fatal', 'direction=sideways', 'limit=1001', 'cursor=-5', `search=${'s'.repeat(257)}`]) {
+      const bad = await get(`/v2/sandboxes/${id}/logs?${q}`);
+      assert.equal(bad.statusCode, 400, q);
+      assert.deepEqual([bad.json().code, bad.json().error_code], [400, 'validation_error']);
+    }
+    assert.equal((await get(`/sandboxes/${id}/logs?start=soon`)).statusCode, 400);
+    for (const path of [`/v2/sandboxes/${id}/logs`, `/sandboxes/${id}/logs`]) {
+      const foreign = await get(path, otherKey);
+      assert.equal(foreign.statusCode, 404);
+      assert.deepEqual([foreign.json().code, foreign.json().error_code], [404, 'sandbox_not_found']);
+      assert.ok(!foreign.body.includes('from-e2b'));
+    }
+    assert.equal((await get('/v2/sandboxes/sbx_000000000000/logs')).statusCode, 404);
+    await sbx.kill();
+    assert.equal((await get(`/v2/sandboxes/${id}/logs`)).statusCode, 404, 'gone with the sandbox');
+  });
+});
+
 describe('e2b 2.51 network', () => {
   it("updateNetwork replaces the sandbox's egress: deny all with an allowOut list is an allowlist, nothing is everything, some denials are a denylist less what allowOut names", async () => {
     const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
