@@ -3,7 +3,8 @@
  * against `collimate serve`'s /console on a real engine. Signs in with a key; sees a sandbox created
  * through the API appear within 2 s without a reload; forks it into 3 from the page and sees the tree
  * grow to 4 nodes; types into the web terminal and reads the answer on screen; uploads a file and reads
- * it back with an exec; suspends and resumes from the page; a second tenant sees none of the first's
+ * it back with an exec; suspends and resumes from the page; charts a sandbox's CPU and memory as its
+ * samples arrive, and keeps the history while it is suspended; a second tenant sees none of the first's
  * sandboxes; a key revoked from the keys page is signed out; an environment created from the page
  * streams its bake log until it is ready. Each test saves a screenshot under
  * COLLIMATE_TEST_OUTPUT (default test-output/console).
@@ -262,6 +263,56 @@ browserTest('suspend and resume from the page', { timeout: SLOW }, async () => {
   await page.locator('#details dd', { hasText: /^in 19m|^in 20m/ }).waitFor();
   const remaining = (await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).remaining_secs;
   assert.ok(remaining > 1100 && remaining <= 1200, `remaining ${remaining}`);
+});
+
+browserTest("the metrics section charts CPU and memory as samples arrive, and keeps the history while suspended", { timeout: SLOW }, async () => {
+  const page = await signedIn(acmeKey);
+  await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
+  await page.locator('#state', { hasText: 'running' }).waitFor();
+  const samples = () => page.evaluate(() => Number((document.querySelector('#metrics-body') as HTMLElement | null)?.dataset.samples ?? 0));
+  // The server samples every 5 s while it runs and the page asks as often, so the count grows without a reload.
+  await page.waitForFunction(() => Number((document.querySelector('#metrics-body') as HTMLElement | null)?.dataset.samples ?? 0) >= 2, null, { timeout: 60_000 });
+  const seen = await samples();
+  await page.waitForFunction((n: number) => Number((document.querySelector('#metrics-body') as HTMLElement | null)?.dataset.samples ?? 0) > n, seen, { timeout: 60_000 });
+
+  for (const id of ['chart-cpu', 'chart-memory']) {
+    const chart = page.locator(`svg#${id}`);
+    // A drawn series: a line through joined samples, or a dot for one left alone (its neighbours missing or far apart).
+    const d = (await chart.locator('path.series').getAttribute('d')) ?? '';
+    const dots = await chart.locator('circle.series-dot').count();
+    assert.ok(/^M\d+(\.\d)?,\d+(\.\d)?L/.test(d) || dots > 0, `${id} draws no series: d=${JSON.stringify(d)}, ${dots} dots`);
+    // Every drawn point lies inside the 560 × 200 viewBox.
+    for (const [x, y] of [...d.matchAll(/[ML]([\d.]+),([\d.]+)/g)].map((m) => [Number(m[1]), Number(m[2])])) assert.ok(x >= 0 && x <= 560 && y >= 0 && y <= 200, `${id}: ${x},${y}`);
+    assert.equal(await chart.getAttribute('role'), 'img');
+    assert.match((await chart.getAttribute('aria-label')) ?? '', /\d+ samples: latest .+, peak .+/);
+    assert.ok((await chart.locator('text.x-label').count()) >= 1, `${id} has time labels`);
+    assert.ok((await chart.locator('text.y-label').count()) >= 2, `${id} has value labels`);
+  }
+  // The latest values, as text: the memory of a sample the API served (read after the page, so it has them all), the allotment, a CPU percentage.
+  const cell = (metric: string, col: number) => page.locator(`#metrics-latest tr[data-metric="${metric}"] td`).nth(col).innerText();
+  const memory = await cell('memory', 0);
+  const sandbox = await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey);
+  const served: Array<{ memory_mib: number }> = (await rest('GET', `/v1/sandboxes/${sandboxId}/metrics`, acmeKey)).samples;
+  assert.ok(served.length >= (await samples()), 'the page shows no more samples than the API has');
+  const mib = (n: number) => (n < 1024 ? `${n} MiB` : n < 10240 ? `${(n / 1024).toFixed(1)} GiB` : `${Math.round(n / 1024)} GiB`);
+  assert.ok(served.some((s) => s.memory_mib > 0 && mib(s.memory_mib) === memory), `memory shows ${JSON.stringify(memory)}, not a sample's`);
+  assert.equal(await cell('memory', 2), mib(sandbox.memory_mib));
+  assert.match(await cell('cpu', 0), /^(\d+(\.\d)? %|—)$/);
+  assert.match(await cell('cpu', 1), /^\d+(\.\d)? %$/);
+  assert.equal(await cell('disk', 0), 'not sampled');
+  await shot(page, 'metrics');
+
+  // Suspended: no samples are taken, the history stays on the page.
+  await rest('POST', `/v1/sandboxes/${sandboxId}/suspend`, acmeKey);
+  await page.locator('#metrics-paused').waitFor({ timeout: SLOW });
+  const kept = await samples();
+  assert.ok(kept >= seen + 1, `the history is kept: ${kept} samples`);
+  assert.ok(((await page.locator('svg#chart-memory path.series').getAttribute('d')) ?? '') !== '' || (await page.locator('svg#chart-memory circle.series-dot').count()) > 0);
+  await shot(page, 'metrics-suspended');
+  await rest('POST', `/v1/sandboxes/${sandboxId}/resume`, acmeKey);
+  await page.locator('#state', { hasText: 'running' }).waitFor({ timeout: SLOW });
+  // Running again, it asks again: new samples join the history.
+  await page.waitForFunction((n: number) => Number((document.querySelector('#metrics-body') as HTMLElement | null)?.dataset.samples ?? 0) > n, kept, { timeout: 60_000 });
 });
 
 browserTest('a server in the sandbox shows among its ports, with a signed URL that needs no key', { timeout: SLOW }, async () => {
