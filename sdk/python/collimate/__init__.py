@@ -32,7 +32,7 @@ from .errors import (
     ValidationError,
     error_from_body,
 )
-from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, Snapshot, Template, WatchEvent
+from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, SandboxLogEntry, Snapshot, Template, WatchEvent
 from .processes import Process, ProcessExit, ProcessGap, ProcessInfo, ProcessOutput, SandboxProcesses
 
 __version__ = "0.1.0"
@@ -56,6 +56,7 @@ __all__ = [
     "ExecResult",
     "ExecTiming",
     "SandboxInfo",
+    "SandboxLogEntry",
     "OpenPort",
     "PortResponse",
     "Template",

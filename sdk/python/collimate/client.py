@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import uuid
@@ -14,7 +15,7 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapp
 
 from ._http import Transport
 from .errors import CollimateError, ConnectionError, NotFoundError, error_from_body
-from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, Snapshot, Template, WatchEvent
+from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, SandboxLogEntry, Snapshot, Template, WatchEvent
 from .processes import SandboxProcesses
 
 __all__ = ["Collimate", "Sandboxes", "SandboxPages", "Snapshots", "SnapshotPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
@@ -498,6 +499,31 @@ class Sandbox:
         from .errors import ConnectionError
 
         raise ConnectionError("The exec stream ended without a result.", code="stream_ended", status=0)
+
+    def logs(
+        self,
+        *,
+        cursor: Union[int, datetime.datetime, None] = None,
+        direction: Optional[str] = None,
+        level: Optional[str] = None,
+        search: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> List[SandboxLogEntry]:
+        """What happened to the sandbox, as the server wrote it down: lifecycle changes, every exec
+        (its command on one line, exit code, duration), background processes' starts and exits, the
+        reaper, snapshots and failures of the guest — its last 1000 entries, never stdin, env values
+        or files.
+
+        Oldest first from ``cursor`` (ms since the epoch, or a timezone-aware datetime; inclusive),
+        or newest first back from it with ``direction="backward"``; ``level`` is the least severe
+        returned (``debug``, ``info``, ``warn``, ``error``), ``search`` a case-sensitive substring
+        of the message, ``limit`` 1..1000. To read on, pass the last entry's time + 1 ms (− 1
+        backward). A bad value raises ValidationError."""
+        if isinstance(cursor, datetime.datetime):
+            cursor = int(cursor.timestamp() * 1000)
+        query = {"cursor": cursor, "direction": direction, "level": level, "search": search, "limit": limit}
+        r = self._client.http.json("GET", self._path("/logs"), query=query, retry="safe")
+        return [SandboxLogEntry.from_json(e) for e in r["logs"]]
 
     def fork(self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None) -> List["Sandbox"]:
         """Forks this sandbox into ``n`` running children that keep its memory and processes. A

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
-__all__ = ["SandboxInfo", "Snapshot", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent"]
+__all__ = ["SandboxInfo", "Snapshot", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent", "SandboxLogEntry"]
 
 T = TypeVar("T")
 
@@ -84,6 +84,24 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Snapshot":
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class SandboxLogEntry:
+    """One entry of a sandbox's log (``sb.logs()``)."""
+
+    #: ISO 8601, to the millisecond.
+    timestamp: str
+    #: ``debug``, ``info``, ``warn`` or ``error``.
+    level: str
+    #: What happened, for people, e.g. ``Exec exited 0 in 12 ms: echo hi``.
+    message: str
+    #: The same for programs: ``event`` (lifecycle, exec, process, reaper, snapshot), ``command``, ``exit_code``, ``pid``…
+    fields: Dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SandboxLogEntry":
         return cls(**_known(cls, data))
 
 

@@ -11,8 +11,8 @@ import { ConnectionError, errorFromBody, NotFoundError } from './errors.js';
 import { parseSse as parseSseStream, type Transport } from './transport.js';
 import { SandboxProcesses } from './processes.js';
 import type {
-  EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxState,
-  Snapshot, SnapshotParams, WatchEvent,
+  EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxLogEntry,
+  SandboxLogsParams, SandboxState, Snapshot, SnapshotParams, WatchEvent,
 } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
@@ -105,6 +105,19 @@ export class Sandbox {
       }
     }
     throw errorFromBody(undefined, { error: { code: 'stream_ended', message: 'The exec stream ended without a result.' } });
+  }
+
+  /**
+   * What happened to the sandbox, as the server wrote it down: lifecycle changes, every exec (its
+   * command on one line, exit code, duration), background processes' starts and exits, the reaper,
+   * snapshots and failures of the guest — its last 1000 entries, never stdin, env values or files.
+   * Oldest first from `cursor`, or newest first with `direction: 'backward'`; to read on, pass the
+   * last entry's time + 1 ms (− 1 backward).
+   */
+  async logs(params: SandboxLogsParams = {}): Promise<SandboxLogEntry[]> {
+    const cursor = params.cursor instanceof Date ? params.cursor.getTime() : params.cursor;
+    const query = { cursor, direction: params.direction, level: params.level, search: params.search, limit: params.limit };
+    return (await this.http.json<{ logs: SandboxLogEntry[] }>({ method: 'GET', path: this.path('/logs'), query, retry: 'safe' })).logs;
   }
 
   /**

@@ -39,6 +39,11 @@ export type ExecEvent =
   | { type: 'stderr'; data: Buffer }
   | { type: 'result'; result: ExecResult };
 
+/** One entry of a sandbox's log (`sb.logs()`): `fields` say it for programs (`event`, `command`, `exit_code`, `pid`…). */
+export type SandboxLogEntry = Wire.SandboxLogEntry;
+/** `debug`, `info`, `warn`, `error`, least severe first. */
+export type LogLevel = Wire.LogLevel;
+
 /** A background process (sb.processes). */
 export type ProcessInfo = Wire.Process;
 /** Exactly one of `command` (a /bin/sh -c string) or `argv`; `stdin`, `pty`, `env`, `cwd`, `tag` optional. */
@@ -111,4 +116,17 @@ export interface ListSnapshotsParams {
 export interface ForkParams {
   /** Labels for the children (merged over the parent's). */
   labels?: Record<string, string>;
+}
+
+export interface SandboxLogsParams {
+  /** Where to start (inclusive): forward, entries at or after it (default the oldest kept); backward, at or before it (default the newest). ms since the epoch, or a Date. */
+  cursor?: number | Date;
+  /** `forward` (default): oldest first; `backward`: newest first. */
+  direction?: 'forward' | 'backward';
+  /** The least severe level returned (default `debug`: every entry). */
+  level?: LogLevel;
+  /** Only entries whose message contains this, case-sensitive (at most 256 characters). */
+  search?: string;
+  /** At most this many, 1..1000 (default 1000). */
+  limit?: number;
 }
