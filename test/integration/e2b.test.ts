@@ -135,6 +135,45 @@ test("e2b 2.51: a command cut off by Sandbox.kill is E2B's TimeoutError saying t
   await other.kill();
 });
 
+test("the sandbox log on real VMs: an E2B command and a REST exec, read through REST and E2B's logs v2", async () => {
+  const sbx = await e2bNew.Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });
+  try {
+    assert.equal((await sbx.commands.run('echo logged-by-e2b')).stdout, 'logged-by-e2b\n');
+    const exec = async (command: string) => {
+      const res = await fetch(`${base}/v1/sandboxes/${sbx.sandboxId}/exec`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ command }) });
+      assert.equal(res.status, 200);
+      return (await res.json()) as { exit_code: number };
+    };
+    assert.equal((await exec('echo rest-exec')).exit_code, 0);
+    assert.equal((await exec('exit 3')).exit_code, 3);
+    type Entry = { timestamp: string; level: string; message: string; fields: Record<string, string> };
+    // The process's exit is written when the host hears of it, a moment after the command's answer.
+    let rest: Entry[] = [];
+    await until('the command\'s exit in the log', async () => {
+      const res = await fetch(`${base}/v1/sandboxes/${sbx.sandboxId}/logs`, { headers: { authorization: `Bearer ${key}` } });
+      assert.equal(res.status, 200);
+      rest = ((await res.json()) as { logs: Entry[] }).logs;
+      return rest.some((e) => e.fields.event === 'process' && e.fields.status === 'exited');
+    });
+    assert.equal(rest[0].message, 'Sandbox created');
+    const e2bProcess = rest.filter((e) => e.fields.event === 'process' && e.fields.command.includes('echo logged-by-e2b'));
+    assert.deepEqual(e2bProcess.map((e) => [e.level, e.fields.status ?? 'started', e.fields.exit_code ?? '']), [['info', 'started', ''], ['info', 'exited', '0']]);
+    const execs = rest.filter((e) => e.fields.event === 'exec');
+    assert.deepEqual(execs.map((e) => [e.level, e.fields.command, e.fields.exit_code]), [['info', 'echo rest-exec', '0'], ['warn', 'exit 3', '3']]);
+
+    const v2 = async (query: string) => {
+      const res = await fetch(`${base}/e2b/api/v2/sandboxes/${sbx.sandboxId}/logs${query}`, { headers: { 'x-api-key': key } });
+      assert.equal(res.status, 200);
+      return ((await res.json()) as { logs: Entry[] }).logs;
+    };
+    assert.deepEqual(await v2(''), rest, 'E2B reads the same log');
+    assert.deepEqual((await v2('?level=warn')).map((e) => e.fields.command), ['exit 3']);
+    assert.deepEqual((await v2('?search=rest-exec&direction=backward')).map((e) => e.message), [execs[0].message]);
+  } finally {
+    await sbx.kill();
+  }
+});
+
 test('e2b 2.30: create, run, stdin, files, pause and connect', async () => {
   const { Sandbox } = e2bOld;
   const sbx = await Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });
