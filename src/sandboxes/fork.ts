@@ -9,7 +9,7 @@ import { spliceDeviceState } from '../vmm/deviceState.js';
 import { sealShared } from '../vmm/jail.js';
 import { processUsage } from '../vmm/vmm.js';
 import {
-  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, restoreStream, createOverlay, prepareUpperDisk, snapshotUpperDisk,
+  newSandboxId, newForkPointId, newDiskPath, spawnIncoming, restoreCheckpoint, claimWarm, restoreStream, createOverlay, prepareUpperDisk, snapshotUpperDisk,
   destroyPending, runAgain,
   type LiveVm, type PendingVm,
 } from './runtime.js';
@@ -374,6 +374,8 @@ export async function spawnChildren(
    */
   file: { fileReady: boolean } = { fileReady: true },
   fromSnapshot?: string,
+  /** VMMs already restored from the fork point and paused (a snapshot's pool, snapshotPools.ts): claimed, not restored. */
+  prewarmed: PendingVm[] = [],
 ): Promise<SandboxInfo[]> {
   const lives: LiveVm[] = [];
   // Each child VMM's CPU time when this fork took it (a spawned one starts at none).
@@ -399,7 +401,9 @@ export async function spawnChildren(
     };
     // VMMs spawned ahead of this fork (forkReceivers.ts) are put on the fork point's disk now and
     // its RAM once whole; the rest are spawned.
-    const taken = ctx.receivers.take(artifactKey, opts.count);
+    children.push(...prewarmed);
+    for (const p of prewarmed) cpuAtClaim.set(p.vmm.pid, vmmCpuMs(p.vmm.pid));
+    const taken = ctx.receivers.take(artifactKey, opts.count - prewarmed.length);
     children.push(...taken);
     const claim = async (p: PendingVm) => {
       const t0 = performance.now();
@@ -409,7 +413,7 @@ export async function spawnChildren(
       phases.since('child_claim', t0);
       return p;
     };
-    const spawnedAll = await Promise.allSettled([...taken.map(claim), ...Array.from({ length: opts.count - taken.length }, spawnChild)]);
+    const spawnedAll = await Promise.allSettled([...taken.map(claim), ...Array.from({ length: opts.count - prewarmed.length - taken.length }, spawnChild)]);
     const spawnFailure = spawnedAll.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (spawnFailure) throw spawnFailure.reason;
     const spawned = children.slice();
@@ -421,7 +425,7 @@ export async function spawnChildren(
       const t0 = performance.now();
       try {
         if (p.remapDir) await phases.time('memory_remap', () => attachMemory(p, fp.mem));
-        const live = await restoreCheckpoint(p, devState, p.id, phases);
+        const live = p.warm ? await claimWarm(p.warm, p.id, phases) : await restoreCheckpoint(p, devState, p.id, phases);
         phases.addCpu('children_vmm', vmmCpuMs(p.vmm.pid) - (cpuAtClaim.get(p.vmm.pid) ?? 0));
         return { id: p.id, live };
       } catch (e) {

@@ -3,7 +3,8 @@ import { dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { CollimateError, invalidState, msg, see, snapshotNotFound } from '../errors.js';
 import { allocatedBytes } from '../vmm/memory.js';
-import { createOverlay, newDiskPath, newForkPointId } from './runtime.js';
+import { createOverlay, destroyPending, newDiskPath, newForkPointId, type PendingVm } from './runtime.js';
+import { applyEgress, dropSnapshotPool, takeWarm } from './snapshotPools.js';
 import type { SandboxRow, SnapshotRow } from './repo.js';
 import { Phases } from './phases.js';
 import { forkRunningByPages, recordForkPoint, spawnChildren, SNAPSHOT_RAM, type ForkPoint } from './fork.js';
@@ -179,6 +180,7 @@ function linkOrCopy(from: string, to: string): void {
 export function deleteSnapshot(ctx: EngineContext, id: string, scope?: Scope): void {
   const s = snapshotFor(ctx, id, scope);
   ctx.repo.removeSnapshot(s.id);
+  dropSnapshotPool(ctx, s.id);
   ctx.processes.endFork(s.id);
   gcForkPoints(ctx);
 }
@@ -241,11 +243,22 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
     const shape = { vcpus: s.vcpus, memoryMib: s.memory_mib };
     const phases = new Phases('start_from_snapshot');
     const devState = readFileSync(join(fp.dir, 'device.state'));
-    const children = await spawnChildren(ctx, origin, { ...ctx.templates.artifactFor(s.artifact_key).shape, ...shape }, fp, s.artifact_key, devState,
-      { count: opts.count, labels: opts.labels }, [], phases, { fileReady: true }, s.id)
-      .catch((e) => { throw vmmFailure('start from a snapshot', e); });
-    ctx.emit('phases', phases.report(s.id));
-    return children;
+    // VMMs the snapshot's pool restored ahead (none until it has been started from): claimed, the rest restored now.
+    const warm = takeWarm(ctx, s, fp, devState, opts.count);
+    // Every VMM the start holds: when it fails, none of them becomes a sandbox, and each is destroyed.
+    const vmms: PendingVm[] = [];
+    try {
+      await phases.time('egress_apply', () => Promise.all(warm.vms.map((vm) => applyEgress(ctx, vm, s, origin.egress))));
+      const children = await spawnChildren(ctx, origin, { ...ctx.templates.artifactFor(s.artifact_key).shape, ...shape }, fp, s.artifact_key, devState,
+        { count: opts.count, labels: opts.labels }, vmms, phases, { fileReady: true }, s.id, warm.vms);
+      ctx.emit('phases', phases.report(s.id));
+      return children;
+    } catch (e) {
+      await Promise.all([...new Set([...warm.vms, ...vmms])].map((vm) => destroyPending(vm).catch(() => {})));
+      throw vmmFailure('start from a snapshot', e);
+    } finally {
+      warm.served();
+    }
   }));
 }
 

@@ -40,6 +40,8 @@ export class TemplatePools {
   private catalog: CatalogEntry[] = CATALOG;
   private background?: { base: GuestBase; progress: (msg: string) => void; queue: Promise<void> };
   private closed = false;
+  /** Pools taken out and still destroying their VMMs. */
+  private readonly closing = new Set<Promise<void>>();
 
   constructor(private readonly cfg: EngineConfig, private readonly net: NetManager | null) {}
 
@@ -150,7 +152,12 @@ export class TemplatePools {
     this.sizers.delete(key);
     this.sized.delete(key);
     this.byKey.delete(key);
-    await pool?.close();
+    if (pool) {
+      // Spawns still in flight land after this: close() waits for them too.
+      const closing = pool.close();
+      this.closing.add(closing);
+      await closing.finally(() => this.closing.delete(closing));
+    }
     return t;
   }
 
@@ -167,20 +174,69 @@ export class TemplatePools {
 
   /** A self-sizing pool for `t` under `key`, starting at `initial` (within the bounds). */
   private newPool(key: string, t: ReadyTemplate, initial: number, onError?: (e: unknown) => void): void {
+    this.addPool(key, () => this.spawnFor(t), { initial, min: this.cfg.poolMin }, onError);
+  }
+
+  /**
+   * A self-sizing pool of VMMs `spawn` makes (prewarmed, paused), under `key`, sharing the host's
+   * budget for warm VMMs with the templates' pools: a snapshot's (snapshotPools.ts) as a template's.
+   */
+  addPool(key: string, spawn: () => Promise<PendingVm>, bounds: { initial: number; min: number }, onError?: (e: unknown) => void): void {
     const sizer = new PoolSizer({
-      initial, min: this.cfg.poolMin, max: this.cfg.poolMax, idleMs: this.cfg.poolIdleSecs * 1000, burstWindowMs: this.cfg.poolBurstSecs * 1000,
+      ...bounds, max: this.cfg.poolMax, idleMs: this.cfg.poolIdleSecs * 1000, burstWindowMs: this.cfg.poolBurstSecs * 1000,
     });
     this.sizers.set(key, sizer);
-    const spawn = async (): Promise<PendingVm> => {
+    const timed = async (): Promise<PendingVm> => {
       const t0 = Date.now();
-      const vm = await this.spawnFor(t);
+      const vm = await spawn();
       sizer.onRefill(Date.now() - t0);
       return vm;
     };
-    this.pools.set(key, new WarmPool<PendingVm>(key, 0, spawn, destroyPending, onError));
+    this.pools.set(key, new WarmPool<PendingVm>(key, 0, timed, destroyPending, onError));
     this.resize();
     this.resizer ??= setInterval(() => this.resize(), 5000);
     this.resizer.unref();
+  }
+
+  hasPool(key: string): boolean {
+    return this.pools.has(key);
+  }
+
+  /**
+   * Up to `n` VMMs waiting in pool `key` (never spawned on demand), counted as `n` asked of it: the
+   * pool sizes itself by that demand, the part it could not serve included. `served` once the
+   * caller has made its sandboxes, however.
+   */
+  takeReady(key: string, n: number): { vms: PendingVm[]; served: () => void } {
+    const pool = this.pools.get(key);
+    const sizer = this.sizers.get(key);
+    const vms: PendingVm[] = [];
+    for (let i = 0; i < n && pool; i++) {
+      const vm = pool.takeReady();
+      if (!vm) break;
+      vms.push(vm);
+    }
+    const count = this.takes.get(key) ?? { hit: 0, miss: 0 };
+    count.hit += vms.length;
+    count.miss += n - vms.length;
+    this.takes.set(key, count);
+    const now = Date.now();
+    for (let i = 0; i < n; i++) sizer?.onTake(now);
+    this.resize();
+    let done = false;
+    return {
+      vms,
+      served: () => {
+        if (done) return;
+        done = true;
+        for (let i = 0; i < n; i++) sizer?.onServed(Date.now());
+      },
+    };
+  }
+
+  /** Takes pool `key` out and destroys its VMMs. */
+  async removePool(key: string): Promise<void> {
+    await this.removeKey(key);
   }
 
   /**
@@ -345,6 +401,7 @@ export class TemplatePools {
     // A background build under way finishes (its files are written in place by rename), but registers nothing.
     await this.background?.queue;
     await Promise.all([...this.pools.values()].map((p) => p.close()));
+    await Promise.all(this.closing);
   }
 
   /** A pool's next VMM: waiting for its restore under the template's egress policy (prewarmed if configured). */

@@ -115,6 +115,39 @@ test('a snapshot of a running sandbox; 10 sandboxes from it continue its counter
   assert.deepEqual(readdirSync(join(home, 'forkpoints')), [], 'nothing of the snapshot is left once nothing depends on it');
 });
 
+test('a snapshot started again gets warm capacity: its pool restores VMMs ahead, the next start claims them, and they are sandboxes of their own; deleting it destroys the pool', async () => {
+  const src = await engine.create({ template: 'base' }, tenant);
+  const tag = await sh(src.id, COUNTER);
+  const snap = await engine.createSnapshot(src.id, {}, tenant);
+  const key = `snapshot:${snap.id}`;
+  const first = await engine.startFromSnapshot(snap.id, { count: 1 }, tenant);
+  assert.equal(engine.poolStatus()[key], undefined, 'started once, a snapshot has no pool');
+  const second = await engine.startFromSnapshot(snap.id, { count: 2 }, tenant);
+  assert.deepEqual([engine.poolStatus()[key]?.hits, engine.poolStatus()[key]?.misses], [0, 2], 'started again: a pool, sized by what was asked of it');
+  const deadline = Date.now() + 180_000;
+  while ((engine.poolStatus()[key]?.ready ?? 0) < 2 && Date.now() < deadline) await sleep(250);
+  assert.equal(engine.poolStatus()[key]?.ready, 2, `the pool restored two VMMs ahead: ${JSON.stringify(engine.poolStatus()[key])}`);
+  const warm = await engine.startFromSnapshot(snap.id, { count: 2, labels: { warm: 'yes' } }, tenant);
+  assert.equal(engine.poolStatus()[key]?.hits, 2, 'the start was served from the pool');
+  for (const k of warm) {
+    assert.equal(k.from_snapshot, snap.id);
+    assert.equal(k.labels.warm, 'yes');
+    const c = await counter(k.id);
+    assert.equal(c.tag, tag, 'a pooled sandbox runs the snapshot\'s counter process');
+    await countsOn(k.id, tag, c.n);
+  }
+  await sh(warm[0].id, 'echo mine > /root/own; sync');
+  assert.equal(await sh(warm[1].id, 'cat /root/own 2>/dev/null || echo none'), 'none', 'each has a disk of its own');
+  const all = [src, ...first, ...second, ...warm].map((s) => s.id);
+  const boots = await Promise.all(all.map((id) => sh(id, 'cat /proc/sys/kernel/random/boot_id')));
+  assert.equal(new Set(boots).size, all.length, 'each claimed sandbox has a fresh identity');
+  const rand = await Promise.all(all.map((id) => sh(id, 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"')));
+  assert.equal(new Set(rand).size, all.length, 'and its own random stream');
+  engine.deleteSnapshot(snap.id, tenant);
+  assert.equal(engine.poolStatus()[key], undefined, 'the snapshot\'s pool goes with it');
+  for (const id of all) await engine.delete(id, tenant);
+});
+
 test('rollback in place: the sandbox\'s files and counter process return to the snapshot\'s after they changed; queued requests fail saying so; another sandbox\'s snapshot is refused', async () => {
   const src = await engine.create({ template: 'base' }, tenant);
   const tag = await sh(src.id, COUNTER);
