@@ -27,6 +27,7 @@ import {
   decodeFsEntry,
   decodeFsEvent,
   decodeFsRemoved,
+  decodeFsUsage,
   decodeFsWatching,
   decodePong,
   decodeProcStarted,
@@ -58,6 +59,7 @@ import {
   type FsEvent,
   type FsListing,
   type FsRemoved,
+  type FsUsage,
   type Pong,
   type ProcEntry,
   type ProcStartRequest,
@@ -492,6 +494,18 @@ export class AgentClient extends EventEmitter {
       // Registered before the promise settles: the watch's first events may follow in the same chunk.
       this.watchers.set(watchId, onEvent);
       done(watchId);
+      return true;
+    });
+  }
+
+  /**
+   * How full the guest's root file system is (statvfs("/"): `df /`). An agent from before FS_USAGE
+   * answers bad_request (an unknown message type).
+   */
+  async fsUsage(timeoutMs = FS_REQUEST_TIMEOUT_MS): Promise<FsUsage> {
+    return this.concurrentRequest(MessageType.FsUsage, Buffer.alloc(0), timeoutMs, (frame, done) => {
+      if (frame.type !== MessageType.FsUsageResult) return false;
+      done(decodeFsUsage(frame.payload));
       return true;
     });
   }

@@ -37,6 +37,7 @@ export const MessageType = {
   FsRename: 24,
   FsWatch: 25,
   FsUnwatch: 26,
+  FsUsage: 27,
   Pong: 0x81,
   Stdout: 0x82,
   Stderr: 0x83,
@@ -48,6 +49,7 @@ export const MessageType = {
   FsRemoved: 0xa2,
   FsWatching: 0xa3,
   FsEvent: 0xa4,
+  FsUsageResult: 0xa5,
   Error: 0x8f,
   ProcStarted: 0x90,
   ProcOutput: 0x91,
@@ -144,6 +146,9 @@ export const Tag = {
   FsMaxEntries: 154,
   FsXattrName: 155,
   FsXattrValue: 156,
+  FsTotalBytes: 157,
+  FsFreeBytes: 158,
+  FsAvailableBytes: 159,
 } as const;
 
 /** The user.* extended attributes an entry carries and FILE_WRITE sets: names and values together at most (FS_XATTR_BYTES_MAX). */
@@ -1126,4 +1131,20 @@ export function decodeFsEvent(payload: Buffer): FsEvent {
   const op = r.str(Tag.FsOp);
   if (!FS_EVENT_OPS.has(op)) throw new ProtocolError(`FS_EVENT: unknown op ${JSON.stringify(op)}`);
   return { watchId: r.u32(Tag.FsWatchId), name: r.str(Tag.FsName, ''), op: op as FsEventOp };
+}
+
+/** How full the guest's root file system is (FS_USAGE_RESULT: statvfs("/"), what `df /` shows). */
+export interface FsUsage {
+  totalBytes: number;
+  /** Free blocks, the reserved ones included: used is totalBytes - freeBytes, as df counts it. */
+  freeBytes: number;
+  /** Free to an unprivileged user (df's "Avail"). */
+  availableBytes: number;
+}
+
+export function decodeFsUsage(payload: Buffer): FsUsage {
+  const r = new TlvReader(payload, 'FS_USAGE_RESULT');
+  const usage = { totalBytes: r.u64Number(Tag.FsTotalBytes), freeBytes: r.u64Number(Tag.FsFreeBytes), availableBytes: r.u64Number(Tag.FsAvailableBytes) };
+  if (usage.freeBytes > usage.totalBytes || usage.availableBytes > usage.freeBytes) throw new ProtocolError('FS_USAGE_RESULT: free or available bytes exceed the total');
+  return usage;
 }

@@ -56,6 +56,7 @@ enum message_type {
     MSG_FS_RENAME = 24,
     MSG_FS_WATCH = 25,
     MSG_FS_UNWATCH = 26,
+    MSG_FS_USAGE = 27,
     MSG_PONG = 0x81,
     MSG_STDOUT = 0x82,
     MSG_STDERR = 0x83,
@@ -67,6 +68,7 @@ enum message_type {
     MSG_FS_REMOVED = 0xA2,
     MSG_FS_WATCHING = 0xA3,
     MSG_FS_EVENT = 0xA4,
+    MSG_FS_USAGE_RESULT = 0xA5,
     MSG_ERROR = 0x8F,
     MSG_PROC_STARTED = 0x90,
     MSG_PROC_OUTPUT = 0x91,
@@ -163,6 +165,10 @@ enum field_tag {
     /* An extended attribute of the user.* namespace: its name without "user.", then its value. */
     TAG_FS_XATTR_NAME = 155,
     TAG_FS_XATTR_VALUE = 156,
+    /* FS_USAGE_RESULT: the root file system's size, free bytes, and bytes free to unprivileged users. */
+    TAG_FS_TOTAL_BYTES = 157,
+    TAG_FS_FREE_BYTES = 158,
+    TAG_FS_AVAILABLE_BYTES = 159,
 };
 
 /* The user.* extended attributes an entry reports (and FILE_WRITE sets): at most this many bytes of
@@ -404,7 +410,7 @@ void run_as_disown(void);
 /* Gives a path (not following a final symlink) or an open file to the request's account, if it has one. */
 void own_path(const char *path);
 void own_fd(int fd);
-/* Handles the FS_* requests; false for any other type. */
+/* Handles the FS_* requests (FS_USAGE too); false for any other type. */
 bool fs_handle_request(uint16_t type, uint32_t id, const uint8_t *payload, size_t len);
 void fs_add_poll_fds(struct poll_set *ps);
 void fs_handle_poll(int fd, short revents);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -946,6 +947,25 @@ static void watch_read(size_t slot)
     }
 }
 
+/* ----------------------------------------------------------- FS_USAGE */
+
+/* How full the guest's root file system is, as `df /` says it (the overlay reports its writable
+   upper layer's file system). Only "/", never a path the host names: statvfs on a network or
+   FUSE mount a command made could block the poll loop. */
+static void handle_usage(uint32_t id, const uint8_t *payload, size_t len)
+{
+    if (!tlv_well_formed(payload, len)) reject_request(id, "bad_request", "FS_USAGE payload is truncated");
+    struct statvfs sv;
+    if (statvfs("/", &sv) != 0) reject_errno(id, errno, "statvfs /");
+    uint64_t unit = sv.f_frsize ? sv.f_frsize : sv.f_bsize;
+    struct frame_builder b;
+    if (!frame_begin(&b, MSG_FS_USAGE_RESULT, id, 64)) return;
+    frame_put_u64(&b, TAG_FS_TOTAL_BYTES, (uint64_t)sv.f_blocks * unit);
+    frame_put_u64(&b, TAG_FS_FREE_BYTES, (uint64_t)sv.f_bfree * unit);
+    frame_put_u64(&b, TAG_FS_AVAILABLE_BYTES, (uint64_t)sv.f_bavail * unit);
+    frame_send(&b);
+}
+
 /* ----------------------------------------------------------- the loop */
 
 void fs_add_poll_fds(struct poll_set *ps)
@@ -982,6 +1002,7 @@ bool fs_handle_request(uint16_t type, uint32_t id, const uint8_t *payload, size_
     case MSG_FS_RENAME: handle_rename(id, payload, len); return true;
     case MSG_FS_WATCH: handle_watch(id, payload, len); return true;
     case MSG_FS_UNWATCH: handle_unwatch(id, payload, len); return true;
+    case MSG_FS_USAGE: handle_usage(id, payload, len); return true;
     default: return false;
     }
 }

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { execFileSync, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { chmod, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
@@ -603,6 +603,30 @@ describe('FS_WATCH under backpressure', () => {
       socket.destroy();
       await sleep(50);
     }
+  });
+});
+
+describe('FS_USAGE', () => {
+  it('answers statvfs("/") as df sees it, beside a running exec', async () => {
+    await withClient(async (client) => {
+      // Answered while an exec runs: the exec waits for a file the test writes only after the answer.
+      const flag = join(scratch('usage'), 'answered');
+      const exec = client.exec({ commands: [['sh', '-c', `i=0; while [ ! -e ${flag} ]; do i=$((i+1)); [ $i -gt 400 ] && exit 1; sleep 0.05; done`]] });
+      const u = await client.fsUsage();
+      writeFileSync(flag, '');
+      assert.equal((await exec).result.exitCode, 0, 'the exec gave up waiting: FS_USAGE waited for it');
+      const host = statfsSync('/');
+      assert.equal(u.totalBytes, host.blocks * host.bsize);
+      // Free space moves as the host writes; within 256 MiB of what the host saw a moment later.
+      assert.ok(Math.abs(u.freeBytes - host.bfree * host.bsize) < 256 * 1048576, `free ${u.freeBytes} vs ${host.bfree * host.bsize}`);
+      assert.ok(u.availableBytes <= u.freeBytes && u.freeBytes <= u.totalBytes);
+    });
+  });
+
+  it('refuses a payload that is not TLV with bad_request', async () => {
+    const reply = await rawRequest(MessageType.FsUsage, Buffer.from([1, 2, 3]));
+    assert.equal(reply.type, MessageType.Error);
+    assert.equal(decodeError(reply.payload).code, 'bad_request');
   });
 });
 

@@ -9,6 +9,7 @@ import {
   decodeFsEntry,
   decodeFsEvent,
   decodeFsRemoved,
+  decodeFsUsage,
   encodeFsList,
   encodeFsMkdir,
   encodeFsRename,
@@ -63,4 +64,18 @@ test('FS_REMOVED and FS_EVENT', () => {
   assert.deepEqual(decodeFsRemoved(new TlvWriter().u64(Tag.FsRemovedCount, 2000).u8(Tag.FsDone, 0).finish()), { removed: 2000, done: false });
   assert.deepEqual(decodeFsEvent(new TlvWriter().u32(Tag.FsWatchId, 7).str(Tag.FsName, 'sub/f').str(Tag.FsOp, 'rename').finish()), { watchId: 7, name: 'sub/f', op: 'rename' });
   assert.throws(() => decodeFsEvent(new TlvWriter().u32(Tag.FsWatchId, 7).str(Tag.FsOp, 'explode').finish()), ProtocolError);
+});
+
+test('FS_USAGE_RESULT: total, free and available bytes as u64; free past the total is refused', () => {
+  const payload = Buffer.from([
+    157, 0, 8, 0, 0, 0, 0x00, 0x00, 0x00, 0x40, 0, 0, 0, 0, // 1 GiB
+    158, 0, 8, 0, 0, 0, 0x00, 0x00, 0x00, 0x30, 0, 0, 0, 0, // 768 MiB
+    159, 0, 8, 0, 0, 0, 0x00, 0x00, 0x00, 0x2c, 0, 0, 0, 0, // 704 MiB
+  ]);
+  assert.deepEqual(decodeFsUsage(payload), { totalBytes: 1 << 30, freeBytes: 768 << 20, availableBytes: 704 << 20 });
+  const usage = (total: number, free: number, available: number) =>
+    new TlvWriter().u64(Tag.FsTotalBytes, total).u64(Tag.FsFreeBytes, free).u64(Tag.FsAvailableBytes, available).finish();
+  assert.throws(() => decodeFsUsage(usage(100, 200, 50)), ProtocolError);
+  assert.throws(() => decodeFsUsage(usage(100, 50, 60)), ProtocolError);
+  assert.throws(() => decodeFsUsage(new TlvWriter().u64(Tag.FsTotalBytes, 100).finish()), ProtocolError, 'every field is required');
 });
