@@ -20,6 +20,7 @@ import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { createSnapshot, deleteSnapshot, getSnapshot, listSnapshots, restoreSnapshot, startFromSnapshot } from './snapshots.js';
 import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, pendingMovesIn, prepareMoveOut, type MoveEngine } from './move.js';
 import { deleteSandbox } from './delete.js';
+import { guestDiskUsage } from './diskUsage.js';
 import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
 import { Reaper } from './reaper.js';
 import { setEgress, setSessionEnd } from './session.js';
@@ -38,7 +39,7 @@ import { HostCapacity, claimBudgets, type CapacityStatus } from './hostCapacity.
 import { digHoles } from '../vmm/memory.js';
 import type { EgressPolicy } from '../net/policy.js';
 import type {
-  CatalogStatus, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
+  CatalogStatus, GuestDiskUsage, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, UploadOptions, WatchHandlers,
   SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
 } from './types.js';
@@ -353,6 +354,14 @@ export class Engine extends EventEmitter implements SandboxService {
       if (usage) out.set(id, usage);
     }
     return out;
+  }
+
+  /**
+   * How full these sandboxes' root file systems are (df /), asked of their agents beside their
+   * queues; a sandbox paused for idling is not woken for it (diskUsage.ts). The caller checks the tenant.
+   */
+  guestDiskUsage(ids: readonly string[]): Promise<Map<string, GuestDiskUsage>> {
+    return guestDiskUsage(this.ctx, ids);
   }
 
   // ---- lifecycle -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /**
  * Idle pause (src/sandboxes/quiesce.ts) on real VMs: a sandbox with nothing of its own running is
  * paused by the host once idle, and its next request wakes it with its wall clock set; a process
- * left running keeps it awake; fork, suspend/resume and a server restart all work on a paused one.
+ * left running keeps it awake; fork, suspend/resume and a server restart all work on a paused one,
+ * and reading its ports or disk use leaves it paused.
  * And the parent of a live fork, which is stopped while its memory is copied, keeps its clock too.
  */
 import { test, before, after } from 'node:test';
@@ -108,11 +109,13 @@ test('a paused sandbox forks, suspends and resumes, and is deleted', async () =>
   await engine.delete(p.id);
 });
 
-test('listing a paused sandbox\'s ports does not wake it; a connection to one of them does', async () => {
+test('listing a paused sandbox\'s ports or sampling its disk use does not wake it; a connection to one of its ports does', async () => {
   const p = await engine.create({ template: 'base' }, tenant);
   await sh(p.id, 'true');
+  assert.ok((await engine.guestDiskUsage([p.id])).get(p.id), 'a running one is read');
   await until('paused', () => engine.isIdlePaused(p.id));
   assert.deepEqual(await engine.openPorts(p.id, tenant), [], 'it runs nothing of its own, so it listens on nothing');
+  assert.equal((await engine.guestDiskUsage([p.id])).size, 0, 'a paused one is not asked (its disk stands still)');
   assert.equal(engine.isIdlePaused(p.id), true, 'still paused');
   engine.portTarget(p.id, 8080, tenant);
   await until('woken by the connection', () => !engine.isIdlePaused(p.id), 5000);

@@ -47,12 +47,16 @@ import type {
   FileEntry,
   MkdirOptions,
   FileSink,
+  GuestDiskUsage,
   UploadOptions,
   WatchEndReason,
   WatchHandlers,
 } from '../../src/sandboxes/types.js';
 import { forkCountProblem } from '../../src/sandboxes/types.js';
 import { absoluteGuestPath, checkFsPath } from '../../src/sandboxes/files.js';
+
+/** What a fake sandbox's root file system holds before anything is written to it. */
+export const FAKE_SYSTEM_DISK_BYTES = 300 * 1024 * 1024;
 
 interface Box {
   id: string;
@@ -645,6 +649,28 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
   networkStatus(): { enabled: boolean; reason?: string } {
     return this.networkUnavailable ? { enabled: false, reason: 'the fake service has networking switched off' } : { enabled: true };
   }
+  /** Ids each guestDiskUsage call asked about, for assertions. */
+  readonly diskAsked: string[][] = [];
+  /** Sandboxes whose guest cannot tell its disk use (an agent from before the reading). */
+  readonly diskUnreadable = new Set<string>();
+
+  /**
+   * Disk use as the engine reads it in the guest: the sandbox's disk size, and a base system of
+   * FAKE_SYSTEM_DISK_BYTES plus the bytes of its files. Running sandboxes only.
+   */
+  async guestDiskUsage(ids: readonly string[]): Promise<Map<string, GuestDiskUsage>> {
+    this.diskAsked.push([...ids]);
+    const out = new Map<string, GuestDiskUsage>();
+    for (const id of ids) {
+      const box = this.boxes.get(id);
+      if (!box || box.state !== 'running' || this.diskUnreadable.has(id)) continue;
+      let used = FAKE_SYSTEM_DISK_BYTES;
+      for (const data of box.files.values()) used += data.length;
+      out.set(id, { totalBytes: box.diskMib * 1024 * 1024, usedBytes: used });
+    }
+    return out;
+  }
+
 
   egressOpened(): readonly string[] {
     return this.openCidrs;

@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { CollimateError } from '../../src/errors.js';
 import { Readable } from 'node:stream';
-import type { FileChange, SandboxService, Scope, WatchEndReason } from '../../src/sandboxes/types.js';
+import type { FileChange, HostReadings, SandboxService, Scope, WatchEndReason } from '../../src/sandboxes/types.js';
 
 export interface ContractTarget {
   service: SandboxService;
@@ -91,6 +91,28 @@ export function sandboxServiceContract(name: string, open: () => Promise<Contrac
       await svc.resume(s.id, a);
       assert.deepEqual(await svc.fsRemove(s.id, '/root/c', a), { removed: 4 });
       assert.equal((await svc.fsList(s.id, '/root', 1, a)).entries.some((e) => e.name === 'c'), false);
+      await svc.delete(s.id, a);
+    });
+
+    test("disk use: df / of a running sandbox, which grows by what a file written to it holds; none for a suspended one", async () => {
+      const readings = svc as SandboxService & HostReadings;
+      assert.ok(readings.guestDiskUsage, 'the target reads its guests\' disk use');
+      const read = async (id: string) => (await readings.guestDiskUsage!([id])).get(id);
+      const s = await svc.create({ template: 'base' }, a);
+      const first = await read(s.id);
+      assert.ok(first, 'a running sandbox has a reading');
+      assert.ok(first.usedBytes > 0 && first.usedBytes < first.totalBytes, JSON.stringify(first));
+      assert.ok(first.totalBytes <= svc.get(s.id, a).disk_mib * 1048576, `a root file system of ${first.totalBytes} bytes fits its ${svc.get(s.id, a).disk_mib} MiB disk`);
+      const size = 20 * 1048576;
+      await svc.uploadFile(s.id, '/root/twenty', Readable.from(Array.from({ length: 20 }, () => Buffer.alloc(1048576, 7))), {}, a);
+      const after = await read(s.id);
+      assert.ok(after, 'read again');
+      const grew = after.usedBytes - first.usedBytes;
+      assert.ok(grew >= size && grew <= size + 1048576, `used grew by ${grew} bytes for a file of ${size}`);
+      assert.equal(after.totalBytes, first.totalBytes);
+      await svc.suspend(s.id, a);
+      assert.equal(await read(s.id), undefined, 'a suspended sandbox is not read');
+      assert.equal(await read('sbx_000000000000'), undefined, 'nor an id that is none');
       await svc.delete(s.id, a);
     });
 
