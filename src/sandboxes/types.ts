@@ -447,18 +447,18 @@ export interface HostReadings {
   forkReceiverSizes?(): Record<string, { ready: number; target: number }>;
   /** CPU seconds so far and resident memory of these sandboxes' VMMs (those running in this process). */
   vmmUsage?(ids: readonly string[]): Map<string, { cpuSecs: number; rssBytes: number }>;
-  /** Catalog templates still being built in the background, and those whose build failed. */
-  catalogStatus?(): CatalogStatus;
-  /** Whether sandboxes get a network, and why not. */
-  networkStatus?(): { enabled: boolean; reason?: string };
-  /** Blocked ranges the operator lets tenants' egress allowlists name; none when absent. */
-  egressOpened?(): readonly string[];
   /**
    * How full each of these sandboxes' root file system is (`df /` in the guest), asked of its agent.
    * Left out: sandboxes not running in this process, those paused for being idle (never woken for
    * this), and those whose agent cannot tell (one from before the request) or did not answer in time.
    */
   guestDiskUsage?(ids: readonly string[]): Promise<Map<string, GuestDiskUsage>>;
+  /** Catalog templates still being built in the background, and those whose build failed. */
+  catalogStatus?(): CatalogStatus;
+  /** Whether sandboxes get a network, and why not. */
+  networkStatus?(): { enabled: boolean; reason?: string };
+  /** Blocked ranges the operator lets tenants' egress allowlists name; none when absent. */
+  egressOpened?(): readonly string[];
   /** `transition` for every acknowledged state change, `phases` for each timed lifecycle operation. */
   on?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
@@ -469,18 +469,18 @@ export interface HostReadings {
   off?(event: 'reaped', listener: (r: ReapedEvent) => void): unknown;
 }
 
-/** What the reaper did to a sandbox whose session ended. */
-export interface ReapedEvent {
-  id: string;
-  tenant: string;
-  action: 'suspend' | 'delete';
-}
 /** A guest's root file system: its size and what is used of it, bytes (df's Size and Used). */
 export interface GuestDiskUsage {
   totalBytes: number;
   usedBytes: number;
 }
 
+/** What the reaper did to a sandbox whose session ended. */
+export interface ReapedEvent {
+  id: string;
+  tenant: string;
+  action: 'suspend' | 'delete';
+}
 
 /** Catalog templates still being built after the server began serving (step, seconds so far), and those whose build failed (why). */
 export interface CatalogStatus {

@@ -637,18 +637,6 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return box.ports.map((port) => ({ port, protocol: 'tcp' as const }));
   }
 
-  portTarget(id: string, port: number, scope?: Scope): PortTarget {
-    this.portCalls.push({ id, port, tenant: scope?.tenant });
-    const box = this.find(id, scope);
-    if (box.state !== 'running') throw invalidState(id, box.state, 'reaching a port', ['running']);
-    if (this.networkUnavailable) throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
-    return { host: '127.0.0.1', port: this.portMap.get(port) ?? port };
-  }
-
-  /** Networking as /healthz shows it (Engine.networkStatus; `collimate serve` reports it). */
-  networkStatus(): { enabled: boolean; reason?: string } {
-    return this.networkUnavailable ? { enabled: false, reason: 'the fake service has networking switched off' } : { enabled: true };
-  }
   /** Ids each guestDiskUsage call asked about, for assertions. */
   readonly diskAsked: string[][] = [];
   /** Sandboxes whose guest cannot tell its disk use (an agent from before the reading). */
@@ -671,6 +659,18 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return out;
   }
 
+  portTarget(id: string, port: number, scope?: Scope): PortTarget {
+    this.portCalls.push({ id, port, tenant: scope?.tenant });
+    const box = this.find(id, scope);
+    if (box.state !== 'running') throw invalidState(id, box.state, 'reaching a port', ['running']);
+    if (this.networkUnavailable) throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
+    return { host: '127.0.0.1', port: this.portMap.get(port) ?? port };
+  }
+
+  /** Networking as /healthz shows it (Engine.networkStatus; `collimate serve` reports it). */
+  networkStatus(): { enabled: boolean; reason?: string } {
+    return this.networkUnavailable ? { enabled: false, reason: 'the fake service has networking switched off' } : { enabled: true };
+  }
 
   egressOpened(): readonly string[] {
     return this.openCidrs;
