@@ -231,6 +231,23 @@ export const ROUTE_TABLE = [
     errors: ['snapshot_not_found'],
   },
   {
+    operationId: 'promoteSnapshot',
+    method: 'POST',
+    path: '/v1/snapshots/:snapshot/promote',
+    summary: 'Promote a snapshot to an environment: a template id every new sandbox can start from',
+    description:
+      'Names the snapshot as a template of yours (Pro): POST /v1/sandboxes with that name as `template` starts a sandbox from the snapshot — its memory, processes and files, ' +
+      'a fresh identity — as a start with `snapshot` does. Listed by GET /v1/templates with kind `snapshot`. `{"environment": null}` takes the name away; deleting the snapshot takes it too. ' +
+      'The name must be free among the catalog, your environments and your other snapshots (409 conflict).',
+    tag: 'sandboxes',
+    auth: true,
+    params: snapshot,
+    bodyKind: 'json',
+    body: S.PromoteSnapshotRequest,
+    responses: { 200: { description: 'The snapshot, with its `environment`.', schema: S.Snapshot } },
+    errors: ['snapshot_not_found', 'conflict', 'tier_forbidden'],
+  },
+  {
     operationId: 'restoreSandbox',
     method: 'POST',
     path: '/v1/sandboxes/:id/restore',

@@ -18,7 +18,9 @@ import { guestNetArg, netFor, networkingOn } from '../net/netns.js';
 /** A template as the service lists it (GET /v1/templates). */
 export interface TemplateInfo {
   id: string;
-  kind: 'catalog' | 'environment';
+  /** `snapshot`: a snapshot promoted to an environment (snapshot_id), each sandbox started from it. */
+  kind: 'catalog' | 'environment' | 'snapshot';
+  snapshot_id?: string;
   description: string;
   interpreter: string[];
   /** Language runtimes and their versions, as the catalog states them (none for environments). */

@@ -96,6 +96,10 @@ export const INPUTS = {
   }),
   restore_sandbox: z.strictObject({ sandbox_id: sandboxId, snapshot_id: snapshotId.describe('A snapshot of this same sandbox (from snapshot_sandbox).') }),
   delete_snapshot: z.strictObject({ snapshot_id: snapshotId }),
+  promote_snapshot: z.strictObject({
+    snapshot_id: snapshotId,
+    environment: S.PromoteSnapshotRequest.shape.environment.describe('The template name to give it (lower-case letters, digits, ".", "_", "-"), or null to take its name away.'),
+  }),
   get_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   list_sandboxes: z.strictObject({
     state: S.SandboxState.optional().describe('Only sandboxes in this state.'),
@@ -252,6 +256,9 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
     'Roll a sandbox back, in place (same id), to one of its own snapshots: its memory, processes and files become the snapshot\'s. A running sandbox runs on from there; a suspended one stays suspended. ' +
     'Returns the sandbox. A snapshot of another sandbox is snapshot_mismatch (start a new sandbox from it instead).',
   delete_snapshot: 'Delete a snapshot. Sandboxes started from it run on. Returns {id, deleted: true}.',
+  promote_snapshot:
+    'Promote a snapshot to an environment: its name becomes a template, and every sandbox created with it (create_sandbox with that template) starts from the snapshot — ' +
+    'a prepared state (packages installed, data loaded, a server warm) as the starting point of every new sandbox. Pass null to take the name away. Returns the snapshot with its `environment`.',
   get_sandbox:
     'Get one sandbox: {id, state, template, labels, parent, children, exec_count, age_secs, idle_secs, expires_at, egress, ports: [{port, protocol, url}], ...}; `ports` are the TCP ports servers listen on right now.',
   list_sandboxes:
@@ -398,6 +405,10 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
 
   tool('restore_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: true }, async (a) =>
     sandboxView(await tenants.sandboxes.restore(scope, sandboxIdOf(a.sandbox_id), a.snapshot_id)),
+  );
+
+  tool('promote_snapshot', S.Snapshot, { readOnlyHint: false, idempotentHint: true }, async (a) =>
+    snapshotView(await tenants.sandboxes.promoteSnapshot(scope, a.snapshot_id, a.environment)),
   );
 
   tool('delete_snapshot', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {

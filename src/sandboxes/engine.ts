@@ -17,7 +17,7 @@ import { execIn, readFileIn, writeFileIn, openPorts, portTarget } from './execFi
 import { downloadFile, fsList, fsMkdir, fsRemove, fsRename, fsStat, fsWatch, uploadFile } from './files.js';
 import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
-import { createSnapshot, deleteSnapshot, getSnapshot, listSnapshots, restoreSnapshot, startFromSnapshot } from './snapshots.js';
+import { createSnapshot, deleteSnapshot, getSnapshot, listSnapshots, promoteSnapshot, restoreSnapshot, startFromSnapshot } from './snapshots.js';
 import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, pendingMovesIn, prepareMoveOut, type MoveEngine } from './move.js';
 import { deleteSandbox } from './delete.js';
 import { guestDiskUsage } from './diskUsage.js';
@@ -478,6 +478,11 @@ export class Engine extends EventEmitter implements SandboxService {
 
   deleteSnapshot(id: string, scope?: Scope): void {
     deleteSnapshot(this.ctx, id, scope);
+  }
+
+  /** Promotes a snapshot under a name its tenant creates sandboxes from (snapshots.ts); null takes it away. */
+  promoteSnapshot(id: string, environment: string | null, scope?: Scope): SnapshotInfo {
+    return promoteSnapshot(this.ctx, id, environment, scope);
   }
 
   /** Starts `opts.count` sandboxes from a snapshot, each a fresh identity with its memory, processes and files. */

@@ -106,6 +106,8 @@ export interface SnapshotRow {
   bytes: number;
   created_at: number;
   state: 'creating' | 'ready';
+  /** The name it is promoted under (a template id its tenant creates from), or null. */
+  environment: string | null;
 }
 
 function decodeSnapshot(r: any): SnapshotRow {
@@ -283,9 +285,9 @@ export class SandboxRepo {
 
   insertSnapshot(s: SnapshotRow): void {
     this.db.prepare(`INSERT INTO snapshots (id, tenant, name, labels, source, template, fork_point, artifact_key, vcpus, memory_mib, disk_mib,
-        egress, on_timeout, auto_resume, timeout_secs, bytes, created_at, state)
+        egress, on_timeout, auto_resume, timeout_secs, bytes, created_at, state, environment)
       VALUES (@id, @tenant, @name, @labels, @source, @template, @fork_point, @artifact_key, @vcpus, @memory_mib, @disk_mib,
-        @egress, @on_timeout, @auto_resume, @timeout_secs, @bytes, @created_at, @state)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
+        @egress, @on_timeout, @auto_resume, @timeout_secs, @bytes, @created_at, @state, @environment)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
   }
 
   snapshot(id: string): SnapshotRow | undefined {
@@ -294,11 +296,13 @@ export class SandboxRepo {
   }
 
   /** A tenant's ready snapshots by id, a page at a time (`after`: the last id seen). */
-  snapshots(tenant: string | undefined, filter: { labels?: Record<string, string>; source?: string; after?: string; limit?: number }): SnapshotRow[] {
+  snapshots(tenant: string | undefined, filter: { labels?: Record<string, string>; source?: string; environment?: string | true; after?: string; limit?: number }): SnapshotRow[] {
     const where: string[] = ["state = 'ready'"];
     const args: unknown[] = [];
     if (tenant !== undefined) { where.push('tenant = ?'); args.push(tenant); }
     if (filter.source) { where.push('source = ?'); args.push(filter.source); }
+    if (filter.environment === true) where.push('environment IS NOT NULL');
+    else if (filter.environment !== undefined) { where.push('environment = ?'); args.push(filter.environment); }
     for (const [k, v] of Object.entries(filter.labels ?? {})) {
       where.push('json_extract(labels, ?) = ?');
       args.push(`$."${k.replace(/[\\"]/g, '\\$&')}"`, v);
@@ -311,6 +315,17 @@ export class SandboxRepo {
   /** Snapshots a crash caught before their files were whole (reconcile removes them). */
   unfinishedSnapshots(): SnapshotRow[] {
     return this.db.prepare("SELECT * FROM snapshots WHERE state = 'creating'").all().map(decodeSnapshot);
+  }
+
+  /** Promotes a snapshot under `name` (null: no longer); false if the tenant has another snapshot under that name. */
+  setSnapshotEnvironment(id: string, name: string | null): boolean {
+    try {
+      this.db.prepare('UPDATE snapshots SET environment = ? WHERE id = ?').run(name, id);
+      return true;
+    } catch (err) {
+      if ((err as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE') return false;
+      throw err;
+    }
   }
 
   markSnapshotReady(id: string, bytes: number): void {

@@ -33,7 +33,7 @@ export function snapshotInfo(s: SnapshotRow): SnapshotInfo {
   return {
     id: s.id, name: s.name, tenant: s.tenant, labels: s.labels, sandbox_id: s.source, template: s.template,
     created_at: new Date(s.created_at).toISOString(), size_bytes: s.bytes,
-    vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: s.egress,
+    vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: s.egress, environment: s.environment ?? null,
   };
 }
 
@@ -50,7 +50,7 @@ export function getSnapshot(ctx: EngineContext, id: string, scope?: Scope): Snap
 
 export function listSnapshots(ctx: EngineContext, filter: SnapshotListFilter, scope?: Scope): { snapshots: SnapshotInfo[]; next: string | null } {
   const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
-  const rows = ctx.repo.snapshots(scope?.tenant, { labels: filter.labels, source: filter.sandboxId, after: filter.after, limit });
+  const rows = ctx.repo.snapshots(scope?.tenant, { labels: filter.labels, source: filter.sandboxId, environment: filter.environment, after: filter.after, limit });
   const page = rows.slice(0, limit);
   return { snapshots: page.map(snapshotInfo), next: rows.length > limit ? page[page.length - 1].id : null };
 }
@@ -61,7 +61,7 @@ function snapshotRowOf(row: SandboxRow, id: string, fpId: string, opts: Snapshot
     id, tenant: row.tenant, name: opts.name ?? null, labels: opts.labels ?? {}, source: row.id, template: row.template,
     fork_point: fpId, artifact_key: row.vmm!.artifactKey, vcpus: row.vcpus, memory_mib: row.memory_mib, disk_mib: row.disk_mib,
     egress: row.egress, on_timeout: row.on_timeout, auto_resume: row.auto_resume, timeout_secs: row.timeout_secs,
-    bytes: 0, created_at: Date.now(), state: 'creating',
+    bytes: 0, created_at: Date.now(), state: 'creating', environment: null,
   };
 }
 
@@ -177,6 +177,19 @@ function linkOrCopy(from: string, to: string): void {
  * Deletes a snapshot: it can no longer be started from or rolled back to. Its files go once nothing
  * depends on them (sandboxes started from it map its RAM image and sit on its disk layer).
  */
+/**
+ * Promotes snapshot `id` under `name`, a template id its tenant then creates from (each create a
+ * sandbox started from it); null takes the name away. The tenant service checks the name against
+ * the tenant's other templates; here, only against its other snapshots (409 conflict).
+ */
+export function promoteSnapshot(ctx: EngineContext, id: string, name: string | null, scope?: Scope): SnapshotInfo {
+  const s = snapshotFor(ctx, id, scope);
+  if (!ctx.repo.setSnapshotEnvironment(s.id, name)) {
+    throw new CollimateError('conflict', msg`Another snapshot is promoted as ${name}; take its name away first (promote it with "environment": null) or choose another.`);
+  }
+  return snapshotInfo(snapshotFor(ctx, id, scope));
+}
+
 export function deleteSnapshot(ctx: EngineContext, id: string, scope?: Scope): void {
   const s = snapshotFor(ctx, id, scope);
   ctx.repo.removeSnapshot(s.id);

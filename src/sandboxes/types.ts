@@ -81,6 +81,8 @@ export interface SnapshotInfo {
   memory_mib: number;
   disk_mib: number;
   egress: EgressPolicy;
+  /** The name it is promoted under: a template id its tenant creates sandboxes from (each one started from it); null if none. */
+  environment: string | null;
 }
 
 export interface SnapshotOptions {
@@ -104,6 +106,8 @@ export interface SnapshotListFilter {
   labels?: Record<string, string>;
   /** Only snapshots of this sandbox. */
   sandboxId?: string;
+  /** Only the snapshot promoted under this name; `true`: every promoted one. */
+  environment?: string | true;
   after?: string;
   limit?: number;
 }
@@ -369,6 +373,8 @@ export interface SandboxService extends ProcessService {
   listSnapshots(filter: SnapshotListFilter, scope?: Scope): { snapshots: SnapshotInfo[]; next: string | null };
   /** No new sandbox starts from it; its files go once no sandbox started from it depends on them. */
   deleteSnapshot(id: string, scope?: Scope): void;
+  /** Names it as a template of its tenant's (null: no longer); 409 conflict if another snapshot has that name. */
+  promoteSnapshot(id: string, environment: string | null, scope?: Scope): SnapshotInfo;
   /** `opts.count` sandboxes from a snapshot, each a fresh identity (as a fork child is). */
   startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]>;
   /** Rolls sandbox `id` back to its own snapshot `snapshotId`, in place; requests queued behind fail with sandbox_restored. */

@@ -46,6 +46,7 @@ export interface SandboxHost {
   getSnapshot(id: string, scope: Scope): Maybe<SnapshotInfo>;
   listSnapshots(filter: SnapshotListFilter, scope: Scope): Maybe<{ snapshots: SnapshotInfo[]; next: string | null }>;
   deleteSnapshot(id: string, scope: Scope): Maybe<void>;
+  promoteSnapshot(id: string, environment: string | null, scope: Scope): Maybe<SnapshotInfo>;
   startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]>;
   restore(id: string, snapshotId: string, scope: Scope): Promise<SandboxInfo>;
   setSessionEnd(id: string, endsAtMs: number, scope: Scope): Maybe<SandboxInfo>;
@@ -97,6 +98,7 @@ export const HOST_OPERATIONS = {
   getSnapshot: { kind: 'call' },
   listSnapshots: { kind: 'call' },
   deleteSnapshot: { kind: 'call' },
+  promoteSnapshot: { kind: 'call' },
   startFromSnapshot: { kind: 'call', changes: true },
   restore: { kind: 'call', changes: true },
   setSessionEnd: { kind: 'call', changes: true },
@@ -237,6 +239,7 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
     getSnapshot: (id, scope) => engine.getSnapshot(id, scope),
     listSnapshots: (filter, scope) => engine.listSnapshots(filter, scope),
     deleteSnapshot: (id, scope) => engine.deleteSnapshot(id, scope),
+    promoteSnapshot: (id, environment, scope) => engine.promoteSnapshot(id, environment, scope),
     async startFromSnapshot(id, opts, scope) {
       const started = observe(await engine.startFromSnapshot(id, opts, scope));
       for (const s of started) note(scope, s.id, startedFromSnapshotLine(id));

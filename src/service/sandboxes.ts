@@ -12,7 +12,7 @@ import type {
   DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, MkdirOptions, OpenPort, ProcessEvent, ProcessInfo,
   ProcessStartRequest, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, TemplateInfo, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
-import { DEFAULT_PORT_URL_SECS } from '../wire/schemas.js';
+import { DEFAULT_PORT_URL_SECS, ENVIRONMENT_NAME_RE } from '../wire/schemas.js';
 import type { ExecLogEntry } from './execLog.js';
 import type { StoredResponse } from './idempotency.js';
 import type { Histogram } from './metrics.js';
@@ -119,7 +119,16 @@ export class Sandboxes {
     if (unbaked) throw environmentNotReady(input.template, unbaked.state, unbaked.error);
     // A tier limited to the catalog gets 403 for anything else, whether or not such a template exists.
     const inCatalog = this.d.templates.catalog(scope).some((t) => t.id === input.template);
-    const tpl = !tier.ownImages && !inCatalog ? null : await this.templateToCreate(scope, input.template);
+    const tpl = !tier.ownImages && !inCatalog ? null : await this.templateToCreate(scope, input.template).catch(async (err) => {
+      // Not a template: a snapshot promoted under that name starts the sandbox (Pro, as environments).
+      const promoted = err instanceof CollimateError && err.code === 'template_not_found' ? await this.snapshotEnvironment(scope, input.template) : undefined;
+      if (!promoted) throw err;
+      return promoted;
+    });
+    if (tpl && 'sandbox_id' in tpl) {
+      const { template: _, ...rest } = input;
+      return (await this.startFromSnapshot(scope, { ...rest, snapshot: tpl.id, count: 1 }))[0];
+    }
     if (!tpl || (tpl.kind !== 'catalog' && !tier.ownImages)) {
       throw new CollimateError(
         'template_forbidden',
@@ -460,6 +469,31 @@ export class Sandboxes {
       snapshots: { used: held.snapshots, adding: 1 },
       snapshot_mib: { used: held.snapshot_mib, adding: info.memory_mib },
     }, () => host.createSnapshot(id, input, scope));
+  }
+
+  /**
+   * Names snapshot `id` as a template of the tenant's (`environment`; null takes the name away): a
+   * create with it as `template` starts a sandbox from the snapshot. Pro, as environments are; the
+   * name must be free among the catalog, the tenant's environments and its other snapshots.
+   */
+  async promoteSnapshot(scope: Scope, id: string, environment: string | null): Promise<SnapshotInfo> {
+    if (!scope.tier.ownImages) {
+      throw new CollimateError('tier_forbidden', msg`The ${scope.tier.name} tier cannot promote snapshots to environments; it creates from catalog images only (list them${see('listImages')}). Upgrade to Pro to make your own.`);
+    }
+    const snap = await this.getSnapshot(scope, id);
+    if (environment !== null && snap.environment !== environment) {
+      if (!ENVIRONMENT_NAME_RE.test(environment)) throw new CollimateError('validation_error', `environment: ${JSON.stringify(environment.slice(0, 80))} must match ${ENVIRONMENT_NAME_RE.source} (lower-case letters, digits, ".", "_", "-"; at most 63).`);
+      const taken = this.d.templates.catalog(scope).some((t) => t.id === environment) ? 'a catalog template'
+        : (await this.d.templates.environments(scope)).some((e) => e.name === environment) ? 'one of your environments'
+        : (await this.snapshotEnvironment(scope, environment)) ? 'another of your snapshots' : null;
+      if (taken) throw new CollimateError('conflict', msg`${environment} is already ${taken}'s name; choose another (list templates${see('listTemplates')}).`);
+    }
+    return (await this.placement.locateSnapshot(scope.tenant, id)).promoteSnapshot(id, environment, scope);
+  }
+
+  /** The tenant's snapshot promoted under `name`, if one is. */
+  async snapshotEnvironment(scope: Scope, name: string): Promise<SnapshotInfo | undefined> {
+    return (await this.placement.listSnapshots(scope.tenant, { environment: name, limit: 1 })).snapshots[0];
   }
 
   async getSnapshot(scope: Scope, id: string): Promise<SnapshotInfo> {

@@ -7,7 +7,7 @@ import { CollimateError, msg, see } from '../errors.js';
 import type { EnvironmentSpec, ImageService } from '../images/service.js';
 import type { EnvironmentRow, ImageRow } from '../images/imageRepo.js';
 import type { SourceSpec } from '../images/sources.js';
-import type { ServiceEngine, TemplateInfo } from '../sandboxes/types.js';
+import type { ServiceEngine, SnapshotInfo, TemplateInfo } from '../sandboxes/types.js';
 import type { Quotas } from './quotas.js';
 import type { ClusterReadings, Scope } from './types.js';
 
@@ -17,22 +17,32 @@ export class Templates {
     private readonly images: ImageService | undefined,
     private readonly clusterReadings: ClusterReadings | undefined,
     private readonly quotas: Quotas,
+    /** The tenant's snapshots promoted to environments, wherever they lie. */
+    private readonly snapshotEnvironments: (tenant: string) => Promise<SnapshotInfo[]> = async () => [],
   ) {}
 
   catalog(scope: Scope): TemplateInfo[] {
     return this.engine.templates(scope).filter((t) => t.kind === 'catalog');
   }
 
-  /** The catalog and the tenant's environments, baked or not. */
-  templates(scope: Scope): TemplateInfo[] {
+  /** The catalog and the tenant's environments, baked or not, and its snapshots promoted to environments. */
+  async templates(scope: Scope): Promise<TemplateInfo[]> {
     const baked = this.engine.templates(scope);
     const unbaked = (this.images?.templateInfos(scope.tenant) ?? []).filter((t) => !t.ready && !baked.some((b) => b.kind === 'environment' && b.id === t.id));
-    return [...baked, ...unbaked];
+    const promoted = scope.tier.ownImages ? (await this.snapshotEnvironments(scope.tenant)).map(snapshotTemplate) : [];
+    return [...baked, ...unbaked, ...promoted];
   }
 
-  template(scope: Scope, id: string): TemplateInfo {
+  async template(scope: Scope, id: string): Promise<TemplateInfo> {
     if (this.unbakedEnvironment(scope, id)) return this.images!.templateInfos(scope.tenant).find((t) => t.id === id)!;
-    return this.engine.template(id, scope);
+    try {
+      return this.engine.template(id, scope);
+    } catch (err) {
+      if (!(err instanceof CollimateError && err.code === 'template_not_found') || !scope.tier.ownImages) throw err;
+      const promoted = (await this.snapshotEnvironments(scope.tenant)).find((s) => s.environment === id);
+      if (!promoted) throw err;
+      return snapshotTemplate(promoted);
+    }
   }
 
   ownImages(scope: Scope): ImageRow[] {
@@ -104,6 +114,15 @@ export class Templates {
     if (!this.images) throw new CollimateError('not_found', 'This server runs without an image service.');
     return this.images;
   }
+}
+
+/** A snapshot promoted to an environment, as a template: each sandbox made of it starts from the snapshot. */
+function snapshotTemplate(s: SnapshotInfo): TemplateInfo {
+  return {
+    id: s.environment!, kind: 'snapshot', snapshot_id: s.id,
+    description: `Snapshot ${s.id}${s.name ? ` (${s.name})` : ''} of a sandbox of ${s.template}: each sandbox starts from its memory, processes and files.`,
+    interpreter: [], ready: true, vcpus: s.vcpus, memory_mib: s.memory_mib, egress: s.egress, network: true,
+  };
 }
 
 function requireOwnImages(scope: Scope, what: string): void {

@@ -168,7 +168,9 @@ export class TenantService {
 
     this.usage = new Usage(engine, meter, clusterReadings, now, log);
     this.quotas = new Quotas(opts.quotas);
-    this.templates = new Templates(engine, opts.images, clusterReadings, this.quotas);
+    const placement = this.placement;
+    this.templates = new Templates(engine, opts.images, clusterReadings, this.quotas,
+      async (tenant) => (await placement.listSnapshots(tenant, { environment: true, limit: 1000 })).snapshots);
     this.grants = opts.sandboxGrants ?? new SandboxGrantStore(opts.db);
     this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement, this.grants, this.quotas);
     this.sandboxes = new Sandboxes({

@@ -132,6 +132,16 @@ const migrations: Migration[] = [
       ALTER TABLE sandboxes ADD COLUMN from_snapshot TEXT;
     `,
   },
+  {
+    version: 7,
+    name: 'snapshot environments',
+    // environment: the name a snapshot is promoted under: a template id its tenant creates from
+    // (each create a sandbox started from the snapshot). One snapshot per name and tenant.
+    sql: `
+      ALTER TABLE snapshots ADD COLUMN environment TEXT;
+      CREATE UNIQUE INDEX snapshots_environment ON snapshots (tenant, environment) WHERE environment IS NOT NULL;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

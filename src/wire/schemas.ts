@@ -312,8 +312,19 @@ export const Snapshot = named(
     memory_mib: z.number(),
     disk_mib: z.number(),
     egress: EgressPolicy,
+    environment: described(z.string().nullable(), 'The name it is promoted under (POST /v1/snapshots/{snapshot}/promote): a template id you create sandboxes from, each started from it; null if none.'),
   }),
   'A kept moment of a sandbox: its memory, processes and files. Start sandboxes from it (POST /v1/sandboxes with `snapshot`) or roll its sandbox back to it.',
+);
+
+export const PromoteSnapshotRequest = named(
+  'PromoteSnapshotRequest',
+  z.strictObject({
+    environment: described(
+      z.string().max(63).nullable(),
+      'The template id to promote it under (lower-case letters, digits, ".", "_", "-"; free among the catalog, your environments and your other snapshots); null takes the name away.',
+    ),
+  }),
 );
 
 export const CreateSnapshotRequest = named(
@@ -640,7 +651,11 @@ export const Template = named(
   'Template',
   z.strictObject({
     id: z.string(),
-    kind: described(z.enum(['catalog', 'environment']), '`catalog`: kept warm by the platform; `environment`: your own (Pro).'),
+    kind: described(
+      z.enum(['catalog', 'environment', 'snapshot']),
+      '`catalog`: kept warm by the platform; `environment`: your own (Pro); `snapshot`: one of your snapshots promoted under this name (`snapshot_id`): each sandbox created from it starts from the snapshot.',
+    ),
+    snapshot_id: described(z.string(), 'With kind `snapshot`: the snapshot it starts sandboxes from.').optional(),
     description: z.string(),
     interpreter: z.array(z.string()),
     runtimes: described(

@@ -44,12 +44,15 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
 export function snapshotView(s: SnapshotInfo): z.infer<typeof S.Snapshot> {
   return {
     id: s.id, name: s.name, labels: s.labels, sandbox_id: s.sandbox_id, template: s.template, created_at: s.created_at, size_bytes: s.size_bytes,
-    vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: s.egress,
+    vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: s.egress, environment: s.environment,
   };
 }
 
 export function templateView(t: TemplateInfo): z.infer<typeof S.Template> {
-  return { id: t.id, kind: t.kind, description: t.description, interpreter: t.interpreter, runtimes: t.runtimes ?? {}, ready: t.ready, vcpus: t.vcpus, memory_mib: t.memory_mib };
+  return {
+    id: t.id, kind: t.kind, ...(t.snapshot_id ? { snapshot_id: t.snapshot_id } : {}), description: t.description, interpreter: t.interpreter,
+    runtimes: t.runtimes ?? {}, ready: t.ready, vcpus: t.vcpus, memory_mib: t.memory_mib,
+  };
 }
 
 export function imageView(r: ImageRow): z.infer<typeof S.Image> {

@@ -797,7 +797,7 @@ const DESTRUCTIVE_TOOLS = new Set(['delete_sandbox', 'suspend_sandbox', 'resume_
  * Tools that act on no sandbox by its id: listings, and those of a snapshot (`list_snapshots`
  * filters by a sandbox id, and one the tenant does not have lists nothing).
  */
-const NO_SANDBOX_TOOLS = ['list_images', 'list_sandboxes', 'create_sandbox', 'list_snapshots', 'start_from_snapshot', 'delete_snapshot'];
+const NO_SANDBOX_TOOLS = ['list_images', 'list_sandboxes', 'create_sandbox', 'list_snapshots', 'start_from_snapshot', 'delete_snapshot', 'promote_snapshot'];
 const MUTATING_TOOLS = new Set(['write_file', 'remove_path', 'rename_path', 'make_directory']);
 
 /** Valid arguments of every tool, for another tenant's sandbox: each must be sandbox_not_found. */

@@ -329,6 +329,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const info: SnapshotInfo = {
       id: snapId, name: opts.name ?? null, tenant: box.tenant, labels: { ...(opts.labels ?? {}) }, sandbox_id: box.id, template: box.template,
       created_at: iso(this.now()), size_bytes: box.memoryMib * 1024 * 1024, vcpus: box.vcpus, memory_mib: box.memoryMib, disk_mib: box.diskMib, egress: box.egress,
+      environment: null,
     };
     this.snaps.set(snapId, { info, box: { ...box, files: new Map(box.files), dirs: new Map(box.dirs), modes: new Map(box.modes) } });
     return info;
@@ -348,10 +349,21 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const limit = filter.limit ?? 100;
     const all = [...this.snaps.values()].map((s) => s.info)
       .filter((s) => (!scope || s.tenant === scope.tenant) && (!filter.sandboxId || s.sandbox_id === filter.sandboxId) && (!filter.after || s.id > filter.after)
+        && (filter.environment === undefined || (filter.environment === true ? s.environment !== null : s.environment === filter.environment))
         && Object.entries(filter.labels ?? {}).every(([k, v]) => s.labels[k] === v))
       .sort((a, b) => (a.id < b.id ? -1 : 1));
     const page = all.slice(0, limit);
     return { snapshots: page, next: all.length > limit ? page[page.length - 1].id : null };
+  }
+
+  promoteSnapshot(id: string, environment: string | null, scope?: Scope): SnapshotInfo {
+    this.calls.push('promoteSnapshot');
+    const s = this.snap(id, scope);
+    if (environment !== null && [...this.snaps.values()].some((o) => o !== s && o.info.tenant === s.info.tenant && o.info.environment === environment)) {
+      throw new CollimateError('conflict', `Another snapshot is promoted as ${environment}.`);
+    }
+    s.info = { ...s.info, environment };
+    return s.info;
   }
 
   deleteSnapshot(id: string, scope?: Scope): void {

@@ -242,6 +242,13 @@ class Snapshots:
         from it run on. Not retried: a repeat would raise NotFoundError."""
         self._client.http.request("DELETE", f"/v1/snapshots/{_q(_snapshot_id(snapshot))}")
 
+    def promote(self, snapshot: SnapshotArg, environment: Optional[str]) -> Snapshot:
+        """Promotes a snapshot to an environment (Pro): ``environment`` becomes a template id, and
+        every sandbox created with it (``client.sandboxes.create(template=environment)``) starts from
+        the snapshot. None takes the name away. ConflictError when the name is taken."""
+        path = f"/v1/snapshots/{_q(_snapshot_id(snapshot))}/promote"
+        return Snapshot.from_json(self._client.http.json("POST", path, json_body={"environment": environment}, retry="safe"))
+
 
 class SnapshotPages:
     def __init__(self, client: Collimate, sandbox_id: Optional[str], labels: Optional[Mapping[str, str]], limit: Optional[int]) -> None:

@@ -79,8 +79,11 @@ class Snapshot:
     vcpus: float
     memory_mib: float
     disk_mib: float
-    #: ``"none"``, ``"allow"`` or ``{"domains": [...], "cidrs": [...], "ports": [...]}``.
+    #: ``"none"``, ``"allow"``, ``{"domains": [...], "cidrs": [...], "ports": [...]}`` or ``{"deny": [...]}``.
     egress: Any = "allow"
+    #: The name it is promoted under (``client.snapshots.promote``): a template id every sandbox
+    #: created with starts from it; None if none.
+    environment: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Snapshot":

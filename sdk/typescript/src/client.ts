@@ -178,6 +178,16 @@ export class Snapshots {
   async delete(snapshot: string | Snapshot): Promise<void> {
     await this.http.json<void>({ method: 'DELETE', path: `/v1/snapshots/${encodeURIComponent(snapshotId(snapshot))}` });
   }
+
+  /**
+   * Promotes a snapshot to an environment (Pro): `environment` becomes a template id, and every
+   * sandbox created with it (`client.sandboxes.create({ template: environment })`) starts from the
+   * snapshot. `null` takes the name away. ConflictError when the name is taken. Retried: promoting
+   * twice under one name is the same.
+   */
+  promote(snapshot: string | Snapshot, environment: string | null): Promise<Snapshot> {
+    return this.http.json<Snapshot>({ method: 'POST', path: `/v1/snapshots/${encodeURIComponent(snapshotId(snapshot))}/promote`, json: { environment }, retry: 'safe' });
+  }
 }
 
 export class SnapshotPages implements AsyncIterable<Snapshot[]> {

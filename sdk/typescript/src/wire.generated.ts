@@ -216,6 +216,13 @@ export type Snapshot = {
   memory_mib: number;
   disk_mib: number;
   egress: EgressPolicy;
+  /** The name it is promoted under (POST /v1/snapshots/{snapshot}/promote): a template id you create sandboxes from, each started from it; null if none. */
+  environment: string | null;
+};
+
+export type PromoteSnapshotRequest = {
+  /** The template id to promote it under (lower-case letters, digits, ".", "_", "-"; free among the catalog, your environments and your other snapshots); null takes the name away. */
+  environment: string | null;
 };
 
 export type CreateSnapshotRequest = {
@@ -480,8 +487,10 @@ export type FsWatchEndEvent = {
 
 export type Template = {
   id: string;
-  /** `catalog`: kept warm by the platform; `environment`: your own (Pro). */
-  kind: "catalog" | "environment";
+  /** `catalog`: kept warm by the platform; `environment`: your own (Pro); `snapshot`: one of your snapshots promoted under this name (`snapshot_id`): each sandbox created from it starts from the snapshot. */
+  kind: "catalog" | "environment" | "snapshot";
+  /** With kind `snapshot`: the snapshot it starts sandboxes from. */
+  snapshot_id?: string;
   description: string;
   interpreter: string[];
   /** Language runtimes the image carries, by name, with their upstream versions, e.g. `{"node": "24.22.3", "npm": "11.21.2"}`. Empty when none is stated (`base`, environments). */

@@ -77,15 +77,15 @@ export function imageHandlers(tenants: TenantService, streams: SseStreams): Pick
       return { status: 204 };
     },
 
-    listTemplates({ scope }) {
-      return { status: 200, body: { templates: tenants.templates.templates(scope).map(templateView) } };
+    async listTemplates({ scope }) {
+      return { status: 200, body: { templates: (await tenants.templates.templates(scope)).map(templateView) } };
     },
 
-    getTemplate({ scope, params }) {
+    async getTemplate({ scope, params }) {
       if (!S.TEMPLATE_ID_RE.test(params.id)) {
         throw new CollimateError('template_not_found', `No template ${params.id.slice(0, 130)}. List them with GET /v1/templates.`);
       }
-      return { status: 200, body: templateView(tenants.templates.template(scope, params.id)) };
+      return { status: 200, body: templateView(await tenants.templates.template(scope, params.id)) };
     },
   };
 }

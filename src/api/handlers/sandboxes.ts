@@ -10,7 +10,7 @@ import { wantsSse, type SseStreams } from '../sse.js';
 type SandboxOps =
   | 'createSandbox' | 'listSandboxes' | 'getSandbox' | 'createPortUrl' | 'rotateSandboxTokens' | 'execSandbox' | 'forkSandbox'
   | 'suspendSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'setSandboxEgress' | 'deleteSandbox' | 'listExecs' | 'getSandboxMetrics' | 'getSandboxLogs'
-  | 'createSnapshot' | 'listSnapshots' | 'getSnapshot' | 'deleteSnapshot' | 'restoreSandbox';
+  | 'createSnapshot' | 'listSnapshots' | 'getSnapshot' | 'deleteSnapshot' | 'promoteSnapshot' | 'restoreSandbox';
 
 /** `key=value` label filters of a list query. */
 export function parseLabelFilter(label: string | string[] | undefined): Record<string, string> | undefined {
@@ -61,6 +61,10 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
     async deleteSnapshot({ scope, params }) {
       await tenants.sandboxes.deleteSnapshot(scope, params.snapshot);
       return { status: 204 };
+    },
+
+    async promoteSnapshot({ scope, params, body }) {
+      return { status: 200, body: snapshotView(await tenants.sandboxes.promoteSnapshot(scope, params.snapshot, body.environment)) };
     },
 
     async restoreSandbox({ scope, params, body }) {

@@ -67,6 +67,48 @@ describe('snapshot endpoints', () => {
     for (const x of many.json().sandboxes) assert.equal(x.from_snapshot, s.id);
   });
 
+  test('a snapshot promoted to an environment is a template: listed, got, created from (each create a start from it); its name is unique, null or deleting the snapshot takes it away', async () => {
+    const sb = await created();
+    const s = await snapshotOf(sb.id, { name: 'warm' });
+    const promote = (id: string, environment: unknown, k = key) => f.req('promoteSnapshot', { url: `/v1/snapshots/${id}/promote`, key: k, body: { environment } });
+    const p = await promote(s.id, 'prepared');
+    assert.equal(p.statusCode, 200, p.body);
+    assert.equal(p.json().environment, 'prepared');
+    assert.equal((await promote(s.id, 'prepared')).statusCode, 200, 'promoting again under its own name is the same');
+    const listed = (await f.req('listTemplates', { url: '/v1/templates', key })).json().templates.find((t: any) => t.id === 'prepared');
+    assert.deepEqual([listed?.kind, listed?.snapshot_id, listed?.ready], ['snapshot', s.id, true]);
+    assert.equal((await f.req('getTemplate', { url: '/v1/templates/prepared', key })).json().snapshot_id, s.id);
+    const made = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'prepared', labels: { via: 'env' } } });
+    assert.equal(made.statusCode, 201, made.body);
+    assert.equal(made.json().from_snapshot, s.id, 'a create with the name starts from the snapshot');
+    assert.deepEqual(made.json().labels, { via: 'env' });
+
+    // The name is unique among the catalog, the tenant's snapshots; bad names and tiers are refused.
+    const other = await snapshotOf(sb.id);
+    for (const [name, status, code] of [['prepared', 409, 'conflict'], ['base', 409, 'conflict'], ['Bad Name', 400, 'validation_error']] as const) {
+      const r = await promote(other.id, name);
+      assert.equal(r.statusCode, status, r.body);
+      assertErrorBody(r, code);
+    }
+    const globex = f.key('globex', 'pro');
+    assertErrorBody(await promote(s.id, 'x', globex), 'snapshot_not_found');
+    const demo = f.key('demo-co', 'demo');
+    const demoSb = await created(demo);
+    const demoSnap = await snapshotOf(demoSb.id, undefined, demo);
+    const refused = await promote(demoSnap.id, 'mine', demo);
+    assert.equal(refused.statusCode, 403);
+    assertErrorBody(refused, 'tier_forbidden');
+    // Another tenant's name space is its own; it cannot create from this tenant's name.
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key: globex, body: { template: 'prepared' } }), 'template_not_found');
+
+    // null takes the name away; so does deleting the snapshot.
+    assert.equal((await promote(s.id, null)).json().environment, null);
+    assertErrorBody(await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'prepared' } }), 'template_not_found');
+    assert.equal((await promote(other.id, 'prepared')).statusCode, 200, 'the name is free again');
+    assert.equal((await f.req('deleteSnapshot', { url: `/v1/snapshots/${other.id}`, method: 'DELETE', key })).statusCode, 204);
+    assert.equal((await f.req('listTemplates', { url: '/v1/templates', key })).json().templates.some((t: any) => t.id === 'prepared'), false);
+  });
+
   test('bad starts and rollbacks are clear errors', async () => {
     const sb = await created();
     const s = await snapshotOf(sb.id);

@@ -23,7 +23,7 @@ test('insert then get gives the row back, JSON columns decoded', () => {
 test('snapshots: listed only once ready, per tenant and source, by id; removing one drops its hold on its fork point', () => {
   const snap = (id: string, over: Partial<SnapshotRow> = {}): SnapshotRow => ({
     id, tenant: 'acme', name: null, labels: { run: '1' }, source: 'sbx_a', template: 'base', fork_point: `fp_${id}`, artifact_key: 'k',
-    vcpus: 1, memory_mib: 256, disk_mib: 64, egress: 'none', on_timeout: 'delete', auto_resume: 0, timeout_secs: 60, bytes: 0, created_at: 1, state: 'ready', ...over,
+    vcpus: 1, memory_mib: 256, disk_mib: 64, egress: 'none', on_timeout: 'delete', auto_resume: 0, timeout_secs: 60, bytes: 0, created_at: 1, state: 'ready', environment: null, ...over,
   });
   t.repo.insertSnapshot(snap('snap_b'));
   t.repo.insertSnapshot(snap('snap_a', { source: 'sbx_b', labels: { run: '2' } }));
@@ -39,6 +39,15 @@ test('snapshots: listed only once ready, per tenant and source, by id; removing 
   t.repo.markSnapshotReady('snap_c', 42);
   assert.equal(t.repo.snapshot('snap_c')?.bytes, 42);
   assert.ok(t.repo.snapshotForkPoints().has('fp_snap_b'));
+  // Promoted under a name: one snapshot per name and tenant, another tenant's names apart.
+  assert.ok(t.repo.setSnapshotEnvironment('snap_b', 'warm-env'));
+  assert.ok(!t.repo.setSnapshotEnvironment('snap_a', 'warm-env'), 'a name one snapshot of the tenant has');
+  assert.ok(t.repo.setSnapshotEnvironment('snap_d', 'warm-env'), "another tenant's snapshot may have it");
+  assert.deepEqual(t.repo.snapshots('acme', { environment: 'warm-env' }).map((s) => s.id), ['snap_b']);
+  assert.deepEqual(t.repo.snapshots('acme', { environment: true }).map((s) => s.id), ['snap_b']);
+  assert.ok(t.repo.setSnapshotEnvironment('snap_b', null));
+  assert.deepEqual(t.repo.snapshots('acme', { environment: true }), []);
+  assert.ok(t.repo.setSnapshotEnvironment('snap_a', 'warm-env'), 'free again');
   t.repo.removeSnapshot('snap_b');
   assert.equal(t.repo.snapshot('snap_b'), undefined);
   assert.deepEqual(t.repo.refsOf('snap_b'), []);
