@@ -443,8 +443,9 @@ export class E2bControlPlane {
 
   /**
    * The sandbox's samples (sandboxMetrics.ts: every 5 s while it runs) within [start, end], unix
-   * seconds, E2B's time range, in E2B's shape: CPU share, VMM resident memory, sizes. Disk use is
-   * not sampled (0).
+   * seconds, E2B's time range, in E2B's shape: CPU share, VMM resident memory, and the root file
+   * system's use and size as `df /` says it (what E2B's envd reports; read every 30 s). A sample
+   * without a disk reading (an older guest) says 0 used of the sandbox's disk size.
    */
   async metrics(scope: Scope, id: string, query: Record<string, unknown> = {}): Promise<unknown[]> {
     const bound = (name: 'start' | 'end') => {
@@ -459,7 +460,7 @@ export class E2bControlPlane {
     const info = await this.tenants.sandboxes.get(scope, id);
     // The query's seconds are rounded: a sample up to 10 s past `end` still belongs to the range.
     const samples = await this.tenants.sandboxes.metrics(scope, id, start === undefined ? undefined : start * 1000, end === undefined ? undefined : (end + 10) * 1000);
-    const entry = (atMs: number, cpuPercent: number | null, memoryMib: number) => ({
+    const entry = (atMs: number, cpuPercent: number | null, memoryMib: number, diskUsedBytes: number | null = null, diskTotalBytes: number | null = null) => ({
       timestamp: new Date(atMs).toISOString(),
       timestampUnix: Math.floor(atMs / 1000),
       cpuCount: info.vcpus,
@@ -468,10 +469,10 @@ export class E2bControlPlane {
       memUsed: memoryMib * 1024 * 1024,
       memTotal: info.memory_mib * 1024 * 1024,
       memCache: 0,
-      diskUsed: 0,
-      diskTotal: info.disk_mib * 1024 * 1024,
+      diskUsed: diskUsedBytes ?? 0,
+      diskTotal: diskTotalBytes ?? info.disk_mib * 1024 * 1024,
     });
-    if (samples.length > 0) return samples.map((s) => entry(s.atMs, s.cpuPercent, s.memoryMib));
+    if (samples.length > 0) return samples.map((s) => entry(s.atMs, s.cpuPercent, s.memoryMib, s.diskUsedBytes, s.diskTotalBytes));
     // A host that cannot read its VMMs' use (no samples): the sizes, now, if now is in the range.
     const nowMs = Date.now();
     if ((start !== undefined && nowMs / 1000 < start) || (end !== undefined && nowMs / 1000 > end + 10)) return [];

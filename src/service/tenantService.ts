@@ -190,7 +190,7 @@ export class TenantService {
     const period = opts.reconcileIntervalMs ?? (engine.on ? 60_000 : 10_000);
     if (period > 0) this.timers.push(setInterval(() => this.usage.reconcile(), period));
     this.timers.push(setInterval(() => this.idempotency.prune?.(), 60 * 60 * 1000));
-    if (engine.vmmUsage) this.timers.push(setInterval(() => this.sandboxMetrics.sample(), SAMPLE_MS));
+    if (engine.vmmUsage) this.timers.push(setInterval(() => void this.sandboxMetrics.sample().catch((err) => this.log(err, 'sampling sandbox metrics failed')), SAMPLE_MS));
     this.timers.forEach((t) => t.unref());
   }
 

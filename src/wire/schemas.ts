@@ -873,11 +873,14 @@ export const SandboxMetrics = named(
   'SandboxMetrics',
   z.strictObject({
     period_secs: described(z.number().int(), 'How often a running sandbox is sampled.'),
+    disk_period_secs: described(z.number().int(), 'How often its disk use is read in the guest; the samples between carry the last reading.'),
     samples: z.array(
       z.strictObject({
         at: IsoTime,
         cpu_percent: described(z.number().nullable(), "Of its vCPUs together since the sample before (100 = one vCPU busy); null for the first."),
         memory_mib: described(z.number().int(), "Its VMM's resident memory."),
+        disk_used_bytes: described(z.number().int().nullable(), "Used on its root file system, as `df /` in the sandbox says (the last reading); null before the first reading, or if its guest cannot tell."),
+        disk_total_bytes: described(z.number().int().nullable(), 'The size of its root file system (`df /`); null when disk_used_bytes is.'),
       }),
     ),
   }),

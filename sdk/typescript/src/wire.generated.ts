@@ -684,6 +684,8 @@ export type ExecLogList = {
 export type SandboxMetrics = {
   /** How often a running sandbox is sampled. */
   period_secs: number;
+  /** How often its disk use is read in the guest; the samples between carry the last reading. */
+  disk_period_secs: number;
   samples: Array<{
     /** ISO 8601. */
     at: string;
@@ -691,6 +693,10 @@ export type SandboxMetrics = {
     cpu_percent: number | null;
     /** Its VMM's resident memory. */
     memory_mib: number;
+    /** Used on its root file system, as `df /` in the sandbox says (the last reading); null before the first reading, or if its guest cannot tell. */
+    disk_used_bytes: number | null;
+    /** The size of its root file system (`df /`); null when disk_used_bytes is. */
+    disk_total_bytes: number | null;
   }>;
 };
 

@@ -1,6 +1,6 @@
 /** Handlers of /v1/sandboxes: parse → one tenant-service call → render. */
 import { CollimateError } from '../../errors.js';
-import { SAMPLE_MS } from '../../service/sandboxMetrics.js';
+import { DISK_SAMPLE_MS, SAMPLE_MS } from '../../service/sandboxMetrics.js';
 import type { TenantService } from '../../service/tenantService.js';
 import * as S from '../../wire/schemas.js';
 import { execResultView, sandboxView, snapshotView } from '../../wire/views.js';
@@ -133,7 +133,13 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       const samples = await tenants.sandboxes.metrics(scope, params.id, query.from ? Date.parse(query.from) : undefined, query.to ? Date.parse(query.to) : undefined);
       return {
         status: 200,
-        body: { period_secs: SAMPLE_MS / 1000, samples: samples.map((s) => ({ at: new Date(s.atMs).toISOString(), cpu_percent: s.cpuPercent, memory_mib: s.memoryMib })) },
+        body: {
+          period_secs: SAMPLE_MS / 1000,
+          disk_period_secs: DISK_SAMPLE_MS / 1000,
+          samples: samples.map((s) => ({
+            at: new Date(s.atMs).toISOString(), cpu_percent: s.cpuPercent, memory_mib: s.memoryMib, disk_used_bytes: s.diskUsedBytes, disk_total_bytes: s.diskTotalBytes,
+          })),
+        },
       };
     },
 

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { assertErrorBody, fixture, type Fixture } from './helpers.js';
+import { FAKE_SYSTEM_DISK_BYTES } from '../../support/fakeSandboxService.js';
 
 describe('keys', () => {
   let f: Fixture;
@@ -206,13 +207,22 @@ describe('metrics over time', () => {
       new Map(ids.map((x) => [x, { cpuSecs: cpu, rssBytes: 200 * 1048576 }]));
     const sampler = f.api.tenants.sandboxMetrics;
     for (let i = 0; i < 3; i++) {
-      sampler.sample();
+      await sampler.sample();
       now += 5000;
       cpu += 2.5; // half a vCPU busy
+      // Disk use is read every 30 s: the file written after the first reading shows in none of these.
+      if (i === 0) await f.svc.writeFile(id, '/root/big', Buffer.alloc(1024 * 1024));
     }
     const all = (await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics`, key })).json();
     assert.equal(all.period_secs, 5);
+    assert.equal(all.disk_period_secs, 30);
     assert.deepEqual(all.samples.map((s: { cpu_percent: number | null }) => s.cpu_percent), [null, 50, 50]);
+    const diskMib = f.svc.get(id).disk_mib;
+    assert.deepEqual(
+      all.samples.map((s: { disk_used_bytes: number | null; disk_total_bytes: number | null }) => [s.disk_used_bytes, s.disk_total_bytes]),
+      Array(3).fill([FAKE_SYSTEM_DISK_BYTES, diskMib * 1048576]),
+      'every sample carries the first reading',
+    );
     assert.deepEqual(all.samples.map((s: { at: string }) => Date.parse(s.at)), [5_000_000, 5_005_000, 5_010_000]);
     const from = new Date(5_005_000).toISOString();
     const to = new Date(5_005_000).toISOString();
@@ -220,6 +230,6 @@ describe('metrics over time', () => {
     assertErrorBody(await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics?from=yesterday`, key }), 'validation_error');
     assertErrorBody(await f.req('getSandboxMetrics', { url: `/v1/sandboxes/${id}/metrics`, key: f.key('other', 'pro') }), 'sandbox_not_found');
     await f.req('deleteSandbox', { url: `/v1/sandboxes/${id}`, method: 'DELETE', key });
-    assert.equal(sampler.of(id).length, 0, "a deleted sandbox's samples go with it");
+    assert.equal((await sampler.of(id)).length, 0, "a deleted sandbox's samples go with it");
   });
 });

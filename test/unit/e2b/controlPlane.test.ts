@@ -14,7 +14,7 @@ import * as e2bOld from 'e2b-2-30';
 import { e2bKeyOf } from '../../../src/service/keys.js';
 import { SandboxEnvStore } from '../../../src/e2b/sandboxEnv.js';
 import { openDb } from '../../../src/store/db.js';
-import { FakeSandboxService } from '../../support/fakeSandboxService.js';
+import { FAKE_SYSTEM_DISK_BYTES, FakeSandboxService } from '../../support/fakeSandboxService.js';
 import { serverOn } from '../api/helpers.js';
 import type { ApiServer } from '../../../src/api/server.js';
 
@@ -153,6 +153,29 @@ describe('e2b 2.51 metrics', () => {
     assert.equal((await sbx.getMetrics({ start: new Date(now - 60_000), end: new Date(now + 60_000) })).length, 1);
     assert.equal((await sbx.getMetrics({ start: new Date(now - 3_600_000), end: new Date(now - 1_800_000) })).length, 0, 'a range before the sandbox holds nothing');
     await sbx.kill();
+  });
+
+  it("reports the guest's disk use and size from the samples (df /), and 0 used of the disk size where the guest cannot tell", async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const engine = svc as FakeSandboxService & { vmmUsage?: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> };
+    engine.vmmUsage = (ids) => new Map(ids.map((id) => [id, { cpuSecs: 1, rssBytes: 100 * 1048576 }]));
+    try {
+      const sbx = await e2bNew.Sandbox.create('python', opts);
+      await svc.writeFile(sbx.sandboxId, '/root/twenty', Buffer.alloc(20 * 1048576));
+      const [m] = await sbx.getMetrics();
+      assert.equal(m.diskUsed, FAKE_SYSTEM_DISK_BYTES + 20 * 1048576);
+      assert.equal(m.diskTotal, svc.get(sbx.sandboxId).disk_mib * 1048576);
+      assert.equal(m.memUsed, 100 * 1048576);
+      await sbx.kill();
+
+      const old = await e2bNew.Sandbox.create('python', opts);
+      svc.diskUnreadable.add(old.sandboxId);
+      const [n] = await old.getMetrics();
+      assert.deepEqual([n.diskUsed, n.diskTotal], [0, svc.get(old.sandboxId).disk_mib * 1048576]);
+      await old.kill();
+    } finally {
+      delete engine.vmmUsage;
+    }
   });
 });
 
