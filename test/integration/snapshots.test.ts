@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { CollimateError } from '../../src/errors.ts';
-import { assertNoLeaks, openEngine, TEST_CACHE, testHome } from './fixture.ts';
+import { assertNoLeaks, openEngine, serveEngine, TEST_CACHE, testHome } from './fixture.ts';
 
 const tenant = { tenant: 'snap' };
 let engine: Engine;
@@ -146,6 +146,36 @@ test('a snapshot started again gets warm capacity: its pool restores VMMs ahead,
   engine.deleteSnapshot(snap.id, tenant);
   assert.equal(engine.poolStatus()[key], undefined, 'the snapshot\'s pool goes with it');
   for (const id of all) await engine.delete(id, tenant);
+});
+
+test('a snapshot promoted to an environment: a create with its name, through the REST door, starts a sandbox from it with its files and running process', async () => {
+  const api = await serveEngine(engine);
+  try {
+    const key = api.keys.create({ tenant: tenant.tenant, tier: 'pro' }).key;
+    const call = (method: 'GET' | 'POST', url: string, payload?: unknown) => api.app.inject({ method, url, headers: { authorization: `Bearer ${key}` }, ...(payload === undefined ? {} : { payload: payload as object }) });
+    const src = await engine.create({ template: 'base' }, tenant);
+    const tag = await sh(src.id, COUNTER);
+    await sh(src.id, 'echo prepared > /root/state; sync');
+    const snap = await engine.createSnapshot(src.id, {}, tenant);
+    const promoted = await call('POST', `/v1/snapshots/${snap.id}/promote`, { environment: 'prepared-env' });
+    assert.equal(promoted.statusCode, 200, promoted.body);
+    const listed = (await call('GET', '/v1/templates')).json().templates.find((t: { id: string }) => t.id === 'prepared-env');
+    assert.deepEqual([listed?.kind, listed?.snapshot_id], ['snapshot', snap.id]);
+    const made = await call('POST', '/v1/sandboxes', { template: 'prepared-env' });
+    assert.equal(made.statusCode, 201, made.body);
+    const id = made.json().id as string;
+    assert.equal(made.json().from_snapshot, snap.id);
+    assert.equal(await sh(id, 'cat /root/state'), 'prepared', "the snapshot's files");
+    const c = await counter(id);
+    assert.equal(c.tag, tag, "and its running process");
+    await countsOn(id, tag, c.n);
+    assert.notEqual(await sh(id, 'cat /proc/sys/kernel/random/boot_id'), await sh(src.id, 'cat /proc/sys/kernel/random/boot_id'), 'a fresh identity');
+    engine.deleteSnapshot(snap.id, tenant);
+    assert.equal((await call('POST', '/v1/sandboxes', { template: 'prepared-env' })).json().error.code, 'template_not_found', 'the name goes with the snapshot');
+    for (const s of [id, src.id]) await engine.delete(s, tenant);
+  } finally {
+    await api.close();
+  }
 });
 
 test('rollback in place: the sandbox\'s files and counter process return to the snapshot\'s after they changed; queued requests fail saying so; another sandbox\'s snapshot is refused', async () => {
