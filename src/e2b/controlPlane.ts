@@ -18,7 +18,7 @@ import type { SandboxLogEntry } from '../service/sandboxLog.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
-import { forkCountProblem, type SandboxInfo, type SandboxTransition, type SnapshotInfo } from '../sandboxes/types.js';
+import { forkCountProblem, type SandboxInfo, type SandboxTransition, type SnapshotDeleted, type SnapshotInfo } from '../sandboxes/types.js';
 import { cidrOf, cidrText, cidrWithin, parseCidr, type EgressInput } from '../net/policy.js';
 import { CreateSnapshotRequest, Labels, LOG_READ_MAX, SandboxLogsQuery, SNAPSHOT_ID_RE } from '../wire/schemas.js';
 import { parseWith, toClientError } from '../wire/errors.js';
@@ -530,7 +530,10 @@ export class E2bControlPlane {
     return { items: items.map(e2bSnapshot), next: kept.length > q.limit ? items[items.length - 1].id : null };
   }
 
-  /** E2B deletes a snapshot as the template it is; templates are not deleted through this door. */
+  /**
+   * E2B deletes a snapshot as the template it is; templates are not deleted through this door. Its
+   * envVars are forgotten here and on the engine's `snapshotDeleted` (whichever door deleted it).
+   */
   async deleteTemplate(scope: Scope, templateId: string): Promise<void> {
     if (!SNAPSHOT_ID_RE.test(templateId)) throw notServed('DELETE', `/templates/${templateId}`);
     await this.tenants.sandboxes.deleteSnapshot(scope, templateId);
@@ -552,8 +555,16 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   const onTransition = (ev: SandboxTransition) => {
     if (ev.op === 'delete' || ev.op === 'lost') void Promise.resolve(opts.env.forget(ev.id)).catch((err) => app.log.warn({ err, sandbox: ev.id }, 'forgetting a deleted sandbox\'s envVars failed'));
   };
+  // A snapshot deleted by any door (REST, MCP, the console, the RL SDK) takes the envVars kept for the sandboxes started from it.
+  const onSnapshotDeleted = (ev: SnapshotDeleted) => {
+    void Promise.resolve(opts.env.forget(ev.id)).catch((err) => app.log.warn({ err, snapshot: ev.id }, 'forgetting a deleted snapshot\'s envVars failed'));
+  };
   engine.on?.('transition', onTransition);
-  app.addHook('onClose', async () => engine.off?.('transition', onTransition));
+  engine.on?.('snapshotDeleted', onSnapshotDeleted);
+  app.addHook('onClose', async () => {
+    engine.off?.('transition', onTransition);
+    engine.off?.('snapshotDeleted', onSnapshotDeleted);
+  });
   const id = (req: FastifyRequest) => (req.params as { id: string }).id;
   const query = (req: FastifyRequest) => (req.query ?? {}) as Record<string, unknown>;
 

@@ -4,7 +4,7 @@
  * database (migration 13) so they survive a restart; a fork through the E2B front door copies them
  * to the children. Rows of deleted sandboxes are removed with them (`forget`). A snapshot taken
  * through the door keeps its sandbox's under the snapshot's id, for the sandboxes started from it;
- * that row goes when the door deletes the snapshot (one deleted by another door leaves it behind).
+ * that row goes with the snapshot, whichever door deletes it (the engine's `snapshotDeleted`).
  */
 import type { Db } from '../store/db.js';
 import { applyMigrations, registerMigrations, type Migration } from '../store/db.js';

@@ -13,7 +13,7 @@ import type { ForkSeeds } from './forkSeeds.js';
 import type { ForkReceivers } from './forkReceivers.js';
 import type { HostCapacity } from './hostCapacity.js';
 import type { ProcessRegistry } from './processes.js';
-import type { ReapedEvent, SandboxInfo, SandboxTransition, Scope } from './types.js';
+import type { ReapedEvent, SandboxInfo, SandboxTransition, Scope, SnapshotDeleted } from './types.js';
 
 /**
  * What every lifecycle step (create.ts, execFiles.ts, fork.ts, suspendResume.ts, delete.ts,
@@ -44,6 +44,8 @@ export interface EngineContext {
   /** Emits a persisted transition ('transition') or a reaper action ('reaped'). */
   emit(event: 'transition', t: SandboxTransition): void;
   emit(event: 'reaped', r: ReapedEvent): void;
+  /** A snapshot's row removed (snapshots.ts deleteSnapshot). */
+  emit(event: 'snapshotDeleted', s: SnapshotDeleted): void;
   /** A succeeded create, fork, suspend or resume, phase by phase (phases.ts). */
   emit(event: 'phases', r: PhaseReport): void;
   /** Test hook: called at named points inside multi-step operations (crash injection). */

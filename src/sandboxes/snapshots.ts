@@ -196,6 +196,7 @@ export function deleteSnapshot(ctx: EngineContext, id: string, scope?: Scope): v
   dropSnapshotPool(ctx, s.id);
   ctx.processes.endFork(s.id);
   gcForkPoints(ctx);
+  ctx.emit('snapshotDeleted', { id: s.id, tenant: s.tenant });
 }
 
 /** How many operations hold each snapshot's fork point now, per engine (starts and rollbacks run concurrently). */

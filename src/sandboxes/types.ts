@@ -237,6 +237,12 @@ export interface SandboxTransition {
   reason?: string;
 }
 
+/** A snapshot deleted (through any door, or with everything at shutdown), on the host that held it. */
+export interface SnapshotDeleted {
+  id: string;
+  tenant: string;
+}
+
 // ---- files and directories (src/sandboxes/files.ts) ---------------------------------------------
 
 export type FileEntryType = 'file' | 'dir' | 'symlink' | 'other';
@@ -470,9 +476,12 @@ export interface HostReadings {
   on?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
   /** `reaped` when the reaper ends a session (suspends or deletes the sandbox). */
   on?(event: 'reaped', listener: (r: ReapedEvent) => void): unknown;
+  /** `snapshotDeleted` once a snapshot's row is gone: what a door keeps beside it (E2B's envVars) can go too. */
+  on?(event: 'snapshotDeleted', listener: (s: SnapshotDeleted) => void): unknown;
   off?(event: 'transition', listener: (t: SandboxTransition) => void): unknown;
   off?(event: 'phases', listener: (r: PhaseReport) => void): unknown;
   off?(event: 'reaped', listener: (r: ReapedEvent) => void): unknown;
+  off?(event: 'snapshotDeleted', listener: (s: SnapshotDeleted) => void): unknown;
 }
 
 /** A guest's root file system: its size and what is used of it, bytes (df's Size and Used). */

@@ -112,7 +112,7 @@ export interface FakeOptions {
   /** Environments (non-catalog templates) per tenant. */
   environments?: Record<string, TemplateBase[]>;
   now?: () => number;
-  /** Emit `transition` events like the engine ({id, tenant, state, op, snapshotBytes?}). */
+  /** Emit `transition` events like the engine ({id, tenant, state, op, snapshotBytes?}), and `snapshotDeleted` ({id, tenant}). */
   events?: boolean;
   /** Egress policy per template id (default "allow"). */
   templateEgress?: Record<string, EgressPolicy>;
@@ -368,8 +368,9 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
 
   deleteSnapshot(id: string, scope?: Scope): void {
     this.calls.push('deleteSnapshot');
-    this.snap(id, scope);
+    const s = this.snap(id, scope);
     this.snaps.delete(id);
+    if (this.events) this.emit('snapshotDeleted', { id, tenant: s.info.tenant });
   }
 
   async startFromSnapshot(id: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]> {

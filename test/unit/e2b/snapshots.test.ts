@@ -41,10 +41,23 @@ after(async () => {
 });
 
 let tenants = 0;
-/** SDK options under a tenant of its own, so its lists hold only what the test made. */
+/** SDK options under a tenant of its own, so its lists hold only what the test made; `key` is its Collimate key, for the other doors. */
 function freshTenant() {
-  const key = e2bKeyOf(api.keys.create({ tenant: `snap-${++tenants}`, tier: 'pro' }).key);
-  return { apiKey: key, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` };
+  const key = api.keys.create({ tenant: `snap-${++tenants}`, tier: 'pro' }).key;
+  return { apiKey: e2bKeyOf(key), apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd`, key };
+}
+
+/** One MCP tool call on /mcp (stateless Streamable HTTP): the tool result, whether it came as JSON or SSE. */
+async function mcpTool(key: string, name: string, args: Record<string, unknown>): Promise<{ isError?: boolean; content: Array<{ text: string }> }> {
+  const res = await fetch(`${base}/mcp`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name, arguments: args } }),
+  });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+  const msg = res.headers.get('content-type')?.startsWith('text/event-stream') ? JSON.parse(text.split('\n').filter((l) => l.startsWith('data: ')).pop()!.slice(6)) : JSON.parse(text);
+  return msg.result;
 }
 
 const envOf = (id: string) => new SandboxEnvStore(api.tenants.db).get(id);
@@ -137,6 +150,28 @@ for (const [version, sdk] of [['2.51', e2bNew], ['2.30', e2bOld as unknown as ty
       assert.deepEqual(envOf(snap.snapshotId), {});
       assert.equal(await sdk.Sandbox.deleteSnapshot(snap.snapshotId, opts), false);
       await assert.rejects(sdk.Sandbox.create(snap.snapshotId, opts), (e: Error) => e instanceof sdk.SandboxError && /No snapshot/.test(e.message));
+      await sbx.kill();
+    });
+
+    it('a snapshot deleted through REST or MCP takes its envs too (the row E2B keeps for the sandboxes started from it)', async () => {
+      const opts = freshTenant();
+      const sbx = await sdk.Sandbox.create('python', { ...opts, envs: { KEEP: 'me' } });
+      const viaRest = await sbx.createSnapshot();
+      const viaMcp = await sbx.createSnapshot();
+      assert.deepEqual(envOf(viaRest.snapshotId), { KEEP: 'me' });
+      assert.deepEqual(envOf(viaMcp.snapshotId), { KEEP: 'me' });
+      const del = await fetch(`${base}/v1/snapshots/${viaRest.snapshotId}`, { method: 'DELETE', headers: { authorization: `Bearer ${opts.key}` } });
+      assert.equal(del.status, 204, await del.text());
+      assert.deepEqual(envOf(viaRest.snapshotId), {});
+      assert.deepEqual(envOf(viaMcp.snapshotId), { KEEP: 'me' }, 'only the deleted snapshot\'s envs go');
+      const tool = await mcpTool(opts.key, 'delete_snapshot', { snapshot_id: viaMcp.snapshotId });
+      assert.ok(!tool.isError, tool.content[0].text);
+      assert.deepEqual(envOf(viaMcp.snapshotId), {});
+      // Gone for E2B as well: not listed, not deleted again, not started from.
+      assert.deepEqual((await sdk.Sandbox.listSnapshots({ ...opts, sandboxId: sbx.sandboxId }).nextItems()).map((s) => s.snapshotId), []);
+      assert.equal(await sdk.Sandbox.deleteSnapshot(viaRest.snapshotId, opts), false);
+      await assert.rejects(sdk.Sandbox.create(viaMcp.snapshotId, opts), (e: Error) => e instanceof sdk.SandboxError && /No snapshot/.test(e.message));
+      assert.deepEqual(envOf(sbx.sandboxId), { KEEP: 'me' }, 'the sandbox keeps its own');
       await sbx.kill();
     });
 
