@@ -80,6 +80,17 @@ export class LocalFleet implements Fleet {
     }
   }
 
+  async listSnapshotIds(filter: { labels?: Record<string, string> }): Promise<string[]> {
+    const ids: string[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await mapped(() => this.service.sandboxes.listSnapshots(this.scope, { labels: filter.labels, after, limit: 1000 }));
+      ids.push(...page.snapshots.map((s) => s.id));
+      if (!page.next || page.snapshots.length === 0) return ids;
+      after = page.next;
+    }
+  }
+
   async deleteById(id: string): Promise<void> {
     await mapped(() => this.service.sandboxes.delete(this.scope, id));
   }

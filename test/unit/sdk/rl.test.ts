@@ -153,6 +153,59 @@ test('sweep deletes only the run, including a create that lands after the first 
   assert.deepEqual(live(svc), [keep.id]);
 });
 
+test("sweep deletes the run's snapshots too (sandbox.snapshot, treeSearch's keep: 'snapshots'), not another run's or unlabelled ones", async () => {
+  const svc = new FakeSandboxService();
+  const tenants = tenantsOn(svc);
+  const fleet = createLocalFleet(tenants, scope, { runId: 'snap-run' });
+  const other = createLocalFleet(tenants, scope, { runId: 'other-run' });
+  const keepSandbox = await other.create('base');
+  const keepState = await keepSandbox.snapshot({ name: 'another run' });
+  const unlabelled = await svc.createSnapshot(keepSandbox.id, { labels: { mine: 'yes' } }, scope);
+  const root = await fleet.create('base');
+  const state = await root.snapshot({ labels: { k: 'v' } });
+  const t = await treeSearch(root, { expand: 2, depth: 2, beam: 1, step: (sb) => sb.exec({ command: 'echo 1' }), score: () => 1, keep: 'snapshots' });
+  const treeStates = t.levels.flat().filter((n) => n.snapshot).map((n) => n.snapshot!.id);
+  assert.equal(treeStates.length, 2);
+  await fleet.fromSnapshot(state, 2);
+  assert.deepEqual(storedIds(svc), [keepState.id, unlabelled.id, state.id, ...treeStates].sort());
+  assert.deepEqual((await fleet.listSnapshotIds({ labels: fleet.runLabel })).sort(), [state.id, ...treeStates].sort());
+  // A snapshot still being taken when the trainer died: it lands after sweep's first empty lists.
+  const listSnapshotIds = fleet.listSnapshotIds.bind(fleet);
+  let late: Promise<unknown> | undefined;
+  const lateRoot = await other.create('base');
+  fleet.listSnapshotIds = async (q) => {
+    const ids = await listSnapshotIds(q);
+    if (ids.length === 0 && !late) await (late = svc.createSnapshot(lateRoot.id, { labels: fleet.runLabel }, scope));
+    return ids;
+  };
+  // root and the 2 started from the state; the state, the tree's 2 and the late one.
+  assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 3 + 4);
+  assert.ok(late, 'the late snapshot happened');
+  assert.deepEqual(live(svc), [keepSandbox.id, lateRoot.id].sort());
+  assert.deepEqual(storedIds(svc), [keepState.id, unlabelled.id].sort());
+  assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 0, 'nothing left to sweep');
+});
+
+test('sweep over HTTP (connect) deletes the run\'s snapshots too', async () => {
+  const f = await fixture();
+  try {
+    const base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    const client = new Collimate({ baseUrl: base, apiKey: f.key('rl-sweep', 'pro') });
+    const fleet = connect({ client, runId: 'http-snap-run' });
+    const root = await fleet.create('base');
+    const state = await root.snapshot();
+    const other = await connect({ client }).create('base');
+    const otherState = await other.snapshot();
+    assert.deepEqual(await fleet.listSnapshotIds({ labels: fleet.runLabel }), [state.id]);
+    assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 2);
+    await assert.rejects(fleet.deleteSnapshot(state), NotFoundError);
+    assert.deepEqual(await fleet.listSnapshotIds({}), [otherState.id]);
+    await other.delete();
+  } finally {
+    await f.close();
+  }
+});
+
 test('stored states: snapshot, restore, fromSnapshot and deleteSnapshot carry the run label; sweep removes what fromSnapshot started', async () => {
   const svc = new FakeSandboxService();
   const fleet = createLocalFleet(tenantsOn(svc), scope, { runId: 'r-snap' });

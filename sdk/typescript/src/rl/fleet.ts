@@ -7,8 +7,8 @@
  * repository, src/sdk/rl/local.ts). The helpers (bestOfN, treeSearch, map, sweep) are written once
  * against it.
  *
- * Stored states (snapshots) carry the run label too, so a run's snapshots can be listed by it; sweep
- * deletes sandboxes only — a snapshot is kept until deleted (fleet.deleteSnapshot).
+ * Stored states (snapshots) carry the run label too: a snapshot is kept until deleted
+ * (fleet.deleteSnapshot) or until sweep, which deletes a run's snapshots with its sandboxes.
  */
 import { randomBytes } from 'node:crypto';
 import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
@@ -86,9 +86,11 @@ export interface Fleet {
   deleteSnapshot(state: StoredStateRef): Promise<void>;
   /** Ids of the tenant's sandboxes matching every label (all pages). */
   listIds(filter: { labels?: Record<string, string>; state?: SandboxState }): Promise<string[]>;
+  /** Ids of the tenant's stored states (snapshots) matching every label (all pages). */
+  listSnapshotIds(filter: { labels?: Record<string, string> }): Promise<string[]>;
   /** Deletes by id; NotFoundError when it is already gone. */
   deleteById(id: string): Promise<void>;
-  /** Deletes every sandbox carrying the run label of `runId` (default: this fleet's run). Returns how many. */
+  /** Deletes every sandbox and stored state carrying the run label of `runId` (default: this fleet's run). Returns how many of both. */
   sweep(runId?: string, opts?: SweepOptions): Promise<number>;
 }
 

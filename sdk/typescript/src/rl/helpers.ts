@@ -331,36 +331,39 @@ export function mapSandboxes<T, R>(
 // sweep
 
 /**
- * Deletes every sandbox carrying `{collimate_run: runId}` — running, suspended, forked children —
- * e.g. after a trainer crashed. Creates that were in flight when it died land late, so once the
- * list is empty it waits `quietMs` and looks again. Returns how many it deleted.
+ * Deletes every sandbox carrying `{collimate_run: runId}` — running, suspended, forked children,
+ * started from a stored state — and every stored state (snapshot) carrying it (`sandbox.snapshot`,
+ * treeSearch's `keep: 'snapshots'`), e.g. after a trainer crashed. Creates and snapshots that were in
+ * flight when it died land late, so once both lists are empty it waits `quietMs` and looks again.
+ * Returns how many sandboxes and snapshots it deleted.
  */
 export async function sweep(fleet: Fleet, runId: string, opts: SweepOptions = {}): Promise<number> {
   const quietMs = opts.quietMs ?? 2000;
   const maxRounds = opts.maxRounds ?? 30;
+  const labels = { [RUN_LABEL]: runId };
   let deleted = 0;
   let quiet = false;
+  /** Runs a delete; one already gone is not counted. */
+  const counted = async (remove: () => Promise<void>) => {
+    try {
+      await remove();
+      deleted++;
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
+  };
   for (let round = 0; round < maxRounds; round++) {
-    const ids = await fleet.listIds({ labels: { [RUN_LABEL]: runId } });
-    if (ids.length === 0) {
+    const ids = await fleet.listIds({ labels });
+    const stored = await fleet.listSnapshotIds({ labels });
+    if (ids.length === 0 && stored.length === 0) {
       if (quiet) return deleted;
       quiet = true;
       await sleep(quietMs);
       continue;
     }
     quiet = false;
-    await map(
-      ids,
-      async (id) => {
-        try {
-          await fleet.deleteById(id);
-          deleted++;
-        } catch (e) {
-          if (!(e instanceof NotFoundError)) throw e;
-        }
-      },
-      { concurrency: 8 },
-    );
+    await map(ids, (id) => counted(() => fleet.deleteById(id)), { concurrency: 8 });
+    await map(stored, (id) => counted(() => fleet.deleteSnapshot(id)), { concurrency: 8 });
   }
-  throw new Error(`sweep(${runId}): sandboxes kept appearing after ${maxRounds} rounds (${deleted} deleted)`);
+  throw new Error(`sweep(${runId}): sandboxes or snapshots kept appearing after ${maxRounds} rounds (${deleted} deleted)`);
 }

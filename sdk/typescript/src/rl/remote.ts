@@ -46,6 +46,10 @@ export class RemoteFleet implements Fleet {
     return (await this.client.sandboxes.list({ labels: filter.labels, state: filter.state, limit: 1000 }).all()).map((s) => s.id);
   }
 
+  async listSnapshotIds(filter: { labels?: Record<string, string> }): Promise<string[]> {
+    return (await this.client.snapshots.list({ labels: filter.labels, limit: 1000 }).all()).map((s) => s.id);
+  }
+
   async deleteById(id: string): Promise<void> {
     await this.client.http.json({ method: 'DELETE', path: `/v1/sandboxes/${encodeURIComponent(id)}` });
   }
