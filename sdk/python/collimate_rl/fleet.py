@@ -1,5 +1,6 @@
-"""Fleets: every sandbox a Fleet creates or forks carries the run label ``{collimate_run: run_id}``,
-so a crashed trainer's sandboxes can always be found and swept (see :func:`collimate_rl.sweep`)."""
+"""Fleets: every sandbox a Fleet creates or forks, and every snapshot its sandboxes take, carries the
+run label ``{collimate_run: run_id}``, so what a crashed trainer left can always be found and swept
+(see :func:`collimate_rl.sweep`)."""
 from __future__ import annotations
 
 import datetime
@@ -7,7 +8,7 @@ import os
 import urllib.parse
 from typing import Any, Dict, List, Mapping, Optional
 
-from collimate import Collimate, Sandbox
+from collimate import Collimate, Sandbox, Snapshot
 from collimate.types import SandboxInfo
 
 __all__ = ["RUN_LABEL", "new_run_id", "Fleet", "RunSandbox", "connect"]
@@ -22,7 +23,7 @@ def new_run_id() -> str:
 
 
 class RunSandbox(Sandbox):
-    """A collimate Sandbox whose forks carry its fleet's run label."""
+    """A collimate Sandbox whose forks and snapshots carry its fleet's run label."""
 
     _fleet: "Fleet"
 
@@ -33,6 +34,9 @@ class RunSandbox(Sandbox):
 
     def fork(self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None) -> List["RunSandbox"]:  # type: ignore[override]
         return super().fork(n, labels={**(labels or {}), **self._fleet.run_label})  # type: ignore[return-value]
+
+    def snapshot(self, *, name: Optional[str] = None, labels: Optional[Mapping[str, str]] = None) -> Snapshot:
+        return super().snapshot(name=name, labels={**(labels or {}), **self._fleet.run_label})
 
 
 class Fleet:
@@ -60,6 +64,14 @@ class Fleet:
 
     def delete_by_id(self, sandbox_id: str) -> None:
         self.client.http.request("DELETE", "/v1/sandboxes/" + urllib.parse.quote(sandbox_id, safe=""))
+
+    def list_snapshot_ids(self, *, labels: Optional[Mapping[str, str]] = None) -> List[str]:
+        """Ids of the tenant's snapshots with every label given (all pages)."""
+        return [s.id for s in self.client.snapshots.list(labels=labels, limit=1000).all()]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot; NotFoundError when it is already gone."""
+        self.client.snapshots.delete(snapshot_id)
 
     def sweep(self, run_id: Optional[str] = None, *, quiet_secs: float = 2.0) -> int:
         from .helpers import sweep

@@ -266,27 +266,35 @@ def map_sandboxes(
 
 def sweep(fleet: Fleet, run_id: Optional[str] = None, *, quiet_secs: float = 2.0, max_rounds: int = 30) -> int:
     """Deletes every sandbox carrying ``{collimate_run: run_id}`` (default: the fleet's run) —
-    running, suspended, forked — e.g. after a trainer crashed. Once the list is empty it waits
-    ``quiet_secs`` and looks again (creates in flight when the trainer died land late)."""
+    running, suspended, forked — and every snapshot carrying it (``sandbox.snapshot()`` of a
+    fleet's sandbox), e.g. after a trainer crashed. Once both lists are empty it waits
+    ``quiet_secs`` and looks again (creates and snapshots in flight when the trainer died land
+    late). Returns how many sandboxes and snapshots it deleted."""
     rid = run_id or fleet.run_id
+    labels = {RUN_LABEL: rid}
     deleted = 0
     quiet = False
+
+    def counted(remove: Callable[[str], None]) -> Callable[[str], int]:
+        def one(ident: str) -> int:
+            try:
+                remove(ident)
+                return 1
+            except NotFoundError:
+                return 0
+
+        return one
+
     for _ in range(max_rounds):
-        ids = fleet.list_ids(labels={RUN_LABEL: rid})
-        if not ids:
+        ids = fleet.list_ids(labels=labels)
+        stored = fleet.list_snapshot_ids(labels=labels)
+        if not ids and not stored:
             if quiet:
                 return deleted
             quiet = True
             time.sleep(quiet_secs)
             continue
         quiet = False
-
-        def delete(sid: str) -> int:
-            try:
-                fleet.delete_by_id(sid)
-                return 1
-            except NotFoundError:
-                return 0
-
-        deleted += sum(map(ids, delete, concurrency=8))
-    raise RuntimeError(f"sweep({rid}): sandboxes kept appearing after {max_rounds} rounds ({deleted} deleted)")
+        deleted += sum(map(ids, counted(fleet.delete_by_id), concurrency=8))
+        deleted += sum(map(stored, counted(fleet.delete_snapshot), concurrency=8))
+    raise RuntimeError(f"sweep({rid}): sandboxes or snapshots kept appearing after {max_rounds} rounds ({deleted} deleted)")

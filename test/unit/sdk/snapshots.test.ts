@@ -115,7 +115,7 @@ test('TypeScript SDK: the snapshots quota is a QuotaExceededError naming it', as
   assert.equal(refused.quota, 'snapshots');
 });
 
-test('Python SDK: the same surface (python/test_snapshots.py against this server)', async () => {
+test('Python SDK: the same surface, and collimate_rl.sweep of a run\'s snapshots (python/test_snapshots.py against this server)', async () => {
   const script = fileURLToPath(new URL('./python/test_snapshots.py', import.meta.url));
   const env = {
     ...process.env, COLLIMATE_BASE_URL: base, COLLIMATE_API_KEY: f.key('py-snap', 'pro'),
@@ -123,5 +123,5 @@ test('Python SDK: the same surface (python/test_snapshots.py against this server
   };
   const r = await promisify(execFile)('/usr/bin/python3', [script], { env, timeout: 60_000 }).catch((e) => e);
   assert.equal(r.code ?? 0, 0, `${r.stdout}\n${r.stderr}`);
-  assert.match(r.stderr, /Ran 2 tests[\s\S]*\nOK\s*$/);
+  assert.match(r.stderr, /Ran 3 tests[\s\S]*\nOK\s*$/);
 });

@@ -10,6 +10,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "sdk", "python"))
 
 import collimate  # noqa: E402
+import collimate_rl as rl  # noqa: E402
 
 
 def ids(snapshots):
@@ -105,6 +106,28 @@ class SnapshotsTest(unittest.TestCase):
             with self.assertRaises(collimate.QuotaExceededError) as refused:
                 sb.snapshot()
             self.assertEqual(refused.exception.quota, "snapshots")
+
+
+    def test_rl_sweep_deletes_the_runs_snapshots(self) -> None:
+        fleet = rl.connect(run_id="py-sweep-run")
+        other = rl.connect(run_id="py-other-run")
+        with fleet, other:
+            keep = other.create("base")
+            kept = keep.snapshot(name="another run")
+            root = fleet.create("base")
+            state = root.snapshot(name="step 1", labels={"k": "v"})
+            self.assertEqual(state.labels, {"k": "v", rl.RUN_LABEL: "py-sweep-run"})
+            [kid] = root.fork(1)
+            kid_state = kid.snapshot()
+            self.assertEqual(sorted(fleet.list_snapshot_ids(labels=fleet.run_label)), sorted([state.id, kid_state.id]))
+            # The root, its fork and both snapshots; another run's sandbox and snapshot stay.
+            self.assertEqual(fleet.sweep(quiet_secs=0.01), 4)
+            self.assertEqual(fleet.list_snapshot_ids(labels=fleet.run_label), [])
+            self.assertEqual(fleet.list_ids(labels=fleet.run_label), [])
+            with self.assertRaises(collimate.NotFoundError):
+                fleet.delete_snapshot(state.id)
+            self.assertEqual(other.list_snapshot_ids(labels=other.run_label), [kept.id])
+            self.assertEqual(other.sweep(quiet_secs=0.01), 2)
 
 
 if __name__ == "__main__":
