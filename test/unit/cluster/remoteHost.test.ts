@@ -18,7 +18,7 @@ import type { SandboxHost } from '../../../src/service/sandboxHost.ts';
 import { TenantService } from '../../../src/service/tenantService.ts';
 import { openDb } from '../../../src/store/db.ts';
 import type { FileChange } from '../../../src/sandboxes/types.ts';
-import { FakeSandboxService } from '../../support/fakeSandboxService.ts';
+import { FAKE_SYSTEM_DISK_BYTES, FakeSandboxService } from '../../support/fakeSandboxService.ts';
 
 const SECRET = 'peer-secret-for-tests';
 
@@ -29,9 +29,10 @@ describe('another host\'s sandboxes through RemoteHost and the peer endpoint (fa
   let address = '';
   let admitting: true | string = true;
   const scope = { tenant: 'acme' };
+  let engine: FakeSandboxService & { vmmUsage?: (ids: readonly string[]) => Map<string, { cpuSecs: number; rssBytes: number }> };
 
   before(async () => {
-    const engine = new FakeSandboxService();
+    engine = new FakeSandboxService();
     const tenants = new TenantService({ engine, db: openDb(':memory:'), reconcileIntervalMs: 0 });
     local = tenants.here;
     app = Fastify();
@@ -82,6 +83,21 @@ describe('another host\'s sandboxes through RemoteHost and the peer endpoint (fa
     assert.deepEqual(await remote.logs(made.id, { search: 'echo streamed' }, scope), entries);
     await assert.rejects(async () => remote.logs(made.id, {}, { tenant: 'globex' }), (e: unknown) => e instanceof CollimateError && e.code === 'sandbox_not_found');
     await remote.delete(made.id, scope);
+  });
+
+  test("a sandbox's metrics are sampled on the host that runs it, its guest's disk use included", async () => {
+    const made = await remote.create({ template: 'base' }, scope);
+    engine.vmmUsage = (ids) => new Map(ids.map((id) => [id, { cpuSecs: 1, rssBytes: 80 * 1048576 }]));
+    try {
+      await remote.writeFile(made.id, '/root/one', Buffer.alloc(1048576), scope);
+      const samples = await remote.metrics(made.id, undefined, undefined, scope);
+      assert.deepEqual(samples, await local.metrics(made.id, undefined, undefined, scope));
+      assert.equal(samples.length, 1);
+      assert.deepEqual([samples[0].memoryMib, samples[0].diskUsedBytes, samples[0].diskTotalBytes], [80, FAKE_SYSTEM_DISK_BYTES + 1048576, (await local.get(made.id, scope)).disk_mib * 1048576]);
+    } finally {
+      delete engine.vmmUsage;
+      await remote.delete(made.id, scope);
+    }
   });
 
   test('an upload streams its bytes; a download is paced by a slow sink and arrives whole', async () => {
