@@ -123,6 +123,12 @@ test(`door fuzz: ${N} requests per door (seed ${SEED}): no undocumented 5xx, eac
   assert.ok(rssGrowth < RSS_GROWTH_MAX_MIB, `RSS grew ${rssGrowth} MiB from after the warm-up to the end (bound ${RSS_GROWTH_MAX_MIB})`);
   assert.ok(heapGrowth < HEAP_GROWTH_MAX_MIB, `the heap grew ${heapGrowth} MiB from after the warm-up to the end (bound ${HEAP_GROWTH_MAX_MIB})`);
 
+  // Every snapshot a door took was deleted by the steps that took it (the engine's deleteAll would hide one left).
+  for (const key of [keys.main, keys.demo, keys.victim]) {
+    const snaps = (await call('GET', '/v1/snapshots?limit=1000', key)).json as { snapshots: Array<{ id: string; name: string | null }> };
+    assert.deepEqual(snaps.snapshots.map((s) => `${s.id} ${s.name}`), [], 'snapshots left behind by the doors');
+  }
+
   // Everything deleted through the API (the leak check runs after).
   for (const key of [keys.main, keys.demo, keys.victim]) {
     const list = (await call('GET', '/v1/sandboxes?limit=1000', key)).json as { sandboxes: Array<{ id: string }> };

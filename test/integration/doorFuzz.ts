@@ -11,7 +11,9 @@
  *   Content-Type, foreign origins, bad keys, another tenant's sandbox ids, guest paths with
  *   traversal and NULs, bodies over the limit, deep, badly encoded, slow, stalled and aborted.
  * - e2b: the control plane at /e2b/api — every route with bodies of the wrong kind, unknown and
- *   foreign ids, bad and foreign keys, creates, pauses, resumes and forks of its own sandboxes.
+ *   foreign ids, bad and foreign keys, creates, pauses, resumes and forks of its own sandboxes, and
+ *   snapshots of them: taken, listed, started from (as a templateID) and deleted (as a template),
+ *   refused to another tenant's key.
  * - envd: Connect at /e2b/envd — every method unary and enveloped, truncated, oversized and
  *   compressed envelopes, invalid UTF-8, missing/foreign/rotated tokens and another tenant's
  *   sandbox id, /files up and down (multipart, signatures forged or expired, traversal, NUL).
@@ -792,7 +794,8 @@ const badKeyHeaders = (t: DoorTarget, r: Rng): Record<string, string> => r.pick<
 // MCP --------------------------------------------------------------------------------------------------
 
 const TOOL_NAMES = Object.keys(INPUTS);
-const DESTRUCTIVE_TOOLS = new Set(['delete_sandbox', 'suspend_sandbox', 'resume_sandbox', 'set_sandbox_timeout', 'fork_sandbox', 'signal_process', 'restore_sandbox']);
+/** Tools that would end, stall or roll back the shared sandbox, or keep a snapshot of it no step deletes: sent with made-up ids only. */
+const DESTRUCTIVE_TOOLS = new Set(['delete_sandbox', 'suspend_sandbox', 'resume_sandbox', 'set_sandbox_timeout', 'fork_sandbox', 'signal_process', 'restore_sandbox', 'snapshot_sandbox']);
 /**
  * Tools that act on no sandbox by its id: listings, and those of a snapshot (`list_snapshots`
  * filters by a sandbox id, and one the tenant does not have lists nothing).
@@ -940,9 +943,37 @@ const E2B_ROUTES: Array<[string, string]> = [
   ['POST', '/sandboxes'], ['POST', '/v2/sandboxes'], ['GET', '/sandboxes'], ['GET', '/v2/sandboxes'], ['GET', '/sandboxes/:id'], ['DELETE', '/sandboxes/:id'],
   ['POST', '/sandboxes/:id/timeout'], ['POST', '/sandboxes/:id/pause'], ['POST', '/sandboxes/:id/connect'], ['POST', '/v2/sandboxes/:id/connect'],
   ['POST', '/sandboxes/:id/resume'], ['POST', '/sandboxes/:id/fork'], ['GET', '/sandboxes/:id/metrics'],
+  ['POST', '/sandboxes/:id/snapshots'], ['GET', '/snapshots'], ['DELETE', '/templates/:snapshot'],
 ];
+/** A snapshot id of the right shape that no tenant has. */
+const NO_SNAPSHOT = 'snap_0000000000000000';
 
-/** A sandbox this lane creates through E2B, pauses, resumes, forks once, and kills: the VM part of the door. */
+/**
+ * A snapshot of sandbox `id` through E2B: listed, refused to another tenant (not started, not
+ * deleted), a sandbox started from it as a templateID (killed again), then deleted as the template
+ * it is, and gone. The delete is sent whatever came before it: a run leaves no snapshot.
+ */
+function e2bSnapshotSteps(t: DoorTarget, r: Rng, id: string): Step[] {
+  const victim = e2bKeyOf(t.keys.victim);
+  return [e2bStep(t, 'valid:snapshot', 'POST', `/sandboxes/${id}/snapshots`, { name: 'doorfuzz' }, {
+    ok: [201], may502: true,
+    then: (res) => {
+      const snap = res?.status === 201 ? res.json().snapshotID : null;
+      if (typeof snap !== 'string') return [];
+      return [
+        e2bStep(t, 'valid:list-snapshots', 'GET', `/snapshots?sandboxID=${id}`, undefined, { ok: [200] }),
+        e2bStep(t, 'foreign-snapshot', 'POST', '/sandboxes', { templateID: snap, timeout: 60 }, { expect: { status: 404, code: 'snapshot_not_found' }, then: killIfCreated(t) }, victim),
+        e2bStep(t, 'foreign-snapshot', 'DELETE', `/templates/${snap}`, undefined, { expect: { status: 404, code: 'snapshot_not_found' } }, victim),
+        e2bStep(t, 'valid:from-snapshot', 'POST', r.pick(['/sandboxes', '/v2/sandboxes']), { templateID: snap, timeout: 300, metadata: { doorfuzz: 'e2b' } }, { ok: [201], may502: true, then: killIfCreated(t) }),
+        e2bStep(t, 'valid:delete-snapshot', 'DELETE', `/templates/${snap}`, undefined, { ok: [204] }),
+        e2bStep(t, 'deleted-snapshot', 'DELETE', `/templates/${snap}`, undefined, { expect: { status: 404, code: 'snapshot_not_found' } }),
+        e2bStep(t, 'deleted-snapshot', 'POST', '/sandboxes', { templateID: snap }, { expect: { status: 404, code: 'snapshot_not_found' }, then: killIfCreated(t) }),
+      ];
+    },
+  })];
+}
+
+/** A sandbox this lane creates through E2B, pauses, resumes, forks once or snapshots, and kills: the VM part of the door. */
 function e2bLifecycle(t: DoorTarget, r: Rng): Step {
   return e2bStep(t, 'valid:create', 'POST', r.pick(['/sandboxes', '/v2/sandboxes']), { templateID: 'base', timeout: 600, metadata: { doorfuzz: 'e2b' }, envVars: { FUZZ: 'é' } }, {
     ok: [201], may502: true,
@@ -950,7 +981,10 @@ function e2bLifecycle(t: DoorTarget, r: Rng): Step {
       const id = res?.status === 201 ? res.json().sandboxID : null;
       if (!id) return [];
       const steps: Step[] = [];
-      if (r.chance(0.5)) {
+      const v = r.int(3);
+      if (v === 2) {
+        steps.push(...e2bSnapshotSteps(t, r, id));
+      } else if (v === 0) {
         steps.push(e2bStep(t, 'valid:pause', 'POST', `/sandboxes/${id}/pause`, undefined, { ok: [204], may502: true }));
         steps.push(e2bStep(t, 'paused-pause', 'POST', `/sandboxes/${id}/pause`, undefined, { expect: { status: 409, code: 'invalid_state' } }));
         steps.push(e2bStep(t, 'valid:resume', 'POST', r.pick([`/sandboxes/${id}/resume`, `/sandboxes/${id}/connect`, `/v2/sandboxes/${id}/connect`]), { timeout: 300 }, { ok: [201], may502: true }));
@@ -976,16 +1010,24 @@ const e2bGenerator: Generator = (t, r) => {
   const x = r.next();
   if (x < 0.015) return e2bLifecycle(t, r);
   if (x < 0.2) {
-    const v = r.int(6);
+    const v = r.int(8);
     if (v === 0) return e2bStep(t, 'valid:list', 'GET', r.pick(['/sandboxes', '/v2/sandboxes', '/v2/sandboxes?state=running,paused&limit=5', '/v2/sandboxes?metadata=doorfuzz%3Dyes']), undefined, { ok: [200] });
     if (v === 1) return e2bStep(t, 'valid:get', 'GET', `/sandboxes/${t.sandbox}`, undefined, { ok: [200] });
     if (v === 2) return e2bStep(t, 'valid:metrics', 'GET', `/sandboxes/${t.sandbox}/metrics`, undefined, { ok: [200] });
     if (v === 3) return e2bStep(t, 'valid:connect', 'POST', r.pick([`/sandboxes/${t.sandbox}/connect`, `/v2/sandboxes/${t.sandbox}/connect`]), { timeout: 60 }, { ok: [200] });
     if (v === 4) return e2bStep(t, 'valid:timeout', 'POST', `/sandboxes/${t.sandbox}/timeout`, { timeout: 6 * 3600 }, { ok: [204] });
+    if (v === 5) return e2bStep(t, 'valid:list-snapshots', 'GET', r.pick(['/snapshots', '/snapshots?limit=1', `/snapshots?sandboxID=${t.sandbox}`, `/snapshots?sandboxID=${t.victimSandbox}`, '/snapshots?name=doorfuzz', `/snapshots?name=${NO_SNAPSHOT}`]), undefined, { ok: [200] });
+    if (v === 6) {
+      // A snapshot no one has, as a template to start from or to delete.
+      return r.chance(0.5)
+        ? e2bStep(t, 'snapshot-not-found', 'DELETE', `/templates/${NO_SNAPSHOT}`, undefined, { expect: { status: 404, code: 'snapshot_not_found' } })
+        : e2bStep(t, 'snapshot-not-found', 'POST', r.pick(['/sandboxes', '/v2/sandboxes']), { templateID: NO_SNAPSHOT }, { expect: { status: 404, code: 'snapshot_not_found' }, then: killIfCreated(t) });
+    }
     return e2bStep(t, 'template-not-found', 'POST', '/sandboxes', { templateID: r.pick(['nope', 'x'.repeat(200), '..', 'base:latest']) }, { expect: { status: 404 }, then: killIfCreated(t) });
   }
   if (x < 0.35) {
     // Another tenant's sandbox (and made-up ids) on every route with an id.
+    if (r.chance(0.1)) return e2bStep(t, 'foreign', 'DELETE', `/templates/${r.pick([NO_SNAPSHOT, 'snap_ffffffffffffffff'])}`, undefined, { expect: { status: 404, code: 'snapshot_not_found' } });
     const [method, path] = r.pick(E2B_ROUTES.filter(([, p]) => p.includes(':id')));
     const id = r.pick([t.victimSandbox, 'sbx_000000000000', 'sbx_ffffffffffff']);
     return e2bStep(t, 'foreign', method, path.replace(':id', id), method === 'POST' ? { timeout: 30, count: 1 } : undefined, { expect: { status: 404, code: 'sandbox_not_found' } });
@@ -994,16 +1036,17 @@ const e2bGenerator: Generator = (t, r) => {
     // Invalid bodies, queries and ids on every route.
     const [method, path0] = r.pick(E2B_ROUTES);
     const id = r.pick([t.sandbox, 'nope', '..', '%00', 'x'.repeat(900), 'SBX_0123456789AB', '%ff%fe', encodeURIComponent('😀')]);
-    let path = path0.replace(':id', id);
-    if (method === 'GET' && r.chance(0.6)) path += '?' + r.pick(['state=x', 'state=running,bogus', 'limit=0', 'limit=1e9', 'limit=-1', 'limit=abc', 'metadata=%ff', 'nextToken=x', 'startedAfter=notadate', 'metadata=a%3Db%26c', 'state=']);
+    let path = path0.replace(':id', id).replace(':snapshot', r.pick([id, NO_SNAPSHOT, 'snap_0', 'SNAP_0123456789ABCDEF', 'snap_' + 'f'.repeat(900)]));
+    if (method === 'GET' && r.chance(0.6)) path += '?' + r.pick(['state=x', 'state=running,bogus', 'limit=0', 'limit=1e9', 'limit=-1', 'limit=abc', 'metadata=%ff', 'nextToken=x', 'startedAfter=notadate', 'metadata=a%3Db%26c', 'state=', 'limit=101', 'nextToken=snap_x', 'sandboxID=%00', 'name=' + 'x'.repeat(300), 'name=a:b:c']);
     const bodies: unknown[] = [
       { templateID: wrongValue(r) }, { templateID: 'base', autoPause: true }, { templateID: 'base', mcp: {} }, { templateID: 'base', volumeMounts: [{}] }, { templateID: 'base', network: {} },
       { templateID: 'base', envVars: wrongValue(r) }, { templateID: 'base', metadata: wrongValue(r) }, { templateID: 'base', timeout: r.pick([-1, 1.5, 'x']) },
       { timeout: wrongValue(r) }, { count: r.pick([0, -1, 1e9, 1.5, 'x', 101]) }, [], 'x', 42, null, {},
     ];
     const invalidPauseOrKill = method === 'DELETE' || path0.endsWith('/pause') || path0.endsWith('/timeout');
-    // Never pause or kill the shared sandbox for real: those go to made-up ids only.
-    if (invalidPauseOrKill && id === t.sandbox) path = path0.replace(':id', 'sbx_000000000000');
+    // Never pause or kill the shared sandbox for real, nor snapshot it (any body without a bad name
+    // would be taken): those go to made-up ids only.
+    if ((invalidPauseOrKill || path0.endsWith('/snapshots')) && id === t.sandbox) path = path0.replace(':id', 'sbx_000000000000');
     // A fork or a resume with a valid body of the shared sandbox would work: bodies here are all wrong.
     let body: Buffer | undefined;
     if (method !== 'GET' && method !== 'DELETE') {

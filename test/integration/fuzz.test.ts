@@ -158,6 +158,12 @@ test(`fuzz: ${N} generated requests (seed ${SEED}) against a real engine: no und
   const escaped = readdirSync(dirname(ESCAPE_MARKER)).filter((f) => f.startsWith(basename(ESCAPE_MARKER)));
   assert.deepEqual(escaped, [], 'files written through the file API appeared on the host');
 
+  // Every snapshot the lanes took was deleted by the steps that took it (the engine's deleteAll would hide one left).
+  for (const key of [main, demo, victim]) {
+    const snaps = (await call('GET', '/v1/snapshots?limit=1000', key)).json as { snapshots: Array<{ id: string; name: string | null }> };
+    assert.deepEqual(snaps.snapshots.map((s) => `${s.id} ${s.name}`), [], 'snapshots left behind by the fuzz');
+  }
+
   // Everything deleted through the API; then the descriptors come back to where they were.
   for (const key of [main, demo, victim]) {
     const list = (await call('GET', '/v1/sandboxes?limit=1000', key)).json as { sandboxes: Array<{ id: string }> };

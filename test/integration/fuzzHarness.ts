@@ -4,7 +4,8 @@
  *
  * A seeded generator walks the route table (src/api/routes.ts) and sends, over real sockets to a
  * real server on a real engine: valid requests (execs, file writes and reads, forks, suspends,
- * resumes, deletes, creates — a small share, so that it runs in minutes under TCG), invalid ones
+ * resumes, deletes, creates, snapshots taken, started from, rolled back to, promoted and deleted — a
+ * small share, so that it runs in minutes under TCG), invalid ones
  * (wrong types, missing and unknown fields, out-of-range numbers, unknown and foreign ids, wrong
  * methods, bad keys) and hostile ones (bodies over the limit, JSON nested thousands deep, invalid
  * UTF-8, path traversal and NUL bytes in guest paths, huge headers, slow and stalling clients,
@@ -242,6 +243,9 @@ export interface FuzzStats {
   ms: number;
 }
 
+/** A snapshot id of the right shape that no tenant has. */
+const NO_SNAPSHOT = 'snap_0000000000000000';
+
 export const WEIRD = ['', ' ', 'a', 'base', 'nope', '../../etc/passwd', '\u0000', '\u202e', '😀', 'x'.repeat(300), '%', 'null', '0', '-1', '1e309', 'sbx_0123456789ab', 'echo hi', '\ud800', '/tmp/a\u0000b'];
 const NUMBERS = [0, -1, 1.5, 65, 65536, 1e9, -0, 2 ** 53, 1e308, 3601];
 
@@ -261,7 +265,11 @@ export function wrongValue(r: Rng, depth = 0): unknown {
 /** A valid body per operation: the starting point of every mutation. Never anything that leaves loopback. */
 function sampleBody(op: string, r: Rng): Record<string, unknown> | undefined {
   switch (op) {
-    case 'createSandbox': return { template: 'base', labels: { fuzz: 'yes' } };
+    // From a snapshot no tenant has (a mutation that stays valid is a 404, never a start).
+    case 'createSandbox': return r.chance(0.7) ? { template: 'base', labels: { fuzz: 'yes' } } : { snapshot: NO_SNAPSHOT, count: 1 + r.int(3), labels: { fuzz: 'yes' } };
+    case 'createSnapshot': return { name: 'fuzz', labels: { fuzz: 'yes' } };
+    case 'promoteSnapshot': return { environment: r.pick(['fuzz-snap', null]) };
+    case 'restoreSandbox': return { snapshot: NO_SNAPSHOT };
     case 'execSandbox': return { command: 'true', timeout: 5 };
     case 'forkSandbox': return { count: 1 };
     case 'suspendSandbox': case 'resumeSandbox': return {};
@@ -428,6 +436,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         switch (route.params?.[name]) {
           case 'sandbox': return own ? lane.main : r.pick([...foreignIds(), ...garbageIds]);
           case 'template': return r.pick(['base', 'nope', 'python', '..', '%00', 'x'.repeat(200), 'a:b', '%ff']);
+          case 'snapshot': return r.pick([NO_SNAPSHOT, 'snap_ffffffffffffffff', 'snap_0', 'SNAP_0123456789ABCDEF', 'nope', '..', '%2e%2e', '%00', '%ff%fe', 'x'.repeat(300), lane.main]);
           case 'image': return r.pick(['sha256:' + '0'.repeat(64), 'nope', '..%2f..', '%00']);
           case 'environment': return r.pick(['fuzz-env', 'nope', 'UPPER', '..', '%00', 'x'.repeat(100)]);
           case 'port': return String(r.pick([0, 1, 22, 80, 8080, 65535, 65536, -1, 'abc', '1e3', '0x50']));
@@ -499,7 +508,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
     const jsonRoute = r.pick(jsonRoutes);
     // A well-formed path of a JSON route (so that the body is what gets judged), never one that runs
     // for real but an exec: other sandbox routes get the victim's id (404).
-    const jsonPath = (route: RouteSpec) => route.path.replace(':id', route.operationId === 'execSandbox' ? lane.main : t.victimSandbox).replace(':name', 'fuzz-env').replace(':pid', '1');
+    const jsonPath = (route: RouteSpec) => route.path.replace(':id', route.operationId === 'execSandbox' ? lane.main : t.victimSandbox).replace(':name', 'fuzz-env').replace(':pid', '1').replace(':snapshot', NO_SNAPSHOT);
     switch (r.int(13)) {
       case 0: {
         // A body over the limit: JSON routes and file uploads.
@@ -613,12 +622,22 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         return { kind: 'foreign', method: 'POST', path: `/v1/sandboxes/${t.victimSandbox}/${op}`, headers: jsonHeaders(k), body: json(body), expect: { status: 404, code: 'sandbox_not_found' } };
       },
       () => ({ kind: 'no-key', method: 'GET', path: `/v1/sandboxes/${lane.main}`, headers: {}, expect: { status: 401, code: 'unauthorized' } }),
+      () => ({ kind: 'valid:snapshots', method: 'GET', path: r.pick(['/v1/snapshots', '/v1/snapshots?limit=1', '/v1/snapshots?label=fuzz%3Dyes', `/v1/snapshots?sandbox_id=${lane.main}`, `/v1/snapshots?sandbox_id=${t.victimSandbox}`]), headers: auth(k), ok: [200] }),
+      () => {
+        // A snapshot no one has, by every route that names one: not found, nothing made.
+        const [method, path, body] = r.pick<[string, string, unknown]>([
+          ['GET', `/v1/snapshots/${NO_SNAPSHOT}`, undefined], ['DELETE', `/v1/snapshots/${NO_SNAPSHOT}`, undefined], ['POST', `/v1/snapshots/${NO_SNAPSHOT}/promote`, { environment: 'fuzz-snap' }],
+          ['POST', '/v1/sandboxes', { snapshot: NO_SNAPSHOT, count: 2 }], ['POST', `/v1/sandboxes/${lane.main}/restore`, { snapshot: NO_SNAPSHOT }],
+        ]);
+        return { kind: 'snapshot-not-found', method, path, headers: body === undefined ? auth(k) : jsonHeaders(k), ...(body === undefined ? {} : { body: json(body) }), expect: { status: 404, code: 'snapshot_not_found' } };
+      },
+      () => ({ kind: 'foreign', method: 'POST', path: `/v1/sandboxes/${t.victimSandbox}/${r.pick(['snapshots', 'restore'])}`, headers: jsonHeaders(k), body: json(r.chance(0.5) ? {} : { snapshot: NO_SNAPSHOT }), expect: { status: 404, code: 'sandbox_not_found' } }),
     ];
     return r.pick(choices)();
   };
 
   /** Valid requests that work a VM: execs, files, and now and then the spare's lifecycle or a fork. */
-  const validVm = (lane: Lane): FuzzRequest | 'lifecycle' | 'fork' => {
+  const validVm = (lane: Lane): FuzzRequest | 'lifecycle' | 'fork' | 'snapshot' => {
     const r = lane.r;
     const k = t.keys.main;
     const x = r.next();
@@ -640,7 +659,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
       const [path] = r.pick([...lane.written.entries()]);
       return { kind: 'valid:read', method: 'GET', path: `/v1/sandboxes/${lane.main}/files?path=${encodeURIComponent(path)}`, headers: auth(k), ok: [200] };
     }
-    return x < 0.985 ? 'lifecycle' : 'fork';
+    return x < 0.96 ? 'lifecycle' : x < 0.985 ? 'snapshot' : 'fork';
   };
 
   // ---- the lanes ----------------------------------------------------------------------------------
@@ -692,6 +711,44 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
     await exchange(lane, n, { kind: 'idempotent-replay', method: 'POST', path: `/v1/sandboxes/${lane.main}/fork`, headers: { ...jsonHeaders(k), 'idempotency-key': `fork-${opts.seed}-${lane.id}-${n}` }, body: json({ count: count === 1 ? 2 : 1 }), expect: { status: 422, code: 'idempotency_key_reused' } });
   };
 
+  /**
+   * A snapshot of the spare (running or suspended), 1–2 sandboxes started from it (each answers an
+   * exec, then goes), the spare rolled back to it (it stays as it was: running or suspended), the
+   * main sandbox refused a rollback to it, a promotion under a name and back; then it is deleted and
+   * is gone by every route. Whatever fails on the way, the snapshot is deleted: a run leaves none.
+   */
+  const snapshotCycle = async (lane: Lane, n: number): Promise<void> => {
+    const k = t.keys.main;
+    if (lane.spare === null) return lifecycle(lane, n);
+    const spare = lane.spare;
+    const made = await exchange(lane, n, { kind: 'valid:snapshot', method: 'POST', path: `/v1/sandboxes/${spare}/snapshots`, headers: jsonHeaders(k), body: json({ name: `fuzz ${lane.id}-${n}`, labels: { fuzz: 'yes', lane: String(lane.id) } }), ok: [201] });
+    if (made?.status !== 201) return;
+    const snap = made.json().id as string;
+    try {
+      await exchange(lane, n, { kind: 'valid:get-snapshot', method: 'GET', path: `/v1/snapshots/${snap}`, headers: auth(k), ok: [200] });
+      await exchange(lane, n, { kind: 'valid:snapshots', method: 'GET', path: `/v1/snapshots?sandbox_id=${spare}&label=lane%3D${lane.id}`, headers: auth(k), ok: [200] });
+      const count = 1 + lane.r.int(2);
+      const started = await exchange(lane, n, { kind: 'valid:from-snapshot', method: 'POST', path: '/v1/sandboxes', headers: jsonHeaders(k), body: json({ snapshot: snap, count, labels: { fuzz: 'yes' } }), ok: [201] });
+      if (started?.status === 201) {
+        for (const child of started.json().sandboxes as Array<{ id: string }>) {
+          await exchange(lane, n, { kind: 'valid:exec', method: 'POST', path: `/v1/sandboxes/${child.id}/exec`, headers: jsonHeaders(k), body: json({ command: 'true' }), ok: [200] });
+          await exchange(lane, n, { kind: 'valid:delete', method: 'DELETE', path: `/v1/sandboxes/${child.id}`, headers: auth(k), ok: [204] });
+        }
+      }
+      await exchange(lane, n, { kind: 'valid:restore', method: 'POST', path: `/v1/sandboxes/${spare}/restore`, headers: jsonHeaders(k), body: json({ snapshot: snap }), ok: [200] });
+      await exchange(lane, n, { kind: 'restore-mismatch', method: 'POST', path: `/v1/sandboxes/${lane.main}/restore`, headers: jsonHeaders(k), body: json({ snapshot: snap }), expect: { status: 409, code: 'snapshot_mismatch' } });
+      const name = `fuzz-snap-${opts.seed.toString(36)}-${lane.id}-${n}`;
+      await exchange(lane, n, { kind: 'valid:promote', method: 'POST', path: `/v1/snapshots/${snap}/promote`, headers: jsonHeaders(k), body: json({ environment: name }), ok: [200] });
+      await exchange(lane, n, { kind: 'valid:promote', method: 'POST', path: `/v1/snapshots/${snap}/promote`, headers: jsonHeaders(k), body: json({ environment: null }), ok: [200] });
+      await exchange(lane, n, { kind: 'foreign-snapshot', method: 'GET', path: `/v1/snapshots/${snap}`, headers: auth(t.keys.victim), expect: { status: 404, code: 'snapshot_not_found' } });
+      await exchange(lane, n, { kind: 'foreign-snapshot', method: 'DELETE', path: `/v1/snapshots/${snap}`, headers: auth(t.keys.victim), expect: { status: 404, code: 'snapshot_not_found' } });
+    } finally {
+      await exchange(lane, n, { kind: 'valid:delete-snapshot', method: 'DELETE', path: `/v1/snapshots/${snap}`, headers: auth(k), ok: [204] });
+    }
+    await exchange(lane, n, { kind: 'deleted-snapshot', method: 'GET', path: `/v1/snapshots/${snap}`, headers: auth(k), expect: { status: 404, code: 'snapshot_not_found' } });
+    await exchange(lane, n, { kind: 'deleted-snapshot', method: 'POST', path: '/v1/sandboxes', headers: jsonHeaders(k), body: json({ snapshot: snap }), expect: { status: 404, code: 'snapshot_not_found' } });
+  };
+
   /** What the fuzz found once, asked every time on a real guest (each was a 502 or a silent change). */
   const regressions = (lane: Lane): FuzzRequest[] => {
     const k = t.keys.main;
@@ -716,6 +773,7 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         const v = validVm(lane);
         if (v === 'lifecycle') await lifecycle(lane, n);
         else if (v === 'fork') await fork(lane, n);
+        else if (v === 'snapshot') await snapshotCycle(lane, n);
         else await exchange(lane, n, v);
       }
     }
