@@ -3,7 +3,8 @@ import { dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { CollimateError, invalidState, msg, see, snapshotNotFound } from '../errors.js';
 import { allocatedBytes } from '../vmm/memory.js';
-import { createOverlay, destroyPending, newDiskPath, newForkPointId, type PendingVm } from './runtime.js';
+import { performance } from 'node:perf_hooks';
+import { claimWarm, createOverlay, destroyPending, newDiskPath, newForkPointId, type PendingVm } from './runtime.js';
 import { applyEgress, dropSnapshotPool, takeWarm } from './snapshotPools.js';
 import type { SandboxRow, SnapshotRow } from './repo.js';
 import { Phases } from './phases.js';
@@ -60,7 +61,7 @@ function snapshotRowOf(row: SandboxRow, id: string, fpId: string, opts: Snapshot
   return {
     id, tenant: row.tenant, name: opts.name ?? null, labels: opts.labels ?? {}, source: row.id, template: row.template,
     fork_point: fpId, artifact_key: row.vmm!.artifactKey, vcpus: row.vcpus, memory_mib: row.memory_mib, disk_mib: row.disk_mib,
-    egress: row.egress, on_timeout: row.on_timeout, auto_resume: row.auto_resume, timeout_secs: row.timeout_secs,
+    egress: row.egress, on_timeout: row.on_timeout, auto_resume: row.auto_resume, public_ports: row.public_ports, port_host: row.port_host, timeout_secs: row.timeout_secs,
     bytes: 0, created_at: Date.now(), state: 'creating', environment: null,
   };
 }
@@ -252,6 +253,7 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
       timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
       vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: opts.egress ?? s.egress,
       on_timeout: opts.onTimeout ?? s.on_timeout, auto_resume: opts.autoResume === undefined ? s.auto_resume : opts.autoResume ? 1 : 0,
+      public_ports: opts.publicPorts === undefined ? s.public_ports : opts.publicPorts ? 1 : 0, port_host: opts.portHost === undefined ? s.port_host : opts.portHost,
       vmm: null, snapshot: null, pending_op: null,
     };
     const shape = { vcpus: s.vcpus, memoryMib: s.memory_mib };
@@ -341,12 +343,62 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
       ctx.processes.replace(id, s.id);
     }));
     gcForkPoints(ctx);
+    // Onto a VMM the snapshot's pool restored ahead, when it has one; else resumed as any suspended sandbox.
+    const pooled = await resumeFromPool(ctx, id, s);
+    if (pooled) return pooled;
     return await resumeSandbox(ctx, id, scope, 'restore').catch((e) => {
       // Resumed meanwhile by another request: it runs, from the snapshot.
       if (e instanceof CollimateError && e.code === 'invalid_state' && e.details?.state === 'running') return getInfo(ctx, id);
       throw e;
     });
   });
+}
+
+/**
+ * Resumes sandbox `id`, just switched to snapshot `s` (suspended at its moment), on a VMM of the
+ * snapshot's pool (snapshotPools.ts): restored from the snapshot ahead and paused, it is claimed as
+ * the sandbox — resumed with its id, fresh entropy and clock, as a resume gives — and the row says
+ * so once it runs. Null when the pool has none ready (or the claim failed; the row is untouched, and
+ * the caller resumes it the usual way). A crash before the row is written leaves it suspended at
+ * the snapshot, as a rollback cut off there always did.
+ */
+async function resumeFromPool(ctx: EngineContext, id: string, s: SnapshotRow): Promise<SandboxInfo | null> {
+  const fp = forkPointOf(ctx, s);
+  const warm = takeWarm(ctx, s, fp, readFileSync(join(fp.dir, 'device.state')), 1);
+  const vm = warm.vms[0];
+  let committed = false;
+  try {
+    if (!vm?.warm) return null;
+    const phases = new Phases('resume');
+    const info = await ctx.capacity.within('resume', { vmms: 1, memoryMib: s.memory_mib }, () => ctx.registry.serialized(id, async () => {
+      const cur = ctx.repo.get(id);
+      if (!cur || cur.state !== 'suspended' || cur.from_snapshot !== s.id) return null;
+      await applyEgress(ctx, vm, s, cur.egress);
+      const live = await claimWarm(vm.warm!, id, phases);
+      const t0 = performance.now();
+      const now = Date.now();
+      ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
+      committed = true;
+      ctx.registry.add(id, live);
+      phases.since('commit', t0);
+      // The suspend directory and empty top layer the switch made are not used: the pool's VMM has its own.
+      removeAfterwards(ctx, dirname(cur.snapshot!.statePath));
+      removeOwnLayers(ctx, id, cur.vmm!.diskPath, live.record.diskPath);
+      ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'restore' });
+      ctx.emit('phases', phases.report(id));
+      return getInfo(ctx, id);
+    }));
+    if (!info) await destroyPending(vm);
+    return info;
+  } catch (e) {
+    if (committed) throw e;
+    if (vm) await destroyPending(vm).catch(() => {});
+    // Claimed or not, the row still says suspended at the snapshot: the usual resume takes it from there.
+    if (ctx.repo.get(id)?.state === 'suspended') return null;
+    throw e;
+  } finally {
+    warm.served();
+  }
 }
 
 interface PreparedSwitch {

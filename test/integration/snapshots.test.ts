@@ -232,6 +232,41 @@ test('rollback in place: the sandbox\'s files and counter process return to the 
   engine.deleteSnapshot(ofSuspended.id, tenant);
 });
 
+test("rollback onto the snapshot's warm pool: a VMM restored ahead becomes the sandbox (same id), with the snapshot's files and process; it suspends, resumes and forks as any", async () => {
+  const src = await engine.create({ template: 'base' }, tenant);
+  const tag = await sh(src.id, COUNTER);
+  await sh(src.id, 'echo kept > /root/file; sync');
+  const snap = await engine.createSnapshot(src.id, {}, tenant);
+  const key = `snapshot:${snap.id}`;
+  // Used twice (a start, then a rollback): its pool forms.
+  for (const k of await engine.startFromSnapshot(snap.id, { count: 1 }, tenant)) await engine.delete(k.id, tenant);
+  await sh(src.id, 'echo changed > /root/file; sync');
+  await engine.restore(src.id, snap.id, tenant);
+  assert.equal(await sh(src.id, 'cat /root/file'), 'kept');
+  const deadline = Date.now() + 180_000;
+  while ((engine.poolStatus()[key]?.ready ?? 0) < 1 && Date.now() < deadline) await sleep(250);
+  const hits = engine.poolStatus()[key]?.hits ?? 0;
+  assert.ok((engine.poolStatus()[key]?.ready ?? 0) >= 1, `the pool restored a VMM ahead: ${JSON.stringify(engine.poolStatus()[key])}`);
+
+  await sh(src.id, 'pkill -f "mv /root/c.new" ; kill $(pgrep -f "read tag") 2>/dev/null; sleep 0.3; echo "gone 999999" > /root/counter; echo changed > /root/file; sync');
+  const back = await engine.restore(src.id, snap.id, tenant);
+  assert.equal(engine.poolStatus()[key]?.hits, hits + 1, 'the rollback claimed the pool\'s VMM');
+  assert.deepEqual([back.id, back.state, back.from_snapshot], [src.id, 'running', snap.id]);
+  assert.equal(await sh(src.id, 'cat /root/file'), 'kept');
+  const c = await counter(src.id);
+  assert.equal(c.tag, tag, 'the snapshot\'s counter process runs again');
+  await countsOn(src.id, tag, c.n);
+  // A sandbox on a pooled VMM lives on as any: suspended and resumed, forked.
+  await engine.suspend(src.id, tenant);
+  await engine.resume(src.id, tenant);
+  await countsOn(src.id, tag, (await counter(src.id)).n);
+  const [child] = await engine.fork(src.id, { count: 1 }, tenant);
+  assert.equal(await sh(child.id, 'cat /root/file'), 'kept');
+  await engine.delete(child.id, tenant);
+  await engine.delete(src.id, tenant);
+  engine.deleteSnapshot(snap.id, tenant);
+});
+
 test('a snapshot survives a server restart: listed, started from, rolled back to', async () => {
   const h = testHome('snapshots-restart');
   let e = await openEngine(h, { poolSize: 1 });
