@@ -14,7 +14,7 @@ import { connect } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CollimateError } from '../errors.js';
-import type { FileSink } from '../sandboxes/types.js';
+import type { FileSink, PortTarget } from '../sandboxes/types.js';
 import { hostRefused } from '../service/placement.js';
 import { HOST_OPERATIONS, invoke, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
 import { ARGS_HEADER, decode, encode, errorOf, EXTRAS_HEADER, PEER_HOST_PATH, type HostCallExtras } from '../cluster/remoteHost.js';
@@ -45,6 +45,11 @@ function extrasOf(req: IncomingMessage): HostCallExtras {
 }
 
 /** A JSON call's arguments (the server hands JSON bodies over as the bytes that came). */
+/** What a peer is told of a port here: who may reach it and the Host its server sees, not where it listens (the peer tunnels). */
+function portTerms(t: PortTarget): { publicPorts?: boolean; requestHost?: string } {
+  return { ...(t.publicPorts === undefined ? {} : { publicPorts: t.publicPorts }), ...(t.requestHost === undefined ? {} : { requestHost: t.requestHost }) };
+}
+
 function argsOf(body: unknown): unknown[] {
   // Not parseJsonBody: Buffers and bigints travel in this JSON (remoteHost.ts encode).
   const text = Buffer.isBuffer(body) ? body.toString('utf8') : typeof body === 'string' ? body : JSON.stringify(body ?? {});
@@ -117,8 +122,8 @@ export function registerPeerHost(app: FastifyInstance, opts: PeerHostOptions): v
     switch (kind) {
       case 'call': {
         const result = await run(args);
-        // A port's answer is where to connect on this host; the caller tunnels instead.
-        return reply.code(200).type('application/json').send(encode({ result: op === 'portTarget' ? {} : result ?? null }));
+        // A port's answer is where to connect on this host, which the caller tunnels to instead; who may reach it and its Host travel.
+        return reply.code(200).type('application/json').send(encode({ result: op === 'portTarget' ? portTerms(result as PortTarget) : result ?? null }));
       }
       case 'upload': {
         args[arg] = req.body as Duplex;

@@ -7,9 +7,13 @@
  * request stream untouched, and the handler pipes it upstream. WebSocket upgrades arrive on the
  * HTTP server's `upgrade` event and become a raw TCP tunnel once authorized.
  *
+ * A sandbox created with public ports (E2B's allowPublicTraffic) answers on its keyed paths and its
+ * port hosts without a key or token: a request no key or token opened is routed to that sandbox's
+ * port as one of its owner's, and to nothing else.
+ *
  * The tenant's key never reaches the sandbox: Authorization, X-Api-Key and any header carrying the
- * presented key are dropped; the sandbox sees `Host: localhost:<port>` (what dev servers accept) and
- * X-Forwarded-For/-Proto/-Host/-Prefix. Errors of the proxy itself are the API's error bodies with
+ * presented key are dropped; the sandbox sees `Host: localhost:<port>` (what dev servers accept), or
+ * the Host its port_host names, and X-Forwarded-For/-Proto/-Host/-Prefix. Errors of the proxy itself are the API's error bodies with
  * `X-Collimate-Error: <code>`, so a client can tell them from the sandbox server's own answers.
  */
 import { request as httpRequest, ServerResponse, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
@@ -22,6 +26,7 @@ import type { PortTarget } from '../sandboxes/types.js';
 import type { TenantService } from '../service/tenantService.js';
 import type { ResolvedPort, Scope } from '../service/types.js';
 import { bearerKey } from '../service/keys.js';
+import { requestHostOf } from '../sandboxes/portHost.js';
 import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
 import { restNames } from './routes.js';
@@ -101,7 +106,8 @@ const HOP_BY_HOP = new Set([
 ]);
 /** Set by the proxy itself; whatever a client sent under these names is replaced. */
 const OWN = new Set(['host', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-prefix', 'forwarded', TRAFFIC_TOKEN_HEADER]);
-const COLLIMATE_KEY = /\bclm_[0-9A-Za-z]{40}\b/;
+/** A Collimate key in either shape (keys.ts): never forwarded on a request that did not authenticate with it. */
+const COLLIMATE_KEY = /\b(?:clm_[0-9A-Za-z]{40}|e2b_[0-9a-f]{80})\b/;
 
 function validation(message: string): CollimateError {
   return new CollimateError('validation_error', message);
@@ -155,11 +161,42 @@ async function resolveRoute(opts: PortsProxyOptions, rawUrl: string, headers: In
     const hasKey = headers.authorization !== undefined;
     const signed = !hasKey && traffic === undefined && ownOrigin(headers) ? cookieOf(headers.cookie, PORT_COOKIE) : undefined;
     if (signed !== undefined) return signedRoute(opts, await signedFor(opts, signed, id, p.port), splitUrl(rawUrl, 5));
-    const scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic, 'traffic') : await opts.authenticate(headers);
-    if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
-    return { ...(await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port))), ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization), holder: scope };
+    let scope: Scope;
+    try {
+      scope = !hasKey && typeof traffic === 'string' ? await opts.tenants.accounts.sandboxScope(id, traffic, 'traffic') : await opts.authenticate(headers);
+      if (!SANDBOX_ID_RE.test(id)) throw sandboxNotFound(id.slice(0, 100));
+    } catch (err) {
+      // No key, or one that does not open it: a sandbox with public ports answers all the same.
+      if (!(err instanceof CollimateError && err.code === 'unauthorized')) throw err;
+      const open = await publicRoute(opts, id, p.port, rawUrl);
+      if (!open) throw err;
+      return open;
+    }
+    let target: ResolvedPort;
+    try {
+      target = await opts.tenants.sandboxes.portTarget(scope, id, parsePort(p.port));
+    } catch (err) {
+      // Another tenant's key: not its sandbox (404), unless its ports are public.
+      if (!(err instanceof CollimateError && err.code === 'sandbox_not_found')) throw err;
+      const open = await publicRoute(opts, id, p.port, rawUrl);
+      if (!open) throw err;
+      return open;
+    }
+    return { ...target, ...splitUrl(rawUrl, 5), key: bearerKey(headers.authorization), holder: scope };
   }
   return signedRoute(opts, await opts.tenants.sandboxes.signedPortTarget(p.token), splitUrl(rawUrl, 3));
+}
+
+/**
+ * The route of a request to a sandbox with public ports, as one of its owner's without a key (the
+ * headers forwarded as for a signed URL: a Collimate key sent along is dropped); undefined when the
+ * sandbox is unknown or its ports are not public, so the caller's refusal stands unchanged.
+ */
+async function publicRoute(opts: PortsProxyOptions, id: string, port: string, rawUrl: string): Promise<Route | undefined> {
+  const tenant = await opts.tenants.sandboxes.publicPortsOwner(id);
+  if (tenant === null) return undefined;
+  const holder = await opts.tenants.accounts.scopeOf(tenant);
+  return { ...(await opts.tenants.sandboxes.portTarget(holder, id, parsePort(port))), ...splitUrl(rawUrl, 5), holder };
 }
 
 async function signedRoute(opts: PortsProxyOptions, r: ResolvedPort, path: { prefix: string; forwardPath: string }): Promise<Route> {
@@ -255,7 +292,7 @@ export function forwardHeaders(raw: string[], route: Route, client: { ip?: strin
     out.push(name, value);
   }
   if (client.ip) forwardedFor.push(client.ip);
-  out.push('Host', `localhost:${route.port}`);
+  out.push('Host', route.target.requestHost ?? requestHostOf(null, route.port));
   if (forwardedFor.length) out.push('X-Forwarded-For', forwardedFor.join(', '));
   out.push('X-Forwarded-Proto', client.proto);
   if (client.host) out.push('X-Forwarded-Host', client.host);

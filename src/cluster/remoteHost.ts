@@ -263,11 +263,14 @@ export class RemoteHost {
   }
 
   /** A port of another host's sandbox: checked there now, reached through a tunnel when connected. */
-  private async tunnelTarget(args: unknown[]): Promise<{ host: string; port: number; connect(): Promise<Duplex> }> {
+  private async tunnelTarget(args: unknown[]): Promise<{ host: string; port: number; publicPorts?: boolean; requestHost?: string; connect(): Promise<Duplex> }> {
     const [id, port, scope] = args as [string, number, Scope];
-    await this.call('portTarget', args); // invalid_state, network_unavailable… are said now
+    // invalid_state, network_unavailable… are said now; who may reach the port and its Host come back.
+    const terms = (await this.call('portTarget', args)) as { publicPorts?: boolean; requestHost?: string } | null;
     const target = new URL(this.address);
     return {
+      ...(terms?.publicPorts === undefined ? {} : { publicPorts: terms.publicPorts }),
+      ...(terms?.requestHost === undefined ? {} : { requestHost: terms.requestHost }),
       host: target.hostname,
       port: Number(target.port),
       connect: () => new Promise((resolve, reject) => {

@@ -47,6 +47,7 @@ async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOpti
       vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib, disk_mib: t.artifact.diskMib,
       egress, vmm: live.record, snapshot: null, pending_op: null,
       on_timeout: opts.onTimeout ?? ctx.cfg.reapAction, auto_resume: opts.autoResume ? 1 : 0,
+      public_ports: opts.publicPorts ? 1 : 0, port_host: opts.portHost ?? null,
     };
     ctx.repo.insert(row);
     ctx.registry.add(row.id, live);

@@ -6,6 +6,7 @@ import { buildAgentExec, toExecResult, killedBySigkill, oomKilledDuring, execSee
 import { settledLink, type Running } from './registry.js';
 import { gone, networkReason, rowFor, runningFor, type EngineContext } from './context.js';
 import type { ExecRequest, ExecResult, ExecStreamHandlers, OpenPort, PortTarget, Scope } from './types.js';
+import { requestHostOf } from './portHost.js';
 
 /**
  * What runs inside a running sandbox through its agent: execs, file reads and writes, and the
@@ -101,7 +102,8 @@ export function portTarget(ctx: EngineContext, id: string, port: number, scope?:
   if (!net) throw new CollimateError('network_unavailable', `Sandbox ${id} has no network (${ctx.net ? 'its template was baked without one' : networkReason(ctx.cfg)}), so its ports cannot be reached.`);
   // A connection to a sandbox paused for being quiescent wakes it (its gate runs in the next turn).
   if (r.paused) r.queue.run(async () => {}).catch(() => {});
-  return { host: net.nsIp, port };
+  const row = ctx.repo.get(id);
+  return { host: net.nsIp, port, publicPorts: row?.public_ports === 1, requestHost: requestHostOf(row?.port_host, port) };
 }
 
 /** Whether the guest OOM killer struck during an exec that just ended by SIGKILL (exec.ts OOM_PROBE). */

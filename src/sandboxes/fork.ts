@@ -452,7 +452,7 @@ export async function spawnChildren(
       created_at: now, last_active: now, exec_count: 0, parent: fromSnapshot ? null : parentRow.id, forked_at: fromSnapshot ? null : now,
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
-      on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume,
+      on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume, public_ports: parentRow.public_ports, port_host: parentRow.port_host,
       vmm: lives[i].record, snapshot: null, pending_op: null, from_snapshot: fromSnapshot ?? null,
     }));
     ctx.repo.tx(() => {

@@ -46,7 +46,7 @@ export interface MoveManifest {
   row: Pick<SandboxRow, 'tenant' | 'template' | 'labels' | 'created_at' | 'last_active' | 'exec_count' | 'parent' | 'forked_at'
     | 'timeout_secs' | 'session_started_at' | 'session_ends_at' | 'vcpus' | 'memory_mib' | 'disk_mib' | 'egress'>
     // Absent from a host of an older version: the receiver's default.
-    & Partial<Pick<SandboxRow, 'on_timeout' | 'auto_resume'>>;
+    & Partial<Pick<SandboxRow, 'on_timeout' | 'auto_resume' | 'public_ports' | 'port_host'>>;
   files: MoveFile[];
 }
 
@@ -115,11 +115,11 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
       for (const name of ['device.state', 'ram.img', 'disk.qcow2'] as const) {
         files.push({ name, digest: `sha256:${await sha256File(paths[name])}`, size: statSync(paths[name]).size, sparse: name !== 'device.state' });
       }
-      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume } = row;
+      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host } = row;
       return {
         manifest: {
           id, artifactKey: row.vmm.artifactKey, suspendedAt: snap.suspendedAt, files,
-          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume },
+          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host },
         },
         paths: { ...paths },
         discard: () => {
@@ -199,7 +199,8 @@ export async function importMoveIn(ctx: EngineContext, m: MoveManifest, pull: (f
   const f = snapshotFiles(snapDir);
   const diskPath = newDiskPath(dirs(ctx.cfg).disks, m.id);
   const row: SandboxRow = {
-    id: m.id, ...m.row, on_timeout: m.row.on_timeout ?? ctx.cfg.reapAction, auto_resume: m.row.auto_resume ?? 0, state: 'suspended',
+    id: m.id, ...m.row, on_timeout: m.row.on_timeout ?? ctx.cfg.reapAction, auto_resume: m.row.auto_resume ?? 0,
+    public_ports: m.row.public_ports ?? 0, port_host: m.row.port_host ?? null, state: 'suspended',
     vmm: { pid: 0, startTicks: '', dir, diskPath, memPath: join(ctx.cfg.ramDir, `${m.id}.mem`), memShared: true, artifactKey: m.artifactKey },
     snapshot: { statePath: f.statePath, ramPath: f.ramPath, bytes: 0, suspendedAt: m.suspendedAt },
     pending_op: { op: 'move', startedAt: Date.now() },

@@ -80,6 +80,10 @@ export interface SandboxRow {
   on_timeout: OnTimeout | null;
   /** 1: a request that needs it running resumes it while suspended (E2B's autoResume). */
   auto_resume: number;
+  /** 1: its ports answer without a key or token (E2B's allowPublicTraffic); inherited by forks and snapshots. */
+  public_ports: number;
+  /** The Host header template its servers see through the ports proxy (portHost.ts); null: `localhost:<port>`. */
+  port_host: string | null;
   /** The snapshot it was started from or last rolled back to (snapshots.ts); null otherwise. */
   from_snapshot?: string | null;
 }
@@ -101,6 +105,8 @@ export interface SnapshotRow {
   egress: EgressPolicy;
   on_timeout: OnTimeout | null;
   auto_resume: number;
+  public_ports: number;
+  port_host: string | null;
   timeout_secs: number;
   /** What its files occupy on disk: the RAM image, the device state and the frozen disk layer. */
   bytes: number;
@@ -131,9 +137,9 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume, from_snapshot)
+        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume, public_ports, port_host, from_snapshot)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume, @from_snapshot)`).run({
+        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume, @public_ports, @port_host, @from_snapshot)`).run({
       ...row,
       from_snapshot: row.from_snapshot ?? null,
       labels: JSON.stringify(row.labels),
@@ -285,9 +291,9 @@ export class SandboxRepo {
 
   insertSnapshot(s: SnapshotRow): void {
     this.db.prepare(`INSERT INTO snapshots (id, tenant, name, labels, source, template, fork_point, artifact_key, vcpus, memory_mib, disk_mib,
-        egress, on_timeout, auto_resume, timeout_secs, bytes, created_at, state, environment)
+        egress, on_timeout, auto_resume, public_ports, port_host, timeout_secs, bytes, created_at, state, environment)
       VALUES (@id, @tenant, @name, @labels, @source, @template, @fork_point, @artifact_key, @vcpus, @memory_mib, @disk_mib,
-        @egress, @on_timeout, @auto_resume, @timeout_secs, @bytes, @created_at, @state, @environment)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
+        @egress, @on_timeout, @auto_resume, @public_ports, @port_host, @timeout_secs, @bytes, @created_at, @state, @environment)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
   }
 
   snapshot(id: string): SnapshotRow | undefined {
@@ -381,6 +387,8 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now(), po
     ports,
     on_timeout: row.on_timeout ?? 'delete',
     auto_resume: row.auto_resume === 1,
+    public_ports: row.public_ports === 1,
+    port_host: row.port_host ?? null,
     from_snapshot: row.from_snapshot ?? null,
   };
 }

@@ -60,6 +60,10 @@ export interface SandboxInfo {
   on_timeout: OnTimeout;
   /** While suspended, a request that needs it running (an exec, a file, a port) resumes it first. */
   auto_resume: boolean;
+  /** Its ports answer anyone, without a key or its traffic token (E2B's allowPublicTraffic); inherited by forks and snapshots. */
+  public_ports: boolean;
+  /** The Host header its servers see through the ports proxy, `${PORT}` replaced (E2B's maskRequestHost); null: `localhost:<port>`. */
+  port_host: string | null;
   /** The snapshot it was started from, or last rolled back to; null otherwise. */
   from_snapshot: string | null;
 }
@@ -100,6 +104,10 @@ export interface StartFromSnapshotOptions {
   egress?: EgressPolicy;
   onTimeout?: OnTimeout;
   autoResume?: boolean;
+  /** Default: the snapshot's. */
+  publicPorts?: boolean;
+  /** Default: the snapshot's. */
+  portHost?: string | null;
 }
 
 export interface SnapshotListFilter {
@@ -119,6 +127,10 @@ export type OnTimeout = 'delete' | 'suspend';
 export interface PortTarget {
   host: string;
   port: number;
+  /** The sandbox's ports answer without a key or token (SandboxInfo.public_ports). */
+  publicPorts?: boolean;
+  /** The Host header its server gets (SandboxInfo.port_host with the port in it); absent: `localhost:<port>`. */
+  requestHost?: string;
 }
 
 export interface ExecFile {
@@ -205,6 +217,10 @@ export interface CreateOptions {
   onTimeout?: OnTimeout;
   /** Resume on a request that needs it running while suspended (needs onTimeout 'suspend' to matter after a timeout). */
   autoResume?: boolean;
+  /** Its ports answer without a key or token; default false. Forks keep their parent's. */
+  publicPorts?: boolean;
+  /** The Host header template its servers see through the ports proxy (portHost.ts checks it); default `localhost:${PORT}`. */
+  portHost?: string;
 }
 
 export interface ForkOptions {

@@ -7,12 +7,13 @@
  */
 import { CollimateError, environmentNotReady, invalidState, sandboxNotFound, snapshotNotFound, msg, see } from '../errors.js';
 import { assertTenantEgress, parseEgress, widening, type EgressInput, type EgressPolicy } from '../net/policy.js';
+import { portHostProblem } from '../sandboxes/portHost.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
   DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, MkdirOptions, OpenPort, ProcessEvent, ProcessInfo,
   ProcessStartRequest, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, TemplateInfo, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
-import { DEFAULT_PORT_URL_SECS, ENVIRONMENT_NAME_RE } from '../wire/schemas.js';
+import { DEFAULT_PORT_URL_SECS, ENVIRONMENT_NAME_RE, SANDBOX_ID_RE } from '../wire/schemas.js';
 import type { ExecLogEntry } from './execLog.js';
 import type { StoredResponse } from './idempotency.js';
 import type { Histogram } from './metrics.js';
@@ -142,7 +143,7 @@ export class Sandboxes {
     const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
     const opts = {
       template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
-      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume ? { autoResume: true } : {}),
+      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume ? { autoResume: true } : {}), ...portAccessOf(input),
     };
     return this.placement.start({ tenant: scope.tenant, tier, slots: 1, operation: 'create', template: input.template }, async (host) => {
       const stop = this.createSeconds.startTimer();
@@ -408,6 +409,24 @@ export class Sandboxes {
     return { sandboxId: id, tenant: scope.tenant, port, target: await this.whileRunning(scope, id, (host) => host.portTarget(id, port, scope)) };
   }
 
+  /**
+   * The tenant whose sandbox `id` has public ports (anyone may reach them, E2B's allowPublicTraffic),
+   * or null when there is no such sandbox or its ports need a key or token: the proxy tells these
+   * two apart from no one, answering both as a request without a key.
+   */
+  async publicPortsOwner(id: string): Promise<string | null> {
+    if (!SANDBOX_ID_RE.test(id)) return null;
+    const tenant = await this.placement.tenantOf(id);
+    if (tenant === null) return null;
+    const info = await Promise.resolve()
+      .then(async () => (await this.placement.locate(tenant, id)).get(id, { tenant }))
+      .catch((err) => {
+        if (err instanceof CollimateError && err.code === 'sandbox_not_found') return null;
+        throw err;
+      });
+    return info?.public_ports ? tenant : null;
+  }
+
   /** Where the proxy connects for a signed URL (unauthorized when the token is bad or expired). */
   async signedPortTarget(token: string): Promise<ResolvedPort> {
     const grant = this.signer.verify(token);
@@ -534,6 +553,7 @@ export class Sandboxes {
     const opts: StartFromSnapshotOptions = {
       count: input.count, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
       ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume === undefined ? {} : { autoResume: input.autoResume }),
+      ...portAccessOf(input),
     };
     return this.placement.start({ tenant: scope.tenant, tier, slots: input.count, operation: `start of ${input.count} from a snapshot`, snapshot: snap.id }, async (host) => {
       const stop = this.createSeconds.startTimer();
@@ -574,4 +594,13 @@ export class Sandboxes {
     const net = this.engine.networkStatus?.();
     return net?.reason ?? (net?.enabled ? "its template was baked without a network" : 'networking is off');
   }
+}
+
+/** A create's public ports and port Host as the engine takes them: validation_error for a port Host that is not hostname[:port]. */
+function portAccessOf(input: { publicPorts?: boolean; portHost?: string }): { publicPorts?: boolean; portHost?: string } {
+  if (input.portHost !== undefined) {
+    const problem = portHostProblem(input.portHost);
+    if (problem) throw new CollimateError('validation_error', problem);
+  }
+  return { ...(input.publicPorts === undefined ? {} : { publicPorts: input.publicPorts }), ...(input.portHost === undefined ? {} : { portHost: input.portHost }) };
 }

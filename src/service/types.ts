@@ -38,6 +38,10 @@ export interface CreateInput {
   onTimeout?: OnTimeout;
   /** Resume on a request that needs it running, while suspended. */
   autoResume?: boolean;
+  /** Its ports answer without a key or token; default false. */
+  publicPorts?: boolean;
+  /** The Host header template its servers see through the ports proxy (`${PORT}` replaced); checked by portHostProblem. */
+  portHost?: string;
 }
 
 export interface ForkInput {
@@ -56,6 +60,10 @@ export interface SnapshotStartInput {
   egress?: EgressInput;
   onTimeout?: OnTimeout;
   autoResume?: boolean;
+  /** Default: the snapshot's. */
+  publicPorts?: boolean;
+  /** Default: the snapshot's. */
+  portHost?: string;
 }
 
 export interface PortUrl {

@@ -142,6 +142,19 @@ const migrations: Migration[] = [
       CREATE UNIQUE INDEX snapshots_environment ON snapshots (tenant, environment) WHERE environment IS NOT NULL;
     `,
   },
+  {
+    version: 8,
+    name: 'public ports and port host',
+    // public_ports: the sandbox's ports answer without a key or token (E2B's allowPublicTraffic).
+    // port_host: the Host header its servers see through the ports proxy, `${PORT}` replaced
+    // (E2B's maskRequestHost); null is `localhost:<port>`. Kept by forks and snapshots.
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
+      ALTER TABLE sandboxes ADD COLUMN port_host TEXT;
+      ALTER TABLE snapshots ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
+      ALTER TABLE snapshots ADD COLUMN port_host TEXT;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

@@ -9,6 +9,7 @@
 import { z } from 'zod';
 import { MAX_SEED, SEED_FORMAT_MESSAGE, SEED_RE, USER_NAME_RE } from '../sandboxes/exec.js';
 import { MAX_FORK_COUNT } from '../sandboxes/types.js';
+import { PORT_HOST_MAX } from '../sandboxes/portHost.js';
 import { EGRESS_LIMITS, parseEgress } from '../net/policy.js';
 
 /** Metadata registry for the OpenAPI document: schemas with an `id` become components. */
@@ -207,6 +208,8 @@ export const Sandbox = named(
     ),
     on_timeout: described(onTimeout(), 'What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes).'),
     auto_resume: described(z.boolean(), 'While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first.'),
+    public_ports: described(z.boolean(), 'Its ports answer anyone, without a key, traffic token or signed URL (E2B\'s allowPublicTraffic).'),
+    port_host: described(z.string().nullable(), 'The Host header its servers see through the ports proxy, `${PORT}` replaced by the port; null: `localhost:<port>`.'),
     from_snapshot: described(snapshotIdRef().nullable(), 'The snapshot it was started from, or last rolled back to; null otherwise.'),
   }),
   'One microVM.',
@@ -247,6 +250,14 @@ export const CreateSandboxRequest = named(
     ),
     on_timeout: described(onTimeout(), "What happens when the session ends: `delete` it, or `suspend` it (it keeps counting against the suspended quotas). Default: the server's COLLIMATE_REAP_ACTION (delete). Forks keep their parent's.").optional(),
     auto_resume: described(z.boolean(), 'While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false.').optional(),
+    public_ports: described(
+      z.boolean(),
+      "Its ports answer anyone through the ports proxy (`/v1/sandboxes/{id}/ports/{port}/…` and `<port>-<id>.<domain>`) without a key, traffic token or signed URL: for webhooks and public demos. Nothing else of the sandbox opens. Default false. Forks and sandboxes started from its snapshots keep it (with `snapshot`, default the snapshot's).",
+    ).optional(),
+    port_host: described(
+      z.string().min(1).max(PORT_HOST_MAX),
+      'The Host header its servers see on requests through the ports proxy: hostname[:port], `${PORT}` replaced by the port asked for (e.g. `localhost:${PORT}`, `app.example.com`); not a host shape is 400 validation_error. Default `localhost:<port>`. Forks keep it.',
+    ).optional(),
   }),
 );
 

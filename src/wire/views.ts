@@ -37,6 +37,8 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
     ports: (i.ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: portPath(i.id, p.port) })),
     on_timeout: i.on_timeout,
     auto_resume: i.auto_resume,
+    public_ports: i.public_ports ?? false,
+    port_host: i.port_host ?? null,
     from_snapshot: i.from_snapshot ?? null,
   };
 }

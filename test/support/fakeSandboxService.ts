@@ -19,6 +19,7 @@ import type { EgressPolicy } from '../../src/net/policy.js';
 import { ProcessRegistry } from '../../src/sandboxes/processes.js';
 import { buildProcStart, checkPid, checkSize, checkWaitSecs, processError, processNotFound, signalNumber, STDIN_CHUNK_BYTES } from '../../src/sandboxes/processOps.js';
 import { FakeProcessAgent } from './fakeProcessAgent.js';
+import { requestHostOf } from '../../src/sandboxes/portHost.js';
 import type {
   CreateOptions,
   ExecRequest,
@@ -87,6 +88,8 @@ interface Box {
   fromSnapshot?: string;
   onTimeout: OnTimeout;
   autoResume: boolean;
+  publicPorts: boolean;
+  portHost: string | null;
   ports: number[];
   /** Its guest's background processes (fakeProcessAgent.ts). */
   agent: FakeProcessAgent;
@@ -192,6 +195,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     box.egress = opts.egress ?? tpl.egress;
     box.onTimeout = opts.onTimeout ?? 'delete';
     box.autoResume = opts.autoResume === true;
+    box.publicPorts = opts.publicPorts === true;
+    box.portHost = opts.portHost ?? null;
     this.transition(box, 'create');
     return this.info(box);
   }
@@ -310,6 +315,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       child.egress = parent.egress;
       child.onTimeout = parent.onTimeout;
       child.autoResume = parent.autoResume;
+      child.publicPorts = parent.publicPorts;
+      child.portHost = parent.portHost;
       parent.children.push(child.id);
       this.transition(child, 'fork');
       children.push(this.info(child));
@@ -389,6 +396,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       b.egress = opts.egress ?? s.box.egress;
       b.onTimeout = opts.onTimeout ?? s.box.onTimeout;
       b.autoResume = opts.autoResume ?? s.box.autoResume;
+      b.publicPorts = opts.publicPorts ?? s.box.publicPorts;
+      b.portHost = opts.portHost === undefined ? s.box.portHost : opts.portHost;
       b.fromSnapshot = id;
       this.transition(b, 'fork');
       out.push(this.info(b));
@@ -677,7 +686,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     const box = this.find(id, scope);
     if (box.state !== 'running') throw invalidState(id, box.state, 'reaching a port', ['running']);
     if (this.networkUnavailable) throw new CollimateError('network_unavailable', 'This server runs without networking, so sandbox ports cannot be reached.');
-    return { host: '127.0.0.1', port: this.portMap.get(port) ?? port };
+    return { host: '127.0.0.1', port: this.portMap.get(port) ?? port, publicPorts: box.publicPorts, requestHost: requestHostOf(box.portHost, port) };
   }
 
   /** Networking as /healthz shows it (Engine.networkStatus; `collimate serve` reports it). */
@@ -866,6 +875,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       egress: 'allow',
       onTimeout: 'delete',
       autoResume: false,
+      publicPorts: false,
+      portHost: null,
       ports: [],
       agent: new FakeProcessAgent(),
     };
@@ -901,6 +912,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       ports: b.ports.map((port) => ({ port, protocol: 'tcp' as const })),
       on_timeout: b.onTimeout,
       auto_resume: b.autoResume,
+      public_ports: b.publicPorts,
+      port_host: b.portHost,
       from_snapshot: b.fromSnapshot ?? null,
     };
   }

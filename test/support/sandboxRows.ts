@@ -25,6 +25,6 @@ export function row(id: string, over: Partial<SandboxRow> = {}): SandboxRow {
   return {
     id, tenant: 't1', template: 'base', state: 'running', labels: {}, created_at: 1000, last_active: 1000, exec_count: 0,
     parent: null, forked_at: null, timeout_secs: 300, session_started_at: 1000, session_ends_at: 301_000, vcpus: 1, memory_mib: 256, disk_mib: 1024,
-    egress: 'none', vmm: null, snapshot: null, pending_op: null, on_timeout: 'delete', auto_resume: 0, ...over,
+    egress: 'none', vmm: null, snapshot: null, pending_op: null, on_timeout: 'delete', auto_resume: 0, public_ports: 0, port_host: null, ...over,
   };
 }

@@ -109,6 +109,10 @@ export type Sandbox = {
   on_timeout: "delete" | "suspend";
   /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
   auto_resume: boolean;
+  /** Its ports answer anyone, without a key, traffic token or signed URL (E2B's allowPublicTraffic). */
+  public_ports: boolean;
+  /** The Host header its servers see through the ports proxy, `${PORT}` replaced by the port; null: `localhost:<port>`. */
+  port_host: string | null;
   /** The snapshot it was started from, or last rolled back to; null otherwise. */
   from_snapshot: string | null;
 };
@@ -148,6 +152,10 @@ export type CreateSandboxResponse = {
   on_timeout: "delete" | "suspend";
   /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
   auto_resume: boolean;
+  /** Its ports answer anyone, without a key, traffic token or signed URL (E2B's allowPublicTraffic). */
+  public_ports: boolean;
+  /** The Host header its servers see through the ports proxy, `${PORT}` replaced by the port; null: `localhost:<port>`. */
+  port_host: string | null;
   /** The snapshot it was started from, or last rolled back to; null otherwise. */
   from_snapshot: string | null;
   /** With `count` in the request (a start from a snapshot): every sandbox started, this one first. Absent otherwise. */
@@ -170,6 +178,10 @@ export type CreateSandboxRequest = {
   on_timeout?: "delete" | "suspend";
   /** While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false. */
   auto_resume?: boolean;
+  /** Its ports answer anyone through the ports proxy (`/v1/sandboxes/{id}/ports/{port}/…` and `<port>-<id>.<domain>`) without a key, traffic token or signed URL: for webhooks and public demos. Nothing else of the sandbox opens. Default false. Forks and sandboxes started from its snapshots keep it (with `snapshot`, default the snapshot's). */
+  public_ports?: boolean;
+  /** The Host header its servers see on requests through the ports proxy: hostname[:port], `${PORT}` replaced by the port asked for (e.g. `localhost:${PORT}`, `app.example.com`); not a host shape is 400 validation_error. Default `localhost:<port>`. Forks keep it. */
+  port_host?: string;
 };
 
 export type SetEgressRequest = {

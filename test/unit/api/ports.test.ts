@@ -13,6 +13,7 @@ import { dirname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { wsConnect, wsEcho } from '../../support/ws.js';
 import { fixture, assertErrorBody, serverOn, type Fixture } from './helpers.js';
+import { SHARED_ORIGIN_CSP as SHARED_ORIGIN_CSP_TEXT } from '../../../src/api/portsProxy.js';
 
 const MB = 1024 * 1024;
 const SANDBOX_PORT = 8000;
@@ -421,6 +422,83 @@ describe('ports proxy', () => {
     assert.equal(listed.ports.length, 2);
     f.svc.listen(id, []);
     assert.deepEqual((await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json().ports, []);
+  });
+
+  test("public ports answer anyone, by path, by Host and over WebSocket, with the port_host the sandbox asked for; nothing else of it opens", async () => {
+    const pub = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python', public_ports: true, port_host: 'app.example.test:${PORT}' } })).json();
+    assert.deepEqual([pub.public_ports, pub.port_host], [true, 'app.example.test:${PORT}']);
+    const at = (path: string, sid = pub.id, port = SANDBOX_PORT) => `${base}/v1/sandboxes/${sid}/ports/${port}${path}`;
+    // Without a key or token: the sandbox's server answers, and sees the Host it asked for.
+    const r = await call(at('/open?x=1'), { headers: { authorization: 'Bearer app-token', 'x-api-key': key } });
+    assert.equal(r.status, 200, r.body.toString());
+    const seen = r.json() as Seen;
+    assert.equal(seen.url, '/open?x=1');
+    assert.equal(seen.headers.host, `app.example.test:${SANDBOX_PORT}`);
+    assert.equal(seen.headers['x-forwarded-prefix'], `/v1/sandboxes/${pub.id}/ports/${SANDBOX_PORT}`);
+    assert.equal(seen.headers['x-api-key'], undefined, 'a Collimate key sent along stays at the proxy');
+    assert.equal(r.headers['content-security-policy'], SHARED_ORIGIN_CSP_TEXT, "on the API's origin it is confined as ever");
+    // An app's own Authorization passes when it opened nothing here (not a Collimate key).
+    const app = await call(at('/app'), { headers: { authorization: 'Bearer app-token' } });
+    assert.equal((app.json() as Seen).headers.authorization, 'Bearer app-token');
+    // By Host (E2B's getHost), another tenant's key or a wrong token: public all the same, no key forwarded.
+    const byHost = await call(`${base}/h`, { headers: { host: `${SANDBOX_PORT}-${pub.id}.localhost` } });
+    assert.equal(byHost.status, 200);
+    assert.equal((byHost.json() as Seen).headers.host, `app.example.test:${SANDBOX_PORT}`);
+    const other = await call(at('/o'), { headers: { authorization: `Bearer ${otherKey}` } });
+    assert.equal(other.status, 200);
+    assert.ok(!JSON.stringify((other.json() as Seen).headers).includes(otherKey), "the other tenant's key is not forwarded");
+    assert.equal((await call(at('/t'), { headers: { 'e2b-traffic-access-token': 'wrong' } })).status, 200);
+    assert.equal((await call(at('/k'), { headers: auth() })).status, 200, "the owner's key works as ever");
+    // WebSocket without a key.
+    const ws = await wsConnect(at('/chat'));
+    ws.send('hi');
+    assert.equal(await within(ws.next(), 5000, 'public echo'), 'echo:hi');
+    ws.close();
+    assert.equal(b.upgrades.at(-1)!.headers.host, `app.example.test:${SANDBOX_PORT}`);
+    // Errors stay what they are: a bad port 400, nothing listening 502; private and unknown sandboxes 401 alike without a key.
+    assert.equal((await call(at('/', pub.id, CLOSED_PORT))).status, 502);
+    assert.equal((await call(`${base}/v1/sandboxes/${pub.id}/ports/0/`)).status, 400);
+    assert.equal((await call(proxied('/x'))).status, 401, 'a sandbox without public ports still needs a key');
+    const unknown = await call(at('/x', 'sbx_000000000000'));
+    const closed = await call(proxied('/x'));
+    assert.equal(unknown.status, 401);
+    assert.equal(unknown.json().error.message, closed.json().error.message, 'unknown and closed look the same from outside');
+    assert.equal((await call(`${base}/v1/sandboxes/${pub.id}`)).status, 401, 'the sandbox itself stays behind the key');
+    assert.equal((await call(`${base}/v1/sandboxes/${pub.id}/exec`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"command":"id"}' })).status, 401);
+    // Forks and sandboxes started from its snapshots keep both.
+    const child = (await f.req('forkSandbox', { url: `/v1/sandboxes/${pub.id}/fork`, key, body: { count: 1 } })).json().sandboxes[0];
+    assert.deepEqual([child.public_ports, child.port_host], [true, 'app.example.test:${PORT}']);
+    assert.equal(((await call(at('/child', child.id))).json() as Seen).headers.host, `app.example.test:${SANDBOX_PORT}`);
+    const snap = (await f.req('createSnapshot', { url: `/v1/sandboxes/${pub.id}/snapshots`, key, body: {} })).json();
+    const started = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: snap.id } })).json();
+    assert.deepEqual([started.public_ports, started.port_host], [true, 'app.example.test:${PORT}']);
+    assert.equal((await call(at('/s', started.id))).status, 200);
+    const narrowed = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { snapshot: snap.id, public_ports: false } })).json();
+    assert.equal((await call(at('/s', narrowed.id))).status, 401, 'a start from a snapshot may close its ports');
+    // Suspended: 409 as for the owner (a public port says no more than that).
+    await f.req('suspendSandbox', { url: `/v1/sandboxes/${started.id}/suspend`, key });
+    assert.equal((await call(at('/x', started.id))).status, 409);
+  });
+
+  test('port_host alone: the Host the server sees; default localhost:PORT; bad values are 400 validation_error naming the problem', async () => {
+    const masked = (await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python', port_host: '[::1]' } })).json();
+    assert.deepEqual([masked.public_ports, masked.port_host], [false, '[::1]']);
+    assert.equal(((await call(`${base}/v1/sandboxes/${masked.id}/ports/${SANDBOX_PORT}/`, { headers: auth() })).json() as Seen).headers.host, '[::1]');
+    assert.equal((await call(`${base}/v1/sandboxes/${masked.id}/ports/${SANDBOX_PORT}/`)).status, 401, 'a port Host opens nothing');
+    const plain = (await f.req('getSandbox', { url: `/v1/sandboxes/${id}`, key })).json();
+    assert.deepEqual([plain.public_ports, plain.port_host], [false, null]);
+    for (const [bad, why] of [
+      ['evil.test\r\nX-Injected: 1', /line breaks/], ['a b', /not a host/], ['host/path', /not a host/], ['', /1 to 260|too small/i],
+      ['x'.repeat(261), /260/], ['http://host', /not a host/], ['host:${PORT}:1', /not a host/], ['-lead.test', /not a host/],
+    ] as const) {
+      const res = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python', port_host: bad } });
+      assert.equal(res.statusCode, 400, JSON.stringify(bad));
+      assert.equal(res.json().error.code, 'validation_error');
+      assert.match(res.json().error.message, why, JSON.stringify(bad));
+    }
+    const notBool = await f.req('createSandbox', { url: '/v1/sandboxes', key, body: { template: 'python', public_ports: 'yes' } });
+    assert.equal(notBool.statusCode, 400);
+    assert.equal(notBool.json().error.code, 'validation_error');
   });
 
   test('shutdown ends open WebSocket tunnels', async () => {

@@ -82,7 +82,7 @@ function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling
     timeout_secs: 300, session_started_at: 1, session_ends_at: 2, vcpus: 1, memory_mib: 256, disk_mib: 2048, egress: 'allow' as never,
     vmm: { pid: 0, startTicks: '', dir: join(ctx.cfg.home, 'sandboxes', id), diskPath: top, memPath: '/nonexistent', memShared: true, artifactKey: KEY },
     snapshot: { statePath: join(snap, 'device.state'), ramPath: join(snap, 'ram.img'), bytes: 1, suspendedAt: 1234 },
-    pending_op: null, on_timeout: 'suspend', auto_resume: 1,
+    pending_op: null, on_timeout: 'suspend', auto_resume: 1, public_ports: 1, port_host: 'app.test:${PORT}',
   };
   ctx.repo.insert(row);
   return row;
@@ -130,6 +130,7 @@ describe('moving a suspended sandbox: the engine side (real qcow2 chains, real j
     const got = dst.repo.get(row.id)!;
     assert.equal(got.state, 'suspended');
     assert.equal(got.pending_op?.op, 'move');
+    assert.deepEqual([got.public_ports, got.port_host], [1, 'app.test:${PORT}'], 'public ports and the port Host travel with it');
     assert.match(qimg('info', got.vmm!.diskPath), new RegExp(`backing file: ${art.copy}\\n`), 'pointed at the receiver\'s copy of the artifact');
     assert.match(qimg('compare', '-f', 'qcow2', '-F', 'qcow2', row.vmm!.diskPath, got.vmm!.diskPath), /identical/);
     assert.ok(existsSync(join(dst.cfg.home, 'sandboxes', row.id, 'suspend', 'complete')));

@@ -23,7 +23,7 @@ test('insert then get gives the row back, JSON columns decoded', () => {
 test('snapshots: listed only once ready, per tenant and source, by id; removing one drops its hold on its fork point', () => {
   const snap = (id: string, over: Partial<SnapshotRow> = {}): SnapshotRow => ({
     id, tenant: 'acme', name: null, labels: { run: '1' }, source: 'sbx_a', template: 'base', fork_point: `fp_${id}`, artifact_key: 'k',
-    vcpus: 1, memory_mib: 256, disk_mib: 64, egress: 'none', on_timeout: 'delete', auto_resume: 0, timeout_secs: 60, bytes: 0, created_at: 1, state: 'ready', environment: null, ...over,
+    vcpus: 1, memory_mib: 256, disk_mib: 64, egress: 'none', on_timeout: 'delete', auto_resume: 0, public_ports: 0, port_host: null, timeout_secs: 60, bytes: 0, created_at: 1, state: 'ready', environment: null, ...over,
   });
   t.repo.insertSnapshot(snap('snap_b'));
   t.repo.insertSnapshot(snap('snap_a', { source: 'sbx_b', labels: { run: '2' } }));
