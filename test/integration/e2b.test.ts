@@ -174,6 +174,48 @@ test("the sandbox log on real VMs: an E2B command and a REST exec, read through 
   }
 });
 
+test("e2b 2.51 getMetrics on real VMs: the guest's disk use as df / says it, grown by a 20 MiB file at the next reading", async () => {
+  const MiB = 1048576;
+  const sbx = await e2bNew.Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });
+  try {
+    // A sandbox's first read of its metrics samples it at once, its disk too.
+    const [first] = await sbx.getMetrics();
+    assert.ok(first.diskUsed > 0 && first.diskUsed < first.diskTotal, `${first.diskUsed} of ${first.diskTotal}`);
+    const df = async () => {
+      const cols = (await sbx.commands.run('df -k / | tail -n 1')).stdout.trim().split(/\s+/);
+      return { total: Number(cols[1]) * 1024, used: Number(cols[2]) * 1024 };
+    };
+    const seen = await df();
+    assert.equal(first.diskTotal, seen.total, "the size is df's");
+    assert.ok(Math.abs(first.diskUsed - seen.used) < MiB, `used ${first.diskUsed}, df says ${seen.used}`);
+
+    await sbx.commands.run('head -c 20971520 /dev/zero > /root/twenty && sync');
+    const written = Date.now();
+    // Read every 30 s (the samples between carry the last reading): the next one shows the file.
+    let grown: Awaited<ReturnType<typeof sbx.getMetrics>>[number] | undefined;
+    const deadline = Date.now() + 75_000;
+    while (!grown) {
+      assert.ok(Date.now() < deadline, 'no sample within 75 s shows the 20 MiB file');
+      await sleep(1000);
+      grown = (await sbx.getMetrics({ start: new Date(written) })).find((m) => m.diskUsed - first.diskUsed >= 20 * MiB);
+    }
+    const growth = grown.diskUsed - first.diskUsed;
+    assert.ok(growth < 21 * MiB, `used grew by ${growth} bytes for 20 MiB written`);
+    assert.equal(grown.diskTotal, first.diskTotal);
+    const now = await df();
+    assert.ok(Math.abs(grown.diskUsed - now.used) < MiB, `used ${grown.diskUsed}, df says ${now.used}`);
+    // REST serves the same samples.
+    const res = await fetch(`${base}/v1/sandboxes/${sbx.sandboxId}/metrics`, { headers: { authorization: `Bearer ${key}` } });
+    const rest = (await res.json()) as { disk_period_secs: number; samples: Array<{ disk_used_bytes: number | null; disk_total_bytes: number | null }> };
+    assert.equal(rest.disk_period_secs, 30);
+    const last = rest.samples.at(-1)!;
+    assert.equal(last.disk_total_bytes, grown.diskTotal);
+    assert.ok(last.disk_used_bytes! - first.diskUsed >= 20 * MiB, `the latest REST sample says ${last.disk_used_bytes} used`);
+  } finally {
+    await sbx.kill();
+  }
+});
+
 test('e2b 2.30: create, run, stdin, files, pause and connect', async () => {
   const { Sandbox } = e2bOld;
   const sbx = await Sandbox.create('base', { ...opts(), timeoutMs: 300_000 });
