@@ -90,10 +90,6 @@ export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
   };
   if (n.rules !== undefined && n.rules !== null && Object.keys(n.rules as object).length > 0) throw bad('network.rules (header transforms) are not supported by Collimate; send the headers from the program in the sandbox.');
   if (n.egressProxy !== undefined && n.egressProxy !== null) throw bad('network.egressProxy is not supported by Collimate.');
-  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) throw bad('network.maskRequestHost is not supported by Collimate.');
-  // false is how Collimate always works (a port needs a key or the sandbox's traffic token); true it cannot do.
-  if (n.allowPublicTraffic === true) throw bad("network.allowPublicTraffic: true is not supported: a sandbox's ports always need a key or its traffic token (e2b-traffic-access-token); leave it out or set it false.");
-  if (n.allowPublicTraffic !== undefined && n.allowPublicTraffic !== null && n.allowPublicTraffic !== false) throw bad('network.allowPublicTraffic must be a boolean.');
   const allow = list('allowOut');
   const deny = list('denyOut');
   const denyAll = noInternet || n.allow_internet_access === false || deny.some((d) => d === '0.0.0.0/0' || d === '::/0');
@@ -103,6 +99,26 @@ export function egressOfNetwork(raw: unknown, noInternet = false): EgressInput {
   const cidrs = allow.filter(isAddress).map((s) => (s.includes('/') ? s : s.includes(':') ? `${s}/128` : `${s}/32`));
   const domains = allow.filter((s) => !isAddress(s));
   return { cidrs, domains };
+}
+
+/**
+ * E2B's port settings of a create's `network`: `allowPublicTraffic` (its ports answer without the
+ * traffic token: public_ports) and `maskRequestHost` (the Host its servers see, `${PORT}` replaced:
+ * port_host, checked by the service).
+ */
+export function portAccessOfNetwork(raw: unknown): { publicPorts?: boolean; portHost?: string } {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return {};
+  const n = raw as Record<string, unknown>;
+  const out: { publicPorts?: boolean; portHost?: string } = {};
+  if (n.allowPublicTraffic !== undefined && n.allowPublicTraffic !== null) {
+    if (typeof n.allowPublicTraffic !== 'boolean') throw bad('network.allowPublicTraffic must be a boolean.');
+    out.publicPorts = n.allowPublicTraffic;
+  }
+  if (n.maskRequestHost !== undefined && n.maskRequestHost !== null) {
+    if (typeof n.maskRequestHost !== 'string') throw bad('network.maskRequestHost must be a string, e.g. "localhost:${PORT}".');
+    out.portHost = n.maskRequestHost;
+  }
+  return out;
 }
 
 /** `denyOut` of some addresses as a denylist, less what `allowOut` names (E2B: allow wins). */
@@ -316,7 +332,9 @@ export class E2bControlPlane {
   }
 
   private async detail(scope: Scope, info: SandboxInfo): Promise<Record<string, unknown>> {
-    return { ...e2bListed(info), envdAccessToken: (await this.tenants.accounts.sandboxTokens(scope, info.id)).envd, domain: null };
+    // network: what of E2B's network settings the sandbox keeps beside its egress (public ports, the Host its servers see).
+    const network = { allowPublicTraffic: info.public_ports ?? false, ...(info.port_host ? { maskRequestHost: info.port_host } : {}) };
+    return { ...e2bListed(info), network, envdAccessToken: (await this.tenants.accounts.sandboxTokens(scope, info.id)).envd, domain: null };
   }
 
   /** A lease of `secs` from now, unless the session already runs at least that long. */
@@ -344,7 +362,8 @@ export class E2bControlPlane {
     const labels = metadataOf(body);
     const timeoutSecs = optionalSeconds(body, 'timeout') ?? DEFAULT_TIMEOUT_SECS;
     const egress = network ?? (body.allow_internet_access === false ? ('none' as const) : undefined);
-    const common = { ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}) };
+    const ports = portAccessOfNetwork(body.network);
+    const common = { ...(labels ? { labels } : {}), timeoutSecs: Math.max(1, timeoutSecs), ...(egress ? { egress } : {}), ...ports };
     const fromSnapshot = SNAPSHOT_ID_RE.test(named);
     // From a snapshot, E2B's defaults hold (deleted at its timeout), not those of the sandbox it was taken of.
     const info = fromSnapshot
@@ -618,7 +637,9 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('GET', '/sandboxes/:id/logs', (scope, req) => plane.logsV1(scope, id(req), query(req)));
   route('GET', '/v2/sandboxes/:id/logs', (scope, req) => plane.logs(scope, id(req), query(req)));
   route('PUT', '/sandboxes/:id/network', async (scope, req) => {
-    await tenants.sandboxes.setEgress(scope, id(req), egressOfNetwork(jsonBody(req) ?? {}));
+    const body = jsonBody(req) ?? {};
+    if (Object.keys(portAccessOfNetwork(body)).length) throw bad('allowPublicTraffic and maskRequestHost are set when the sandbox is created (Sandbox.create({network})); an update changes only its egress.');
+    await tenants.sandboxes.setEgress(scope, id(req), egressOfNetwork(body));
   });
   route('POST', '/sandboxes/:id/snapshots', (scope, req) => plane.createSnapshot(scope, id(req), jsonBody(req)));
   route('GET', '/snapshots', async (scope, req, reply) => {

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { createServer, request as httpRequest, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -262,14 +263,70 @@ describe('e2b 2.51 network', () => {
     await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8'], allowOut: ['example.com'] } as never), /next to a denyOut of some addresses/);
     await assert.rejects(sbx.updateNetwork({ denyOut: ['8.8.8.8/33'] } as never), /network\.denyOut/);
     assert.equal(await egress(), 'allow');
-    // allowPublicTraffic: false is what every sandbox here is (a port needs a key or the traffic token); true is refused.
-    const closed = await e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: false } } as never);
-    await closed.kill();
-    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: true } } as never), /allowPublicTraffic: true is not supported/);
     // Created with a network config too.
     const limited = await e2bNew.Sandbox.create('python', { ...opts, network: { denyOut: ['0.0.0.0/0'], allowOut: ['example.org'] } } as never);
     assert.equal((await e2bNew.Sandbox.getInfo(limited.sandboxId, opts)).sandboxId, limited.sandboxId);
     for (const s of [sbx, limited]) await s.kill();
+  });
+});
+
+describe('e2b 2.51 network: allowPublicTraffic and maskRequestHost', () => {
+  const PORT = 8080;
+  let upstream: Server;
+  before(async () => {
+    // The sandbox's server: answers with the Host it saw and whether a token reached it.
+    upstream = createServer((req, res) => res.end(JSON.stringify({ host: req.headers.host, token: req.headers['e2b-traffic-access-token'] ?? null })));
+    await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', r));
+    svc.portMap.set(PORT, (upstream.address() as AddressInfo).port);
+  });
+  after(async () => {
+    svc.portMap.delete(PORT);
+    upstream.closeAllConnections();
+    await new Promise((r) => upstream.close(r));
+  });
+  /** A request by getHost's name (`<port>-<id>.<domain>`) to the server, as a browser with E2B_DOMAIN pointed here sends it. */
+  const byHost = (host: string, headers: Record<string, string> = {}) => new Promise<{ status: number; body: string }>((resolve, reject) => {
+    const req = httpRequest(apiUrl.replace('/e2b/api', '/'), { headers: { ...headers, host } }, (res) => {
+      let body = '';
+      res.on('data', (c: Buffer) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode!, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+
+  it("allowPublicTraffic: true opens the sandbox's ports without the traffic token, maskRequestHost is the Host its server sees, getInfo answers both", async () => {
+    const opts = { apiKey: key, apiUrl, sandboxUrl: 'http://127.0.0.1:1' };
+    const open = await e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: true, maskRequestHost: 'custom-host.example.com:${PORT}' } });
+    const host = `${PORT}-${open.sandboxId}.localhost`;
+    assert.ok(open.getHost(PORT).startsWith(`${PORT}-${open.sandboxId}.`));
+    const r = await byHost(host);
+    assert.equal(r.status, 200, r.body);
+    assert.deepEqual(JSON.parse(r.body), { host: `custom-host.example.com:${PORT}`, token: null });
+    const info = await e2bNew.Sandbox.getInfo(open.sandboxId, opts);
+    assert.equal(info.network?.allowPublicTraffic, true);
+    assert.equal(info.network?.maskRequestHost, 'custom-host.example.com:${PORT}');
+    const rest = (await (await fetch(`${apiUrl.replace('/e2b/api', '')}/v1/sandboxes/${open.sandboxId}`, { headers: { authorization: `Bearer ${key}` } })).json()) as { public_ports: boolean; port_host: string };
+    assert.deepEqual([rest.public_ports, rest.port_host], [true, 'custom-host.example.com:${PORT}']);
+    // A fork keeps both.
+    const [child] = await e2bNew.Sandbox.fork(open.sandboxId, { ...opts, count: 1 } as never) as unknown as e2bNew.Sandbox[];
+    assert.equal(JSON.parse((await byHost(`${PORT}-${child.sandboxId}.localhost`)).body).host, `custom-host.example.com:${PORT}`);
+
+    // allowPublicTraffic: false (and the default): the traffic token is needed, and the server sees localhost:PORT.
+    const closed = await e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: false } });
+    assert.equal((await byHost(`${PORT}-${closed.sandboxId}.localhost`)).status, 401);
+    const withToken = await byHost(`${PORT}-${closed.sandboxId}.localhost`, { 'e2b-traffic-access-token': closed.trafficAccessToken! });
+    assert.deepEqual(JSON.parse(withToken.body), { host: `localhost:${PORT}`, token: null }, 'the token stays at the proxy');
+    assert.equal((await e2bNew.Sandbox.getInfo(closed.sandboxId, opts)).network?.allowPublicTraffic, false);
+
+    // Bad values are E2B's 400 naming the field; an update cannot change them.
+    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, network: { maskRequestHost: 'evil\r\nX-Injected: 1' } }), /line breaks/);
+    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, network: { maskRequestHost: 'not a host' } }), /port_host .* is not a host/);
+    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, network: { allowPublicTraffic: 'yes' } } as never), /allowPublicTraffic must be a boolean/);
+    const put = await fetch(`${apiUrl}/sandboxes/${closed.sandboxId}/network`, { method: 'PUT', headers: { 'x-api-key': key, 'content-type': 'application/json' }, body: JSON.stringify({ allowPublicTraffic: true }) });
+    assert.equal(put.status, 400);
+    assert.equal((await byHost(`${PORT}-${closed.sandboxId}.localhost`)).status, 401, 'still closed');
+    for (const s of [open, child, closed]) await s.kill();
   });
 });
 
