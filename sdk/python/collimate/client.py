@@ -74,6 +74,15 @@ class Collimate:
         self.close()
 
 
+def _port_access(body: Dict[str, Any], public_ports: Optional[bool], port_host: Optional[str]) -> None:
+    """A create's ``public_ports`` (its ports answer anyone through the ports proxy, no key or token)
+    and ``port_host`` (the Host header its servers see, ``${PORT}`` replaced), when given."""
+    if public_ports is not None:
+        body["public_ports"] = public_ports
+    if port_host is not None:
+        body["port_host"] = port_host
+
+
 class Sandboxes:
     def __init__(self, client: Collimate) -> None:
         self._client = client
@@ -88,6 +97,8 @@ class Sandboxes:
         labels: Optional[Mapping[str, str]] = None,
         timeout_secs: Optional[int] = None,
         egress: Any = None,
+        public_ports: Optional[bool] = None,
+        port_host: Optional[str] = None,
     ) -> "Sandbox":
         """A running sandbox from ``template`` (e.g. ``"base"``; see ``client.images()``).
 
@@ -95,6 +106,9 @@ class Sandboxes:
         ``{"domains": [...], "cidrs": [...], "ports": [...]}`` (wider: EgressForbiddenError).
         ``timeout_secs`` is the session length each start (create, resume) gives; ``set_timeout()``
         moves the end of a running session.
+        ``public_ports=True`` lets anyone reach its ports through the ports proxy without a key or
+        token (nothing else of it opens; forks keep it); ``port_host`` is the Host header its servers
+        see there, ``${PORT}`` replaced (e.g. ``"localhost:${PORT}"``; not a host: ValidationError).
         Counts against the tier's concurrency cap (ConcurrencyLimitError with ``retry_after`` when
         full). Safe to retry: one Idempotency-Key goes with every attempt.
         """
@@ -105,6 +119,7 @@ class Sandboxes:
             body["timeout_secs"] = timeout_secs
         if egress is not None:
             body["egress"] = egress
+        _port_access(body, public_ports, port_host)
         info = self._client.http.json(
             "POST",
             "/v1/sandboxes",
@@ -124,6 +139,8 @@ class Sandboxes:
         egress: Any = None,
         on_timeout: Optional[str] = None,
         auto_resume: Optional[bool] = None,
+        public_ports: Optional[bool] = None,
+        port_host: Optional[str] = None,
     ) -> "Sandbox":
         """A running sandbox started from ``snapshot`` (``sb.snapshot()``): its memory, processes and
         files, with a fresh identity, as a fork child has; its template, shape and egress policy are
@@ -134,7 +151,7 @@ class Sandboxes:
         (``snapshot_not_found``) for unknown ids and other tenants'. Counts against the tier's cap;
         safe to retry, as create is.
         """
-        return self._wrap(self._start_from_snapshot(snapshot, None, labels, timeout_secs, egress, on_timeout, auto_resume))
+        return self._wrap(self._start_from_snapshot(snapshot, None, labels, timeout_secs, egress, on_timeout, auto_resume, public_ports, port_host))
 
     def many_from_snapshot(
         self,
@@ -146,10 +163,12 @@ class Sandboxes:
         egress: Any = None,
         on_timeout: Optional[str] = None,
         auto_resume: Optional[bool] = None,
+        public_ports: Optional[bool] = None,
+        port_host: Optional[str] = None,
     ) -> List["Sandbox"]:
         """``count`` (1..64) running sandboxes started from one snapshot in one request, each as
         ``from_snapshot`` starts one. Each counts against the tier's cap. Safe to retry."""
-        first = self._start_from_snapshot(snapshot, count, labels, timeout_secs, egress, on_timeout, auto_resume)
+        first = self._start_from_snapshot(snapshot, count, labels, timeout_secs, egress, on_timeout, auto_resume, public_ports, port_host)
         # With ``count`` the answer is the first sandbox and, in ``sandboxes``, all of them (it first).
         return [self._wrap(s) for s in first["sandboxes"]]
 
@@ -162,6 +181,8 @@ class Sandboxes:
         egress: Any,
         on_timeout: Optional[str],
         auto_resume: Optional[bool],
+        public_ports: Optional[bool] = None,
+        port_host: Optional[str] = None,
     ) -> Dict[str, Any]:
         body: Dict[str, Any] = {"snapshot": _snapshot_id(snapshot)}
         if count is not None:
@@ -176,6 +197,7 @@ class Sandboxes:
             body["on_timeout"] = on_timeout
         if auto_resume is not None:
             body["auto_resume"] = auto_resume
+        _port_access(body, public_ports, port_host)
         return self._client.http.json(
             "POST",
             "/v1/sandboxes",
@@ -348,6 +370,16 @@ class Sandbox:
     def egress(self) -> Any:
         """What the sandbox may reach: its template's egress policy, or the narrower one given at create."""
         return self.info.egress
+
+    @property
+    def public_ports(self) -> bool:
+        """Whether its ports answer anyone, without a key or token (set at create)."""
+        return self.info.public_ports
+
+    @property
+    def port_host(self) -> Optional[str]:
+        """The Host header template its servers see through the ports proxy; None: ``localhost:<port>``."""
+        return self.info.port_host
 
     def ports(self) -> List[OpenPort]:
         """The TCP ports servers listen on inside the sandbox now (re-reads it), each with the absolute

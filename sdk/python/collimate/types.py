@@ -54,6 +54,10 @@ class SandboxInfo:
     remaining_secs: Optional[float] = None
     #: The snapshot it was started from, or last rolled back to; None if neither.
     from_snapshot: Optional[str] = None
+    #: Its ports answer anyone, without a key or token (set at create; forks keep it).
+    public_ports: bool = False
+    #: The Host header its servers see through the ports proxy, ``${PORT}`` replaced; None: ``localhost:<port>``.
+    port_host: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":

@@ -70,6 +70,8 @@ export class Sandboxes {
     if (params.labels) body.labels = params.labels;
     if (params.timeoutSecs !== undefined) body.timeout_secs = params.timeoutSecs;
     if (params.egress !== undefined) body.egress = params.egress;
+    if (params.publicPorts !== undefined) body.public_ports = params.publicPorts;
+    if (params.portHost !== undefined) body.port_host = params.portHost;
     return new Sandbox(this.http, await this.postSandboxes(body));
   }
 
@@ -103,6 +105,8 @@ export class Sandboxes {
     if (params.egress !== undefined) body.egress = params.egress;
     if (params.onTimeout !== undefined) body.on_timeout = params.onTimeout;
     if (params.autoResume !== undefined) body.auto_resume = params.autoResume;
+    if (params.publicPorts !== undefined) body.public_ports = params.publicPorts;
+    if (params.portHost !== undefined) body.port_host = params.portHost;
     return this.postSandboxes(body);
   }
 

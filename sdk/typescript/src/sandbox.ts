@@ -58,6 +58,14 @@ export class Sandbox {
   get egress(): EgressPolicy {
     return this.info.egress;
   }
+  /** Whether its ports answer anyone, without a key or token (set at create). */
+  get publicPorts(): boolean {
+    return this.info.public_ports;
+  }
+  /** The Host header template its servers see through the ports proxy; null: `localhost:<port>`. */
+  get portHost(): string | null {
+    return this.info.port_host;
+  }
 
   private path(suffix = ''): string {
     return `/v1/sandboxes/${encodeURIComponent(this.info.id)}${suffix}`;

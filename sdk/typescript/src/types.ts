@@ -70,6 +70,13 @@ export interface CreateSandboxParams {
   timeoutSecs?: number;
   /** Narrows the template's egress policy (wider: EgressForbiddenError). Default: the template's. */
   egress?: EgressPolicy;
+  /**
+   * Its ports answer anyone through the ports proxy (by path and by `<port>-<id>.<domain>`) without
+   * a key, traffic token or signed URL; nothing else of the sandbox opens. Forks keep it. Default false.
+   */
+  publicPorts?: boolean;
+  /** The Host header its servers see through the ports proxy, `${PORT}` replaced (e.g. `localhost:${PORT}`). Default `localhost:<port>`. */
+  portHost?: string;
 }
 
 export interface PortUrlParams {
@@ -102,6 +109,10 @@ export interface FromSnapshotParams {
   onTimeout?: 'delete' | 'suspend';
   /** While suspended, a request that needs it running resumes it first. */
   autoResume?: boolean;
+  /** Its ports answer without a key or token. Default: the snapshot's. */
+  publicPorts?: boolean;
+  /** The Host header its servers see through the ports proxy, `${PORT}` replaced. Default: the snapshot's. */
+  portHost?: string;
 }
 
 export interface ListSnapshotsParams {

@@ -65,6 +65,14 @@ test('TypeScript SDK: egress at create, ports(), portUrl(), fetch() to a sandbox
   assert.deepEqual(await viaUrl.json(), { method: 'GET', url: '/open?y=2', body: '', auth: null });
   await assert.rejects(sb.portUrl(0), ValidationError);
 
+  // Public ports: a plain fetch with no key reaches the port; the port Host is what the server sees.
+  await using pub = await client.sandboxes.create({ template: 'python', publicPorts: true, portHost: 'app.test:${PORT}' });
+  assert.deepEqual([pub.publicPorts, pub.portHost, sb.publicPorts, sb.portHost], [true, 'app.test:${PORT}', false, null]);
+  const open = await fetch(`${base}/v1/sandboxes/${pub.id}/ports/${PORT}/hi`);
+  assert.deepEqual(await open.json(), { method: 'GET', url: '/hi', body: '', auth: null });
+  assert.equal((await fetch(`${base}/v1/sandboxes/${sb.id}/ports/${PORT}/hi`)).status, 401, 'without public ports a key is needed');
+  await assert.rejects(client.sandboxes.create({ template: 'python', portHost: 'no spaces' }), ValidationError);
+
   const other = new Collimate({ baseUrl: base, apiKey: f.key('ts-sdk-other', 'pro') });
   const foreign = await other.sandboxes.create({ template: 'python' });
   await assert.rejects(new Collimate({ baseUrl: base, apiKey: f.key('ts-sdk', 'pro') }).sandboxes.get(foreign.id), NotFoundError);

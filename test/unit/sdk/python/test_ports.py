@@ -49,6 +49,14 @@ class PortsTest(unittest.TestCase):
             self.assertIsInstance(f.exception, collimate.TierForbiddenError)
             with self.assertRaises(collimate.ValidationError):
                 client.sandboxes.create("python", egress={"domains": ["no spaces.com"]})
+
+            # Public ports: a request with no key reaches the port.
+            with client.sandboxes.create("python", public_ports=True, port_host="app.test:${PORT}") as pub:
+                self.assertEqual((pub.public_ports, pub.port_host, sb.public_ports, sb.port_host), (True, "app.test:${PORT}", False, None))
+                with urllib.request.urlopen(f"{client.base_url}/v1/sandboxes/{pub.id}/ports/{PORT}/hi") as resp:
+                    self.assertEqual(json.loads(resp.read())["url"], "/hi")
+            with self.assertRaises(collimate.ValidationError):
+                client.sandboxes.create("python", port_host="no spaces")
         self.assertTrue(issubclass(collimate.UrlExpiredError, collimate.AuthenticationError))
         self.assertTrue(issubclass(collimate.NetworkUnavailableError, collimate.InvalidStateError))
         client.close()
