@@ -265,7 +265,7 @@ browserTest('suspend and resume from the page', { timeout: SLOW }, async () => {
   assert.ok(remaining > 1100 && remaining <= 1200, `remaining ${remaining}`);
 });
 
-browserTest("the metrics section charts CPU and memory as samples arrive, and keeps the history while suspended", { timeout: SLOW }, async () => {
+browserTest("the metrics section charts CPU, memory and disk as samples arrive, and keeps the history while suspended", { timeout: SLOW }, async () => {
   const page = await signedIn(acmeKey);
   await page.goto(`${base}/console/#/sandboxes/${sandboxId}`);
   await page.locator('#state', { hasText: 'running' }).waitFor();
@@ -275,7 +275,7 @@ browserTest("the metrics section charts CPU and memory as samples arrive, and ke
   const seen = await samples();
   await page.waitForFunction((n: number) => Number((document.querySelector('#metrics-body') as HTMLElement | null)?.dataset.samples ?? 0) > n, seen, { timeout: 60_000 });
 
-  for (const id of ['chart-cpu', 'chart-memory']) {
+  for (const id of ['chart-cpu', 'chart-memory', 'chart-disk']) {
     const chart = page.locator(`svg#${id}`);
     // A drawn series: a line through joined samples, or a dot for one left alone (its neighbours missing or far apart).
     const d = (await chart.locator('path.series').getAttribute('d')) ?? '';
@@ -292,14 +292,20 @@ browserTest("the metrics section charts CPU and memory as samples arrive, and ke
   const cell = (metric: string, col: number) => page.locator(`#metrics-latest tr[data-metric="${metric}"] td`).nth(col).innerText();
   const memory = await cell('memory', 0);
   const sandbox = await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey);
-  const served: Array<{ memory_mib: number }> = (await rest('GET', `/v1/sandboxes/${sandboxId}/metrics`, acmeKey)).samples;
+  const served: Array<{ memory_mib: number; disk_used_bytes: number | null; disk_total_bytes: number | null }> = (await rest('GET', `/v1/sandboxes/${sandboxId}/metrics`, acmeKey)).samples;
   assert.ok(served.length >= (await samples()), 'the page shows no more samples than the API has');
   const mib = (n: number) => (n < 1024 ? `${n} MiB` : n < 10240 ? `${(n / 1024).toFixed(1)} GiB` : `${Math.round(n / 1024)} GiB`);
   assert.ok(served.some((s) => s.memory_mib > 0 && mib(s.memory_mib) === memory), `memory shows ${JSON.stringify(memory)}, not a sample's`);
   assert.equal(await cell('memory', 2), mib(sandbox.memory_mib));
   assert.match(await cell('cpu', 0), /^(\d+(\.\d)? %|—)$/);
   assert.match(await cell('cpu', 1), /^\d+(\.\d)? %$/);
-  assert.equal(await cell('disk', 0), 'not sampled');
+  // Disk as the guest's df says it, in the page's units (src/console/dom.ts bytes).
+  const bytes = (n: number) => { let i = 0; for (; n >= 1024 && i < 4; i++) n /= 1024; return i === 0 ? `${n} B` : `${n < 10 ? n.toFixed(1) : Math.round(n)} ${['B', 'KiB', 'MiB', 'GiB', 'TiB'][i]}`; };
+  const disk = await cell('disk', 0);
+  assert.ok(served.some((s) => s.disk_used_bytes !== null && s.disk_used_bytes > 0 && bytes(s.disk_used_bytes) === disk), `disk shows ${JSON.stringify(disk)}, not a sample's`);
+  const size = served.findLast((s) => s.disk_total_bytes !== null)!.disk_total_bytes!;
+  assert.ok(size <= sandbox.disk_mib * 1048576, `a root file system of ${size} bytes on a ${sandbox.disk_mib} MiB disk`);
+  assert.equal(await cell('disk', 2), bytes(size));
   await shot(page, 'metrics');
 
   // Suspended: no samples are taken, the history stays on the page.

@@ -1,7 +1,8 @@
 /**
- * A sandbox's Metrics section: its CPU and memory over its life (GET /v1/sandboxes/{id}/metrics, which
- * the server samples every period_secs while the sandbox runs) as inline SVG charts, and a table of the
- * latest and peak values that also reads well to a screen reader. While the sandbox runs the section
+ * A sandbox's Metrics section: its CPU, memory and disk use over its life (GET /v1/sandboxes/{id}/metrics,
+ * which the server samples every period_secs while the sandbox runs, reading the disk in the guest every
+ * disk_period_secs) as inline SVG charts, and a table of the latest and peak values that also reads well
+ * to a screen reader. While the sandbox runs the section
  * asks, each period, only for the samples newer than those it holds; suspended, it shows the history
  * and asks no more; once the sandbox is gone, or the page is left, it stops.
  */
@@ -9,7 +10,7 @@ import { api, type Sandbox, type SandboxMetrics } from '../api.js';
 import { bytes, duration, errorBox, fill, h, svg } from '../dom.js';
 import { lineChart, type ChartSpec, type Point } from '../lineChart.js';
 
-interface Sample { atMs: number; cpuPercent: number | null; memoryMib: number }
+interface Sample { atMs: number; cpuPercent: number | null; memoryMib: number; diskUsedBytes: number | null; diskTotalBytes: number | null }
 
 export interface MetricsSection {
   el: HTMLElement;
@@ -29,6 +30,7 @@ export function metricsSection(sandboxId: string): MetricsSection {
   const el = h('div', { id: 'metrics' }, ferr.el, body);
   const samples: Sample[] = [];
   let periodMs = 5000;
+  let diskPeriodMs = 30_000;
   let sandbox: Sandbox | null = null;
   let timer: ReturnType<typeof setTimeout> | undefined;
   let closed = false;
@@ -44,10 +46,13 @@ export function metricsSection(sandboxId: string): MetricsSection {
       const r = await api<SandboxMetrics>('GET', `/v1/sandboxes/${sandboxId}/metrics${query}`);
       if (closed) return;
       periodMs = r.period_secs * 1000;
+      diskPeriodMs = r.disk_period_secs * 1000;
       // Two refreshes may overlap (a state change while one waits): keep each sample once.
       for (const s of r.samples) {
         const atMs = Date.parse(s.at);
-        if (atMs > (samples.at(-1)?.atMs ?? -Infinity)) samples.push({ atMs, cpuPercent: s.cpu_percent, memoryMib: s.memory_mib });
+        if (atMs > (samples.at(-1)?.atMs ?? -Infinity)) {
+          samples.push({ atMs, cpuPercent: s.cpu_percent, memoryMib: s.memory_mib, diskUsedBytes: s.disk_used_bytes, diskTotalBytes: s.disk_total_bytes });
+        }
       }
       ferr.clear();
     } catch (e) {
@@ -79,6 +84,12 @@ export function metricsSection(sandboxId: string): MetricsSection {
     const memoryPeak = peak(memory);
     const cpuNow = last.cpuPercent === null ? '—' : percent(last.cpuPercent);
     const mib = (n: number) => bytes(n * 1048576);
+    // Disk in MiB like memory; the size is the root file system's as df says it (a little under the disk's, for ext4's own use).
+    const disk = samples.map((x): Point => ({ atMs: x.atMs, value: x.diskUsedBytes === null ? null : Math.round((x.diskUsedBytes / 1048576) * 10) / 10 }));
+    const diskPeak = peak(disk);
+    const diskSizeMib = (samples.findLast((x) => x.diskTotalBytes !== null)?.diskTotalBytes ?? s.disk_mib * 1048576) / 1048576;
+    const diskNow = last.diskUsedBytes === null ? '—' : bytes(last.diskUsedBytes);
+    const diskRead = disk.some((p) => p.value !== null);
     fill(body,
       s.state === 'running' ? null : h('p', { class: 'muted', id: 'metrics-paused' }, `${s.state[0].toUpperCase()}${s.state.slice(1)}: no samples are taken until it runs again; its history so far:`),
       h('div', { class: 'columns charts' },
@@ -100,6 +111,17 @@ export function metricsSection(sandboxId: string): MetricsSection {
           referenceLabel: `${mib(s.memory_mib)} allotted`,
           periodMs,
         }),
+        chart({
+          id: 'chart-disk',
+          title: `Disk, MiB (used on / as df says it, read every ${duration(diskPeriodMs / 1000)}; of ${mib(diskSizeMib)})`,
+          summary: diskRead
+            ? `Disk ${over}: latest ${diskNow}, peak ${mib(diskPeak ?? 0)} used, of ${mib(diskSizeMib)}.`
+            : `Disk ${over}: not read yet, or its guest cannot tell (a sandbox from before disk use was read); ${mib(diskSizeMib)} in all.`,
+          points: disk,
+          reference: diskSizeMib,
+          referenceLabel: `${mib(diskSizeMib)} size`,
+          periodMs,
+        }),
       ),
       h('table', { class: 'list metrics', id: 'metrics-latest' },
         h('caption', {}, `Latest at ${new Date(last.atMs).toLocaleTimeString()}, ${over}`),
@@ -107,8 +129,7 @@ export function metricsSection(sandboxId: string): MetricsSection {
         h('tbody', {},
           h('tr', { 'data-metric': 'cpu' }, h('th', { scope: 'row' }, 'CPU'), h('td', {}, cpuNow), h('td', {}, cpuPeak === null ? '—' : percent(cpuPeak)), h('td', {}, `${s.vcpus} vCPU (${s.vcpus * 100} %)`)),
           h('tr', { 'data-metric': 'memory' }, h('th', { scope: 'row' }, 'Memory'), h('td', {}, mib(last.memoryMib)), h('td', {}, mib(memoryPeak ?? 0)), h('td', {}, mib(s.memory_mib))),
-          // The server samples CPU and memory only (its E2B door reports disk use as 0 for the same reason).
-          h('tr', { 'data-metric': 'disk' }, h('th', { scope: 'row' }, 'Disk'), h('td', { class: 'muted' }, 'not sampled'), h('td', { class: 'muted' }, '—'), h('td', {}, mib(s.disk_mib))),
+          h('tr', { 'data-metric': 'disk' }, h('th', { scope: 'row' }, 'Disk'), h('td', {}, diskNow), h('td', {}, diskPeak === null ? '—' : mib(diskPeak)), h('td', {}, mib(diskSizeMib))),
         ),
       ),
     );
