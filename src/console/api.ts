@@ -47,8 +47,26 @@ async function failure(res: Response): Promise<ApiError> {
 }
 
 /** A request with a JSON body (or none); resolves to the parsed JSON answer (undefined for 204). */
+/**
+ * fetch, with a read (GET) sent again when it failed before any answer: the browser drops requests
+ * in flight when the host's network changes (ERR_NETWORK_CHANGED: on a server's own host, each new
+ * sandbox adds an interface), and a read is safe to repeat. Writes are never repeated.
+ */
+async function send(path: string, init: RequestInit): Promise<Response> {
+  const reads = (init.method ?? 'GET') === 'GET' ? READ_RETRIES : 0;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await fetch(path, init);
+    } catch (e) {
+      if (attempt >= reads || (e as Error).name !== 'TypeError') throw e;
+      await new Promise((r) => setTimeout(r, 200 * (attempt + 1)));
+    }
+  }
+}
+const READ_RETRIES = 2;
+
 export async function api<T = any>(method: string, path: string, body?: unknown): Promise<T> {
-  const res = await fetch(path, {
+  const res = await send(path, {
     method,
     headers: headers(body === undefined ? {} : { 'content-type': 'application/json' }),
     body: body === undefined ? undefined : JSON.stringify(body),
@@ -67,7 +85,7 @@ export async function apiBytes<T = any>(method: string, path: string, body: Body
 
 /** A response body as a Blob (downloads). */
 export async function apiBlob(path: string): Promise<Blob> {
-  const res = await fetch(path, { headers: headers() });
+  const res = await send(path, { headers: headers() });
   if (!res.ok) throw await failure(res);
   return res.blob();
 }
