@@ -631,7 +631,11 @@ export async function runFuzz(t: FuzzTarget, opts: FuzzOptions): Promise<FuzzSta
         ]);
         return { kind: 'snapshot-not-found', method, path, headers: body === undefined ? auth(k) : jsonHeaders(k), ...(body === undefined ? {} : { body: json(body) }), expect: { status: 404, code: 'snapshot_not_found' } };
       },
-      () => ({ kind: 'foreign', method: 'POST', path: `/v1/sandboxes/${t.victimSandbox}/${r.pick(['snapshots', 'restore'])}`, headers: jsonHeaders(k), body: json(r.chance(0.5) ? {} : { snapshot: NO_SNAPSHOT }), expect: { status: 404, code: 'sandbox_not_found' } }),
+      // Each with a body its route takes, so the answer is about whose sandbox it is, not about the body.
+      () => {
+        const [op, body] = r.pick([['snapshots', r.chance(0.5) ? {} : { name: 'theirs' }], ['restore', { snapshot: NO_SNAPSHOT }]] as const);
+        return { kind: 'foreign', method: 'POST', path: `/v1/sandboxes/${t.victimSandbox}/${op}`, headers: jsonHeaders(k), body: json(body), expect: { status: 404, code: 'sandbox_not_found' } };
+      },
     ];
     return r.pick(choices)();
   };
