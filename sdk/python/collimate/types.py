@@ -123,6 +123,8 @@ class Template:
     memory_mib: float
     #: Language runtimes the image carries, by name, with their versions, e.g. ``{"node": "24.22.3"}``.
     runtimes: Dict[str, str] = field(default_factory=dict)
+    #: With kind ``snapshot``: the snapshot every sandbox made of it starts from (``client.snapshots.promote``).
+    snapshot_id: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Template":
