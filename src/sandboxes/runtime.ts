@@ -17,6 +17,8 @@ import { connectAgent, connectRestoredAgent } from '../guest/connect.js';
 import type { AgentClient } from '../guest/agentClient.js';
 import { run } from '../host/run.js';
 import type { VmmRecord } from './repo.js';
+import type { NetManager } from '../net/netns.js';
+import type { EgressPolicy } from '../net/policy.js';
 
 /** A sandbox's live VMM and its agent connection, held in memory while it runs. */
 export interface LiveVm {
@@ -266,6 +268,32 @@ export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<
     throw e;
   }
   return { ...pending, warm: live };
+}
+
+/**
+ * A VMM for a warm pool (a template's, templatePools.ts; a snapshot's, snapshotPools.ts): spawned
+ * waiting for its restore over `image` (the RAM file, mapped copy-on-write, and the disk layer its
+ * own sits on), under `egress` before the guest first runs, then restored and paused by `prewarm`
+ * when `deviceState` is given. Destroyed if any step fails.
+ */
+export async function spawnPooled(
+  cfg: EngineConfig, net: NetManager | null, shape: MachineShape,
+  image: { memPath: string; backing: { path: string; format: 'raw' | 'qcow2' }; artifactKey: string; trustedLayers: string[] },
+  egress: EgressPolicy, deviceState: Buffer | null,
+): Promise<PendingVm> {
+  const id = newSandboxId();
+  const { sandboxes, disks } = homePaths(cfg.home);
+  const pending = await spawnIncoming(cfg, shape, {
+    id, dir: join(sandboxes, id), memPath: image.memPath, memShared: false, backing: image.backing, diskPath: newDiskPath(disks, id),
+    artifactKey: image.artifactKey, trustedLayers: image.trustedLayers, network: true,
+  });
+  try {
+    if (pending.record.net) await net!.apply(pending.record.net, egress);
+    return deviceState ? await prewarm(pending, deviceState) : pending;
+  } catch (e) {
+    await destroyPending(pending).catch(() => {});
+    throw e;
+  }
 }
 
 /** Resumes a prewarmed VMM and makes it a new sandbox: fresh entropy, clock, boot id, ids. */

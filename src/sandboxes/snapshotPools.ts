@@ -8,12 +8,13 @@
  * idle), within the host's budget for warm VMMs that the templates' pools share (TemplatePools).
  * Deleting the snapshot destroys its pool.
  */
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { policyKey } from '../net/policy.js';
 import type { SnapshotRow } from './repo.js';
 import type { ForkPoint } from './fork.js';
-import { destroyPending, newDiskPath, newSandboxId, prewarm, spawnIncoming, type PendingVm } from './runtime.js';
-import { dirs, trustedLayers, type EngineContext } from './context.js';
+import { spawnPooled, type PendingVm } from './runtime.js';
+import { trustedLayers, type EngineContext } from './context.js';
 
 /** When each snapshot without a pool was last started, per engine. */
 const lastStarts = new WeakMap<EngineContext, Map<string, number>>();
@@ -27,7 +28,7 @@ export function snapshotPoolKey(snapId: string): string {
  * the start counts as `n` asked of the pool, which grows to serve such starts from then on.
  * `served` once the start has made its sandboxes (or failed).
  */
-export function takeWarm(ctx: EngineContext, s: SnapshotRow, fp: ForkPoint, devState: Buffer, n: number): { vms: PendingVm[]; served: () => void } {
+export function takeWarm(ctx: EngineContext, s: SnapshotRow, fp: ForkPoint, n: number): { vms: PendingVm[]; served: () => void } {
   const key = snapshotPoolKey(s.id);
   if (!ctx.templates.hasPool(key)) {
     const seen = lastStarts.get(ctx) ?? new Map<string, number>();
@@ -38,6 +39,8 @@ export function takeWarm(ctx: EngineContext, s: SnapshotRow, fp: ForkPoint, devS
     for (const [id, at] of seen) if (now - at > ctx.cfg.poolIdleSecs * 1000) seen.delete(id);
     if (before === undefined || now - before > ctx.cfg.poolIdleSecs * 1000) return { vms: [], served: () => {} };
     seen.delete(s.id);
+    // Read once for the pool's life: every VMM it restores loads the same device state.
+    const devState = readFileSync(join(fp.dir, 'device.state'));
     ctx.templates.addPool(key, () => spawnWarm(ctx, s, fp, devState), { initial: 0, min: 0 },
       (e) => ctx.progress?.(`warm pool of snapshot ${s.id}: spawn failed: ${(e as Error).message}`));
   }
@@ -50,21 +53,12 @@ export function dropSnapshotPool(ctx: EngineContext, snapId: string): void {
   if (ctx.templates.hasPool(key)) void ctx.templates.removePool(key).catch(() => {});
 }
 
-async function spawnWarm(ctx: EngineContext, s: SnapshotRow, fp: ForkPoint, devState: Buffer): Promise<PendingVm> {
-  const id = newSandboxId();
+/** A VMM of the snapshot's pool: always restored and paused (a start claims it, a rollback too). */
+function spawnWarm(ctx: EngineContext, s: SnapshotRow, fp: ForkPoint, devState: Buffer): Promise<PendingVm> {
   const shape = { ...ctx.templates.artifactFor(s.artifact_key).shape, vcpus: s.vcpus, memoryMib: s.memory_mib };
-  const pending = await spawnIncoming(ctx.cfg, shape, {
-    id, dir: join(dirs(ctx.cfg).sandboxes, id), memPath: fp.mem, memShared: false,
-    backing: { path: fp.disk, format: 'qcow2' }, diskPath: newDiskPath(dirs(ctx.cfg).disks, id), artifactKey: s.artifact_key,
-    trustedLayers: trustedLayers(ctx, fp.id, s.artifact_key), network: true,
-  });
-  try {
-    if (pending.record.net) await ctx.net!.apply(pending.record.net, s.egress);
-    return await prewarm(pending, devState);
-  } catch (e) {
-    await destroyPending(pending).catch(() => {});
-    throw e;
-  }
+  return spawnPooled(ctx.cfg, ctx.net, shape,
+    { memPath: fp.mem, backing: { path: fp.disk, format: 'qcow2' }, artifactKey: s.artifact_key, trustedLayers: trustedLayers(ctx, fp.id, s.artifact_key) },
+    s.egress, devState);
 }
 
 /** A pool VMM for a start under another policy than the snapshot's gets that one before it wakes. */

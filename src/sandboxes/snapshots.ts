@@ -175,10 +175,6 @@ function linkOrCopy(from: string, to: string): void {
 }
 
 /**
- * Deletes a snapshot: it can no longer be started from or rolled back to. Its files go once nothing
- * depends on them (sandboxes started from it map its RAM image and sit on its disk layer).
- */
-/**
  * Promotes snapshot `id` under `name`, a template id its tenant then creates from (each create a
  * sandbox started from it); null takes the name away. The tenant service checks the name against
  * the tenant's other templates; here, only against its other snapshots (409 conflict).
@@ -191,6 +187,10 @@ export function promoteSnapshot(ctx: EngineContext, id: string, name: string | n
   return snapshotInfo(snapshotFor(ctx, id, scope));
 }
 
+/**
+ * Deletes a snapshot: it can no longer be started from or rolled back to. Its files go once nothing
+ * depends on them (sandboxes started from it map its RAM image and sit on its disk layer).
+ */
 export function deleteSnapshot(ctx: EngineContext, id: string, scope?: Scope): void {
   const s = snapshotFor(ctx, id, scope);
   ctx.repo.removeSnapshot(s.id);
@@ -260,7 +260,7 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
     const phases = new Phases('start_from_snapshot');
     const devState = readFileSync(join(fp.dir, 'device.state'));
     // VMMs the snapshot's pool restored ahead (none until it has been started from): claimed, the rest restored now.
-    const warm = takeWarm(ctx, s, fp, devState, opts.count);
+    const warm = takeWarm(ctx, s, fp, opts.count);
     // Every VMM the start holds: when it fails, none of them becomes a sandbox, and each is destroyed.
     const vmms: PendingVm[] = [];
     try {
@@ -364,7 +364,7 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
  */
 async function resumeFromPool(ctx: EngineContext, id: string, s: SnapshotRow): Promise<SandboxInfo | null> {
   const fp = forkPointOf(ctx, s);
-  const warm = takeWarm(ctx, s, fp, readFileSync(join(fp.dir, 'device.state')), 1);
+  const warm = takeWarm(ctx, s, fp, 1);
   const vm = warm.vms[0];
   let committed = false;
   try {

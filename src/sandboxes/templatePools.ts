@@ -12,7 +12,7 @@ import type { NetManager } from '../net/netns.js';
 import { WarmPool } from './warmPool.js';
 import { PoolSizer, fitBudget, type PoolSize } from './poolSizer.js';
 import { SANDBOX_FOOTPRINT_MIB } from './hostCapacity.js';
-import { newSandboxId, newDiskPath, spawnIncoming, prewarm, destroyPending, type PendingVm } from './runtime.js';
+import { spawnPooled, destroyPending, type PendingVm } from './runtime.js';
 import type { CatalogStatus, Scope } from './types.js';
 
 /**
@@ -405,22 +405,11 @@ export class TemplatePools {
   }
 
   /** A pool's next VMM: waiting for its restore under the template's egress policy (prewarmed if configured). */
-  private async spawnFor(t: ReadyTemplate): Promise<PendingVm> {
-    const id = newSandboxId();
-    const pending = await spawnIncoming(this.cfg, t.artifact.shape, {
-      id, dir: join(homePaths(this.cfg.home).sandboxes, id), memPath: t.artifact.memPath, memShared: false,
-      backing: { path: t.artifact.diskPath, format: 'raw' }, diskPath: newDiskPath(homePaths(this.cfg.home).disks, id), artifactKey: t.artifact.key,
-      trustedLayers: [t.artifact.diskPath], network: true,
-    });
-    try {
-      // The template's policy is in place before the guest first runs; a create with another policy re-applies.
-      if (pending.record.net) await this.net!.apply(pending.record.net, t.egress);
-      if (!this.cfg.prewarmPool) return pending;
-      return await prewarm(pending, t.deviceState);
-    } catch (e) {
-      await destroyPending(pending).catch(() => {});
-      throw e;
-    }
+  private spawnFor(t: ReadyTemplate): Promise<PendingVm> {
+    // The template's policy is in place before the guest first runs; a create with another policy re-applies.
+    return spawnPooled(this.cfg, this.net, t.artifact.shape,
+      { memPath: t.artifact.memPath, backing: { path: t.artifact.diskPath, format: 'raw' }, artifactKey: t.artifact.key, trustedLayers: [t.artifact.diskPath] },
+      t.egress, this.cfg.prewarmPool ? t.deviceState : null);
   }
 }
 
