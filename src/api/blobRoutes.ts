@@ -109,8 +109,8 @@ export function parseRange(header: string | undefined, size: number): { start: n
  * published to blob_locations (BlobPublisher), from now until `stop`. The first publication hashes
  * artifact files never published before, so it runs in the background rather than delaying start.
  */
-export function serveClusterBlobs(node: ClusterNode, src: { layers?: LayerStore; cacheDir?: string; ramDir?: string }): { blobs: LocalBlobs; register(app: FastifyInstance): void; publishNow(): Promise<void>; stop(): void } {
-  const blobs = new LocalBlobs({ layers: src.layers, artifacts: src.cacheDir && src.ramDir ? { dir: homePaths(src.cacheDir).artifacts, ramDir: src.ramDir } : undefined });
+export function serveClusterBlobs(node: ClusterNode, src: { layers?: LayerStore; cacheDir?: string; ramDir?: string; snapshots?: () => LocalBlob[] }): { blobs: LocalBlobs; register(app: FastifyInstance): void; publishNow(): Promise<void>; stop(): void } {
+  const blobs = new LocalBlobs({ layers: src.layers, artifacts: src.cacheDir && src.ramDir ? { dir: homePaths(src.cacheDir).artifacts, ramDir: src.ramDir } : undefined, snapshots: src.snapshots });
   const publisher = new BlobPublisher(new BlobLocations(node.pool), node.hostId, blobs, node.opts.log);
   void publisher.start();
   return {

@@ -7,7 +7,8 @@
  * A placed start (create, fork, resume) says how many sandboxes it starts (`admit`): the host
  * re-checks its lease and capacity for them first and turns it away with a refusal the calling
  * host's placement understands (placement.ts hostRefused) — then it may go elsewhere. A create from
- * an environment this host lacks says which to pull (`pull`).
+ * an environment this host lacks says which to pull (`pull`), a start from a snapshot another host
+ * holds where to pull a copy of it from (`snapshot`).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { connect } from 'node:net';
@@ -17,7 +18,7 @@ import { CollimateError } from '../errors.js';
 import type { FileSink, PortTarget } from '../sandboxes/types.js';
 import { hostRefused } from '../service/placement.js';
 import { HOST_OPERATIONS, invoke, type HostOperation, type SandboxHost } from '../service/sandboxHost.js';
-import { ARGS_HEADER, decode, encode, errorOf, EXTRAS_HEADER, PEER_HOST_PATH, type HostCallExtras } from '../cluster/remoteHost.js';
+import { ARGS_HEADER, decode, encode, errorOf, EXTRAS_HEADER, PEER_HOST_PATH, type HostCallExtras, type SnapshotSource } from '../cluster/remoteHost.js';
 import { splice } from './portsProxy.js';
 
 export interface PeerHostOptions {
@@ -27,6 +28,8 @@ export interface PeerHostOptions {
   admit(slots: number): { release(): void } | string;
   /** Pulls an environment another host made, before a create from it. */
   pull?(tenant: string, name: string): Promise<unknown>;
+  /** Pulls a copy of a snapshot another host holds, before a start from it. */
+  pullSnapshot?(src: SnapshotSource): Promise<unknown>;
   /** What the host answers beside its sandboxes' operations (live stats, its environments), each a `call`. */
   calls: Record<string, (...args: any[]) => unknown>;
 }
@@ -106,6 +109,7 @@ export function registerPeerHost(app: FastifyInstance, opts: PeerHostOptions): v
           slot = r;
         }
         if (extras.pull && opts.pull) await opts.pull(extras.pull.tenant, extras.pull.name);
+        if (extras.snapshot && opts.pullSnapshot) await opts.pullSnapshot(extras.snapshot);
         return await serve(req, reply, op, how.kind === 'tunnel' ? 'call' : how.kind, 'arg' in how ? how.arg : -1);
       } catch (err) {
         if (!(err instanceof CollimateError)) req.log.error({ err, op }, 'a peer\'s host operation failed');

@@ -7,6 +7,8 @@
  *   2. it picks a host: alive, lease current, of the asked compatibility class, holding the template
  *      (any host, for an environment: it pulls what it lacks), with capacity left (capacity − running
  *      − reserved ≥ slots); warm pools first, then hosts holding the artifact, then most room.
+ *      A start from a snapshot prefers the hosts holding it, and may take fewer slots than asked on
+ *      the host with room for the most when none has room for all (`upTo`: the rest spill over).
  *      Warm pools come from each host's heartbeat (every 2 s, so a pool just emptied may still
  *      count); artifacts held from blob_locations, which every host publishes anyway for pulls
  *      (every 30 s and after each pull): a host reported late only costs a pull that finds
@@ -52,12 +54,22 @@ export interface PlaceRequest {
   host?: string;
   /** Hosts that already refused this request. */
   exclude?: string[];
+  /** Hosts to choose first among those with room for every slot (those holding a snapshot started from). */
+  prefer?: string[];
+  /**
+   * Take fewer slots than asked when no host has room for them all: the host with room for the
+   * most (preferred hosts first) gets what it has room for (Placement.slots), the caller places the
+   * rest in another round (a start of N from a snapshot spilling over several hosts).
+   */
+  upTo?: boolean;
 }
 
 export interface Placement {
   reservationId: string;
   hostId: string;
   address: string;
+  /** The slots reserved: all asked, or with `upTo` maybe fewer (at least one). */
+  slots: number;
 }
 
 /** A host's capacity left (alias h): capacity − running sandboxes − leased reservations. */
@@ -75,9 +87,9 @@ export class ClusterPlacement {
       const id = 'rsv_' + randomBytes(8).toString('hex');
       await tx.query(
         `INSERT INTO reservations (id, tenant, host_id, slots, lease_until) VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond')`,
-        [id, req.tenant, host.id, req.slots, RESERVATION_LEASE_MS],
+        [id, req.tenant, host.id, host.slots, RESERVATION_LEASE_MS],
       );
-      return { reservationId: id, hostId: host.id, address: host.address };
+      return { reservationId: id, hostId: host.id, address: host.address, slots: host.slots };
     });
   }
 
@@ -103,8 +115,9 @@ export class ClusterPlacement {
     if (running + reserved + req.slots > max) throw concurrencyLimit(req.tier, running, reserved, req.operation, req.slots);
   }
 
-  private async pickHost(tx: pg.PoolClient, req: PlaceRequest): Promise<{ id: string; address: string }> {
+  private async pickHost(tx: pg.PoolClient, req: PlaceRequest): Promise<{ id: string; address: string; slots: number }> {
     const exclude = [...(req.exclude ?? [])];
+    const least = req.upTo ? 1 : req.slots;
     const query = (skipLocked: boolean) =>
       tx.query<{ id: string; address: string }>(
         `SELECT h.id, h.address FROM hosts h, LATERAL (SELECT ${FREE_OF_H} AS free) f
@@ -113,13 +126,14 @@ export class ClusterPlacement {
            AND ($2::text IS NULL OR $2 = ANY(h.templates))
            AND ($3::text IS NULL OR h.compat = $3)
            AND NOT (h.id = ANY($4::text[]))
-           AND free >= $5
-         ORDER BY (coalesce((h.warm_pools ->> coalesce($6, $2))::int, 0) > 0) DESC,
+           AND free >= $8
+         ORDER BY (free >= $5) DESC, (h.id = ANY($9::text[])) DESC,
+           (coalesce((h.warm_pools ->> coalesce($6, $2))::int, 0) > 0) DESC,
            (EXISTS (SELECT 1 FROM blob_locations b WHERE b.host_id = h.id AND b.kind = 'artifact-mem' AND b.of = $7)) DESC,
            free DESC, random()
          LIMIT 1
          FOR UPDATE OF h ${skipLocked ? 'SKIP LOCKED' : ''}`,
-        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots, req.environment?.warmKey ?? null, req.environment?.artifactKey ?? null],
+        [req.host ?? null, req.template ?? null, req.compat ?? null, exclude, req.slots, req.environment?.warmKey ?? null, req.environment?.artifactKey ?? null, least, req.prefer ?? []],
       );
     for (;;) {
       // Skipping locked rows spreads concurrent placements; if every fitting host is locked, wait for one.
@@ -129,7 +143,7 @@ export class ClusterPlacement {
       // committed on this host while we waited for its lock. Holding the lock now, a new statement
       // sees every reservation made on it: count again.
       const free = Number((await tx.query<{ free: string }>(`SELECT ${FREE_OF_H} AS free FROM hosts h WHERE h.id = $1`, [picked.id])).rows[0].free);
-      if (free >= req.slots) return picked;
+      if (free >= least) return { ...picked, slots: Math.min(free, req.slots) };
       exclude.push(picked.id);
     }
   }

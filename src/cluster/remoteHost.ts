@@ -28,10 +28,19 @@ export const ARGS_HEADER = 'x-collimate-args';
 /** The header a placed start's extras travel in (HostCallExtras, JSON). */
 export const EXTRAS_HEADER = 'x-collimate-extras';
 
-/** What a placed start tells the host beside the operation: the slots it re-checks its capacity for, an environment to pull first. */
+/** Where a snapshot lies: its origin host, as a placed start from it names it (snapshotPull.ts). */
+export interface SnapshotSource {
+  tenant: string;
+  id: string;
+  origin: { hostId: string; address: string };
+}
+
+/** What a placed start tells the host beside the operation: the slots it re-checks its capacity for, an environment or a snapshot to pull first. */
 export interface HostCallExtras {
   admit?: number;
   pull?: { tenant: string; name: string };
+  /** A start from a snapshot another host holds (snapshotPull.ts). */
+  snapshot?: SnapshotSource;
 }
 
 /** JSON with Buffers ({"$b": base64}) and bigints ({"$n": decimal}, a file's mtimeNs) kept. */

@@ -9,6 +9,8 @@
  *   of its class, which pulls it if it lacks it); a host that turns it away is replaced by another,
  *   up to PLACEMENT_ATTEMPTS hosts.
  * - A fork or resume goes to the sandbox's own host (children need the fork point's memory).
+ * - A start from a snapshot goes to hosts holding it first, and spreads over several when one has
+ *   no room for all; the others pull a copy (startSpread, snapshotPull.ts).
  * - A change of state made on this host is answered once the directory has it, so the next request,
  *   on any host, sees it.
  * - While the cluster database is unreachable this host still serves its own running sandboxes for
@@ -27,7 +29,8 @@ import type { ClusterEnvironmentHost } from './environmentHost.js';
 import { compatKey } from './hosts.js';
 import type { ClusterNode } from './node.js';
 import type { PlaceRequest } from './placement.js';
-import { RemoteHost } from './remoteHost.js';
+import { RemoteHost, type SnapshotSource } from './remoteHost.js';
+import type { SnapshotPuller } from './snapshotPull.js';
 import { clusterUsage, type UsagePush } from './usage.js';
 
 /** How many hosts a create tries when they turn it away (fenced, full, unreachable). */
@@ -84,6 +87,8 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
     local: SandboxHost,
     private readonly envs?: ClusterEnvironmentHost,
     private readonly usagePush?: UsagePush,
+    /** Copies of other hosts' snapshots (snapshotPull.ts), when this host runs sandboxes. */
+    private readonly snapshots?: SnapshotPuller,
   ) {
     this.here = settling(local, () => node.directory.flushed());
   }
@@ -134,7 +139,7 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
       const pull = env && req.template !== undefined ? { tenant: req.tenant, name: req.template } : undefined;
       try {
         return p.hostId === this.node.hostId
-          ? await this.startHere(req.slots, pull, start)
+          ? await this.startHere(req.slots, pull && this.envs?.puller ? () => this.envs!.puller!.ensure(pull.tenant, pull.name) : undefined, start)
           : await start(this.remote(p.hostId, p.address).placed({ admit: req.slots, ...(pull ? { pull } : {}) }));
       } catch (err) {
         if (near || !isHostRefusal(err) || attempt >= PLACEMENT_ATTEMPTS) throw err;
@@ -143,6 +148,75 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
         await this.node.placement.release(p.reservationId).catch((err) => this.node.opts.log?.(err, 'releasing a cluster reservation failed'));
       }
     }
+  }
+
+  /**
+   * Starts `req.slots` sandboxes from a snapshot over as few hosts as have room: of its origin's
+   * compatibility class, a host with room for all first (those holding the snapshot first), else
+   * the host with room for the most takes what it has room for and the rest go round again — a
+   * fork spill. A host that is not the origin pulls a copy first (snapshotPull.ts). A host that
+   * turns its part away is replaced; when a part fails otherwise, the parts started are undone.
+   */
+  async startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]> {
+    const origin = await this.snapshotHost(req.tenant, req.snapshot);
+    const originAddress = origin.hostId === this.node.hostId ? this.node.address : origin.address;
+    const { compat, holders } = await this.db(async () => {
+      const c = await this.node.pool.query<{ compat: string }>('SELECT compat FROM hosts WHERE id = $1', [origin.hostId]);
+      const h = await this.node.pool.query<{ host_id: string }>(`SELECT DISTINCT host_id FROM blob_locations WHERE kind = 'snapshot' AND of = $1`, [req.snapshot]);
+      return { compat: c.rows[0]?.compat, holders: [origin.hostId, ...h.rows.map((r) => r.host_id)] };
+    });
+    const done: Array<{ host: SandboxHost; started: SandboxInfo[] }> = [];
+    const exclude: string[] = [];
+    let refusals = 0;
+    try {
+      for (let left = req.slots; left > 0;) {
+        const p = await this.db(() => this.node.placement.place({
+          tenant: req.tenant, tier: req.tier, slots: left, operation: req.operation, exclude, prefer: holders, upTo: true,
+          ...(compat ? { compat } : {}),
+        }));
+        const src = p.hostId === origin.hostId ? undefined : { tenant: req.tenant, id: req.snapshot, origin: { hostId: origin.hostId, address: originAddress } };
+        try {
+          const host = p.hostId === this.node.hostId ? this.here : this.remote(p.hostId, p.address).placed({ admit: p.slots, ...(src ? { snapshot: src } : {}) });
+          const started = p.hostId === this.node.hostId
+            ? await this.startHere(p.slots, src ? () => this.pullSnapshot(src) : undefined, (h) => start(h, p.slots))
+            : await start(host, p.slots);
+          done.push({ host, started });
+          left -= started.length;
+        } catch (err) {
+          if (!isHostRefusal(err) || ++refusals >= PLACEMENT_ATTEMPTS) throw err;
+          exclude.push(p.hostId);
+        } finally {
+          await this.node.placement.release(p.reservationId).catch((err) => this.node.opts.log?.(err, 'releasing a cluster reservation failed'));
+        }
+      }
+    } catch (err) {
+      for (const d of done) await undo(d.host, d.started).catch((e) => this.node.opts.log?.(e, 'removing the sandboxes of a failed start from a snapshot failed'));
+      throw err;
+    }
+    return done.flatMap((d) => d.started);
+  }
+
+  /**
+   * A copy of a snapshot pulled here before a start from it (snapshotPull.ts); a host that cannot
+   * hold it (it lacks the template's artifact) turns the start away, so it is placed elsewhere.
+   */
+  async pullSnapshot(src: SnapshotSource): Promise<void> {
+    if (!this.snapshots) throw hostRefused('it holds no snapshots of other hosts');
+    try {
+      await this.snapshots.ensure(src);
+    } catch (err) {
+      if (err instanceof CollimateError && err.code === 'conflict' && err.details?.reason === 'artifact_missing') throw hostRefused(err.message);
+      throw err;
+    }
+  }
+
+  get spills(): boolean {
+    return this.snapshots !== undefined || this.node.capacity === 0;
+  }
+
+  async snapshotDeleted(_tenant: string, id: string): Promise<void> {
+    this.snapshotHosts.delete(id);
+    await this.snapshots?.dropEverywhere(id);
   }
 
   async list(tenant: string, filter: ListFilter): Promise<{ sandboxes: SandboxInfo[]; next: string | null }> {
@@ -294,12 +368,12 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
     };
   }
 
-  /** A placed start on this host: its lease and capacity re-checked for the slots, the environment pulled if it lacks it. */
-  private async startHere<T>(slots: number, pull: { tenant: string; name: string } | undefined, start: (host: SandboxHost) => Promise<T>): Promise<T> {
+  /** A placed start on this host: its lease and capacity re-checked for the slots, what it lacks pulled first (`prepare`). */
+  private async startHere<T>(slots: number, prepare: (() => Promise<unknown>) | undefined, start: (host: SandboxHost) => Promise<T>): Promise<T> {
     const slot = this.node.admit(slots);
     if (typeof slot === 'string') throw hostRefused(slot);
     try {
-      if (pull && this.envs?.puller) await this.envs.puller.ensure(pull.tenant, pull.name);
+      await prepare?.();
       return await start(this.here);
     } finally {
       slot.release();

@@ -13,7 +13,7 @@ import { sha256File } from '../host/hash.js';
  * beside its manifest (`blobs.json`): the files are sealed read-only once baked, so they never
  * change under their digest.
  */
-export type BlobKind = 'layer' | 'artifact-mem' | 'artifact-state' | 'artifact-disk' | 'sandbox-move';
+export type BlobKind = 'layer' | 'artifact-mem' | 'artifact-state' | 'artifact-disk' | 'sandbox-move' | 'snapshot';
 
 export interface LocalBlob {
   digest: string;
@@ -22,7 +22,7 @@ export interface LocalBlob {
   size: number;
   /** Mostly holes (RAM files, disks): offered in the sparse representation (sparseBlob.ts). */
   sparse: boolean;
-  /** The layer's diff id, or the artifact's key. */
+  /** The layer's diff id, the artifact's key, or the snapshot's id. */
   of: string;
 }
 
@@ -42,7 +42,7 @@ export class LocalBlobs {
    * `artifacts.dir`: `<cacheDir>/artifacts` (homePaths); `artifacts.ramDir`: where this host keeps
    * their RAM files (EngineConfig.artifactRamDir). Either source may be absent (an API-only node).
    */
-  constructor(private readonly src: { layers?: LayerStore; artifacts?: { dir: string; ramDir: string } }) {}
+  constructor(private readonly src: { layers?: LayerStore; artifacts?: { dir: string; ramDir: string }; snapshots?: () => LocalBlob[] }) {}
 
   /** Every blob held now (hashing what never was); replaces the index `find` answers from. */
   scan(): Promise<LocalBlob[]> {
@@ -100,6 +100,8 @@ export class LocalBlobs {
         }
       }
     }
+    // Snapshots' exports and copies (src/sandboxes/snapshotCopies.ts), their digests recorded when made.
+    out.push(...(this.src.snapshots?.() ?? []).filter((b) => existsSync(b.path)));
     this.byDigest = new Map(out.map((b) => [b.digest, b]));
     return out;
   }

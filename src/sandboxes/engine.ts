@@ -19,6 +19,7 @@ import { forkSandbox } from './fork.js';
 import { suspendSandbox, resumeSandbox } from './suspendResume.js';
 import { createSnapshot, deleteSnapshot, getSnapshot, listSnapshots, promoteSnapshot, restoreSnapshot, startFromSnapshot } from './snapshots.js';
 import { abortMoveIn, commitMoveIn, commitMoveOut, dropMovedOut, importMoveIn, pendingMovesIn, prepareMoveOut, type MoveEngine } from './move.js';
+import { dropSnapshotCopy, exportSnapshot, importSnapshot, snapshotBlobs, type SnapshotCopyEngine } from './snapshotCopies.js';
 import { deleteSandbox } from './delete.js';
 import { guestDiskUsage } from './diskUsage.js';
 import { isAlive, processUsage, procStartTicks } from '../vmm/vmm.js';
@@ -191,6 +192,16 @@ export class Engine extends EventEmitter implements SandboxService {
     commitIn: (id) => commitMoveIn(this.ctx, id),
     abortIn: (id) => abortMoveIn(this.ctx, id),
     pendingIn: () => pendingMovesIn(this.ctx),
+  };
+
+  /** Snapshots across cluster hosts (snapshotCopies.ts): exports of this host's, copies of others'. */
+  readonly snapshotCopies: SnapshotCopyEngine = {
+    exportOut: (id, scope) => exportSnapshot(this.ctx, id, scope),
+    importIn: (m, origin, pull) => importSnapshot(this.ctx, m, origin, pull),
+    holds: (id) => this.repo.snapshot(id)?.state === 'ready',
+    drop: (id) => dropSnapshotCopy(this.ctx, id),
+    copies: () => this.repo.snapshotCopies().map((s) => ({ id: s.id, tenant: s.tenant, origin: s.origin! })),
+    blobs: () => snapshotBlobs(this.ctx),
   };
 
   isReady(): boolean {

@@ -449,11 +449,12 @@ export async function spawnChildren(
       id, tenant: parentRow.tenant, template: parentRow.template, state: 'running',
       labels: { ...parentRow.labels, ...(opts.labels ?? {}) },
       // Started from a snapshot: no parent (the sandbox it was taken of may have moved on, or gone); from_snapshot says where from.
-      created_at: now, last_active: now, exec_count: 0, parent: fromSnapshot ? null : parentRow.id, forked_at: fromSnapshot ? null : now,
+      // A fork spilled over hosts (forkOf) is a fork: its children's parent is the sandbox.
+      created_at: now, last_active: now, exec_count: 0, parent: fromSnapshot ? opts.forkOf ?? null : parentRow.id, forked_at: fromSnapshot && !opts.forkOf ? null : now,
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
       on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume, public_ports: parentRow.public_ports, port_host: parentRow.port_host,
-      vmm: lives[i].record, snapshot: null, pending_op: null, from_snapshot: fromSnapshot ?? null,
+      vmm: lives[i].record, snapshot: null, pending_op: null, from_snapshot: opts.forkOf ? null : fromSnapshot ?? null,
     }));
     ctx.repo.tx(() => {
       for (const row of rows) {

@@ -114,6 +114,8 @@ export interface SnapshotRow {
   state: 'creating' | 'ready';
   /** The name it is promoted under (a template id its tenant creates from), or null. */
   environment: string | null;
+  /** Null for a snapshot taken here; a copy pulled from another cluster host (snapshotCopies.ts): that host's id. */
+  origin?: string | null;
 }
 
 function decodeSnapshot(r: any): SnapshotRow {
@@ -291,9 +293,9 @@ export class SandboxRepo {
 
   insertSnapshot(s: SnapshotRow): void {
     this.db.prepare(`INSERT INTO snapshots (id, tenant, name, labels, source, template, fork_point, artifact_key, vcpus, memory_mib, disk_mib,
-        egress, on_timeout, auto_resume, public_ports, port_host, timeout_secs, bytes, created_at, state, environment)
+        egress, on_timeout, auto_resume, public_ports, port_host, timeout_secs, bytes, created_at, state, environment, origin)
       VALUES (@id, @tenant, @name, @labels, @source, @template, @fork_point, @artifact_key, @vcpus, @memory_mib, @disk_mib,
-        @egress, @on_timeout, @auto_resume, @public_ports, @port_host, @timeout_secs, @bytes, @created_at, @state, @environment)`).run({ ...s, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
+        @egress, @on_timeout, @auto_resume, @public_ports, @port_host, @timeout_secs, @bytes, @created_at, @state, @environment, @origin)`).run({ ...s, origin: s.origin ?? null, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
   }
 
   snapshot(id: string): SnapshotRow | undefined {
@@ -301,9 +303,9 @@ export class SandboxRepo {
     return r ? decodeSnapshot(r) : undefined;
   }
 
-  /** A tenant's ready snapshots by id, a page at a time (`after`: the last id seen). */
+  /** A tenant's ready snapshots by id, a page at a time (`after`: the last id seen); copies of other hosts' are not theirs to list. */
   snapshots(tenant: string | undefined, filter: { labels?: Record<string, string>; source?: string; environment?: string | true; after?: string; limit?: number }): SnapshotRow[] {
-    const where: string[] = ["state = 'ready'"];
+    const where: string[] = ["state = 'ready'", 'origin IS NULL'];
     const args: unknown[] = [];
     if (tenant !== undefined) { where.push('tenant = ?'); args.push(tenant); }
     if (filter.source) { where.push('source = ?'); args.push(filter.source); }
@@ -316,6 +318,16 @@ export class SandboxRepo {
     if (filter.after) { where.push('id > ?'); args.push(filter.after); }
     const limit = Math.min(Math.max(filter.limit ?? 100, 1), 1000);
     return this.db.prepare(`SELECT * FROM snapshots WHERE ${where.join(' AND ')} ORDER BY id LIMIT ${limit + 1}`).all(...args).map(decodeSnapshot);
+  }
+
+  /** Every ready snapshot here, copies of other hosts' included. */
+  readySnapshots(): SnapshotRow[] {
+    return this.db.prepare("SELECT * FROM snapshots WHERE state = 'ready' ORDER BY id").all().map(decodeSnapshot);
+  }
+
+  /** Copies of other hosts' snapshots held here (snapshotCopies.ts). */
+  snapshotCopies(): SnapshotRow[] {
+    return this.db.prepare("SELECT * FROM snapshots WHERE origin IS NOT NULL AND state = 'ready' ORDER BY id").all().map(decodeSnapshot);
   }
 
   /** Snapshots a crash caught before their files were whole (reconcile removes them). */

@@ -38,10 +38,14 @@ export function snapshotInfo(s: SnapshotRow): SnapshotInfo {
   };
 }
 
-/** The tenant's ready snapshot `id`; snapshot_not_found for another tenant's, or one still being taken. */
-function snapshotFor(ctx: EngineContext, id: string, scope?: Scope): SnapshotRow {
+/**
+ * The tenant's ready snapshot `id`; snapshot_not_found for another tenant's, or one still being
+ * taken. A copy of another cluster host's snapshot (snapshotCopies.ts) only with `copies`: sandboxes
+ * start from it, but it is not the tenant's to see, roll back to or delete here.
+ */
+export function snapshotFor(ctx: EngineContext, id: string, scope?: Scope, opts: { copies?: boolean } = {}): SnapshotRow {
   const s = typeof id === 'string' ? ctx.repo.snapshot(id) : undefined;
-  if (!s || s.state !== 'ready' || (scope && s.tenant !== scope.tenant)) throw snapshotNotFound(String(id));
+  if (!s || s.state !== 'ready' || (scope && s.tenant !== scope.tenant) || (s.origin && !opts.copies)) throw snapshotNotFound(String(id));
   return s;
 }
 
@@ -207,7 +211,7 @@ const holds = new WeakMap<EngineContext, Map<string, number>>();
  * Runs `fn` with snapshot `s`'s fork point held (in `ctx.forking`): its files stay whatever a
  * delete of the snapshot does meanwhile, until the last operation holding it is done.
  */
-async function holding<T>(ctx: EngineContext, s: SnapshotRow, fn: () => Promise<T>): Promise<T> {
+export async function holding<T>(ctx: EngineContext, s: SnapshotRow, fn: () => Promise<T>): Promise<T> {
   const counts = holds.get(ctx) ?? new Map<string, number>();
   holds.set(ctx, counts);
   counts.set(s.fork_point, (counts.get(s.fork_point) ?? 0) + 1);
@@ -226,7 +230,7 @@ async function holding<T>(ctx: EngineContext, s: SnapshotRow, fn: () => Promise<
 }
 
 /** The fork point of a snapshot, as fork.ts takes it. */
-function forkPointOf(ctx: EngineContext, s: SnapshotRow): ForkPoint {
+export function forkPointOf(ctx: EngineContext, s: SnapshotRow): ForkPoint {
   const f = ctx.repo.forkPoint(s.fork_point);
   if (!f || !existsSync(f.mem_path)) throw new CollimateError('internal_error', `Snapshot ${s.id} lost its files (fork point ${s.fork_point}); delete it.`);
   return { id: f.id, dir: f.dir, mem: f.mem_path, disk: f.disk_path };
@@ -236,12 +240,14 @@ function forkPointOf(ctx: EngineContext, s: SnapshotRow): ForkPoint {
  * Starts `count` sandboxes from a snapshot: each restored from it as a fork child is from its fork
  * point (a fresh identity, the snapshot's memory, processes and files), its RAM mapped copy-on-write
  * from the image on disk. VMMs spawned ahead for the template (forkReceivers.ts) are used first.
+ * On a cluster host that is not the snapshot's, from this host's copy of it (snapshotCopies.ts).
  */
 export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts: StartFromSnapshotOptions, scope: Scope): Promise<SandboxInfo[]> {
   ctx.assertOpen();
   const problem = forkCountProblem(opts.count);
   if (problem) throw new CollimateError('validation_error', problem);
-  const s = snapshotFor(ctx, snapId, scope);
+  const s = snapshotFor(ctx, snapId, scope, { copies: true });
+  if (opts.forkOf !== undefined && opts.forkOf !== s.source) throw new CollimateError('validation_error', msg`Snapshot ${snapId} was taken of sandbox ${s.source}, not ${opts.forkOf}: its sandboxes can only be that one's children.`);
   return ctx.capacity.within('start from a snapshot', { vmms: opts.count, memoryMib: s.memory_mib }, () => holding(ctx, s, async () => {
     const fp = forkPointOf(ctx, s);
     const now = Date.now();
@@ -266,7 +272,7 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
     try {
       await phases.time('egress_apply', () => Promise.all(warm.vms.map((vm) => applyEgress(ctx, vm, s, origin.egress))));
       const children = await spawnChildren(ctx, origin, { ...ctx.templates.artifactFor(s.artifact_key).shape, ...shape }, fp, s.artifact_key, devState,
-        { count: opts.count, labels: opts.labels }, vmms, phases, { fileReady: true }, s.id, warm.vms);
+        { count: opts.count, labels: opts.labels, ...(opts.forkOf ? { forkOf: opts.forkOf } : {}) }, vmms, phases, { fileReady: true }, s.id, warm.vms);
       ctx.emit('phases', phases.report(s.id));
       return children;
     } catch (e) {

@@ -108,6 +108,11 @@ export interface StartFromSnapshotOptions {
   publicPorts?: boolean;
   /** Default: the snapshot's. */
   portHost?: string | null;
+  /**
+   * The sandboxes are children of this sandbox, the one the snapshot was taken of for them: a fork
+   * too wide for its host spilling onto others (their parent is it, as a fork's children's is).
+   */
+  forkOf?: string;
 }
 
 export interface SnapshotListFilter {
@@ -226,6 +231,8 @@ export interface CreateOptions {
 export interface ForkOptions {
   count: number;
   labels?: Record<string, string>;
+  /** Started from a snapshot taken for a fork's spill (StartFromSnapshotOptions.forkOf): the children's parent. */
+  forkOf?: string;
 }
 
 export interface ListFilter {

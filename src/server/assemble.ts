@@ -23,6 +23,8 @@ import type { Db } from '../store/db.js';
 import type { TemplateHost } from '../images/service.js';
 import type { EnvironmentEngine } from '../cluster/environmentHost.js';
 import type { MoveEngine } from '../sandboxes/move.js';
+import type { SnapshotCopyEngine } from '../sandboxes/snapshotCopies.js';
+import type { SnapshotSource } from '../cluster/remoteHost.js';
 import type { JailSettings } from '../vmm/jail.js';
 import type * as RealEngine from '../sandboxes/engine.js';
 
@@ -37,6 +39,7 @@ export type ServedEngine = ServiceEngine & EnvironmentEngine & Partial<Pick<Temp
   readonly db?: Db;
   readonly cfg?: { home?: string; cacheDir?: string; artifactRamDir?: string; layerGraceSecs?: number; qemuBinary?: string; jail?: JailSettings; homeTag?: string };
   readonly moves?: MoveEngine;
+  readonly snapshotCopies?: SnapshotCopyEngine;
   poolHealth?(): Record<string, { ready: number; target: number; reason: string }>;
   close?(): Promise<void>;
 };
@@ -179,11 +182,11 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
   // Cluster-wide views: every host's sandbox events (LISTEN/NOTIFY) and usage (pushed to PostgreSQL).
   const views = node ? await (await import('../cluster/views.js')).startClusterViews(node, engine, db, { url: c!.url, log: clusterLog }) : undefined;
   // Cluster hosts serve their layers and artifact files to peers by digest and say where they are.
-  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir })) : undefined;
+  const blobs = node ? await import('../api/blobRoutes.js').then((m) => m.serveClusterBlobs(node!, { layers: images?.layers, cacheDir: engine.cfg?.cacheDir, ramDir: engine.cfg?.artifactRamDir, snapshots: engine.snapshotCopies ? () => engine.snapshotCopies!.blobs() : undefined })) : undefined;
   // Environments across hosts: this host's mirrored to the cluster database, others' pulled when a create needs them.
   const envs = node && blobs ? await import('../cluster/environmentHost.js').then((m) => m.startClusterEnvironments(node!, engine, images, blobs.publishNow)) : undefined;
   const { TenantService } = await import('../service/tenantService.js');
-  const cluster = node && views ? await clusterParts(node, engine, db, views, envs) : undefined;
+  const cluster = node && views ? await clusterParts(node, engine, db, views, envs, blobs) : undefined;
   const tenants = new TenantService({ engine, images, db, ...cfg.service, ...(cluster?.service ?? {}) });
   if (node) tenants.signer.useKey(node.signingKey());
   const { serverLoggerOptions } = await import('../api/logging.js');
@@ -234,6 +237,7 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
     async stop(graceMs?: number) {
       await api.shutdown(graceMs);
       blobs?.stop();
+      peers?.stop();
       envs?.stop();
       await envs?.flushed();
       await views?.stop();
@@ -251,8 +255,11 @@ export async function startServer(cfg: ServerConfig): Promise<RunningServer> {
  * idempotency, events and E2B envVars for the service, and the peer endpoint other hosts operate
  * this host's sandboxes through.
  */
-async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined) {
+async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, views: { sandboxEvents: NonNullable<TenantServiceOptions['sandboxEvents']>; usage?: UsagePush }, envs: ClusterEnvironmentHost | undefined, blobs: { publishNow(): Promise<void> } | undefined) {
   const { ClusterSandboxPlacement } = await import('../cluster/sandboxPlacement.js');
+  const copies = engine.snapshotCopies;
+  // Copies of other hosts' snapshots, pulled by digest before a start from one (a host that runs sandboxes).
+  const snapshots = copies && blobs && node.capacity > 0 ? await snapshotPuller(node, copies, blobs) : undefined;
   const { ClusterSandboxEnvs } = await import('../cluster/sandboxEnvs.js');
   const { ClusterSandboxGrants } = await import('../cluster/sandboxGrants.js');
   const { registerPeerHost, peerTunnel } = await import('../api/peerRoutes.js');
@@ -263,7 +270,7 @@ async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, vie
     sandboxGrants: new ClusterSandboxGrants(node.pool),
     idempotency: node.idempotency,
     sandboxEvents: views.sandboxEvents,
-    cluster: (here) => (placement = new ClusterSandboxPlacement(node, engine, here, envs, views.usage)),
+    cluster: (here) => (placement = new ClusterSandboxPlacement(node, engine, here, envs, views.usage, snapshots)),
   };
   return {
     service,
@@ -275,7 +282,11 @@ async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, vie
         isPeer: (secret: string | string[] | undefined) => node.isPeer(secret),
         admit: (slots: number) => node.admit(slots),
         ...(envs?.puller ? { pull: (tenant: string, name: string) => envs.puller!.ensure(tenant, name) } : {}),
+        ...(snapshots ? { pullSnapshot: (src: SnapshotSource) => placement!.pullSnapshot(src) } : {}),
         calls: {
+          // A snapshot of this host's, for another that starts from it (its files then served by digest).
+          exportSnapshot: (tenant: string, id: string) => copiesOf(copies).exportOut(id, { tenant }),
+          dropSnapshotCopy: (id: string) => copies?.drop(id) ?? false,
           liveStats: (tenant: string) => tenants.usage.liveStatsHere(tenant),
           // Its sealed secrets stay on this host.
           environment: (tenant: string, name: string) => ({ ...imagesOf(images).environment(tenant, name), secrets: null }),
@@ -287,6 +298,7 @@ async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, vie
       };
       const tunnel = peerTunnel(opts, tunnels);
       return {
+        stop: () => snapshots?.stop(),
         register: (app: FastifyInstance) => registerPeerHost(app, opts),
         tunnel,
         closeTunnels() {
@@ -296,6 +308,25 @@ async function clusterParts(node: ClusterNode, engine: ServedEngine, db: Db, vie
       };
     },
   };
+}
+
+/** The host's puller of other hosts' snapshots, its sweep of copies whose snapshot went started. */
+async function snapshotPuller(node: ClusterNode, copies: SnapshotCopyEngine, blobs: { publishNow(): Promise<void> }) {
+  const { SnapshotPuller } = await import('../cluster/snapshotPull.js');
+  const { BlobFetcher } = await import('../cluster/blobFetcher.js');
+  const { BlobLocations } = await import('../cluster/blobLocations.js');
+  const { PEER_HEADER } = await import('../cluster/peerHeader.js');
+  const locations = new BlobLocations(node.pool);
+  const peers = async () => (await node.pool.query<{ id: string; address: string }>(`SELECT id, address FROM hosts WHERE state = 'alive' AND id <> $1`, [node.hostId])).rows;
+  const puller = new SnapshotPuller({ hostId: node.hostId, secret: () => node.secret }, copies, new BlobFetcher(locations, { hostId: node.hostId, secret: () => node.secret, peerHeader: PEER_HEADER }),
+    locations, peers, (err, msg) => node.opts.log?.(err, msg), () => void blobs.publishNow());
+  puller.start();
+  return puller;
+}
+
+function copiesOf(copies: SnapshotCopyEngine | undefined): SnapshotCopyEngine {
+  if (!copies) throw new CollimateError('snapshot_not_found', 'This host holds no snapshots.');
+  return copies;
 }
 
 function imagesOf(images: ImageService | undefined): ImageService {

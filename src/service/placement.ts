@@ -37,6 +37,16 @@ export interface Placement {
    * another where one may go.
    */
   start<T>(req: StartRequest, start: (host: SandboxHost) => Promise<T>): Promise<T>;
+  /**
+   * A start of `req.slots` sandboxes from snapshot `req.snapshot` that may spread over hosts: as
+   * many on one host as it has room for, the rest on others (which pull the snapshot first). All
+   * or none: when one part fails, `undo` removes the sandboxes the others started, and it throws.
+   */
+  startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]>;
+  /** Whether a fork too wide for its sandbox's host may spill onto others (a cluster). */
+  readonly spills: boolean;
+  /** Snapshot `id` was deleted: the copies other hosts pulled of it go too (nothing for one host). */
+  snapshotDeleted(tenant: string, id: string): Promise<void>;
   /** The tenant's sandboxes, by id, a page at a time. */
   list(tenant: string, filter: ListFilter): Promise<{ sandboxes: SandboxInfo[]; next: string | null }>;
   /** How many of the tenant's sandboxes run now, on every host. */
@@ -73,6 +83,14 @@ export class LocalPlacement implements Placement {
       slot.release();
     }
   }
+
+  readonly spills = false;
+
+  startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>): Promise<SandboxInfo[]> {
+    return this.start(req, (host) => start(host, req.slots));
+  }
+
+  async snapshotDeleted(): Promise<void> {}
 
   async list(tenant: string, filter: ListFilter): Promise<{ sandboxes: SandboxInfo[]; next: string | null }> {
     const r = this.engine.list(filter, { tenant });

@@ -224,12 +224,37 @@ export class Sandboxes {
     if (problem) throw new CollimateError('validation_error', problem);
     const parent = await this.get(scope, id);
     if (parent.state !== 'running' && parent.state !== 'suspended') throw invalidState(id, parent.state, 'fork', ['running', 'suspended']);
-    return this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: count, operation: `fork of ${count}`, near: id }, async (host) => {
-      const stop = this.forkSeconds.startTimer({ count: String(count) });
-      const children = await host.fork(id, { count, labels: input.labels }, scope);
+    const stop = this.forkSeconds.startTimer({ count: String(count) });
+    try {
+      const children = await this.placement.start({ tenant: scope.tenant, tier: scope.tier, slots: count, operation: `fork of ${count}`, near: id }, (host) => host.fork(id, { count, labels: input.labels }, scope));
       stop();
       return children;
-    });
+    } catch (err) {
+      // Its host has no room for every child: on a cluster, the fork spills onto other hosts.
+      if (!(err instanceof CollimateError && err.code === 'host_at_capacity' && err.details?.resource === 'cluster_host') || !this.placement.spills) throw err;
+      const children = await this.forkSpilling(scope, parent, count, input.labels ?? {});
+      stop();
+      return children;
+    }
+  }
+
+  /**
+   * A fork too wide for its sandbox's host: the moment is kept as a snapshot (the sandbox pauses as
+   * a fork pauses it), the children start from it on its host as far as it has room and on other
+   * hosts for the rest (Placement.startSpread: they pull it), each the sandbox's child; the snapshot
+   * then goes (its files stay while children sit on them).
+   */
+  private async forkSpilling(scope: Scope, parent: SandboxInfo, count: number, labels: Record<string, string>): Promise<SandboxInfo[]> {
+    const host = await this.where(scope, parent.id);
+    const snap = await host.createSnapshot(parent.id, { name: `fork of ${parent.id}`, labels: { 'collimate.fork_spill': parent.id } }, scope);
+    try {
+      return await this.startSpread(scope, snap.id, `fork of ${count}`, {
+        count, labels: { ...parent.labels, ...labels }, forkOf: parent.id, timeoutSecs: parent.timeout_secs,
+      });
+    } finally {
+      await Promise.resolve().then(() => host.deleteSnapshot(snap.id, scope)).catch(() => {});
+      await this.placement.snapshotDeleted(scope.tenant, snap.id).catch(() => {});
+    }
   }
 
   /**
@@ -527,6 +552,7 @@ export class Sandboxes {
 
   async deleteSnapshot(scope: Scope, id: string): Promise<void> {
     await (await this.placement.locateSnapshot(scope.tenant, id)).deleteSnapshot(id, scope);
+    await this.placement.snapshotDeleted(scope.tenant, id);
   }
 
   /**
@@ -555,12 +581,21 @@ export class Sandboxes {
       ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume === undefined ? {} : { autoResume: input.autoResume }),
       ...portAccessOf(input),
     };
-    return this.placement.start({ tenant: scope.tenant, tier, slots: input.count, operation: `start of ${input.count} from a snapshot`, snapshot: snap.id }, async (host) => {
-      const stop = this.createSeconds.startTimer();
-      const out = await host.startFromSnapshot(snap.id, opts, scope);
-      stop();
-      return out;
-    });
+    const stop = this.createSeconds.startTimer();
+    const out = await this.startSpread(scope, snap.id, `start of ${input.count} from a snapshot`, opts);
+    stop();
+    return out;
+  }
+
+  /** A start from a snapshot on as many hosts as it takes (Placement.startSpread); all of it or none. */
+  private startSpread(scope: Scope, snapshot: string, operation: string, opts: StartFromSnapshotOptions): Promise<SandboxInfo[]> {
+    return this.placement.startSpread(
+      { tenant: scope.tenant, tier: scope.tier, slots: opts.count, operation, snapshot },
+      (host, count) => host.startFromSnapshot(snapshot, { ...opts, count }, scope),
+      async (host, started) => {
+        for (const s of started) await host.delete(s.id, scope);
+      },
+    );
   }
 
   /**

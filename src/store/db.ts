@@ -155,6 +155,16 @@ const migrations: Migration[] = [
       ALTER TABLE snapshots ADD COLUMN port_host TEXT;
     `,
   },
+  {
+    version: 9,
+    name: 'snapshot copies',
+    // origin: null for a snapshot taken here; for a copy pulled from another cluster host to start
+    // sandboxes from (snapshotCopies.ts), that host's id. A copy is never listed nor rolled back to:
+    // the snapshot is its origin's, and the copy goes when the origin no longer has it.
+    sql: `
+      ALTER TABLE snapshots ADD COLUMN origin TEXT;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */
