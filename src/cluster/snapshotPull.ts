@@ -15,7 +15,7 @@ import type { SnapshotCopyEngine, SnapshotManifest } from '../sandboxes/snapshot
 import type { BlobFetcher } from './blobFetcher.js';
 import type { BlobLocations, BlobHolder } from './blobLocations.js';
 import { COPY_RECONCILE_MS } from './environmentPull.js';
-import { RemoteHost, type SnapshotSource } from './remoteHost.js';
+import type { RemoteHost, SnapshotSource } from './remoteHost.js';
 
 /** What a pull moved. */
 export interface SnapshotPullReport {
@@ -32,19 +32,17 @@ export class SnapshotPuller {
   readonly pulls: SnapshotPullReport[] = [];
 
   constructor(
-    private readonly self: { hostId: string; secret: () => string },
+    /** A client of another host of the cluster (a RemoteHost). */
+    private readonly peer: (hostId: string, address: string) => Pick<RemoteHost, 'call'>,
+    private readonly selfId: string,
     private readonly engine: SnapshotCopyEngine,
-    private readonly fetcher: BlobFetcher,
-    private readonly locations: BlobLocations,
+    private readonly fetcher: Pick<BlobFetcher, 'fetchFrom'>,
+    private readonly locations: Pick<BlobLocations, 'holders'>,
     private readonly peers: () => Promise<Array<{ id: string; address: string }>>,
     private readonly log: (err: unknown, msg: string) => void = () => {},
     /** After a pull: tell the cluster what this host holds now (BlobPublisher.publishNow). */
     private readonly onPulled: () => void = () => {},
   ) {}
-
-  private origin(o: { hostId: string; address: string }): RemoteHost {
-    return new RemoteHost(o.hostId, o.address, this.self.secret());
-  }
 
   /**
    * Makes snapshot `src.id` startable here: nothing when this host holds it (its own, or a copy),
@@ -54,11 +52,11 @@ export class SnapshotPuller {
   async ensure(src: SnapshotSource): Promise<SnapshotPullReport | null> {
     if (this.engine.holds(src.id)) return null;
     const t0 = Date.now();
-    const m = (await this.origin(src.origin).call('exportSnapshot', [src.tenant, src.id])) as SnapshotManifest;
+    const m = (await this.peer(src.origin.hostId, src.origin.address).call('exportSnapshot', [src.tenant, src.id])) as SnapshotManifest;
     let transferred = 0;
     const made = await this.engine.importIn(m, src.origin.hostId, async (f, dest) => {
       // The origin first (it holds every file), then hosts whose copies hold the same bytes.
-      const others = (await this.locations.holders(f.digest, this.self.hostId)).filter((h) => h.hostId !== src.origin.hostId);
+      const others = (await this.locations.holders(f.digest, this.selfId)).filter((h) => h.hostId !== src.origin.hostId);
       const holders: BlobHolder[] = [{ hostId: src.origin.hostId, address: src.origin.address, size: f.size }, ...others];
       const got = await this.fetcher.fetchFrom(holders, f.digest, dest, { sparse: f.sparse });
       transferred += got.transferred;
@@ -76,7 +74,7 @@ export class SnapshotPuller {
   async dropEverywhere(id: string): Promise<void> {
     this.engine.drop(id);
     for (const p of await this.peers()) {
-      await new RemoteHost(p.id, p.address, this.self.secret()).call('dropSnapshotCopy', [id])
+      await this.peer(p.id, p.address).call('dropSnapshotCopy', [id])
         .catch((err) => this.log(err, `host ${p.id} did not drop its copy of snapshot ${id}; it does at its next sweep`));
     }
     this.onPulled();
@@ -90,7 +88,7 @@ export class SnapshotPuller {
       const address = alive.get(c.origin);
       if (!address) continue; // its origin is away: the copy waits for it
       try {
-        await this.origin({ hostId: c.origin, address }).asHost().getSnapshot(c.id, { tenant: c.tenant });
+        await this.peer(c.origin, address).call('getSnapshot', [c.id, { tenant: c.tenant }]);
       } catch (err) {
         if (!(err instanceof CollimateError && err.code === 'snapshot_not_found')) continue;
         dropped = this.engine.drop(c.id) || dropped;

@@ -238,6 +238,38 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     await assert.rejects(full, (e: CollimateError) => e.code === 'host_at_capacity' && /stay on their sandbox's host/.test(e.message));
   });
 
+  test('a start from a snapshot prefers the hosts holding it when one has room for all, and with upTo takes what the roomiest host has, spilling the rest round after round', async () => {
+    const nodes = await cluster(1);
+    for (const [id, cap] of [['h1', 3], ['h2', 5], ['h3', 5]] as const) await new HostMembership(nodes[0], host(id, cap), report(['base']), LONG).register();
+    const place = new ClusterPlacement(nodes[0]);
+    const ask = (slots: number, more: Partial<Parameters<ClusterPlacement['place']>[0]> = {}) => place.place({ tenant: 'p', tier: TIERS.pro, slots, operation: `start of ${slots} from a snapshot`, ...more });
+    // A holder with room for all wins over roomier hosts that would have to pull.
+    const held = await ask(2, { prefer: ['h1'], upTo: true });
+    assert.deepEqual([held.hostId, held.slots], ['h1', 2]);
+    await place.release(held.reservationId);
+    // Room for all comes before holding it: h1 has room for 3 only, so 4 go to a host with room for 4.
+    const fits = await ask(4, { prefer: ['h1'], upTo: true });
+    assert.equal(fits.slots, 4);
+    assert.notEqual(fits.hostId, 'h1');
+    await place.release(fits.reservationId);
+    // Without upTo, 12 fit nowhere; with it, the spill takes every slot of the cluster in three rounds, the holder first.
+    assert.equal(await codeOf(ask(12)), 'host_at_capacity');
+    const rounds: Array<[string, number]> = [];
+    for (let left = 13; left > 0;) {
+      const p = await ask(left, { prefer: ['h1'], upTo: true }).catch((e: CollimateError) => e);
+      if (p instanceof CollimateError) {
+        assert.equal(p.code, 'host_at_capacity');
+        break;
+      }
+      rounds.push([p.hostId, p.slots]);
+      left -= p.slots;
+    }
+    assert.equal(rounds.reduce((n, [, k]) => n + k, 0), 13, `every slot of the cluster was given: ${JSON.stringify(rounds)}`);
+    assert.deepEqual(rounds.map(([, k]) => k).sort(), [3, 5, 5], 'each host gave what it had room for');
+    assert.deepEqual(rounds[0], ['h1', 3], 'none has room for all: the holder takes what it has room for first');
+    assert.equal(await codeOf(ask(1, { upTo: true })), 'host_at_capacity', 'the cluster is full');
+  });
+
   test('a key made through one node authenticates on every node until it is revoked', async () => {
     const [a, b] = await cluster(2);
     const ka = new ClusterKeys(a);
