@@ -7,8 +7,8 @@
  *   2. it picks a host: alive, lease current, of the asked compatibility class, holding the template
  *      (any host, for an environment: it pulls what it lacks), with capacity left (capacity − running
  *      − reserved ≥ slots); warm pools first, then hosts holding the artifact, then most room.
- *      A start from a snapshot prefers the hosts holding it, and may take fewer slots than asked on
- *      the host with room for the most when none has room for all (`upTo`: the rest spill over).
+ *      A start from a snapshot prefers the hosts holding it, and may take fewer slots than asked
+ *      (`upTo`): as many as a holder has room for, the rest spilling over to other hosts.
  *      Warm pools come from each host's heartbeat (every 2 s, so a pool just emptied may still
  *      count); artifacts held from blob_locations, which every host publishes anyway for pulls
  *      (every 30 s and after each pull): a host reported late only costs a pull that finds
@@ -54,12 +54,13 @@ export interface PlaceRequest {
   host?: string;
   /** Hosts that already refused this request. */
   exclude?: string[];
-  /** Hosts to choose first among those with room for every slot (those holding a snapshot started from). */
+  /** Hosts to choose first (those holding a snapshot started from: they need not pull it). */
   prefer?: string[];
   /**
-   * Take fewer slots than asked when no host has room for them all: the host with room for the
-   * most (preferred hosts first) gets what it has room for (Placement.slots), the caller places the
-   * rest in another round (a start of N from a snapshot spilling over several hosts).
+   * Take fewer slots than asked where there is room for fewer: a preferred host with room for some
+   * gets what it has room for (Placement.slots), else a host with room for all, else the one with
+   * room for the most; the caller places the rest in another round (a start of N from a snapshot
+   * spilling over several hosts).
    */
   upTo?: boolean;
 }
@@ -127,7 +128,7 @@ export class ClusterPlacement {
            AND ($3::text IS NULL OR h.compat = $3)
            AND NOT (h.id = ANY($4::text[]))
            AND free >= $8
-         ORDER BY (free >= $5) DESC, (h.id = ANY($9::text[])) DESC,
+         ORDER BY (h.id = ANY($9::text[])) DESC, (free >= $5) DESC,
            (coalesce((h.warm_pools ->> coalesce($6, $2))::int, 0) > 0) DESC,
            (EXISTS (SELECT 1 FROM blob_locations b WHERE b.host_id = h.id AND b.kind = 'artifact-mem' AND b.of = $7)) DESC,
            free DESC, random()

@@ -151,11 +151,11 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
   }
 
   /**
-   * Starts `req.slots` sandboxes from a snapshot over as few hosts as have room: of its origin's
-   * compatibility class, a host with room for all first (those holding the snapshot first), else
-   * the host with room for the most takes what it has room for and the rest go round again — a
-   * fork spill. A host that is not the origin pulls a copy first (snapshotPull.ts). A host that
-   * turns its part away is replaced; when a part fails otherwise, the parts started are undone.
+   * Starts `req.slots` sandboxes from a snapshot on hosts of its origin's compatibility class: the
+   * hosts holding it take as many as they have room for, the rest go to a host with room for all of
+   * them, else to the roomiest and round again — a fork spill. A host that is not the origin pulls
+   * a copy first (snapshotPull.ts). A host that turns its part away is replaced; when a part fails
+   * otherwise, the parts started are undone.
    */
   async startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]> {
     const origin = await this.snapshotHost(req.tenant, req.snapshot);

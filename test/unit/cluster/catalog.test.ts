@@ -238,7 +238,7 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     await assert.rejects(full, (e: CollimateError) => e.code === 'host_at_capacity' && /stay on their sandbox's host/.test(e.message));
   });
 
-  test('a start from a snapshot prefers the hosts holding it when one has room for all, and with upTo takes what the roomiest host has, spilling the rest round after round', async () => {
+  test('a start from a snapshot prefers the hosts holding it, and with upTo takes what a host has room for, spilling the rest round after round', async () => {
     const nodes = await cluster(1);
     for (const [id, cap] of [['h1', 3], ['h2', 5], ['h3', 5]] as const) await new HostMembership(nodes[0], host(id, cap), report(['base']), LONG).register();
     const place = new ClusterPlacement(nodes[0]);
@@ -247,11 +247,19 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     const held = await ask(2, { prefer: ['h1'], upTo: true });
     assert.deepEqual([held.hostId, held.slots], ['h1', 2]);
     await place.release(held.reservationId);
-    // Room for all comes before holding it: h1 has room for 3 only, so 4 go to a host with room for 4.
-    const fits = await ask(4, { prefer: ['h1'], upTo: true });
-    assert.equal(fits.slots, 4);
-    assert.notEqual(fits.hostId, 'h1');
-    await place.release(fits.reservationId);
+    // A holder with room for some takes what it has room for; the rest go to a host with room for all of them.
+    const some = await ask(4, { prefer: ['h1'], upTo: true });
+    assert.deepEqual([some.hostId, some.slots], ['h1', 3]);
+    const rest = await ask(1, { prefer: ['h1'], upTo: true });
+    assert.equal(rest.slots, 1);
+    assert.notEqual(rest.hostId, 'h1');
+    // Without upTo, a start takes all its slots on one host or none: 4 go to a host with room for 4.
+    await place.release(some.reservationId);
+    await place.release(rest.reservationId);
+    const whole = await ask(4, { prefer: ['h1'] });
+    assert.equal(whole.slots, 4);
+    assert.notEqual(whole.hostId, 'h1');
+    await place.release(whole.reservationId);
     // Without upTo, 12 fit nowhere; with it, the spill takes every slot of the cluster in three rounds, the holder first.
     assert.equal(await codeOf(ask(12)), 'host_at_capacity');
     const rounds: Array<[string, number]> = [];
@@ -266,7 +274,7 @@ describe('cluster catalog on PostgreSQL', { skip }, () => {
     }
     assert.equal(rounds.reduce((n, [, k]) => n + k, 0), 13, `every slot of the cluster was given: ${JSON.stringify(rounds)}`);
     assert.deepEqual(rounds.map(([, k]) => k).sort(), [3, 5, 5], 'each host gave what it had room for');
-    assert.deepEqual(rounds[0], ['h1', 3], 'none has room for all: the holder takes what it has room for first');
+    assert.deepEqual(rounds[0], ['h1', 3], 'the holder takes what it has room for first');
     assert.equal(await codeOf(ask(1, { upTo: true })), 'host_at_capacity', 'the cluster is full');
   });
 
