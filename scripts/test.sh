@@ -19,8 +19,10 @@ echo "== integration tests (real microVMs)" >&2
 # time), so admission by CPU pressure would refuse creates at random; admission.test.ts turns it on
 # where it is what is tested. Memory admission stays on everywhere.
 export COLLIMATE_HOST_CPU_PRESSURE_MAX="${COLLIMATE_HOST_CPU_PRESSURE_MAX:-0}"
+# scripts/run-tests.ts runs them as `node --test` would, but in the order given (Node 20's --test
+# sorts its files by name), and ends with each file's wall time.
 mapfile -t integration < <(find test/integration -name '*.test.ts' | sort)
-node --import tsx --test --test-concurrency="${COLLIMATE_TEST_CONCURRENCY:-2}" --test-timeout=900000 "${integration[@]}"
+node --import tsx scripts/run-tests.ts --concurrency="${COLLIMATE_TEST_CONCURRENCY:-2}" --timeout=900000 "${integration[@]}"
 # The machine's Node.js ran all of the above; the current LTS runs the type check, the unit tests and
 # a real-VM smoke test too (its build from the npm registry and a better-sqlite3 built for it are
 # cached: about a minute and a half warm, three cold). COLLIMATE_TEST_NODE_MAJORS="" skips it.
