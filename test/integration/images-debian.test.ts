@@ -1,12 +1,14 @@
-import { test, describe, before, after } from 'node:test';
+/**
+ * The Debian layers behind the python, node and debian catalog images, mounted and run on the host.
+ * The debian image in a real VM is tested in users.test.ts, on that file's engine.
+ */
+import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, existsSync, readFileSync, statSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { run } from '../../src/host/run.ts';
 import type { LayerAsset } from '../../src/images/guestAssets.ts';
 import { ensureDebianBaseLayer, ensureRuntimeLayer, unmountAll, DEBIAN_CATALOG, NODE_DISTS } from '../../src/images/debianRootfs.ts';
-import type { Engine } from '../../src/sandboxes/engine.ts';
-import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
 
 /** Shared with the other integration tests: the first run builds (minutes), later runs are instant. */
 const CACHE = process.env.COLLIMATE_CACHE_DIR ?? '/var/tmp/collimate-test-cache';
@@ -146,57 +148,4 @@ test('the debian layer carries the user account and its sudoers file, owned as t
   assert.ok(existsSync(join(merged, 'usr/local/bin/node')));
   assert.ok(existsSync(join(merged, 'usr/bin/python3')));
   assert.equal(existsSync(join(debDir, 'usr/bin/bash')), false, 'the debian diff duplicates the base');
-});
-
-describe('debian in a real VM', () => {
-  const tenant = { tenant: 'it-debian' };
-  let engine: Engine;
-  let home: string;
-
-  before(async () => {
-    home = testHome('debian');
-    engine = await openEngine(home, { catalog: ['debian'], poolSize: 1 });
-  });
-
-  after(async () => {
-    if (engine) await assertNoLeaks(engine, home);
-  });
-
-  test('code runs as bash; the tools E2B\'s base carries are there, at the versions the catalog states', async () => {
-    const t = engine.templates().find((x) => x.id === 'debian')!;
-    assert.ok(t.ready && t.kind === 'catalog');
-    const { python, pip, node: nodeVersion, npm, git } = t.runtimes ?? {};
-    assert.equal(nodeVersion, NODE_DISTS.node.version);
-    const sb = await engine.create({ template: 'debian' }, tenant);
-    // [[ ]] and BASH_VERSINFO exist in bash only: dash (/bin/sh here) fails on both.
-    const code = await engine.exec(sb.id, { code: '[[ -n $BASH_VERSION ]] && echo "bash ${BASH_VERSINFO[0]}"' });
-    assert.equal(code.stdout, 'bash 5\n', code.stderr);
-    const viaBash = await engine.exec(sb.id, { command: "bash -c 'echo $((6 * 7))'" });
-    assert.equal(viaBash.stdout, '42\n', viaBash.stderr);
-    const versions = await engine.exec(sb.id, {
-      command: 'python3 --version; python3 -m pip --version | cut -d" " -f1-2; node --version; npm --version; git --version; curl --version | head -n1 | cut -d" " -f1',
-    });
-    // git as the catalog states it: the release line bookworm keeps (its security updates move the last number).
-    assert.match(versions.stdout, new RegExp(`^Python ${python}\\npip ${pip}\\nv${nodeVersion}\\n${npm}\\ngit version ${git!.replace(/\./g, '\\.')}\\.\\d+\\ncurl\\n$`), versions.stderr);
-    // Without a terminal tput answers from terminfo: xterm's entry says 80 columns.
-    const cols = await engine.exec(sb.id, { command: 'env -u COLUMNS -u LINES tput cols', env: { TERM: 'xterm' } });
-    assert.equal(cols.stdout, '80\n', cols.stderr);
-    const tools = await engine.exec(sb.id, { command: 'for t in sudo git curl nano less ps unzip xz npx; do command -v $t >/dev/null || echo "missing $t"; done; test -s /etc/ssl/certs/ca-certificates.crt && echo certs' });
-    assert.equal(tools.stdout, 'certs\n', tools.stderr);
-    const repo = await engine.exec(sb.id, { command: 'cd /tmp && git init -q r && cd r && git -c user.name=a -c user.email=a@example.com commit -q --allow-empty -m first && git log --format=%s' });
-    assert.equal(repo.stdout, 'first\n', repo.stderr);
-    await engine.delete(sb.id);
-  });
-
-  test('the user account: uid and gid 1000, home /home/user, bash, in sudo, with passwordless sudo', async () => {
-    const sb = await engine.create({ template: 'debian' }, tenant);
-    const ids = await engine.exec(sb.id, { command: 'id user; getent passwd user; getent group sudo' });
-    assert.equal(ids.stdout, 'uid=1000(user) gid=1000(user) groups=1000(user),27(sudo)\nuser:x:1000:1000::/home/user:/bin/bash\nsudo:x:27:user\n', ids.stderr);
-    const files = await engine.exec(sb.id, { command: "stat -c '%a %U:%G %n' /etc/sudoers.d/user /home/user /home/user/.bashrc; cat /etc/sudoers.d/user; visudo -c -q && echo sudoers parse" });
-    assert.equal(files.stdout, '440 root:root /etc/sudoers.d/user\n755 user:user /home/user\n644 user:user /home/user/.bashrc\nuser ALL=(ALL:ALL) NOPASSWD: ALL\nsudoers parse\n', files.stderr);
-    // As the user (root drops to it with runuser): a login shell lands in its home, and sudo asks no password.
-    const asUser = await engine.exec(sb.id, { command: "runuser -l user -c 'id -un; echo $HOME; pwd; echo $SHELL; sudo -n id -u'" });
-    assert.equal(asUser.stdout, 'user\n/home/user\n/home/user\n/bin/bash\n0\n', asUser.stderr);
-    await engine.delete(sb.id);
-  });
 });

@@ -6,6 +6,9 @@
  *   `user` (our busybox `base`) keeps root.
  * - Our own door: REST execs, processes, uploads and mkdirs run as root unless they name a `user`,
  *   through our TypeScript SDK.
+ * - The image itself, through the engine: bash, the tools and versions the catalog states, and the
+ *   account as the image makes it (the layers these VMs boot from are checked in images-debian.test.ts).
+ *   They share this file's engine: a second one would boot its own Debian pool for two tests.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -17,6 +20,7 @@ import * as e2bNew from 'e2b';
 import * as e2bOld from 'e2b-2-30';
 import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
+import { NODE_DISTS } from '../../src/images/debianRootfs.ts';
 import { Collimate, NotFoundError } from '../../sdk/typescript/src/index.ts';
 import { openEngine, testHome, assertNoLeaks, serveEngine, type Served } from './fixture.ts';
 
@@ -46,6 +50,46 @@ before(async () => {
 after(async () => {
   await api?.close(1000);
   await assertNoLeaks(engine, home);
+});
+
+const debianTenant = { tenant: 'it-debian' };
+
+test('code runs as bash; the tools E2B\'s base carries are there, at the versions the catalog states', async () => {
+  const t = engine.templates().find((x) => x.id === 'debian')!;
+  assert.ok(t.ready && t.kind === 'catalog');
+  const { python, pip, node: nodeVersion, npm, git } = t.runtimes ?? {};
+  assert.equal(nodeVersion, NODE_DISTS.node.version);
+  const sb = await engine.create({ template: 'debian' }, debianTenant);
+  // [[ ]] and BASH_VERSINFO exist in bash only: dash (/bin/sh here) fails on both.
+  const code = await engine.exec(sb.id, { code: '[[ -n $BASH_VERSION ]] && echo "bash ${BASH_VERSINFO[0]}"' });
+  assert.equal(code.stdout, 'bash 5\n', code.stderr);
+  const viaBash = await engine.exec(sb.id, { command: "bash -c 'echo $((6 * 7))'" });
+  assert.equal(viaBash.stdout, '42\n', viaBash.stderr);
+  const versions = await engine.exec(sb.id, {
+    command: 'python3 --version; python3 -m pip --version | cut -d" " -f1-2; node --version; npm --version; git --version; curl --version | head -n1 | cut -d" " -f1',
+  });
+  // git as the catalog states it: the release line bookworm keeps (its security updates move the last number).
+  assert.match(versions.stdout, new RegExp(`^Python ${python}\\npip ${pip}\\nv${nodeVersion}\\n${npm}\\ngit version ${git!.replace(/\./g, '\\.')}\\.\\d+\\ncurl\\n$`), versions.stderr);
+  // Without a terminal tput answers from terminfo: xterm's entry says 80 columns.
+  const cols = await engine.exec(sb.id, { command: 'env -u COLUMNS -u LINES tput cols', env: { TERM: 'xterm' } });
+  assert.equal(cols.stdout, '80\n', cols.stderr);
+  const tools = await engine.exec(sb.id, { command: 'for t in sudo git curl nano less ps unzip xz npx; do command -v $t >/dev/null || echo "missing $t"; done; test -s /etc/ssl/certs/ca-certificates.crt && echo certs' });
+  assert.equal(tools.stdout, 'certs\n', tools.stderr);
+  const repo = await engine.exec(sb.id, { command: 'cd /tmp && git init -q r && cd r && git -c user.name=a -c user.email=a@example.com commit -q --allow-empty -m first && git log --format=%s' });
+  assert.equal(repo.stdout, 'first\n', repo.stderr);
+  await engine.delete(sb.id);
+});
+
+test('the user account: uid and gid 1000, home /home/user, bash, in sudo, with passwordless sudo', async () => {
+  const sb = await engine.create({ template: 'debian' }, debianTenant);
+  const ids = await engine.exec(sb.id, { command: 'id user; getent passwd user; getent group sudo' });
+  assert.equal(ids.stdout, 'uid=1000(user) gid=1000(user) groups=1000(user),27(sudo)\nuser:x:1000:1000::/home/user:/bin/bash\nsudo:x:27:user\n', ids.stderr);
+  const files = await engine.exec(sb.id, { command: "stat -c '%a %U:%G %n' /etc/sudoers.d/user /home/user /home/user/.bashrc; cat /etc/sudoers.d/user; visudo -c -q && echo sudoers parse" });
+  assert.equal(files.stdout, '440 root:root /etc/sudoers.d/user\n755 user:user /home/user\n644 user:user /home/user/.bashrc\nuser ALL=(ALL:ALL) NOPASSWD: ALL\nsudoers parse\n', files.stderr);
+  // As the user (root drops to it with runuser): a login shell lands in its home, and sudo asks no password.
+  const asUser = await engine.exec(sb.id, { command: "runuser -l user -c 'id -un; echo $HOME; pwd; echo $SHELL; sudo -n id -u'" });
+  assert.equal(asUser.stdout, 'user\n/home/user\n/home/user\n/bin/bash\n0\n', asUser.stderr);
+  await engine.delete(sb.id);
 });
 
 const e2bOpts = () => ({ apiKey: e2bKey, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` });
