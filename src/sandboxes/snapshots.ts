@@ -313,14 +313,15 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
       }
     }
     const r = runningFor(ctx, id, scope, 'restore');
+    const phases = new Phases('restore');
     await r.queue.run(() => ctx.registry.serialized(id, async () => {
       if (r.deleting) throw r.rolledBack ? gone(r) : invalidState(id, 'busy', 'restore', ['running', 'suspended']);
       ctx.registry.flushActivity();
       const vmm = r.live.vmm;
       const rec = r.live.record;
-      const p = await prepareSwitch(ctx, id, s);
+      const p = await phases.time('prepare', () => prepareSwitch(ctx, id, s));
       try {
-        await vmm.qmp.execute('stop');
+        await phases.time('stop', () => vmm.qmp.execute('stop'));
       } catch (e) {
         rmSync(p.snapDir, { recursive: true, force: true });
         rmSync(p.disk, { force: true });
@@ -330,22 +331,29 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
       // snapshot is the sandbox (a crash before finds it stopped, and reconcile runs it on).
       r.deleting = true;
       r.rolledBack = s.id;
+      const t0 = performance.now();
       switchTo(ctx, ctx.repo.get(id)!, s, p);
+      phases.since('switch', t0);
       await ctx.fault('restore:switched');
       ctx.registry.remove(id);
       r.live.agent.close();
-      await vmm.kill();
+      await phases.time('teardown', () => vmm.kill());
+      const t1 = performance.now();
       if (rec.memPath === join(ctx.cfg.ramDir, `${id}.mem`)) rmSync(rec.memPath, { force: true });
       const pooled = pooledVmmDir(ctx.cfg, id, rec);
       if (pooled) rmSync(pooled, { recursive: true, force: true });
       removeOwnLayers(ctx, id, rec.diskPath, p.disk);
+      phases.since('cleanup', t1);
       // Its processes are the snapshot's, as the host knew them then; the resume learns them from the guest.
       ctx.processes.replace(id, s.id);
     }));
+    const t2 = performance.now();
     gcForkPoints(ctx);
+    phases.since('gc', t2);
     // Onto a VMM the snapshot's pool restored ahead, when it has one; else resumed as any suspended sandbox.
-    const pooled = await resumeFromPool(ctx, id, s);
+    const pooled = await resumeFromPool(ctx, id, s, phases);
     if (pooled) return pooled;
+    ctx.emit('phases', phases.report(id));
     return await resumeSandbox(ctx, id, scope, 'restore').catch((e) => {
       // Resumed meanwhile by another request: it runs, from the snapshot.
       if (e instanceof CollimateError && e.code === 'invalid_state' && e.details?.state === 'running') return getInfo(ctx, id);
@@ -362,18 +370,17 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
  * the caller resumes it the usual way). A crash before the row is written leaves it suspended at
  * the snapshot, as a rollback cut off there always did.
  */
-async function resumeFromPool(ctx: EngineContext, id: string, s: SnapshotRow): Promise<SandboxInfo | null> {
+async function resumeFromPool(ctx: EngineContext, id: string, s: SnapshotRow, phases: Phases): Promise<SandboxInfo | null> {
   const fp = forkPointOf(ctx, s);
   const warm = takeWarm(ctx, s, fp, 1);
   const vm = warm.vms[0];
   let committed = false;
   try {
     if (!vm?.warm) return null;
-    const phases = new Phases('resume');
     const info = await ctx.capacity.within('resume', { vmms: 1, memoryMib: s.memory_mib }, () => ctx.registry.serialized(id, async () => {
       const cur = ctx.repo.get(id);
       if (!cur || cur.state !== 'suspended' || cur.from_snapshot !== s.id) return null;
-      await applyEgress(ctx, vm, s, cur.egress);
+      await phases.time('egress_apply', () => applyEgress(ctx, vm, s, cur.egress));
       const live = await claimWarm(vm.warm!, id, phases);
       const t0 = performance.now();
       const now = Date.now();
