@@ -33,7 +33,7 @@ export interface EngineContext {
   readonly forking: Set<string>;
   /** Removals of files no longer needed, made after the operation answered (a resumed sandbox's snapshot). */
   readonly removals: Set<Promise<void>>;
-  /** RAM files being unlinked in the background (delete.ts unlinkInBackground). */
+  /** RAM files and fork point directories being removed in the background (delete.ts removeInBackground). */
   readonly unlinking: Set<string>;
   /** Admission by what the host has: every create, fork and resume asks it first (hostCapacity.ts). */
   readonly capacity: HostCapacity;

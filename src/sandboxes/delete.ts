@@ -1,6 +1,6 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { killRecorded } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { dirs, pooledVmmDir, rowFor, type EngineContext } from './context.js';
@@ -91,16 +91,22 @@ export function endFork(ctx: EngineContext, fp: { id: string; dir: string; mem: 
  * by VMMs that map it: its running children (a suspended one's snapshot holds its own RAM image, a
  * fork of one seeds from its parent's mapped file). Kept, else, across a fork that is making it.
  */
-export function gcForkPoints(ctx: EngineContext): void {
+export function gcForkPoints(ctx: EngineContext, opts: { filesAfterwards?: boolean } = {}): void {
   for (;;) {
     // Not one a fork is still making: its children, restored from it, are about to be committed
     // with references to it (a parent deleted once its memory was captured leaves complete children).
     const dead = ctx.repo.unreferencedForkPoints().filter((fp) => !ctx.forking.has(fp.id));
     if (dead.length === 0) break;
     for (const fp of dead) {
-      rmSync(fp.dir, { recursive: true, force: true });
       void ctx.seeds.drop(fp.mem_path);
-      rmSync(fp.mem_path, { force: true });
+      if (opts.filesAfterwards) {
+        // Nothing names them once the row goes: a snapshot's RAM image took ~280 ms to unlink.
+        removeInBackground(ctx, fp.dir);
+        if (dirname(fp.mem_path) !== fp.dir) removeInBackground(ctx, fp.mem_path);
+      } else {
+        rmSync(fp.dir, { recursive: true, force: true });
+        rmSync(fp.mem_path, { force: true });
+      }
       rmSync(fp.disk_path, { force: true });
       ctx.repo.removeForkPoint(fp.id);
     }
@@ -111,19 +117,20 @@ export function gcForkPoints(ctx: EngineContext): void {
   for (const fp of ctx.repo.allForkPoints()) {
     if (mapped.has(fp.mem_path) || kept.has(fp.id) || ctx.forking.has(fp.id) || !existsSync(fp.mem_path) || ctx.unlinking.has(fp.mem_path)) continue;
     void ctx.seeds.drop(fp.mem_path);
-    unlinkInBackground(ctx, fp.mem_path);
+    removeInBackground(ctx, fp.mem_path);
   }
 }
 
 /**
- * Unlinks a RAM file no VMM maps after the caller has answered: freeing hundreds of megabytes (a
- * resumed sandbox's image on disk, a fork point's file on tmpfs) took 75–175 ms, a third of a
- * suspend. Nothing opens it meanwhile (no running sandbox maps it, no fork makes it); one a crash
- * leaves is removed by the next collection (reconcile runs it).
+ * Unlinks a RAM file no VMM maps (or a dead fork point's directory) after the caller has answered:
+ * freeing hundreds of megabytes (a resumed sandbox's image on disk, a fork point's file on tmpfs)
+ * took 75–175 ms, a third of a suspend. Nothing opens it meanwhile (no running sandbox maps it, no
+ * fork makes it); one a crash leaves is removed by the next collection (reconcile runs it, and
+ * removes fork point directories no row names).
  */
-function unlinkInBackground(ctx: EngineContext, path: string): void {
+function removeInBackground(ctx: EngineContext, path: string): void {
   ctx.unlinking.add(path);
-  const removal: Promise<void> = rm(path, { force: true })
+  const removal: Promise<void> = rm(path, { recursive: true, force: true })
     .catch((e) => ctx.progress?.(`removing ${path}: ${(e as Error).message}`))
     .finally(() => {
       ctx.unlinking.delete(path);

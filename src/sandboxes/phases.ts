@@ -16,13 +16,18 @@ import { performance } from 'node:perf_hooks';
  * - resume: `spawn` (with `egress_apply` inside it, alongside QEMU's start), `memory_load` (alongside
  *   the spawn), `device_state_load`, `agent_connect`, `agent_ack`, `commit`; the snapshot is removed
  *   after the answer.
+ * - restore (a rollback of a running sandbox): `stop`, then onto a VMM of the snapshot's pool
+ *   `egress_apply`, `claim`, `agent_ack`; without one (or when its claim fails) `prepare` (a suspend
+ *   directory and disk layer); then `switch` (the row), `cleanup` (the old layers; the old VMM is
+ *   killed after the answer) and `gc`. A rollback without a pool VMM is then resumed, which reports
+ *   its own phases.
  *
  * Beside the wall times, CPU time (milliseconds, summed, never the slowest): `server`, the server
  * process's own over the operation, and for a fork `children_vmm`, what the children's VMMs spent
  * from their claim (or spawn) to their acknowledgement. On a host with few cores the CPU a fork of N
  * children needs, not the wall time of any one phase, is what bounds it.
  */
-export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume' | 'start_from_snapshot';
+export type LifecycleOp = 'create' | 'fork' | 'suspend' | 'resume' | 'start_from_snapshot' | 'restore';
 
 export interface PhaseReport {
   op: LifecycleOp;

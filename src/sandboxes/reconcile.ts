@@ -60,7 +60,9 @@ export async function reconcile(ctx: EngineContext): Promise<void> {
     if (f.startsWith('artifact-')) continue;
     const owner = f.replace(/\.mem$/, '');
     if (owner.startsWith('fp_') && fps.has(owner)) continue;
-    if (owner.startsWith('sbx_') && ctx.registry.has(owner)) continue;
+    // A sandbox's own RAM file while its VMM maps it: not one a rollback onto a pool VMM left
+    // behind when the crash came after the switch (the sandbox runs on the snapshot's image then).
+    if (owner.startsWith('sbx_') && ctx.registry.get(owner)?.live.record.memPath === p) continue;
     // Spare seeds, fork receivers' remap directories (remap-*): the previous process's.
     rmSync(p, { recursive: true, force: true });
   }

@@ -4,9 +4,11 @@ import { randomBytes } from 'node:crypto';
 import { CollimateError, invalidState, msg, see, snapshotNotFound } from '../errors.js';
 import { allocatedBytes } from '../vmm/memory.js';
 import { performance } from 'node:perf_hooks';
-import { claimWarm, createOverlay, destroyPending, newDiskPath, newForkPointId, type PendingVm } from './runtime.js';
+import { claimWarm, createOverlay, destroyPending, newDiskPath, newForkPointId, type LiveVm, type PendingVm } from './runtime.js';
 import { applyEgress, dropSnapshotPool, takeWarm } from './snapshotPools.js';
-import type { SandboxRow, SnapshotRow } from './repo.js';
+import type { SandboxRow, SnapshotRow, VmmRecord } from './repo.js';
+import type { Running } from './registry.js';
+import type { Vmm } from '../vmm/vmm.js';
 import { Phases } from './phases.js';
 import { forkRunningByPages, recordForkPoint, spawnChildren, SNAPSHOT_RAM, type ForkPoint } from './fork.js';
 import { gcForkPoints, removeOwnLayers } from './delete.js';
@@ -21,8 +23,9 @@ import { forkCountProblem } from './types.js';
  * directory (`ram.img`, sparse), beside the device state, over the disk layer frozen at that
  * moment. Taking one is a live fork without children (the sandbox pauses as long as a fork pauses
  * it); starting sandboxes from one restores children from it, their RAM mapped copy-on-write from
- * the image where it lies; rolling a sandbox back makes it a suspended sandbox whose snapshot is
- * that moment, and resumes it. Rows and files survive a restart; a snapshot a crash caught before
+ * the image where it lies; rolling a sandbox back switches it onto that moment: onto a VMM the
+ * snapshot's pool restored ahead, or else as a suspended sandbox whose snapshot is that moment,
+ * resumed. Rows and files survive a restart; a snapshot a crash caught before
  * its files were synced is removed by reconcile (reconcileSnapshots), so one is whole or absent.
  */
 
@@ -286,11 +289,21 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
 
 /**
  * Rolls sandbox `id` back to snapshot `snapId` of its own, in place (same id): its memory,
- * processes and files become the snapshot's. A running sandbox is stopped and becomes a suspended
- * sandbox whose suspend image is the snapshot (links to its files, a new top layer on its disk
- * layer), then resumed; a suspended one stays suspended at that moment. Operations queued behind
- * the rollback fail with sandbox_restored. A crash before the row is switched leaves the sandbox
- * as it was; after, it is the snapshot's, suspended.
+ * processes and files become the snapshot's. Operations queued behind the rollback fail with
+ * sandbox_restored.
+ *
+ * A running sandbox is stopped, then switched in one transaction (switchTo) onto one of two things:
+ * a VMM of the snapshot's pool (snapshotPools.ts), restored from it ahead and claimed before the
+ * switch, when the pool has one ready; else a suspend image of the snapshot (links to its files, a
+ * new top layer on its disk layer), made while it still ran, and resumed after the switch as any
+ * suspended sandbox (as it is too when the pool's VMM fails its claim). Its old VMM goes after the
+ * switch, off the rollback's path. A suspended sandbox is switched onto a suspend image and stays
+ * suspended at that moment.
+ *
+ * A crash before the switch leaves the sandbox as it was (a stopped VMM runs on once reconcile
+ * adopts it; a claimed pool VMM no row names is stopped). After it, the sandbox is the snapshot's:
+ * suspended at it (reconcile keeps it so, the old VMM stopped), or running on the pool's VMM, which
+ * reconcile adopts like any running sandbox's (and stops the old one, which no row names).
  */
 export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: string, scope?: Scope): Promise<SandboxInfo> {
   ctx.assertOpen();
@@ -306,52 +319,41 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
         const cur = rowFor(ctx, id, scope);
         if (cur.state !== 'suspended') return false;
         const p = await prepareSwitch(ctx, id, s);
-        switchTo(ctx, cur, s, p);
+        switchTo(ctx, cur, s, { suspended: p });
         removeAfterwards(ctx, dirname(cur.snapshot!.statePath));
         removeOwnLayers(ctx, id, cur.vmm!.diskPath, p.disk);
         ctx.processes.replace(id, s.id);
         return true;
       });
       if (done) {
-        gcForkPoints(ctx);
+        gcForkPoints(ctx, { filesAfterwards: true });
         ctx.emit('transition', { id, tenant: row.tenant, state: 'suspended', op: 'restore' });
         return getInfo(ctx, id);
       }
     }
     const r = runningFor(ctx, id, scope, 'restore');
-    await r.queue.run(() => ctx.registry.serialized(id, async () => {
+    const phases = new Phases('restore');
+    const state = await r.queue.run(() => ctx.registry.serialized(id, async () => {
       if (r.deleting) throw r.rolledBack ? gone(r) : invalidState(id, 'busy', 'restore', ['running', 'suspended']);
       ctx.registry.flushActivity();
-      const vmm = r.live.vmm;
-      const rec = r.live.record;
-      const p = await prepareSwitch(ctx, id, s);
+      // Counted as a use of the snapshot, as a start is: a snapshot rolled back to often gets a pool.
+      const warm = takeWarm(ctx, s, forkPointOf(ctx, s), 1);
       try {
-        await vmm.qmp.execute('stop');
-      } catch (e) {
-        rmSync(p.snapDir, { recursive: true, force: true });
-        rmSync(p.disk, { force: true });
-        throw vmmFailure('restore', e, r);
+        return await rollBackRunning(ctx, r, s, warm.vms[0], phases);
+      } finally {
+        warm.served();
       }
-      // Operations queued behind fail from here on, saying why; the VMM goes once the row says the
-      // snapshot is the sandbox (a crash before finds it stopped, and reconcile runs it on).
-      r.deleting = true;
-      r.rolledBack = s.id;
-      switchTo(ctx, ctx.repo.get(id)!, s, p);
-      await ctx.fault('restore:switched');
-      ctx.registry.remove(id);
-      r.live.agent.close();
-      await vmm.kill();
-      if (rec.memPath === join(ctx.cfg.ramDir, `${id}.mem`)) rmSync(rec.memPath, { force: true });
-      const pooled = pooledVmmDir(ctx.cfg, id, rec);
-      if (pooled) rmSync(pooled, { recursive: true, force: true });
-      removeOwnLayers(ctx, id, rec.diskPath, p.disk);
-      // Its processes are the snapshot's, as the host knew them then; the resume learns them from the guest.
-      ctx.processes.replace(id, s.id);
     }));
-    gcForkPoints(ctx);
-    // Onto a VMM the snapshot's pool restored ahead, when it has one; else resumed as any suspended sandbox.
-    const pooled = await resumeFromPool(ctx, id, s);
-    if (pooled) return pooled;
+    const t0 = performance.now();
+    // What the sandbox held before and nothing holds now: its files go after the answer.
+    gcForkPoints(ctx, { filesAfterwards: true });
+    phases.since('gc', t0);
+    if (state === 'running') {
+      ctx.emit('transition', { id, tenant: row.tenant, state: 'running', op: 'restore' });
+      ctx.emit('phases', phases.report(id));
+      return getInfo(ctx, id);
+    }
+    ctx.emit('phases', phases.report(id));
     return await resumeSandbox(ctx, id, scope, 'restore').catch((e) => {
       // Resumed meanwhile by another request: it runs, from the snapshot.
       if (e instanceof CollimateError && e.code === 'invalid_state' && e.details?.state === 'running') return getInfo(ctx, id);
@@ -361,50 +363,94 @@ export async function restoreSnapshot(ctx: EngineContext, id: string, snapId: st
 }
 
 /**
- * Resumes sandbox `id`, just switched to snapshot `s` (suspended at its moment), on a VMM of the
- * snapshot's pool (snapshotPools.ts): restored from the snapshot ahead and paused, it is claimed as
- * the sandbox — resumed with its id, fresh entropy and clock, as a resume gives — and the row says
- * so once it runs. Null when the pool has none ready (or the claim failed; the row is untouched, and
- * the caller resumes it the usual way). A crash before the row is written leaves it suspended at
- * the snapshot, as a rollback cut off there always did.
+ * The rollback of running sandbox `r` in its turn (its queue's, and serialized): onto `vm`, a
+ * VMM of the snapshot's pool, when there is one and its claim succeeds ('running'); else onto a
+ * suspend image, for the caller to resume ('suspended'). Until the switch, a failure leaves the
+ * sandbox as it was, running.
  */
-async function resumeFromPool(ctx: EngineContext, id: string, s: SnapshotRow): Promise<SandboxInfo | null> {
-  const fp = forkPointOf(ctx, s);
-  const warm = takeWarm(ctx, s, fp, 1);
-  const vm = warm.vms[0];
-  let committed = false;
-  try {
-    if (!vm?.warm) return null;
-    const phases = new Phases('resume');
-    const info = await ctx.capacity.within('resume', { vmms: 1, memoryMib: s.memory_mib }, () => ctx.registry.serialized(id, async () => {
-      const cur = ctx.repo.get(id);
-      if (!cur || cur.state !== 'suspended' || cur.from_snapshot !== s.id) return null;
-      await applyEgress(ctx, vm, s, cur.egress);
-      const live = await claimWarm(vm.warm!, id, phases);
-      const t0 = performance.now();
-      const now = Date.now();
-      ctx.repo.update(id, { state: 'running', vmm: live.record, snapshot: null, pending_op: null, session_started_at: now, session_ends_at: now + cur.timeout_secs * 1000, last_active: now });
-      committed = true;
-      ctx.registry.add(id, live);
-      phases.since('commit', t0);
-      // The suspend directory and empty top layer the switch made are not used: the pool's VMM has its own.
-      removeAfterwards(ctx, dirname(cur.snapshot!.statePath));
-      removeOwnLayers(ctx, id, cur.vmm!.diskPath, live.record.diskPath);
-      ctx.emit('transition', { id, tenant: cur.tenant, state: 'running', op: 'restore' });
-      ctx.emit('phases', phases.report(id));
-      return getInfo(ctx, id);
-    }));
-    if (!info) await destroyPending(vm);
-    return info;
-  } catch (e) {
-    if (committed) throw e;
-    if (vm) await destroyPending(vm).catch(() => {});
-    // Claimed or not, the row still says suspended at the snapshot: the usual resume takes it from there.
-    if (ctx.repo.get(id)?.state === 'suspended') return null;
-    throw e;
-  } finally {
-    warm.served();
+async function rollBackRunning(ctx: EngineContext, r: Running, s: SnapshotRow, vm: PendingVm | undefined, phases: Phases): Promise<'running' | 'suspended'> {
+  const id = r.id;
+  const vmm = r.live.vmm;
+  const rec = r.live.record;
+  // A pool VMM that was not restored ahead (a snapshot's always is) is of no use here.
+  if (vm && !vm.warm) {
+    await destroyPending(vm).catch(() => {});
+    vm = undefined;
   }
+  // Without a pool VMM the image and layer are made first, while the sandbox still runs.
+  let p = vm ? undefined : await phases.time('prepare', () => prepareSwitch(ctx, id, s));
+  try {
+    await phases.time('stop', () => vmm.qmp.execute('stop'));
+  } catch (e) {
+    if (p) discardSwitch(p);
+    if (vm) await destroyPending(vm).catch(() => {});
+    throw vmmFailure('restore', e, r);
+  }
+  // The pool's VMM runs as the sandbox before the row says so; the stopped one is still there to go back to.
+  const live = vm ? await claimForRollback(ctx, id, s, vm, phases) : null;
+  if (!live) {
+    try {
+      p ??= await phases.time('prepare', () => prepareSwitch(ctx, id, s));
+    } catch (e) {
+      await vmm.cont().catch(() => {});
+      throw vmmFailure('restore', e, r);
+    }
+  }
+  // Operations queued behind fail from here on, saying why.
+  r.deleting = true;
+  r.rolledBack = s.id;
+  const t0 = performance.now();
+  switchTo(ctx, ctx.repo.get(id)!, s, live ? { running: live } : { suspended: p! });
+  phases.since('switch', t0);
+  await ctx.fault('restore:switched');
+  ctx.registry.remove(id);
+  r.live.agent.close();
+  // Its processes are the snapshot's, as the host knew them then; the guest tells the rest.
+  ctx.processes.replace(id, s.id);
+  if (live) ctx.registry.add(id, live);
+  const t1 = performance.now();
+  // Its old layers go now, while no later layer of the sandbox's can be taken for one of them; its
+  // RAM file loses its name (the stopped VMM maps it until it goes).
+  removeOwnLayers(ctx, id, rec.diskPath, live ? live.record.diskPath : p!.disk);
+  if (rec.memPath === join(ctx.cfg.ramDir, `${id}.mem`)) rmSync(rec.memPath, { force: true });
+  killAfterwards(ctx, id, vmm, rec);
+  phases.since('cleanup', t1);
+  return live ? 'running' : 'suspended';
+}
+
+/**
+ * Claims pool VMM `vm` for sandbox `id`, rolled back to `s`: resumed with the sandbox's id, fresh
+ * entropy and clock, as a resume gives, under the sandbox's egress policy. Null when the claim fails
+ * (the VMM destroyed): the caller rolls back the usual way.
+ */
+async function claimForRollback(ctx: EngineContext, id: string, s: SnapshotRow, vm: PendingVm, phases: Phases): Promise<LiveVm | null> {
+  try {
+    return await ctx.capacity.within('rollback', { vmms: 1, memoryMib: s.memory_mib }, async () => {
+      await ctx.fault('restore:pool-claim');
+      await phases.time('egress_apply', () => applyEgress(ctx, vm, s, ctx.repo.get(id)!.egress));
+      return claimWarm(vm.warm!, id, phases);
+    });
+  } catch (e) {
+    ctx.progress?.(`rollback of ${id}: a VMM of snapshot ${s.id}'s pool failed its claim (${(e as Error).message}); resuming the sandbox from the snapshot instead`);
+    await destroyPending(vm).catch(() => {});
+    return null;
+  }
+}
+
+/**
+ * Kills a rolled-back sandbox's old VMM (stopped, no longer registered) and removes the directory of
+ * a pool VMM it ran in, after the rollback has answered: the kill (QEMU's exit, its namespace and
+ * cgroup given back) took ~90 ms. In the sandbox's serialized turn, so a resume or suspend that
+ * follows never meets it; engine close and settled() wait for it; a crash leaves it to reconcile.
+ */
+function killAfterwards(ctx: EngineContext, id: string, vmm: Vmm, rec: VmmRecord): void {
+  const removal: Promise<void> = ctx.registry.serialized(id, async () => {
+    await vmm.kill();
+    const pooled = pooledVmmDir(ctx.cfg, id, rec);
+    if (pooled) rmSync(pooled, { recursive: true, force: true });
+  }).catch((e) => ctx.progress?.(`rollback of ${id}: stopping its old VMM (pid ${rec.pid}): ${(e as Error).message}`))
+    .finally(() => { ctx.removals.delete(removal); });
+  ctx.removals.add(removal);
 }
 
 interface PreparedSwitch {
@@ -415,8 +461,9 @@ interface PreparedSwitch {
 }
 
 /**
- * The suspend directory and top layer a rollback switches the sandbox onto, made beside what it
- * has (a directory of its own name: a suspended sandbox's `suspend` stays until the switch).
+ * The suspend directory and top layer a rollback switches the sandbox onto when no pool VMM takes
+ * it, made beside what it has (a directory of its own name: a suspended sandbox's `suspend` stays
+ * until the switch).
  */
 async function prepareSwitch(ctx: EngineContext, id: string, s: SnapshotRow): Promise<PreparedSwitch> {
   const fp = forkPointOf(ctx, s);
@@ -430,26 +477,41 @@ async function prepareSwitch(ctx: EngineContext, id: string, s: SnapshotRow): Pr
     writeFileSync(files.complete, '');
     await createOverlay(disk, fp.disk, 'qcow2');
   } catch (e) {
-    rmSync(snapDir, { recursive: true, force: true });
-    rmSync(disk, { force: true });
+    discardSwitch({ snapDir, disk });
     throw e;
   }
   return { snapDir, disk };
 }
 
+/** Removes what prepareSwitch made, for a rollback that did not switch. */
+function discardSwitch(p: PreparedSwitch): void {
+  rmSync(p.snapDir, { recursive: true, force: true });
+  rmSync(p.disk, { force: true });
+}
+
 /**
- * Makes the row say the sandbox is suspended at the snapshot's moment, in one transaction: its
- * suspend image is the snapshot's, its disk a new layer over the snapshot's, and it holds the
- * snapshot's fork point and what that holds instead of its old chain.
+ * Makes the row say the sandbox is at the snapshot's moment, in one transaction: it holds the
+ * snapshot's fork point and what that holds instead of its old chain, and is either suspended (its
+ * suspend image the snapshot's, its disk a new layer over the snapshot's) or running on a VMM of the
+ * snapshot's pool (its RAM mapped from the snapshot's image, its disk that VMM's layer over the
+ * snapshot's), in a new session of its timeout as a resume starts.
  */
-function switchTo(ctx: EngineContext, row: SandboxRow, s: SnapshotRow, p: PreparedSwitch): void {
+function switchTo(ctx: EngineContext, row: SandboxRow, s: SnapshotRow, onto: { suspended: PreparedSwitch } | { running: LiveVm }): void {
+  const now = Date.now();
   ctx.repo.tx(() => {
     ctx.repo.dropRefs(row.id);
     ctx.repo.addRef(s.fork_point, row.id);
     for (const up of ctx.repo.refsOf(s.fork_point)) ctx.repo.addRef(up, row.id);
-    ctx.repo.update(row.id, {
-      state: 'suspended', snapshot: snapshotRecord(p.snapDir), vmm: { ...row.vmm!, diskPath: p.disk }, pending_op: null, from_snapshot: s.id,
-    });
+    if ('suspended' in onto) {
+      ctx.repo.update(row.id, {
+        state: 'suspended', snapshot: snapshotRecord(onto.suspended.snapDir), vmm: { ...row.vmm!, diskPath: onto.suspended.disk }, pending_op: null, from_snapshot: s.id,
+      });
+    } else {
+      ctx.repo.update(row.id, {
+        state: 'running', vmm: onto.running.record, snapshot: null, pending_op: null, from_snapshot: s.id,
+        session_started_at: now, session_ends_at: now + row.timeout_secs * 1000, last_active: now,
+      });
+    }
   });
 }
 

@@ -11,14 +11,23 @@ import type { ServiceEngine, SnapshotInfo, TemplateInfo } from '../sandboxes/typ
 import type { Quotas } from './quotas.js';
 import type { ClusterReadings, Scope } from './types.js';
 
+/** The tenant's snapshots promoted to environments, wherever they lie (the placement's listSnapshots). */
+export interface PromotedSnapshots {
+  /** All of them (a template list). */
+  all(tenant: string): Promise<SnapshotInfo[]>;
+  /** The one promoted under `name`, if one is: at most one per tenant and name. */
+  named(tenant: string, name: string): Promise<SnapshotInfo | undefined>;
+}
+
+const NO_PROMOTED: PromotedSnapshots = { all: async () => [], named: async () => undefined };
+
 export class Templates {
   constructor(
     private readonly engine: ServiceEngine,
     private readonly images: ImageService | undefined,
     private readonly clusterReadings: ClusterReadings | undefined,
     private readonly quotas: Quotas,
-    /** The tenant's snapshots promoted to environments, wherever they lie. */
-    private readonly snapshotEnvironments: (tenant: string) => Promise<SnapshotInfo[]> = async () => [],
+    private readonly promoted: PromotedSnapshots = NO_PROMOTED,
   ) {}
 
   catalog(scope: Scope): TemplateInfo[] {
@@ -29,7 +38,7 @@ export class Templates {
   async templates(scope: Scope): Promise<TemplateInfo[]> {
     const baked = this.engine.templates(scope);
     const unbaked = (this.images?.templateInfos(scope.tenant) ?? []).filter((t) => !t.ready && !baked.some((b) => b.kind === 'environment' && b.id === t.id));
-    const promoted = scope.tier.ownImages ? (await this.snapshotEnvironments(scope.tenant)).map(snapshotTemplate) : [];
+    const promoted = scope.tier.ownImages ? (await this.promoted.all(scope.tenant)).map(snapshotTemplate) : [];
     return [...baked, ...unbaked, ...promoted];
   }
 
@@ -39,7 +48,7 @@ export class Templates {
       return this.engine.template(id, scope);
     } catch (err) {
       if (!(err instanceof CollimateError && err.code === 'template_not_found') || !scope.tier.ownImages) throw err;
-      const promoted = (await this.snapshotEnvironments(scope.tenant)).find((s) => s.environment === id);
+      const promoted = await this.promoted.named(scope.tenant, id);
       if (!promoted) throw err;
       return snapshotTemplate(promoted);
     }

@@ -169,8 +169,10 @@ export class TenantService {
     this.usage = new Usage(engine, meter, clusterReadings, now, log);
     this.quotas = new Quotas(opts.quotas);
     const placement = this.placement;
-    this.templates = new Templates(engine, opts.images, clusterReadings, this.quotas,
-      async (tenant) => (await placement.listSnapshots(tenant, { environment: true, limit: 1000 })).snapshots);
+    this.templates = new Templates(engine, opts.images, clusterReadings, this.quotas, {
+      all: async (tenant) => (await placement.listSnapshots(tenant, { environment: true, limit: 1000 })).snapshots,
+      named: async (tenant, name) => (await placement.listSnapshots(tenant, { environment: name, limit: 1 })).snapshots[0],
+    });
     this.grants = opts.sandboxGrants ?? new SandboxGrantStore(opts.db);
     this.accounts = new Accounts(keys, opts.accountKeys ?? keys, this.signer, this.placement, this.grants, this.quotas);
     this.sandboxes = new Sandboxes({

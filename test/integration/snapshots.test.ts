@@ -12,16 +12,26 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../../src/sandboxes/engine.ts';
+import { isAlive, procStartTicks } from '../../src/vmm/vmm.ts';
 import { CollimateError } from '../../src/errors.ts';
 import { assertNoLeaks, openEngine, serveEngine, TEST_CACHE, testHome } from './fixture.ts';
 
 const tenant = { tenant: 'snap' };
 let engine: Engine;
 let home: string;
+/** A fault point of the engine's that throws while set (and how often it did). */
+const failing = { at: '', hits: 0 };
 
 before(async () => {
   home = testHome('snapshots');
-  engine = await openEngine(home, { poolSize: 1 });
+  engine = await openEngine(home, {
+    poolSize: 1,
+    faultPoint: (name) => {
+      if (name !== failing.at) return;
+      failing.hits++;
+      throw new Error(`fault injected at ${name}`);
+    },
+  });
 });
 after(async () => {
   await assertNoLeaks(engine, home);
@@ -249,6 +259,7 @@ test("rollback onto the snapshot's warm pool: a VMM restored ahead becomes the s
   assert.ok((engine.poolStatus()[key]?.ready ?? 0) >= 1, `the pool restored a VMM ahead: ${JSON.stringify(engine.poolStatus()[key])}`);
 
   await sh(src.id, 'pkill -f "mv /root/c.new" ; kill $(pgrep -f "read tag") 2>/dev/null; sleep 0.3; echo "gone 999999" > /root/counter; echo changed > /root/file; sync');
+  const old = engine.repo.get(src.id)!.vmm!;
   const back = await engine.restore(src.id, snap.id, tenant);
   assert.equal(engine.poolStatus()[key]?.hits, hits + 1, 'the rollback claimed the pool\'s VMM');
   assert.deepEqual([back.id, back.state, back.from_snapshot], [src.id, 'running', snap.id]);
@@ -256,6 +267,26 @@ test("rollback onto the snapshot's warm pool: a VMM restored ahead becomes the s
   const c = await counter(src.id);
   assert.equal(c.tag, tag, 'the snapshot\'s counter process runs again');
   await countsOn(src.id, tag, c.n);
+  // Onto the pool's VMM nothing of a suspend is made, and the old VMM and its files go after the answer.
+  await engine.settled();
+  const own = join(home, 'sandboxes', src.id);
+  assert.deepEqual(existsSync(own) ? readdirSync(own).filter((f) => f.startsWith('suspend')) : [], [], 'no suspend image is left');
+  const held = new Set([engine.repo.get(src.id)!.vmm!.diskPath, ...engine.repo.allForkPoints().map((f) => f.disk_path)]);
+  const layers = readdirSync(join(home, 'disks')).map((f) => join(home, 'disks', f));
+  assert.deepEqual(layers.filter((p) => (p.includes(`/${src.id}-`) || p === old.diskPath) && !held.has(p)), [], 'no layer of the sandbox is left that nothing holds');
+  assert.equal(isAlive(old.pid) && procStartTicks(old.pid) === old.startTicks, false, `its old VMM (pid ${old.pid}) is gone`);
+  if (old.dir !== own) assert.equal(existsSync(old.dir), false, 'the directory of the pool VMM it ran in went with it');
+
+  // A pool VMM that fails its claim: the rollback goes the usual way (a suspend image, resumed).
+  await sh(src.id, 'echo changed > /root/file; sync');
+  while ((engine.poolStatus()[key]?.ready ?? 0) < 1 && Date.now() < deadline + 180_000) await sleep(250);
+  assert.ok((engine.poolStatus()[key]?.ready ?? 0) >= 1, `the pool restored a VMM ahead again: ${JSON.stringify(engine.poolStatus()[key])}`);
+  failing.at = 'restore:pool-claim';
+  const fellBack = await engine.restore(src.id, snap.id, tenant).finally(() => { failing.at = ''; });
+  assert.equal(failing.hits, 1, 'the claim was tried, and failed');
+  assert.deepEqual([fellBack.id, fellBack.state, fellBack.from_snapshot], [src.id, 'running', snap.id]);
+  assert.equal(await sh(src.id, 'cat /root/file'), 'kept');
+  await countsOn(src.id, tag, (await counter(src.id)).n);
   // A sandbox on a pooled VMM lives on as any: suspended and resumed, forked.
   await engine.suspend(src.id, tenant);
   await engine.resume(src.id, tenant);

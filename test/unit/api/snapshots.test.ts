@@ -109,6 +109,22 @@ describe('snapshot endpoints', () => {
     assert.equal((await f.req('listTemplates', { url: '/v1/templates', key })).json().templates.some((t: any) => t.id === 'prepared'), false);
   });
 
+  test('a template name resolves to the snapshot promoted under that name, not to another promoted snapshot of the tenant', async () => {
+    const sb = await created();
+    const [first, second] = [await snapshotOf(sb.id), await snapshotOf(sb.id)];
+    const promote = (id: string, environment: string) => f.req('promoteSnapshot', { url: `/v1/snapshots/${id}/promote`, key, body: { environment } });
+    assert.equal((await promote(first.id, 'first-env')).statusCode, 200);
+    assert.equal((await promote(second.id, 'second-env')).statusCode, 200);
+    // Whichever of the two a lookup would meet first (by id, by time), one of these names would get it.
+    for (const [name, snap] of [['first-env', first], ['second-env', second]] as const) {
+      const r = await f.req('getTemplate', { url: `/v1/templates/${name}`, key });
+      assert.equal(r.statusCode, 200, r.body);
+      assert.deepEqual([r.json().id, r.json().kind, r.json().snapshot_id], [name, 'snapshot', snap.id]);
+    }
+    assertErrorBody(await f.req('getTemplate', { url: '/v1/templates/third-env', key }), 'template_not_found');
+    for (const s of [first, second]) await f.req('deleteSnapshot', { url: `/v1/snapshots/${s.id}`, method: 'DELETE', key });
+  });
+
   test('bad starts and rollbacks are clear errors', async () => {
     const sb = await created();
     const s = await snapshotOf(sb.id);
