@@ -68,7 +68,7 @@ try {
   const atOrigin: number[] = [];
   const withPull: number[] = [];
   const fromCopy: number[] = [];
-  const pulls: Array<{ bytes: number; sent: number; ms: number }> = [];
+  const pulls: Array<{ bytes: number; sent: number; ms: number; exportMs: number; fetchMs: number }> = [];
   for (let i = 0; i < RUNS; i++) {
     // New memory and files each run: the snapshot's RAM image and disk differ from the last.
     ok(await call(b.url, key, 'POST', `/v1/sandboxes/${parent.json.id}/exec`, { command: `head -c ${MIB}M /dev/urandom > /root/m; head -c 1M /dev/urandom > /root/f${i}` }), 200, 'exec');
@@ -80,9 +80,9 @@ try {
     try {
       const logged = b.stderr().length;
       withPull.push(await startOne(snap, b));
-      const m = /pulled a copy of snapshot \S+ from host \S+: (\d+) bytes of files, (\d+) sent, (\d+) ms/.exec(b.stderr().slice(logged));
+      const m = /pulled a copy of snapshot \S+ from host \S+: (\d+) bytes of files, (\d+) sent, (\d+) ms \(export (\d+) ms, fetch (\d+) ms\)/.exec(b.stderr().slice(logged));
       if (!m) throw new Error(`host B did not log its pull: ${b.stderr().slice(logged)}`);
-      pulls.push({ bytes: Number(m[1]), sent: Number(m[2]), ms: Number(m[3]) });
+      pulls.push({ bytes: Number(m[1]), sent: Number(m[2]), ms: Number(m[3]), exportMs: Number(m[4]), fetchMs: Number(m[5]) });
       fromCopy.push(await startOne(snap, b));
     } finally {
       await unfill();
@@ -101,6 +101,9 @@ try {
   row('start of 1 on a host that pulls the snapshot first', withPull);
   row('start of 1 on that host again (its copy held)', fromCopy);
   row('the pull itself (manifest, files, copy made)', pulls.map((p) => p.ms));
+  row('  of it: the origin\'s export (the manifest\'s answer)', pulls.map((p) => p.exportMs));
+  row('  of it: fetching the files (digests checked)', pulls.map((p) => p.fetchMs));
+  row('  of it: the rest (copy recorded, disk rebased)', pulls.map((p) => p.ms - p.exportMs - p.fetchMs));
   row('the snapshot\'s files', pulls.map((p) => p.bytes / MiB), 'MiB');
   row('bytes sent for them (holes are not)', pulls.map((p) => p.sent / MiB), 'MiB');
   const p50 = (xs: number[]) => summary(xs).p50;

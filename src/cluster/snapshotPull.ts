@@ -24,6 +24,9 @@ export interface SnapshotPullReport {
   bytes: number;
   transferred: number;
   ms: number;
+  /** Of `ms`: the origin's answer with the manifest (its export, the first time), and fetching the files. */
+  exportMs: number;
+  fetchMs: number;
 }
 
 export class SnapshotPuller {
@@ -53,19 +56,23 @@ export class SnapshotPuller {
     if (this.engine.holds(src.id)) return null;
     const t0 = Date.now();
     const m = (await this.peer(src.origin.hostId, src.origin.address).call('exportSnapshot', [src.tenant, src.id])) as SnapshotManifest;
+    const exportMs = Date.now() - t0;
     let transferred = 0;
+    let fetchMs = 0;
     const made = await this.engine.importIn(m, src.origin.hostId, async (f, dest) => {
       // The origin first (it holds every file), then hosts whose copies hold the same bytes.
       const others = (await this.locations.holders(f.digest, this.selfId)).filter((h) => h.hostId !== src.origin.hostId);
       const holders: BlobHolder[] = [{ hostId: src.origin.hostId, address: src.origin.address, size: f.size }, ...others];
+      const t1 = Date.now();
       const got = await this.fetcher.fetchFrom(holders, f.digest, dest, { sparse: f.sparse });
+      fetchMs += Date.now() - t1;
       transferred += got.transferred;
     });
     if (!made) return null;
-    const report = { snapshot: src.id, bytes: m.files.reduce((n, f) => n + f.size, 0), transferred, ms: Date.now() - t0 };
+    const report = { snapshot: src.id, bytes: m.files.reduce((n, f) => n + f.size, 0), transferred, ms: Date.now() - t0, exportMs, fetchMs };
     this.pulls.push(report);
     if (this.pulls.length > 20) this.pulls.shift();
-    this.log(null, `pulled a copy of snapshot ${src.id} from host ${src.origin.hostId}: ${report.bytes} bytes of files, ${transferred} sent, ${report.ms} ms`);
+    this.log(null, `pulled a copy of snapshot ${src.id} from host ${src.origin.hostId}: ${report.bytes} bytes of files, ${transferred} sent, ${report.ms} ms (export ${exportMs} ms, fetch ${fetchMs} ms)`);
     this.onPulled();
     return report;
   }

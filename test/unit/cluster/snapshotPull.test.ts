@@ -65,6 +65,7 @@ test('a pull asks the origin for the manifest, fetches each file from the origin
   const r = await t.puller.ensure({ tenant: 'acme', id: 'snap_new', origin: { hostId: 'h1', address: 'http://h1' } });
   assert.ok(r);
   assert.deepEqual([r.snapshot, r.bytes, r.transferred], ['snap_new', 6000, 30]);
+  assert.ok(r.exportMs + r.fetchMs <= r.ms, 'the parts are within the whole');
   assert.deepEqual(t.calls, ['h1 exportSnapshot ["acme","snap_new"]']);
   assert.deepEqual(t.fetched.map((f) => f.from), [['h1'], ['h1', 'h2'], ['h1']], 'the origin first, then another holder of the same bytes, never twice');
   assert.equal(t.held.get('snap_new'), 'h1');
