@@ -36,7 +36,7 @@ import { wsConnect } from '../support/ws.ts';
 import { BlobFetcher } from '../../src/cluster/blobFetcher.ts';
 import { BlobLocations } from '../../src/cluster/blobLocations.ts';
 import { sha256File } from '../../src/host/hash.ts';
-import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
+import { clusterCall as call, clusterKey, clusterSandboxes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 import { qemuProcesses, TEST_CACHE } from './fixture.js';
 import { busyboxEntries, image, layer, writeLayout } from '../support/oci.ts';
 import { waitListening, WS_SERVER } from './guestServers.ts';
@@ -93,17 +93,7 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     for (const d of scratch) rmSync(d, { recursive: true, force: true });
   });
 
-  const ownerOf = async (id: string): Promise<Host> => hostOf.get((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id)!;
-  const create = async (via: Host, key: string, body: Record<string, unknown> = { template: 'base' }): Promise<string> => {
-    const r = await call(via.url, key, 'POST', '/v1/sandboxes', body);
-    assert.equal(r.status, 201, r.bytes.toString());
-    owned.push({ id: r.json.id, key });
-    return r.json.id;
-  };
-  const remove = async (via: Host, key: string, id: string) => {
-    assert.equal((await call(via.url, key, 'DELETE', `/v1/sandboxes/${id}`)).status, 204, `delete ${id}`);
-    owned.splice(owned.findIndex((o) => o.id === id), 1);
-  };
+  const { ownerOf, create, remove } = clusterSandboxes(() => db, hostOf, owned);
   /** Runs `f` over `items`, `width` at a time. */
   const inBatches = async <T, R>(items: T[], width: number, f: (x: T, i: number) => Promise<R>): Promise<R[]> => {
     const out: R[] = [];

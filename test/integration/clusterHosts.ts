@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import type pg from 'pg';
 import type { HostNet } from '../support/hostNet.ts';
 import { freePort } from '../support/registry.ts';
 import { TEST_CACHE, testHome } from './fixture.js';
@@ -106,4 +107,25 @@ export async function clusterCall(base: string, key: string, method: string, pat
   let json: any = null;
   try { json = JSON.parse(bytes.toString('utf8')); } catch { /* not JSON */ }
   return { status: res.status, headers: res.headers, bytes, json };
+}
+
+/**
+ * A test's sandboxes on a cluster: where one runs (the directory's owner, read through `db`, the
+ * test's pool once it has one), and creates and deletes through a host that keep `owned` (what the
+ * test deletes at its end if it failed first).
+ */
+export function clusterSandboxes(db: () => pg.Pool, hostOf: Map<string, ClusterHost>, owned: Array<{ id: string; key: string }>) {
+  return {
+    ownerOf: async (id: string): Promise<ClusterHost> => hostOf.get((await db().query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id)!,
+    create: async (via: ClusterHost, key: string, body: Record<string, unknown> = { template: 'base' }): Promise<string> => {
+      const r = await clusterCall(via.url, key, 'POST', '/v1/sandboxes', body);
+      assert.equal(r.status, 201, r.bytes.toString());
+      owned.push({ id: r.json.id, key });
+      return r.json.id;
+    },
+    remove: async (via: ClusterHost, key: string, id: string): Promise<void> => {
+      assert.equal((await clusterCall(via.url, key, 'DELETE', `/v1/sandboxes/${id}`)).status, 204, `delete ${id}`);
+      owned.splice(owned.findIndex((o) => o.id === id), 1);
+    },
+  };
 }

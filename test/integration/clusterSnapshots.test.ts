@@ -18,7 +18,7 @@ import pg from 'pg';
 import { dbPathOf } from '../../src/cli/commands.ts';
 import { hostNetUnavailable, makeHostNet, type HostNet } from '../support/hostNet.ts';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
-import { clusterCall as call, clusterKey, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
+import { clusterCall as call, clusterKey, clusterSandboxes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 import { qemuProcesses } from './fixture.js';
 
 const skip = postgresUnavailable() ?? hostNetUnavailable() ?? false;
@@ -58,17 +58,7 @@ describe('snapshots across cluster hosts on real microVMs: three hosts in networ
     }
   });
 
-  const ownerOf = async (id: string): Promise<Host> => hostOf.get((await db.query('SELECT host_id FROM sandboxes WHERE id = $1', [id])).rows[0].host_id)!;
-  const create = async (via: Host, key: string, body: Record<string, unknown> = { template: 'base' }): Promise<string> => {
-    const r = await call(via.url, key, 'POST', '/v1/sandboxes', body);
-    assert.equal(r.status, 201, r.bytes.toString());
-    owned.push({ id: r.json.id, key });
-    return r.json.id;
-  };
-  const remove = async (via: Host, key: string, id: string) => {
-    assert.equal((await call(via.url, key, 'DELETE', `/v1/sandboxes/${id}`)).status, 204, `delete ${id}`);
-    owned.splice(owned.findIndex((o) => o.id === id), 1);
-  };
+  const { ownerOf, create, remove } = clusterSandboxes(() => db, hostOf, owned);
 
   test('a start of 3 from a snapshot whose host has room for 1 spills onto a host that pulls the snapshot by digest; each continues its counter with its own identity; a later start prefers the holders; a fork too wide for its host spills too; the copies go with the snapshot', async () => {
     const idOf = (h: Host) => [...hostOf.entries()].find(([, x]) => x === h)![0];
