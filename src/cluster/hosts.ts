@@ -25,6 +25,12 @@ export interface CompatClass {
   accel: string;
 }
 
+/** The alive hosts of the cluster other than `self`, by id. */
+export async function alivePeers(pool: pg.Pool, self: string): Promise<Array<{ id: string; address: string }>> {
+  const r = await pool.query<{ id: string; address: string }>(`SELECT id, address FROM hosts WHERE state = 'alive' AND id <> $1 ORDER BY id`, [self]);
+  return r.rows;
+}
+
 export function compatKey(c: CompatClass): string {
   return `qemu=${c.qemuVersion};machine=${c.machine};cpu=${c.cpuModel};accel=${c.accel}`;
 }

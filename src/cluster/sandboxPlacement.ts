@@ -26,7 +26,7 @@ import { hostOf, invoke, type SandboxHost } from '../service/sandboxHost.js';
 import { clusterDatabaseUnavailable } from './db.js';
 import type { DirectoryEntry } from './directory.js';
 import type { ClusterEnvironmentHost } from './environmentHost.js';
-import { compatKey } from './hosts.js';
+import { alivePeers, compatKey } from './hosts.js';
 import type { ClusterNode } from './node.js';
 import type { PlaceRequest } from './placement.js';
 import { RemoteHost, type SnapshotSource } from './remoteHost.js';
@@ -235,9 +235,7 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
 
   /** Alive hosts other than this one. */
   private async peers(): Promise<Array<{ id: string; address: string }>> {
-    const r = await this.db(() => this.node.pool.query<{ id: string; address: string }>(
-      `SELECT id, address FROM hosts WHERE state = 'alive' AND id <> $1 ORDER BY id`, [this.node.hostId]));
-    return r.rows;
+    return this.db(() => alivePeers(this.node.pool, this.node.hostId));
   }
 
   /**

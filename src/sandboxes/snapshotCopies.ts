@@ -5,14 +5,13 @@ import { CollimateError } from '../errors.js';
 import { sha256File } from '../host/hash.js';
 import { run } from '../host/run.js';
 import type { LocalBlob } from '../images/localBlobs.js';
-import { allocatedBytes } from '../vmm/memory.js';
 import { dirs, type EngineContext } from './context.js';
 import { gcForkPoints } from './delete.js';
 import { SNAPSHOT_RAM } from './fork.js';
 import type { SnapshotRow } from './repo.js';
 import { newDiskPath, newForkPointId } from './runtime.js';
 import { dropSnapshotPool } from './snapshotPools.js';
-import { forkPointOf, holding, snapshotFor } from './snapshots.js';
+import { bytesOf, forkPointOf, holding, snapshotFor } from './snapshots.js';
 import type { Scope } from './types.js';
 
 /**
@@ -164,10 +163,9 @@ export function importSnapshot(ctx: EngineContext, m: SnapshotManifest, origin: 
       await run('qemu-img', ['rebase', '-q', '-u', '-f', 'qcow2', '-F', 'raw', '-b', artifactDisk, at['disk.qcow2']]);
       // The image and device state are byte for byte the origin's: this host serves them too.
       writeFileSync(join(dir, COPY_RECORD), JSON.stringify(m.files.filter((f) => f.name !== 'disk.qcow2')));
-      const bytes = ['device.state', 'ram.img'].reduce((n, f) => n + allocatedBytes(join(dir, f === 'ram.img' ? SNAPSHOT_RAM : f)), 0) + allocatedBytes(at['disk.qcow2']);
       ctx.repo.tx(() => {
         ctx.repo.markForkPointReady(fpId);
-        ctx.repo.markSnapshotReady(id, bytes);
+        ctx.repo.markSnapshotReady(id, bytesOf({ dir, disk: at['disk.qcow2'] }));
       });
       return true;
     } catch (e) {

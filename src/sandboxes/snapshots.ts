@@ -74,7 +74,7 @@ function snapshotRowOf(row: SandboxRow, id: string, fpId: string, opts: Snapshot
 }
 
 /** What a snapshot's own files occupy: its RAM image, device state and the disk layer frozen for it. */
-function bytesOf(fp: { dir: string; disk: string }): number {
+export function bytesOf(fp: { dir: string; disk: string }): number {
   let n = 0;
   for (const f of readdirSync(fp.dir)) n += allocatedBytes(join(fp.dir, f));
   return n + (existsSync(fp.disk) ? allocatedBytes(fp.disk) : 0);

@@ -317,10 +317,10 @@ async function snapshotPuller(node: ClusterNode, copies: SnapshotCopyEngine, blo
   const { BlobLocations } = await import('../cluster/blobLocations.js');
   const { PEER_HEADER } = await import('../cluster/peerHeader.js');
   const locations = new BlobLocations(node.pool);
-  const peers = async () => (await node.pool.query<{ id: string; address: string }>(`SELECT id, address FROM hosts WHERE state = 'alive' AND id <> $1`, [node.hostId])).rows;
+  const { alivePeers } = await import('../cluster/hosts.js');
   const { RemoteHost } = await import('../cluster/remoteHost.js');
   const puller = new SnapshotPuller((id, address) => new RemoteHost(id, address, node.secret), node.hostId, copies, new BlobFetcher(locations, { hostId: node.hostId, secret: () => node.secret, peerHeader: PEER_HEADER }),
-    locations, peers, (err, msg) => node.opts.log?.(err, msg), () => void blobs.publishNow());
+    locations, () => alivePeers(node.pool, node.hostId), (err, msg) => node.opts.log?.(err, msg), () => void blobs.publishNow());
   puller.start();
   return puller;
 }
