@@ -36,7 +36,7 @@ import { wsConnect } from '../support/ws.ts';
 import { BlobFetcher } from '../../src/cluster/blobFetcher.ts';
 import { BlobLocations } from '../../src/cluster/blobLocations.ts';
 import { sha256File } from '../../src/host/hash.ts';
-import { clusterCall as call, clusterKey, clusterSandboxes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
+import { clusterCall as call, clusterKey, clusterSandboxes, removeHostHomes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 import { qemuProcesses, TEST_CACHE } from './fixture.js';
 import { busyboxEntries, image, layer, writeLayout } from '../support/oci.ts';
 import { waitListening, WS_SERVER } from './guestServers.ts';
@@ -84,12 +84,7 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
     await db?.end();
     await server?.stop();
     net?.close();
-    for (const h of hosts) {
-      const deadline = Date.now() + 10_000;
-      while (qemuProcesses(h.home).length > 0 && Date.now() < deadline) await sleep(50);
-      assert.deepEqual(qemuProcesses(h.home), [], `no QEMU of ${h.home} left`);
-      rmSync(h.home, { recursive: true, force: true });
-    }
+    await removeHostHomes(hosts);
     for (const d of scratch) rmSync(d, { recursive: true, force: true });
   });
 

@@ -9,7 +9,8 @@ import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type { HostNet } from '../support/hostNet.ts';
 import { freePort } from '../support/registry.ts';
-import { TEST_CACHE, testHome } from './fixture.js';
+import { rmSync } from 'node:fs';
+import { qemuProcesses, TEST_CACHE, testHome } from './fixture.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -128,4 +129,14 @@ export function clusterSandboxes(db: () => pg.Pool, hostOf: Map<string, ClusterH
       owned.splice(owned.findIndex((o) => o.id === id), 1);
     },
   };
+}
+
+/** After the hosts stopped: asserts that none left a QEMU process (each given 10 s to exit), and removes their homes. */
+export async function removeHostHomes(hosts: ClusterHost[]): Promise<void> {
+  for (const h of hosts) {
+    const deadline = Date.now() + 10_000;
+    while (qemuProcesses(h.home).length > 0 && Date.now() < deadline) await sleep(50);
+    assert.deepEqual(qemuProcesses(h.home), [], `no QEMU of ${h.home} left`);
+    rmSync(h.home, { recursive: true, force: true });
+  }
 }

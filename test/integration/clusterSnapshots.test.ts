@@ -11,15 +11,13 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { rmSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 import Database from 'better-sqlite3';
 import pg from 'pg';
 import { dbPathOf } from '../../src/cli/commands.ts';
 import { hostNetUnavailable, makeHostNet, type HostNet } from '../support/hostNet.ts';
 import { postgresUnavailable, startPostgres, type ThrowawayPostgres } from '../support/postgres.js';
-import { clusterCall as call, clusterKey, clusterSandboxes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
-import { qemuProcesses } from './fixture.js';
+import { clusterCall as call, clusterKey, clusterSandboxes, removeHostHomes, startClusterHost, stopClusterHost, type ClusterHost as Host } from './clusterHosts.ts';
 
 const skip = postgresUnavailable() ?? hostNetUnavailable() ?? false;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -50,12 +48,7 @@ describe('snapshots across cluster hosts on real microVMs: three hosts in networ
     await db?.end();
     await server?.stop();
     net?.close();
-    for (const h of hosts) {
-      const deadline = Date.now() + 10_000;
-      while (qemuProcesses(h.home).length > 0 && Date.now() < deadline) await sleep(50);
-      assert.deepEqual(qemuProcesses(h.home), [], `no QEMU of ${h.home} left`);
-      rmSync(h.home, { recursive: true, force: true });
-    }
+    await removeHostHomes(hosts);
   });
 
   const { ownerOf, create, remove } = clusterSandboxes(() => db, hostOf, owned);
