@@ -20,7 +20,7 @@ import { CollimateError, environmentNotReady, sandboxEnded, sandboxNotFound, sna
 import type { EnvironmentRow } from '../images/imageRepo.js';
 import type { ListFilter, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, TemplateInfo } from '../sandboxes/types.js';
 import type { UsageReport } from '../service/metering.js';
-import { hostRefused, isHostRefusal, type Placement, type StartRequest } from '../service/placement.js';
+import { hostRefused, isHostRefusal, type Placement, type SpreadRequest, type StartRequest } from '../service/placement.js';
 import type { ClusterReadings, LiveStat } from '../service/types.js';
 import { hostOf, invoke, type SandboxHost } from '../service/sandboxHost.js';
 import { clusterDatabaseUnavailable } from './db.js';
@@ -120,9 +120,7 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
   }
 
   async start<T>(req: StartRequest, start: (host: SandboxHost) => Promise<T>): Promise<T> {
-    const near = req.near !== undefined ? await this.db(() => this.entry(req.tenant, req.near!))
-      : req.snapshot !== undefined ? { ...(await this.snapshotHost(req.tenant, req.snapshot)), id: req.snapshot, hostAlive: true }
-        : undefined;
+    const near = req.near !== undefined ? await this.db(() => this.entry(req.tenant, req.near!)) : undefined;
     if (near && near.hostId !== this.node.hostId && !near.hostAlive) throw hostUnavailable(near.id);
     const env = !near && req.template !== undefined ? await this.db(() => this.environmentPlace(req)) : null;
     const exclude: string[] = [];
@@ -157,7 +155,7 @@ export class ClusterSandboxPlacement implements Placement, ClusterReadings {
    * a copy first (snapshotPull.ts). A host that turns its part away is replaced; when a part fails
    * otherwise, the parts started are undone.
    */
-  async startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]> {
+  async startSpread(req: SpreadRequest, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]> {
     const origin = await this.snapshotHost(req.tenant, req.snapshot);
     const originAddress = origin.hostId === this.node.hostId ? this.node.address : origin.address;
     const { compat, holders } = await this.db(async () => {

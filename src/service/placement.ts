@@ -23,8 +23,11 @@ export interface StartRequest {
   near?: string;
   /** A create: from this template or environment (a host that has it, or can pull it). */
   template?: string;
-  /** A start from a snapshot: on the host that holds it (its sandboxes map its RAM image). */
-  snapshot?: string;
+}
+
+/** A start from a snapshot (Placement.startSpread): hosts holding it first, others pulling it. */
+export interface SpreadRequest extends Omit<StartRequest, 'near' | 'template'> {
+  snapshot: string;
 }
 
 export interface Placement {
@@ -42,7 +45,7 @@ export interface Placement {
    * many on one host as it has room for, the rest on others (which pull the snapshot first). All
    * or none: when one part fails, `undo` removes the sandboxes the others started, and it throws.
    */
-  startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]>;
+  startSpread(req: SpreadRequest, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>, undo: (host: SandboxHost, started: SandboxInfo[]) => Promise<void>): Promise<SandboxInfo[]>;
   /** Whether a fork too wide for its sandbox's host may spill onto others (a cluster). */
   readonly spills: boolean;
   /** Snapshot `id` was deleted: the copies other hosts pulled of it go too (nothing for one host). */
@@ -86,7 +89,7 @@ export class LocalPlacement implements Placement {
 
   readonly spills = false;
 
-  startSpread(req: StartRequest & { snapshot: string }, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>): Promise<SandboxInfo[]> {
+  startSpread(req: SpreadRequest, start: (host: SandboxHost, count: number) => Promise<SandboxInfo[]>): Promise<SandboxInfo[]> {
     return this.start(req, (host) => start(host, req.slots));
   }
 
