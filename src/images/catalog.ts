@@ -1,4 +1,5 @@
 import type { LayerAsset } from './guestAssets.js';
+import type { ReadyParams } from './bake.js';
 
 /**
  * The catalog: images every tier may create from without a bake of their own. Built locally from
@@ -18,6 +19,8 @@ export interface CatalogEntry {
   layers(home: string, progress: (m: string) => void): Promise<LayerAsset[]>;
   /** Whether every layer is already built in that cache (then `layers` takes seconds, not minutes); absent: always quick. */
   layersCached?(home: string): boolean;
+  /** Run once at bake, before the checkpoint (the code interpreter's server, so its kernel is warm in every sandbox). */
+  ready?: ReadyParams;
 }
 
 export const CATALOG_DEFAULTS = { vcpus: 1, memoryMib: 256, diskMib: 2048 } as const;

@@ -7,6 +7,7 @@ import { buildOnce } from '../host/buildOnce.js';
 import type { LayerAsset, Progress } from './guestAssets.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { fetchRegistryTarball, type RegistryTarball } from './registryTarball.js';
+import { codeServerScript } from '../guest/codeServer.js';
 
 /**
  * Debian bookworm root filesystems as stacked erofs layers: a `minbase` debootstrap as the base
@@ -26,8 +27,14 @@ const DEFAULT_MIRROR = 'http://deb.debian.org/debian';
 
 /** Debian packages each runtime layer installs with apt. */
 export const RUNTIME_PACKAGES = {
-  python: ['python3', 'python3-pip', 'python3-venv'],
-  node: [],
+  // The code interpreter (docs/code.md): Jupyter's Python kernel and client, and what a notebook
+  // reaches for first (matplotlib with the inline backend, numpy, pandas), all Debian's.
+  python: [
+    'python3', 'python3-pip', 'python3-venv',
+    'python3-ipykernel', 'python3-jupyter-client', 'python3-matplotlib', 'python3-numpy', 'python3-pandas',
+  ],
+  // python3 runs the code interpreter's server (standard library only), which drives the JavaScript kernel.
+  node: ['python3'],
   // E2B's `base`: a general-purpose userland. ncurses-bin (tput) and bash are in minbase already;
   // naming them keeps them there whatever minbase becomes. nano is the one small editor.
   debian: [
@@ -399,6 +406,8 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'python', progress)],
     layersCached: (home) => debianLayersCached(home, 'python'),
+    // The code interpreter's server with its default Python kernel, warm in the checkpoint.
+    ready: { command: codeServerScript(), timeoutSecs: 600 },
   },
   {
     id: 'node',
@@ -408,6 +417,8 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     ...CATALOG_DEFAULTS,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'node', progress)],
     layersCached: (home) => debianLayersCached(home, 'node'),
+    // The code interpreter's server with its default JavaScript kernel, warm in the checkpoint.
+    ready: { command: codeServerScript(), timeoutSecs: 600 },
   },
   {
     id: 'debian',

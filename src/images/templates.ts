@@ -163,7 +163,7 @@ export async function catalogTemplate(cfg: EngineConfig, entry: CatalogEntry, ba
   const artifact = await ensureArtifact(
     { home: cfg.cacheDir, ramDir: cfg.artifactRamDir, qemuBinary: cfg.qemuBinary, accel: cfg.accel.accel, seccomp: cfg.seccomp, jail: await jailerFor(cfg), progress },
     // Catalog layers by their bytes: their recipe digests do not pin them (mkfs.erofs gives each build its own UUID).
-    shape, entry.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: await Promise.all(layers.map((l) => builtFileSha256(l.path))) },
+    shape, entry.diskMib, { kernel: kernel.debSha256, initrd: initramfs.digest, layers: await Promise.all(layers.map((l) => builtFileSha256(l.path))) }, entry.ready,
   );
   return { id: entry.id, kind: 'catalog', description: entry.description, interpreter: entry.interpreter, runtimes: entry.runtimes, artifact, deviceState: readFileSync(artifact.devStatePath), egress: cfg.catalogEgress };
 }
