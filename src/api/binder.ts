@@ -17,6 +17,7 @@ import * as S from '../wire/schemas.js';
 import { bindToRequest } from './logging.js';
 import { discardRest } from '../wire/streamedBody.js';
 import { bearerKey } from '../service/keys.js';
+import { contextNotFound } from '../service/code.js';
 import { ROUTES, restNames, type RouteSpec, type BodyOf, type BoundOperationId, type ParamsOf, type QueryOf, type RouteOf } from './routes.js';
 
 export interface Ctx<K extends BoundOperationId> {
@@ -89,6 +90,7 @@ function bindRoute(app: FastifyInstance, route: RouteSpec, handlers: Handlers, o
           for (const [name, kind] of Object.entries(spec.params ?? {})) {
             if (kind === 'sandbox' && !S.SANDBOX_ID_RE.test(params[name])) throw sandboxNotFound(params[name].slice(0, 100));
             if (kind === 'snapshot' && !S.SNAPSHOT_ID_RE.test(params[name])) throw snapshotNotFound(params[name].slice(0, 100));
+            if (kind === 'context' && !S.CODE_CONTEXT_RE.test(params[name])) throw contextNotFound(params.id, params[name]);
             if (kind === 'pid' && !/^[1-9][0-9]{0,9}$/.test(params[name])) {
               throw new CollimateError('process_not_found', `No background process ${JSON.stringify(params[name].slice(0, 100))}: a process is named by its pid, a positive integer.`);
             }

@@ -31,6 +31,10 @@ import { toClientError } from '../wire/errors.js';
 import { SANDBOX_ID_RE } from '../wire/schemas.js';
 import { restNames } from './routes.js';
 import { isTerminalPath, type TerminalBridge } from './terminal.js';
+import { E2B_ENVD_PREFIX } from '../e2b/envd.js';
+
+/** envd's port, which E2B's SDK names in E2b-Sandbox-Port for envd's own calls. */
+const E2B_ENVD_PORT = 49983;
 
 export const PROXY_ERROR_HEADER = 'x-collimate-error';
 /** E2B's header for a sandbox's traffic token (PortUrlSigner.sandboxToken 'traffic': its ports, nothing else) instead of a key. */
@@ -53,6 +57,19 @@ export function hostRoutedUrl(host: string | undefined, rawUrl: string): string 
   const m = HOST_ROUTE_RE.exec(host ?? '');
   if (!m) return rawUrl;
   return `/v1/sandboxes/${m[2].toLowerCase()}/ports/${m[1]}${rawUrl.startsWith('/') ? rawUrl : '/' + rawUrl}`;
+}
+/**
+ * The proxy path of a request E2B's SDK sends to its one sandbox URL (E2B_SANDBOX_URL, our
+ * /e2b/envd) for a port other than envd's: it names the sandbox and the port in `E2b-Sandbox-Id` and
+ * `E2b-Sandbox-Port` (`@e2b/code-interpreter` does, for its port 49999), as E2B's own sandbox proxy
+ * routes them. Any other request's URL is returned unchanged.
+ */
+export function headerRoutedUrl(headers: IncomingHttpHeaders, rawUrl: string): string {
+  if (!rawUrl.startsWith(`${E2B_ENVD_PREFIX}/`)) return rawUrl;
+  const port = String(headers['e2b-sandbox-port'] ?? '');
+  const id = String(headers['e2b-sandbox-id'] ?? '').toLowerCase();
+  if (!/^\d{1,5}$/.test(port) || Number(port) === E2B_ENVD_PORT || !SANDBOX_ID_RE.test(id)) return rawUrl;
+  return `/v1/sandboxes/${id}/ports/${port}${rawUrl.slice(E2B_ENVD_PREFIX.length)}`;
 }
 /** How long connecting to a sandbox port may take before the proxy answers 502. */
 const CONNECT_TIMEOUT_MS = 10_000;

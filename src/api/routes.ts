@@ -34,7 +34,7 @@ export interface RouteSpec {
   tag: 'sandboxes' | 'ports' | 'templates' | 'images' | 'environments' | 'usage' | 'account' | 'operations';
   auth: boolean;
   /** Path parameter kinds: `sandbox` ids are checked against ^sbx_[0-9a-f]{12}$ (else 404). */
-  params?: Readonly<Record<string, 'sandbox' | 'snapshot' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key'>>;
+  params?: Readonly<Record<string, 'sandbox' | 'snapshot' | 'template' | 'image' | 'environment' | 'port' | 'token' | 'path' | 'pid' | 'key' | 'context'>>;
   query?: z.ZodObject;
   /** `json`: a JSON body validated by `body`; `raw`: any bytes (PUT files); `stream`: any bytes, unread, for the handler to stream. */
   bodyKind?: 'json' | 'raw' | 'stream';
@@ -54,6 +54,8 @@ const sandbox = { id: 'sandbox' } as const;
 const snapshot = { snapshot: 'snapshot' } as const;
 const sandboxProcess = { id: 'sandbox', pid: 'pid' } as const;
 const PROCESS_ERRORS = ['sandbox_not_found', 'process_not_found'] as const;
+const sandboxContext = { id: 'sandbox', context: 'context' } as const;
+const CODE_ERRORS = ['sandbox_not_found', 'invalid_state', 'code_unavailable', 'network_unavailable'] as const;
 
 /** The table with its literal types, so handlers are typed from their route's schemas (binder.ts). */
 export const ROUTE_TABLE = [
@@ -629,6 +631,89 @@ export const ROUTE_TABLE = [
       200: { description: 'Without Upgrade: the PTY process a WebSocket would attach to.', schema: S.Process },
     },
     errors: [...PROCESS_ERRORS, 'not_a_terminal', 'quota_exceeded'],
+  },
+  {
+    operationId: 'runCode',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/code',
+    summary: 'Run a cell of code in a stateful kernel (the code interpreter)',
+    description:
+      'Runs `code` in a kernel of the sandbox that keeps its state between cells (variables, imports, loaded data): the language\'s default context, ' +
+      'or a `context` made with POST /code/contexts. The python and node templates have their kernel warm from the template; another image with python3 ' +
+      '(and ipykernel for Python, node for JavaScript) gets the interpreter started by its first cell (an exec; tens of seconds). Cells of one context run one ' +
+      'at a time, in order. Outputs are MIME bundles: the last expression\'s value (`is_main_result`) and every display (a matplotlib figure as image/png with ' +
+      'its data as e2b/chart). An exception is the result\'s `error`, not an HTTP error. With `Accept: text/event-stream` the answer streams (see RunCodeRequest); ' +
+      'a client that closes the stream interrupts the cell. Needs the sandbox\'s network (the kernels\' server is reached on its port 49999).',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.RunCodeRequest,
+    sse: true,
+    responses: {
+      200: { description: 'The cell\'s result (or an SSE stream, see RunCodeRequest).', schema: S.CodeResult, events: [S.CodeStreamText, S.CodeOutput, S.CodeError, S.CodeResult] },
+    },
+    errors: [...CODE_ERRORS, 'context_not_found'],
+  },
+  {
+    operationId: 'listCodeContexts',
+    method: 'GET',
+    path: '/v1/sandboxes/:id/code/contexts',
+    summary: "A sandbox's code contexts",
+    description: 'Every context of the code interpreter: the default ones (one per language, made by a first cell in it) and those made with POST.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    responses: { 200: { description: 'The contexts.', schema: S.CodeContextList } },
+    errors: [...CODE_ERRORS],
+  },
+  {
+    operationId: 'createCodeContext',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/code/contexts',
+    summary: 'Start a code context: a kernel of its own, with its own state and working directory',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandbox,
+    bodyKind: 'json',
+    body: S.CreateCodeContext,
+    bodyOptional: true,
+    responses: { 201: { description: 'The context, its kernel started.', schema: S.CodeContext } },
+    errors: [...CODE_ERRORS, 'validation_error'],
+  },
+  {
+    operationId: 'restartCodeContext',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/code/contexts/:context/restart',
+    summary: "Restart a context's kernel: its state is gone, its id and working directory stay",
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxContext,
+    responses: { 200: { description: 'The context, with a fresh kernel.', schema: S.CodeContext } },
+    errors: [...CODE_ERRORS, 'context_not_found'],
+  },
+  {
+    operationId: 'interruptCodeContext',
+    method: 'POST',
+    path: '/v1/sandboxes/:id/code/contexts/:context/interrupt',
+    summary: "Interrupt the cell a context runs (its kernel and state stay)",
+    description: 'SIGINT to the kernel: a Python cell raises KeyboardInterrupt, a JavaScript one stops its synchronous run. The cell\'s own request then ends with that error. Nothing happens when the context is idle.',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxContext,
+    responses: { 200: { description: 'The context.', schema: S.CodeContext } },
+    errors: [...CODE_ERRORS, 'context_not_found'],
+  },
+  {
+    operationId: 'deleteCodeContext',
+    method: 'DELETE',
+    path: '/v1/sandboxes/:id/code/contexts/:context',
+    summary: 'Stop a context and its kernel',
+    tag: 'sandboxes',
+    auth: true,
+    params: sandboxContext,
+    responses: { 204: { description: 'Stopped.' } },
+    errors: [...CODE_ERRORS, 'context_not_found'],
   },
   {
     operationId: 'createPortUrl',

@@ -25,9 +25,10 @@ import { logLifecycle, registerRequestLogging, requestIdOf } from './logging.js'
 import { operationHandlers, type HealthInfo } from './handlers/operations.js';
 import { sandboxHandlers } from './handlers/sandboxes.js';
 import { processHandlers } from './handlers/processes.js';
+import { codeHandlers } from './handlers/code.js';
 import { fileHandlers } from './handlers/files.js';
 import { registerHttpMetrics } from './httpMetrics.js';
-import { hostRoutedUrl, registerPortsProxy, type UpgradeInterceptor } from './portsProxy.js';
+import { headerRoutedUrl, hostRoutedUrl, registerPortsProxy, type UpgradeInterceptor } from './portsProxy.js';
 import { registerE2bControlPlane } from '../e2b/controlPlane.js';
 import { SandboxEnvStore, type SandboxEnvs } from '../e2b/sandboxEnv.js';
 import { registerEnvd, type EnvdBackend } from '../e2b/envd.js';
@@ -128,8 +129,9 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: maxJson,
     routerOptions: { maxParamLength: 1000 },
-    // E2B's sandbox.getHost(port) names a port by Host (`<port>-<sandbox id>.<domain>`): the ports proxy.
-    rewriteUrl: (req) => hostRoutedUrl(req.headers.host, req.url ?? '/'),
+    // E2B's sandbox.getHost(port) names a port by Host (`<port>-<sandbox id>.<domain>`), and its SDK's
+    // calls to a port through the one sandbox URL by headers: both go to the ports proxy.
+    rewriteUrl: (req) => hostRoutedUrl(req.headers.host, headerRoutedUrl(req.headers, req.url ?? '/')),
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     clientErrorHandler: (err, socket) => {
@@ -193,6 +195,7 @@ export async function buildServer(opts: BuildServerOptions): Promise<ApiServer> 
     {
       ...sandboxHandlers(tenants, streams),
       ...processHandlers(tenants, streams),
+      ...codeHandlers(tenants, streams),
       ...fileHandlers(tenants, streams, { maxUploadBytes: maxFile }),
       ...imageHandlers(tenants, streams),
       ...accountHandlers(tenants, streams),

@@ -9,6 +9,7 @@ import { CollimateError } from '../errors.js';
 import type { DirWatch, ExecResult, ExecStreamHandlers, FileChange, ProcessEvent, SandboxTransition, WatchEndReason, WatchHandlers } from '../sandboxes/types.js';
 import { toClientError, type ErrorLog } from '../wire/errors.js';
 import { execResultView } from '../wire/views.js';
+import type { CodeResult, CodeStreamHandlers } from '../service/code.js';
 
 /**
  * Bytes an event stream may have waiting for its client: past it a process output stream skips
@@ -71,6 +72,52 @@ export class SseStreams {
         onStderr: (c) => send('stderr', { data: c.toString('base64') }),
       });
       send('result', execResultView(r));
+    } catch (err) {
+      send('error', toClientError(err, log, requestId).toJSON(restNames));
+    } finally {
+      finish();
+    }
+  }
+
+  /**
+   * Hijacks `reply` for a 200 stream of a code cell: `stdout` / `stderr` `{text}`, `display` (a
+   * CodeOutput), `exception` (a CodeError) as they come, then `result` (the CodeResult) or `error`
+   * (an Error body). A client that goes away interrupts the cell (the kernel stays usable).
+   */
+  async streamCode(reply: FastifyReply, log: ErrorLog, requestId: string, run: (h: CodeStreamHandlers) => Promise<CodeResult>): Promise<void> {
+    const res = openEventStream(reply);
+    const gone = new AbortController();
+    let live = true;
+    const send = (event: string, data: unknown) => {
+      if (live && !res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    };
+    const finish = () => {
+      if (!live) return;
+      live = false;
+      clearInterval(ping);
+      this.open.delete(abort);
+      res.end();
+    };
+    const abort = (err: CollimateError) => {
+      send('error', err.toJSON(restNames));
+      finish();
+    };
+    this.open.add(abort);
+    res.on('close', () => {
+      if (live) gone.abort();
+      finish();
+    });
+    const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
+    ping.unref();
+    try {
+      const r = await run({
+        onStdout: (text) => send('stdout', { text }),
+        onStderr: (text) => send('stderr', { text }),
+        onResult: (output) => send('display', output),
+        onError: (error) => send('exception', error),
+        signal: gone.signal,
+      });
+      send('result', r);
     } catch (err) {
       send('error', toClientError(err, log, requestId).toJSON(restNames));
     } finally {

@@ -306,8 +306,10 @@ function e2bLogLine(e: SandboxLogEntry): { timestamp: string; line: string } {
 /**
  * E2B's template names that mean one of ours: E2B's `base` (the SDK's default) is a Debian image with
  * a `user` account, bash, python3, node, git, curl and sudo, which is our `debian`, not our busybox `base`.
+ * `code-interpreter-v1` (the default of `@e2b/code-interpreter`) is our `python`, whose code
+ * interpreter serves E2B's protocol on port 49999 (docs/code.md).
  */
-export const E2B_TEMPLATES: Record<string, string> = { base: 'debian' };
+export const E2B_TEMPLATES: Record<string, string> = { base: 'debian', 'code-interpreter-v1': 'python' };
 
 export class E2bControlPlane {
   constructor(private readonly opts: E2bControlPlaneOptions) {}

@@ -48,6 +48,9 @@ export function codeServerScript(): string {
     `d=${CODE_DIR}`,
     `if [ -f "$d/pid" ] && [ -f "$d/ready" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then exit 0; fi`,
     `command -v python3 >/dev/null 2>&1 || { echo "this sandbox's image has no python3, which the code interpreter's server runs on" >&2; exit 3; }`,
+    // A server already starting (another first cell) is waited for, not started twice.
+    'if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then started=1; else started=; fi',
+    'if [ -z "$started" ]; then',
     'mkdir -p "$d"',
     'rm -f "$d/ready" "$d/pid"',
     ...writes,
@@ -55,7 +58,9 @@ export function codeServerScript(): string {
     `if [ -d /sys/fs/cgroup/execs ] && mkdir -p ${CODE_CGROUP} 2>/dev/null; then echo ${CODE_PIDS_MAX} > ${CODE_CGROUP}/pids.max 2>/dev/null || true; fi`,
     // Not seeded: the seed library preloaded into this exec must not reach the kernels (a seeded cell asks for its seed).
     'unset LD_PRELOAD COLLIMATE_SEED COLLIMATE_SEED_LINEAGE',
-    `setsid sh -c 'echo $$ > ${CODE_CGROUP}/cgroup.procs 2>/dev/null || true; echo $$ > ${CODE_DIR}/pid; exec python3 ${CODE_DIR}/server.py' </dev/null >>"$d/server.log" 2>&1 &`,
+    `setsid sh -c 'echo $$ > ${CODE_CGROUP}/cgroup.procs 2>/dev/null || true; exec python3 ${CODE_DIR}/server.py' </dev/null >>"$d/server.log" 2>&1 &`,
+    'echo $! > "$d/pid"',
+    'fi',
     'i=0',
     'while [ ! -f "$d/ready" ]; do',
     '  i=$((i+1))',

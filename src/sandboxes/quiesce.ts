@@ -2,6 +2,7 @@ import { CollimateError } from '../errors.js';
 import type { EngineContext } from './context.js';
 import type { Running } from './registry.js';
 import { runAgain } from './runtime.js';
+import { CODE_BUSY_FILE } from '../guest/codeServer.js';
 
 /**
  * Quiescent sandboxes are paused by the host and woken by their next request
@@ -101,13 +102,19 @@ async function pauseIfQuiescent(ctx: EngineContext, r: Running, after: number): 
   }
 }
 
-/** Whether nothing an exec started runs in the guest (the agent's /execs cgroup is unpopulated). */
+/**
+ * Whether nothing of the sandbox's own runs in the guest: the agent's /execs cgroup is unpopulated
+ * and the code interpreter (which lives outside /execs, so that its idle kernels do not count) runs
+ * no cell.
+ */
 async function guestQuiescent(r: Running): Promise<boolean> {
   try {
     const events = (await r.live.agent.readFile('/sys/fs/cgroup/execs/cgroup.events', { maxBytes: 4096 })).toString();
-    return /^populated 0$/m.test(events);
+    if (!/^populated 0$/m.test(events)) return false;
   } catch {
     // No cgroup v2 in the guest: its processes cannot be seen, so it is never paused.
     return false;
   }
+  const busy = await r.live.agent.readFile(CODE_BUSY_FILE, { maxBytes: 64 }).then((b) => b.toString().trim(), () => '0');
+  return busy === '0' || busy === '';
 }

@@ -15,6 +15,7 @@
  * Every call takes a Scope, always: which tenant acts and under which tier. The local RL fleet, which
  * holds the engine in its own process, passes trustedScope(tenant).
  */
+import { CodeInterpreter } from './code.js';
 import { dirname, join } from 'node:path';
 import type { ImageService } from '../images/service.js';
 import type { ReapedEvent, SandboxTransition, ServiceEngine } from '../sandboxes/types.js';
@@ -88,6 +89,8 @@ export class TenantService {
   readonly quotas: Quotas;
   readonly usage: Usage;
   readonly events: SandboxEvents;
+  /** Cells of code in the sandboxes' stateful kernels (the code interpreter). */
+  readonly code: CodeInterpreter;
 
   readonly engine: ServiceEngine;
   /** The service's database; a front door with state of its own (the E2B envVars) keeps it here too. */
@@ -180,6 +183,7 @@ export class TenantService {
       timers: this.usage.timers, clusterReadings, now, log,
     });
     this.events = new SandboxEvents(opts.sandboxEvents);
+    this.code = new CodeInterpreter(this.sandboxes);
 
     // The engine emits a `transition` for every acknowledged state change, the reaper's included;
     // metering from those is exact. Without events the reconcile timer catches up.

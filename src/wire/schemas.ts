@@ -1089,3 +1089,67 @@ export const Health = named(
 );
 
 export const EmptyQuery = z.strictObject({});
+
+/** A code context's id: the server in the guest names each with a UUID. */
+export const CODE_CONTEXT_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+const CodeLanguage = described(z.enum(['python', 'javascript']), 'The kernel\'s language: `python` (IPython, in the python image) or `javascript` (Node.js, in the node image).');
+
+export const RunCodeRequest = named(
+  'RunCodeRequest',
+  z.strictObject({
+    code: described(z.string().max(1024 * 1024), 'The cell\'s source.'),
+    language: described(CodeLanguage, 'Runs in that language\'s default context (made on first use). Absent (and no context): the image\'s first kernel, python where there is one.').optional(),
+    context: described(z.string().regex(CODE_CONTEXT_RE, { message: 'context must be a context id (a UUID) from GET /v1/sandboxes/{id}/code/contexts' }), 'A context made with POST /v1/sandboxes/{id}/code/contexts; not with language.').optional(),
+    env: described(z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()), 'Environment variables for this cell only (set before it, removed after).').optional(),
+    timeout_secs: described(z.number().positive().max(3600), 'Seconds the cell may run before it is interrupted (timed_out in the result); default 300, max 3600.').optional(),
+    seed: described(execSeed(), 'Reseeds the language\'s own generators before the cell, as a decimal u64: Python\'s random and numpy.random\'s global state (when numpy is loaded), JavaScript\'s Math.random. The same seed in the same kernel state replays the cell. Absent: the generators go on as they are. See docs/code.md.').optional(),
+  }),
+  'With `Accept: text/event-stream` the answer is an SSE stream: `stdout` / `stderr` `{"text"}` as the cell prints, `display` (a CodeOutput) for each display and the last value as it comes, `exception` (a CodeError), then one `result` with the CodeResult, or one `error` with an Error body.',
+);
+
+export const CodeOutput = named(
+  'CodeOutput',
+  z.strictObject({
+    is_main_result: described(z.boolean(), 'True for the value of the cell\'s last expression; false for a display (a shown figure, display()).'),
+    data: described(z.record(z.string(), z.unknown()), 'A MIME bundle: text/plain always, and what the value renders as (image/png and image/svg+xml base64/text, text/html, application/json, text/latex, text/markdown, e2b/chart for a matplotlib figure\'s data).'),
+  }),
+);
+
+export const CodeError = named(
+  'CodeError',
+  z.strictObject({ name: z.string(), value: z.string(), traceback: described(z.string(), 'Plain text (no terminal colours).') }),
+  'An exception the cell raised: its class, message and traceback.',
+);
+
+export const CodeResult = named(
+  'CodeResult',
+  z.strictObject({
+    context: described(z.string().nullable(), 'The context the cell ran in.'),
+    results: z.array(CodeOutput),
+    stdout: z.string(),
+    stderr: z.string(),
+    error: CodeError.nullable(),
+    execution_count: described(z.number().int().nullable(), 'The context\'s cell counter (IPython\'s In [n]).'),
+    timed_out: described(z.boolean(), 'The cell ran past timeout_secs and was interrupted; error is then the interruption.'),
+    duration_ms: z.number().int(),
+    seed: described(z.string().nullable(), 'The seed given, or null.'),
+  }),
+);
+
+export const CodeContext = named(
+  'CodeContext',
+  z.strictObject({ id: z.string(), language: z.string(), cwd: z.string() }),
+  'A kernel with its own state and working directory.',
+);
+
+export const CodeContextList = named('CodeContextList', z.strictObject({ contexts: z.array(CodeContext) }));
+
+export const CreateCodeContext = named(
+  'CreateCodeContext',
+  z.strictObject({
+    language: CodeLanguage.optional(),
+    cwd: described(z.string().min(1).max(4096), 'Its working directory (must exist); default the home (/root, or /home/user where there is one).').optional(),
+  }),
+);
+
+export const CodeStreamText = z.strictObject({ text: z.string() });

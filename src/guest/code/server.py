@@ -511,6 +511,8 @@ class Handler(BaseHTTPRequestHandler):
 
         cell = ctx.cell(code, env, seed)
         try:
+            if mime:
+                line({"type": "context", "id": ctx.id, "language": ctx.language})
             for kind, payload in cell:
                 now = time.monotonic()
                 if kind == "idle_tick":
