@@ -1092,13 +1092,14 @@ export const EmptyQuery = z.strictObject({});
 
 /** A code context's id: the server in the guest names each with a UUID. */
 export const CODE_CONTEXT_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
-const CodeLanguage = described(z.enum(['python', 'javascript']), 'The kernel\'s language: `python` (IPython, in the python image) or `javascript` (Node.js, in the node image).');
+/** A fresh schema per use, so each can carry its own description. */
+const codeLanguage = (what: string) => described(z.enum(['python', 'javascript']), `The kernel's language, \`python\` (IPython) or \`javascript\` (Node.js). ${what}`);
 
 export const RunCodeRequest = named(
   'RunCodeRequest',
   z.strictObject({
     code: described(z.string().max(1024 * 1024), 'The cell\'s source.'),
-    language: described(CodeLanguage, 'Runs in that language\'s default context (made on first use). Absent (and no context): the image\'s first kernel, python where there is one.').optional(),
+    language: codeLanguage('Runs in that language\'s default context (made on first use). Absent (and no context): the image\'s first kernel, python where there is one.').optional(),
     context: described(z.string().regex(CODE_CONTEXT_RE, { message: 'context must be a context id (a UUID) from GET /v1/sandboxes/{id}/code/contexts' }), 'A context made with POST /v1/sandboxes/{id}/code/contexts; not with language.').optional(),
     env: described(z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()), 'Environment variables for this cell only (set before it, removed after).').optional(),
     timeout_secs: described(z.number().positive().max(3600), 'Seconds the cell may run before it is interrupted (timed_out in the result); default 300, max 3600.').optional(),
@@ -1147,7 +1148,7 @@ export const CodeContextList = named('CodeContextList', z.strictObject({ context
 export const CreateCodeContext = named(
   'CreateCodeContext',
   z.strictObject({
-    language: CodeLanguage.optional(),
+    language: codeLanguage('Default: the image\'s first kernel, python where there is one.').optional(),
     cwd: described(z.string().min(1).max(4096), 'Its working directory (must exist); default the home (/root, or /home/user where there is one).').optional(),
   }),
 );
