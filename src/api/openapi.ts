@@ -57,6 +57,7 @@ const PARAM_DESCRIPTIONS: Record<string, string> = {
   token: 'The signed token of a port URL (from POST /v1/sandboxes/{id}/port-urls).',
   pid: 'A background process: its guest pid (from POST /v1/sandboxes/{id}/processes).',
   key: 'An API key id (key_…, from GET /v1/keys).',
+  context: 'A code context id, a UUID (from GET /v1/sandboxes/{id}/code/contexts; anything else is 404 context_not_found).',
   path: 'The rest of the path, forwarded as sent (may be empty and may contain slashes); the query string follows it.',
 };
 
@@ -65,6 +66,7 @@ const PARAM_SCHEMAS: Record<string, Json> = {
   snapshot: { type: 'string', pattern: '^snap_[0-9a-f]{16}$' },
   port: { type: 'integer', minimum: 1, maximum: 65535 },
   pid: { type: 'integer', minimum: 1 },
+  context: { type: 'string', format: 'uuid' },
 };
 
 function parameters(route: RouteSpec): Json[] {

@@ -922,3 +922,68 @@ export type Health = {
     lease: boolean;
   };
 };
+
+/** With `Accept: text/event-stream` the answer is an SSE stream: `stdout` / `stderr` `{"text"}` as the cell prints, `display` (a CodeOutput) for each display and the last value as it comes, `exception` (a CodeError), then one `result` with the CodeResult, or one `error` with an Error body. */
+export type RunCodeRequest = {
+  /** The cell's source. */
+  code: string;
+  /** The kernel's language, `python` (IPython) or `javascript` (Node.js). Runs in that language's default context (made on first use). Absent (and no context): the image's first kernel, python where there is one. */
+  language?: "python" | "javascript";
+  /** A context made with POST /v1/sandboxes/{id}/code/contexts; not with language. */
+  context?: string;
+  /** Environment variables for this cell only (set before it, removed after). */
+  env?: Record<string, string>;
+  /** Seconds the cell may run before it is interrupted (timed_out in the result); default 300, max 3600. */
+  timeout_secs?: number;
+  /** Reseeds the language's own generators before the cell, as a decimal u64: Python's random and numpy.random's global state (when numpy is loaded), JavaScript's Math.random. The same seed in the same kernel state replays the cell. Absent: the generators go on as they are. See docs/code.md. */
+  seed?: string;
+};
+
+export type CodeOutput = {
+  /** True for the value of the cell's last expression; false for a display (a shown figure, display()). */
+  is_main_result: boolean;
+  /** A MIME bundle: text/plain always, and what the value renders as (image/png and image/svg+xml base64/text, text/html, application/json, text/latex, text/markdown, e2b/chart for a matplotlib figure's data). */
+  data: Record<string, unknown>;
+};
+
+/** An exception the cell raised: its class, message and traceback. */
+export type CodeError = {
+  name: string;
+  value: string;
+  /** Plain text (no terminal colours). */
+  traceback: string;
+};
+
+export type CodeResult = {
+  /** The context the cell ran in. */
+  context: string | null;
+  results: CodeOutput[];
+  stdout: string;
+  stderr: string;
+  error: CodeError | null;
+  /** The context's cell counter (IPython's In [n]). */
+  execution_count: number | null;
+  /** The cell ran past timeout_secs and was interrupted; error is then the interruption. */
+  timed_out: boolean;
+  duration_ms: number;
+  /** The seed given, or null. */
+  seed: string | null;
+};
+
+/** A kernel with its own state and working directory. */
+export type CodeContext = {
+  id: string;
+  language: string;
+  cwd: string;
+};
+
+export type CodeContextList = {
+  contexts: CodeContext[];
+};
+
+export type CreateCodeContext = {
+  /** The kernel's language, `python` (IPython) or `javascript` (Node.js). Default: the image's first kernel, python where there is one. */
+  language?: "python" | "javascript";
+  /** Its working directory (must exist); default the home (/root, or /home/user where there is one). */
+  cwd?: string;
+};

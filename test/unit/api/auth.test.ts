@@ -6,7 +6,8 @@ import { assertErrorBody, fixture, type Fixture } from './helpers.js';
 
 const SOME_ID = 'sbx_0123456789ab';
 const urlOf = (path: string, id = SOME_ID) =>
-  path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id).replace(':port', '8000').replace(':pid', '100').replace(/\*$/, 'index.html');
+  path.replace(':id', path.startsWith('/v1/templates') ? 'python' : id).replace(':port', '8000').replace(':pid', '100')
+    .replace(':context', '00000000-0000-4000-8000-000000000000').replace(/\*$/, 'index.html');
 /** The ports proxy answers any method; GET stands for all of them. */
 const methodOf = (m: string) => (m === 'ANY' ? 'GET' : m);
 
@@ -105,7 +106,7 @@ describe('tenant isolation', () => {
           execSandbox: { command: 'echo hi' }, forkSandbox: { count: 1 }, createPortUrl: { port: 8000 }, setSandboxTimeout: { timeout_secs: 1 }, setSandboxEgress: { egress: 'allow' },
           startProcess: { command: 'sleep 9' }, signalProcess: { signal: 'SIGTERM' }, resizeProcess: { cols: 80, rows: 24 },
           makeDirectory: { path: '/stolen' }, removePath: { path: '/secret' }, renamePath: { from: '/secret', to: '/stolen' },
-          restoreSandbox: { snapshot: 'snap_0000000000000000' }, createSnapshot: {},
+          restoreSandbox: { snapshot: 'snap_0000000000000000' }, createSnapshot: {}, runCode: { code: '1' },
         }[route.operationId];
         const query = route.path.endsWith('/files') || (route.path.includes('/fs/') && route.method === 'GET') ? '?path=/secret' : '';
         for (const accept of route.sse ? ['application/json', 'text/event-stream'] : ['application/json']) {
