@@ -117,7 +117,8 @@ export class CodeInterpreter {
         const res = await this.send(scope, id, 'POST', '/execute?format=mime', body, CONTROL_TIMEOUT_MS, abort.signal);
         if (res.statusCode !== 200) throw guestError(id, { status: res.statusCode ?? 502, body: await text(res) }, req.context);
         let ended = false;
-        for await (const line of lines(res)) {
+        const died = () => new CollimateError('code_unavailable', `The code interpreter of sandbox ${id} stopped answering before the cell ended (its server or kernel died); the context's state may be lost.`);
+        for await (const line of lines(res, died)) {
           const ev = parseLine(line);
           if (!ev) continue;
           switch (ev.type) {
@@ -140,7 +141,7 @@ export class CodeInterpreter {
             }
           }
         }
-        if (!ended) throw new CollimateError('code_unavailable', `The code interpreter of sandbox ${id} stopped answering before the cell ended (its server or kernel died); the context's state may be lost.`);
+        if (!ended) throw died();
       });
     } catch (err) {
       if (handlers.signal?.aborted) throw new CollimateError('validation_error', 'The cell was interrupted: its client went away.', { cause: err });
@@ -271,16 +272,21 @@ async function text(res: IncomingMessage): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
-async function* lines(res: IncomingMessage): AsyncGenerator<string> {
+/** The answer's lines as they come; a connection cut mid-answer is `cut()`. */
+async function* lines(res: IncomingMessage, cut: () => Error): AsyncGenerator<string> {
   res.setEncoding('utf8'); // a character split across chunks is decoded whole
   let pending = '';
-  for await (const chunk of res) {
-    pending += chunk as string;
-    let nl: number;
-    while ((nl = pending.indexOf('\n')) >= 0) {
-      yield pending.slice(0, nl);
-      pending = pending.slice(nl + 1);
+  try {
+    for await (const chunk of res) {
+      pending += chunk as string;
+      let nl: number;
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        yield pending.slice(0, nl);
+        pending = pending.slice(nl + 1);
+      }
     }
+  } catch (err) {
+    throw Object.assign(cut(), { cause: err });
   }
   if (pending.trim()) yield pending;
 }

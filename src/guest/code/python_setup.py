@@ -1,6 +1,6 @@
 # Run silently in every new Python context (server.py): a matplotlib figure shown in a cell also
 # carries its data as `e2b/chart` (E2B's `result.chart`), read from the figure's artists. matplotlib
-# is not imported here: the printer is registered once a cell has loaded it.
+# is not imported here: only a figure a cell shows is read.
 def _collimate_register_chart():
     import sys
     import types
@@ -10,13 +10,6 @@ def _collimate_register_chart():
     ip = IPython.get_ipython()
     if ip is None:
         return
-    from IPython.core.formatters import BaseFormatter
-    from traitlets import ObjectName, Unicode
-
-    class ChartFormatter(BaseFormatter):
-        format_type = Unicode("e2b/chart")
-        print_method = ObjectName("_repr_e2b_chart_")
-        _return_type = (dict,)
 
     def num(v):
         try:
@@ -76,18 +69,21 @@ def _collimate_register_chart():
         except Exception:  # noqa: BLE001 - a figure we cannot read still shows as its image
             return None
 
-    formatter = ChartFormatter(parent=ip.display_formatter)
-    ip.display_formatter.formatters["e2b/chart"] = formatter
+    # A wrapper of the display formatter rather than a printer registered for Figure: matplotlib's
+    # inline backend drops every Figure printer when pyplot is set up, in the cell that imports it.
+    formatter = ip.display_formatter
+    plain_format = formatter.format
 
-    def register_figures():
-        # matplotlib's inline backend drops every printer of Figure when pyplot is set up (in the cell
-        # that imports it), so the printer is put back after each cell, before the backend's own
-        # post-execute hook (registered later, by that cell) shows the cell's figures.
-        figure = sys.modules.get("matplotlib.figure")
-        if figure is not None and figure.Figure not in formatter.type_printers:
-            formatter.for_type(figure.Figure, safe_chart)
+    def format_with_chart(obj, include=None, exclude=None):
+        data, metadata = plain_format(obj, include=include, exclude=exclude)
+        kind = type(obj)
+        if kind.__name__ == "Figure" and kind.__module__ == "matplotlib.figure" and (include is None or "e2b/chart" in include):
+            found = safe_chart(obj)
+            if found is not None:
+                data["e2b/chart"] = found
+        return data, metadata
 
-    ip.events.register("post_execute", register_figures)
+    formatter.format = format_with_chart
 
     helpers = types.ModuleType("_collimate")
     helpers.chart = chart

@@ -41,7 +41,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT = int(os.environ.get("COLLIMATE_CODE_PORT", "49999"))
 HERE = os.path.dirname(os.path.abspath(__file__))
-BUSY_FILE = os.path.join(HERE, "busy")
+# Where the server says how it is doing (ready, busy): beside it unless told (tests on a host).
+STATE_DIR = os.environ.get("COLLIMATE_CODE_STATE_DIR", HERE)
+BUSY_FILE = os.path.join(STATE_DIR, "busy")
 # Seconds between keepalive lines while a cell is silent: a write is how a vanished client is noticed.
 KEEPALIVE_SECS = 5
 KERNEL_START_SECS = float(os.environ.get("COLLIMATE_CODE_KERNEL_START_SECS", "180"))
@@ -151,7 +153,7 @@ class PythonKernel:
         from jupyter_client.manager import KernelManager
         self.km = KernelManager(kernel_name="python3")
         env = dict(os.environ)
-        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT"):
+        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT", "COLLIMATE_CODE_STATE_DIR"):
             env.pop(k, None)
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         # ipykernel's debugger (debugpy) otherwise warns on stderr about frozen modules at every start.
@@ -230,7 +232,7 @@ class NodeKernel:
     def start(self):
         r, w = os.pipe()
         env = dict(os.environ)
-        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT"):
+        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT", "COLLIMATE_CODE_STATE_DIR"):
             env.pop(k, None)
         env["COLLIMATE_KERNEL_FD"] = str(w)
         self.proc = subprocess.Popen(["node", os.path.join(HERE, "kernel.js")], cwd=self.cwd, env=env, stdin=subprocess.PIPE,
@@ -546,7 +548,7 @@ def main():
     langs = languages()
     if langs:
         default_context(langs[0])
-    with open(os.path.join(HERE, "ready"), "w") as f:
+    with open(os.path.join(STATE_DIR, "ready"), "w") as f:
         f.write(",".join(langs))
     server.serve_forever()
 
