@@ -9,6 +9,7 @@
  * server already running is left alone.
  */
 import { readFileSync } from 'node:fs';
+import { request } from 'node:http';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { sha256Hex } from '../host/hash.js';
@@ -70,4 +71,27 @@ export function codeServerScript(): string {
     'done',
     '',
   ].join('\n');
+}
+
+/**
+ * Runs one silent cell (not counted, nothing shown) in the default context of the code interpreter
+ * at `host`, if one listens: under TCG a new QEMU process translates every guest path afresh, so the
+ * first cell after a restore costs most of a second; a pool pays it before the sandbox is claimed.
+ * Resolves false when no server answers (a template without one) or the cell did not finish in time.
+ */
+export function warmCodeInterpreter(host: string, { port = CODE_PORT, timeoutMs = 30_000 } = {}): Promise<boolean> {
+  const body = JSON.stringify({ code: '1+1', silent: true });
+  return new Promise((resolve) => {
+    const req = request({ host, port, method: 'POST', path: '/execute', agent: false, timeout: timeoutMs,
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => { text += c; });
+      res.on('end', () => resolve(res.statusCode === 200 && text.includes('"end_of_execution"')));
+      res.on('error', () => resolve(false));
+    });
+    req.on('timeout', () => req.destroy());
+    req.on('error', () => resolve(false));
+    req.end(body);
+  });
 }

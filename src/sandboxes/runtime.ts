@@ -9,6 +9,7 @@ import { jailerFor, releaseJail, sealShared } from '../vmm/jail.js';
 import { isRunning } from '../host/claims.js';
 import { launchVmm } from '../vmm/launch.js';
 import { netFor } from '../net/netns.js';
+import { warmCodeInterpreter } from '../guest/codeServer.js';
 import { homePaths } from '../host/paths.js';
 import { machineSpec, vmmFiles, type MachineShape } from '../vmm/machine.js';
 import type { VmSpec } from '../vmm/argv.js';
@@ -262,6 +263,8 @@ export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<
   const live = await restoreCheckpoint(pending, deviceState, pending.id);
   try {
     await live.agent.exec({ commands: [['true']], timeoutMs: 30_000 }, { timeoutMs: 60_000 });
+    // And the code interpreter's path, where the template baked one (docs/code.md).
+    if (pending.record.net) await warmCodeInterpreter(pending.record.net.nsIp);
     await live.vmm.qmp.execute('stop');
   } catch (e) {
     live.agent.close();

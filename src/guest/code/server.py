@@ -320,8 +320,9 @@ class Context:
     def view(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
-    def cell(self, code, env=None, seed=None):
-        """Runs one cell, yielding (kind, payload); before it, silently, the env and seed snippets."""
+    def cell(self, code, env=None, seed=None, silent=False):
+        """Runs one cell, yielding (kind, payload); before it, silently, the env and seed snippets.
+        A silent cell is not counted and shows nothing (the host's warm-up of a pooled sandbox)."""
         with self.lock:
             _set_busy(1)
             try:
@@ -330,12 +331,12 @@ class Context:
                         if pre:
                             for _ in self.kernel.run(pre, silent=True):
                                 pass
-                    yield from self.kernel.run(code)
+                    yield from self.kernel.run(code, silent=silent)
                 else:
                     if env:
                         self.kernel.proc.stdin.write((json.dumps({"op": "env", "env": env}) + "\n").encode())
                         self.kernel.proc.stdin.flush()
-                    yield from self.kernel.run(code, seed=seed)
+                    yield from self.kernel.run(code, silent=silent, seed=seed)
             finally:
                 _set_busy(-1)
 
@@ -511,7 +512,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
-        cell = ctx.cell(code, env, seed)
+        cell = ctx.cell(code, env, seed, silent=b.get("silent") is True)
         try:
             if mime:
                 line({"type": "context", "id": ctx.id, "language": ctx.language})

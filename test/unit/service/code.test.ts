@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CodeInterpreter } from '../../../src/service/code.ts';
+import { warmCodeInterpreter } from '../../../src/guest/codeServer.ts';
 import type { Sandboxes } from '../../../src/service/sandboxes.ts';
 import { CollimateError } from '../../../src/errors.ts';
 import type { Scope } from '../../../src/service/types.ts';
@@ -95,6 +96,13 @@ test('the first cells start the server once, then state carries across cells', a
   assert.equal(c.context, a.context);
   assert.match(String(c.context), /^[0-9a-f-]{36}$/);
   assert.equal(c.execution_count, 3);
+});
+
+test('a pool\'s warm-up cell is silent: it runs in the default context without counting or showing', async () => {
+  const before = (await code.run(scope, ID, { code: 'total', language: 'javascript' })).execution_count!;
+  assert.equal(await warmCodeInterpreter('127.0.0.1', { port }), true);
+  assert.equal(await warmCodeInterpreter('127.0.0.1', { port: await freePort() }), false, 'no server: nothing to warm');
+  assert.equal((await code.run(scope, ID, { code: 'total', language: 'javascript' })).execution_count, before + 1);
 });
 
 test('output streams to the handlers in order, and the result holds it all', async () => {
