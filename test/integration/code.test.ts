@@ -161,7 +161,7 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
     assert.equal(made.status, 201, made.text);
     assert.equal(made.json.cwd, '/tmp');
     const ctx = made.json.id;
-    assert.equal(await value(id, 'import os; os.getcwd()', { context: ctx }), '/tmp');
+    assert.equal(await value(id, 'import os; os.getcwd()', { context: ctx }), "'/tmp'");
     const missing = await run(id, { code: 'x', context: ctx });
     assert.equal(missing.error.name, 'NameError');
     assert.equal(await value(id, 'y = 7; y', { context: ctx }), '7');
