@@ -35,7 +35,8 @@ export interface RegisterMcpOptions {
 const INSTRUCTIONS =
   'Collimate runs code in isolated Linux microVM sandboxes. Typical flow: list_images → create_sandbox ' +
   '(template "base") → exec (repeat; files and processes persist) → fork_sandbox to branch a prepared ' +
-  'state into several live copies → delete_sandbox every sandbox you created. Errors start with a ' +
+  'state into several live copies → delete_sandbox every sandbox you created. For data work, create ' +
+  'from template "python" and use run_code: a stateful IPython kernel whose plots come back as images. Errors start with a ' +
   'stable code such as invalid_state or concurrency_limit, followed by how to fix it.';
 
 function sendError(reply: FastifyReply, err: CollimateError, headers: Record<string, string> = {}): void {

@@ -14,6 +14,7 @@ import { parseWith, toClientError } from '../wire/errors.js';
 import * as S from '../wire/schemas.js';
 import { execResultView, fileEntryView, sandboxView, snapshotView, templateView } from '../wire/views.js';
 import { MAX_FORK_COUNT, type FileChange, type WatchEndReason } from '../sandboxes/types.js';
+import { codeResultContent } from './codeContent.js';
 
 export interface ToolContext {
   tenants: TenantService;
@@ -31,6 +32,8 @@ const sandboxId = z.string().max(100).describe('Sandbox id, e.g. sbx_9f2a1c7b3e4
 const snapshotId = z.string().max(64).describe('Snapshot id, e.g. snap_4c1d9a0e7b2f3a65 (from snapshot_sandbox or list_snapshots).');
 const labels = S.Labels.optional().describe('Key/value labels, e.g. {"task": "t1"}; filter on them with list_sandboxes.');
 const E = S.ExecRequest.shape;
+const C = S.RunCodeRequest.shape;
+const codeContext = S.RunCodeRequest.shape.context.unwrap().describe('A code context id (a UUID, from create_code_context or list_code_contexts).');
 
 export const INPUTS = {
   list_images: z.strictObject({}),
@@ -191,6 +194,23 @@ export const INPUTS = {
     pid: z.number().int().min(1).describe('The process.'),
     timeout_secs: S.ProcessWaitRequest.shape.timeout.describe('Seconds to wait for it to exit (default 30, max 300); it is returned still running if it has not.'),
   }),
+  run_code: z.strictObject({
+    sandbox_id: sandboxId,
+    code: C.code.describe('The cell\'s source, e.g. "import pandas as pd\\ndf = pd.read_csv(\'/root/data.csv\')\\ndf.describe()".'),
+    language: C.language.describe('"python" or "javascript": runs in that language\'s default context. Absent (and no context): python where the image has it.'),
+    context: codeContext.optional().describe('Run in this context (from create_code_context) instead of the language\'s default one; not with language.'),
+    env: C.env.describe('Environment variables for this cell only.'),
+    timeout_secs: C.timeout_secs.describe('Seconds before the cell is interrupted (default 300, max 3600); the kernel and its state stay.'),
+    seed: C.seed.describe('Reseeds Python\'s random and numpy.random (or JavaScript\'s Math.random) before the cell, as a decimal u64: the same seed in the same state replays the cell.'),
+  }),
+  list_code_contexts: z.strictObject({ sandbox_id: sandboxId }),
+  create_code_context: z.strictObject({
+    sandbox_id: sandboxId,
+    language: S.CreateCodeContext.shape.language.describe('"python" (default where the image has it) or "javascript".'),
+    cwd: S.CreateCodeContext.shape.cwd.describe('Its working directory, which must exist (default the home, /root).'),
+  }),
+  restart_code_context: z.strictObject({ sandbox_id: sandboxId, context: codeContext }),
+  delete_code_context: z.strictObject({ sandbox_id: sandboxId, context: codeContext }),
 } as const;
 
 const WatchResult = z.strictObject({
@@ -294,6 +314,18 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
   send_process_input: 'Write text to the standard input of a background process started with stdin: true or pty (e.g. a command typed into a shell: "ls\\n"), and optionally close it. Returns {pid, written, stdin_closed}.',
   signal_process: 'Send a signal to a background process and its children (its process group): "SIGTERM" to ask it to stop, "SIGINT" like Ctrl-C, "SIGKILL" to force. Returns the process.',
   wait_process: 'Wait for a background process to exit, up to timeout_secs. Returns the process: status "exited" with exit_code (128+N if killed by signal N), or still "running".',
+  run_code:
+    'Run a cell of Python or JavaScript in a stateful kernel of a running sandbox, like a notebook: variables, imports and loaded data stay for the next call. ' +
+    'Use the "python" template (IPython with numpy, pandas, matplotlib) or "node". The text content is what a notebook shows: stdout, stderr, the last expression\'s value (Out[n]), ' +
+    'displays, and an exception\'s name, value and traceback (an exception is the cell\'s result, not a tool error); each plot (plt.show(), a figure as the last value) comes as image content. ' +
+    'structuredContent is the full result {context, results: [{is_main_result, data: {mime: value}}], stdout, stderr, error, execution_count, timed_out, duration_ms, seed}, ' +
+    'with image data pointing to the image content. Cells of one context run one at a time.',
+  list_code_contexts: 'List a sandbox\'s code contexts (kernels): {contexts: [{id, language, cwd}]}: the default one of each language used so far and those made with create_code_context.',
+  create_code_context:
+    'Start a code context: a kernel of its own with its own variables and working directory, beside the default one. Returns {id, language, cwd}; pass the id to run_code as `context`. ' +
+    'Each context is a process holding memory in the sandbox: delete_code_context when done.',
+  restart_code_context: 'Restart a code context\'s kernel: its variables and imports are gone (a stuck or broken kernel starts clean), its id and cwd stay. Returns the context.',
+  delete_code_context: 'Stop a code context\'s kernel and free its memory. Returns {id, deleted: true}.',
 };
 
 function ok(value: Record<string, unknown>): CallToolResult {
@@ -305,6 +337,7 @@ const TOOL_OF: Partial<Record<string, keyof typeof INPUTS>> = {
   listSandboxes: 'list_sandboxes', suspendSandbox: 'suspend_sandbox', resumeSandbox: 'resume_sandbox', deleteSandbox: 'delete_sandbox',
   listProcesses: 'list_processes', listImages: 'list_images', listTemplates: 'list_images', createPortUrl: 'expose_port',
   listSnapshots: 'list_snapshots', deleteSnapshot: 'delete_snapshot', createSnapshot: 'snapshot_sandbox', createSandbox: 'start_from_snapshot',
+  listCodeContexts: 'list_code_contexts', createCodeContext: 'create_code_context',
 };
 export const mcpNames: DoorNames = ({ op }) => (TOOL_OF[op] ? `the ${TOOL_OF[op]} tool` : undefined);
 
@@ -330,6 +363,8 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
     outputSchema: z.ZodObject | undefined,
     annotations: { readOnlyHint?: boolean; destructiveHint?: boolean; idempotentHint?: boolean },
     run: (args: z.infer<(typeof INPUTS)[K]>, extra: { sendProgress?: (progress: number, message: string) => void }) => Promise<Record<string, unknown>> | Record<string, unknown>,
+    /** How the value becomes the result: JSON text and structuredContent unless the tool says otherwise. */
+    render: (value: any) => CallToolResult = ok,
   ) => {
     server.registerTool(
       name,
@@ -342,7 +377,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
               ? undefined
               : (progress: number, message: string) =>
                   void extra.sendNotification({ method: 'notifications/progress', params: { progressToken: token, progress, message } }).catch(() => {});
-          return ok(await run(args, { sendProgress }));
+          return render(await run(args, { sendProgress }));
         } catch (err) {
           return errorResult(toClientError(err, ctx.log));
         }
@@ -529,6 +564,34 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   tool('rename_path', S.FileEntry, { readOnlyHint: false, destructiveHint: true }, async (a) =>
     fileEntryView(await tenants.sandboxes.fsRename(scope, sandboxIdOf(a.sandbox_id), a.from, a.to)),
   );
+
+  tool('run_code', S.CodeResult, { readOnlyHint: false, destructiveHint: true }, async (a, extra) => {
+    const { sandbox_id, timeout_secs, ...req } = a;
+    let chars = 0;
+    const progress = extra.sendProgress
+      ? (text: string) => {
+          chars += text.length;
+          extra.sendProgress!(chars, text);
+        }
+      : undefined;
+    const result = await tenants.code.run(scope, sandboxIdOf(sandbox_id), { ...req, timeoutSecs: timeout_secs }, progress ? { onStdout: progress, onStderr: progress } : undefined);
+    return { ...result };
+  }, codeResultContent);
+
+  tool('list_code_contexts', S.CodeContextList, { readOnlyHint: true }, async (a) => ({ contexts: await tenants.code.contexts(scope, sandboxIdOf(a.sandbox_id)) }));
+
+  tool('create_code_context', S.CodeContext, { readOnlyHint: false, destructiveHint: false }, async (a) => ({
+    ...(await tenants.code.createContext(scope, sandboxIdOf(a.sandbox_id), { language: a.language, cwd: a.cwd })),
+  }));
+
+  tool('restart_code_context', S.CodeContext, { readOnlyHint: false, destructiveHint: true }, async (a) => ({
+    ...(await tenants.code.restartContext(scope, sandboxIdOf(a.sandbox_id), a.context)),
+  }));
+
+  tool('delete_code_context', Deleted, { readOnlyHint: false, destructiveHint: true, idempotentHint: true }, async (a) => {
+    await tenants.code.deleteContext(scope, sandboxIdOf(a.sandbox_id), a.context);
+    return { id: a.context, deleted: true };
+  });
 
   tool('watch_directory', WatchResult, { readOnlyHint: true }, async (a) => {
     const events: FileChange[] = [];

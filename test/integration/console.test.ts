@@ -3,7 +3,8 @@
  * against `collimate serve`'s /console on a real engine. Signs in with a key; sees a sandbox created
  * through the API appear within 2 s without a reload; forks it into 3 from the page and sees the tree
  * grow to 4 nodes; types into the web terminal and reads the answer on screen; uploads a file and reads
- * it back with an exec; suspends and resumes from the page; charts a sandbox's CPU and memory as its
+ * it back with an exec; runs python cells (a value as text, a matplotlib figure as an image, HTML
+ * only inside a sandboxed frame); suspends and resumes from the page; charts a sandbox's CPU and memory as its
  * samples arrive, and keeps the history while it is suspended; a second tenant sees none of the first's
  * sandboxes; a key revoked from the keys page is signed out; an environment created from the page
  * streams its bake log until it is ready. Each test saves a screenshot under
@@ -133,7 +134,7 @@ before(async () => {
   mkdirSync(OUTPUT, { recursive: true });
   await promisify(execFile)(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts/build-console.ts')], { cwd: ROOT });
   home = testHome('console');
-  engine = await openEngine(home, { poolSize: 2 });
+  engine = await openEngine(home, { poolSize: 2, catalog: ['base', 'python'] });
   images = new ImageService({ host: engine, db: engine.db, importDir: join(home, 'imports'), storeDir: join(home, 'store'), poolSize: 1 });
   await images.restore();
   api = await serveEngine(engine, { images });
@@ -244,6 +245,46 @@ browserTest('a file uploaded from the page reads back through an exec', { timeou
   const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
   assert.equal(r.stdout, content);
   await shot(page, 'files');
+});
+
+browserTest("python cells: a value as text, a matplotlib figure as an image, HTML only in a frame sandboxed from the console's origin", { timeout: SLOW }, async () => {
+  const py = (await rest('POST', '/v1/sandboxes', acmeKey, { template: 'python' })).id;
+  try {
+    const page = await signedIn(acmeKey);
+    await page.goto(`${base}/console/#/sandboxes/${py}`);
+    await page.locator('#state', { hasText: 'running' }).waitFor();
+    assert.equal(await page.locator('#code-language').inputValue(), 'python');
+    /** Runs a cell with Ctrl+Enter and waits for its end: the submit marks the outputs running before the key press returns. */
+    const cell = async (code: string) => {
+      await page.locator('#code-input').fill(code);
+      await page.locator('#code-input').press('Control+Enter');
+      await page.waitForFunction(() => (document.querySelector('#code-outputs') as HTMLElement | null)?.dataset.state !== 'running', null, { timeout: SLOW });
+      const outputs = page.locator('#code-outputs');
+      assert.equal(await outputs.getAttribute('data-state'), 'done', `${code}: ${await outputs.innerText()} ${await page.locator('#main p.error').allInnerTexts()}`);
+      return Number(await outputs.getAttribute('data-count'));
+    };
+
+    const first = await cell('1+1');
+    assert.ok(first >= 1, `execution count ${first}`);
+    assert.equal(await page.locator('#code-count').textContent(), `In [${first}]:`);
+    assert.match(await page.locator('#code-outputs .code-output').innerText(), new RegExp(`^Out\\[${first}\\]:\\s+2$`));
+
+    assert.equal(await cell('import matplotlib.pyplot as plt; plt.plot([1,2]); plt.show()'), first + 1, 'the same kernel counts on');
+    const img = page.locator('#code-outputs img.code-image');
+    assert.match((await img.getAttribute('src')) ?? '', /^data:image\/png;base64,iVBORw0KGgo/);
+    // Decoded by the browser: a figure-sized bitmap.
+    await page.waitForFunction(() => (document.querySelector('#code-outputs img.code-image') as any)?.naturalWidth > 100, null, { timeout: 10_000 });
+    await shot(page, 'code-plot');
+
+    await cell(`from IPython.display import HTML; HTML('<b id="from-cell">bold</b><script>parent.document.title = "pwned"</script>')`);
+    const frame = page.locator('#code-outputs iframe.code-html');
+    assert.equal(await frame.getAttribute('sandbox'), '', 'a frame with no permissions');
+    assert.equal(await page.frameLocator('#code-outputs iframe.code-html').locator('#from-cell').textContent(), 'bold');
+    assert.equal(await page.locator('#from-cell').count(), 0, "the cell's markup is not in the console's document");
+    assert.notEqual(await page.title(), 'pwned', "the cell's script did not run");
+  } finally {
+    await rest('DELETE', `/v1/sandboxes/${py}`, acmeKey);
+  }
 });
 
 browserTest('suspend and resume from the page', { timeout: SLOW }, async () => {

@@ -811,6 +811,7 @@ function foreignArgs(name: string, sandbox_id: string): Record<string, unknown> 
     make_directory: { path: '/tmp/d' }, remove_path: { path: '/tmp/d' }, rename_path: { from: '/tmp/a', to: '/tmp/b' }, watch_directory: { path: '/tmp', duration_secs: 0.1 },
     start_process: { command: 'true' }, read_process_output: { pid: 1 }, send_process_input: { pid: 1, input: 'x' }, signal_process: { pid: 1, signal: 'SIGTERM' }, wait_process: { pid: 1, timeout_secs: 0 },
     restore_sandbox: { snapshot_id: 'snap_0000000000000000' },
+    run_code: { code: '1' }, restart_code_context: { context: '00000000-0000-4000-8000-000000000000' }, delete_code_context: { context: '00000000-0000-4000-8000-000000000000' },
   };
   return { sandbox_id, ...(more[name] ?? {}) };
 }

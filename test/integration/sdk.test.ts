@@ -438,9 +438,10 @@ test('MCP: the official client lists the tools and drives create → exec → fo
     assert.deepEqual(
       tools.map((t) => t.name).sort(),
       [
-        'create_sandbox', 'delete_sandbox', 'delete_snapshot', 'exec', 'expose_port', 'fork_sandbox', 'get_sandbox', 'list_directory', 'list_images',
-        'list_processes', 'list_sandboxes', 'list_snapshots', 'make_directory', 'path_exists', 'promote_snapshot', 'read_file', 'read_process_output', 'remove_path',
-        'rename_path', 'restore_sandbox', 'resume_sandbox', 'send_process_input', 'set_sandbox_timeout', 'signal_process', 'snapshot_sandbox',
+        'create_code_context', 'create_sandbox', 'delete_code_context', 'delete_sandbox', 'delete_snapshot', 'exec', 'expose_port', 'fork_sandbox',
+        'get_sandbox', 'list_code_contexts', 'list_directory', 'list_images', 'list_processes', 'list_sandboxes', 'list_snapshots', 'make_directory',
+        'path_exists', 'promote_snapshot', 'read_file', 'read_process_output', 'remove_path', 'rename_path', 'restart_code_context',
+        'restore_sandbox', 'resume_sandbox', 'run_code', 'send_process_input', 'set_sandbox_timeout', 'signal_process', 'snapshot_sandbox',
         'start_from_snapshot', 'start_process', 'stat_path', 'suspend_sandbox', 'wait_process', 'watch_directory', 'write_file',
       ],
     );

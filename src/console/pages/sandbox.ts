@@ -2,12 +2,14 @@
  * One sandbox: its details, the fork lineage of the whole tree it belongs to (and the snapshot it was
  * started from), its snapshots (take one; start sandboxes from one, roll back to one — confirmed —,
  * delete one), actions (exec, fork N, suspend, resume, extend, delete — delete confirmed), its CPU and
- * memory over its life (charts, pages/metrics.ts), a web terminal, a file browser, its ports with
- * signed URLs, and the execs run from this page. Kept live from /v1/events.
+ * memory over its life (charts, pages/metrics.ts), a code cell in its stateful kernel (pages/code.ts),
+ * a web terminal, a file browser, its ports with signed URLs, and the execs run from this page. Kept
+ * live from /v1/events.
  */
 import { allSandboxes, allSnapshots, api, apiBlob, apiBytes, takeSnapshot, type Sandbox, type Snapshot } from '../api.js';
 import { duration, errorBox, fill, h } from '../dom.js';
 import type { Page } from '../app.js';
+import { codeSection } from './code.js';
 import { followSandboxes } from './live.js';
 import { metricsSection } from './metrics.js';
 import { snapshotTable } from './snapshots.js';
@@ -29,6 +31,7 @@ export const sandboxPage: Page = (main, id) => {
   const files = h('div', { id: 'files' });
   const ports = h('div', { id: 'ports' });
   const metrics = metricsSection(sandboxId);
+  const code = codeSection(sandboxId);
   let current: Sandbox | null = null;
   let terminal: WebTerminal | null = null;
   let gone = false;
@@ -46,6 +49,7 @@ export const sandboxPage: Page = (main, id) => {
         h('h2', { id: 'h-snapshots' }, 'Snapshots'), snapshotForm(), snapshots),
     ),
     h('section', { 'aria-labelledby': 'h-metrics' }, h('h2', { id: 'h-metrics' }, 'Metrics'), metrics.el),
+    h('section', { 'aria-labelledby': 'h-code' }, h('h2', { id: 'h-code' }, 'Code'), code.el),
     h('section', { 'aria-labelledby': 'h-exec' },
       h('h2', { id: 'h-exec' }, 'Exec'),
       execForm(),
@@ -74,6 +78,7 @@ export const sandboxPage: Page = (main, id) => {
       renderActions(s);
       renderPorts(s);
       metrics.show(s);
+      code.show(s);
       void loadExecs();
     } catch (e) {
       if ((e as { code?: string }).code === 'sandbox_not_found') {
@@ -81,6 +86,7 @@ export const sandboxPage: Page = (main, id) => {
         fill(details, h('p', { class: 'notice', role: 'status' }, 'This sandbox no longer exists.'));
         fill(actions);
         metrics.show(null);
+        code.show(null);
       } else err.show(e);
     }
     await Promise.all([loadTree(), loadSnapshots()]);
@@ -374,6 +380,7 @@ export const sandboxPage: Page = (main, id) => {
   return () => {
     stop();
     metrics.close();
+    code.close();
     terminal?.close();
   };
 };

@@ -67,7 +67,7 @@ test('tools carry input and output schemas; results are JSON text and structured
   const c = await connect(f.key('tools-t', 'pro'));
   try {
     const { tools } = await c.listTools();
-    assert.equal(tools.length, 32);
+    assert.equal(tools.length, 37);
     for (const t of tools) {
       assert.ok(t.outputSchema, `${t.name} has an output schema`);
       assert.equal(t.inputSchema.additionalProperties, false, `${t.name} rejects unknown arguments`);
