@@ -74,6 +74,8 @@ export interface CodeStreamHandlers {
 
 export const CODE_TIMEOUT_DEFAULT_SECS = 300;
 export const CODE_TIMEOUT_MAX_SECS = 3600;
+/** How long a cell past its timeout has to stop once interrupted. */
+const INTERRUPT_GRACE_MS = 10_000;
 /** How long a request other than a cell (contexts, health) may take; a new Python kernel under TCG takes tens of seconds. */
 const CONTROL_TIMEOUT_MS = 240_000;
 
@@ -86,7 +88,7 @@ export class CodeInterpreter {
   /** Server starts under way, by sandbox id: concurrent first cells share one. */
   private readonly starting = new Map<string, Promise<void>>();
 
-  constructor(private readonly sandboxes: Sandboxes) {}
+  constructor(private readonly sandboxes: Sandboxes, private readonly opts: { interruptGraceMs?: number } = {}) {}
 
   /** Runs one cell to its end; `handlers` see its output as it comes. */
   async run(scope: Scope, id: string, req: RunCodeRequest, handlers: CodeStreamHandlers = {}): Promise<CodeResult> {
@@ -103,9 +105,17 @@ export class CodeInterpreter {
       if (interrupting || !result.context) return;
       interrupting = this.call(scope, id, 'POST', `/contexts/${result.context}/interrupt`).catch(() => undefined);
     };
+    // Past the timeout the cell is interrupted; a cell deaf to that (a long call in C code that does
+    // not check for signals) is left running after a grace period, and the answer says so.
+    let abandoned = false;
+    let grace: NodeJS.Timeout | undefined;
     const timer = setTimeout(() => {
       result.timed_out = true;
       interrupt();
+      grace = setTimeout(() => {
+        abandoned = true;
+        abort.abort();
+      }, this.opts.interruptGraceMs ?? INTERRUPT_GRACE_MS);
     }, timeoutSecs * 1000);
     const onAbort = () => {
       interrupt();
@@ -145,9 +155,16 @@ export class CodeInterpreter {
       });
     } catch (err) {
       if (handlers.signal?.aborted) throw new CollimateError('validation_error', 'The cell was interrupted: its client went away.', { cause: err });
-      throw err;
+      if (!abandoned) throw err;
+      result.error = {
+        name: 'TimeoutError',
+        value: `The cell ran past its timeout (${timeoutSecs} s) and did not stop when interrupted; it may still be running, and its context runs no other cell until it ends: restart the context (POST /v1/sandboxes/${id}/code/contexts/${result.context}/restart).`,
+        traceback: '',
+      };
+      handlers.onError?.(result.error);
     } finally {
       clearTimeout(timer);
+      clearTimeout(grace);
       handlers.signal?.removeEventListener('abort', onAbort);
       await interrupting;
     }

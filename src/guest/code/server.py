@@ -174,10 +174,6 @@ class PythonKernel:
     def interrupt(self):
         self.km.interrupt_kernel()
 
-    def restart(self):
-        self.shutdown()
-        self.start()
-
     def shutdown(self):
         try:
             if self.kc:
@@ -262,10 +258,6 @@ class NodeKernel:
             self.proc.send_signal(signal.SIGINT)
         except ProcessLookupError:
             pass
-
-    def restart(self):
-        self.shutdown()
-        self.start()
 
     def shutdown(self):
         if self.proc and self.proc.poll() is None:
@@ -455,9 +447,11 @@ class Handler(BaseHTTPRequestHandler):
                     ctx.kernel.shutdown()
                     return self.send_json(200, None)
                 if method == "POST" and parts[2:] == ["restart"]:
-                    ctx.kernel.interrupt()
+                    # Stopped first, not interrupted: a cell deaf to interrupts holds the context's
+                    # lock until its kernel is gone (it then ends with KernelDied).
+                    ctx.kernel.shutdown()
                     with ctx.lock:
-                        ctx.kernel.restart()
+                        ctx.kernel.start()
                     return self.send_json(200, None)
                 if method == "POST" and parts[2:] == ["interrupt"]:
                     ctx.kernel.interrupt()

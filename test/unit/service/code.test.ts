@@ -69,7 +69,7 @@ const sandboxes = {
     return { exit_code: 0, stdout: '', stderr: '', timed_out: false };
   },
 } as unknown as Sandboxes;
-const code = new CodeInterpreter(sandboxes);
+const code = new CodeInterpreter(sandboxes, { interruptGraceMs: 1000 });
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'code-server-'));
@@ -132,6 +132,18 @@ test('a cell past its timeout is interrupted and the context stays usable', asyn
   assert.equal(r.timed_out, true);
   assert.match(r.error?.value ?? '', /interrupted/);
   assert.equal((await code.run(scope, ID, { code: 'total', language: 'javascript' })).results[0].data['text/plain'], '40');
+});
+
+test('a cell deaf to the interrupt is left after a grace period, and a restart frees its context', async () => {
+  const ctx = await code.createContext(scope, ID, { language: 'javascript' });
+  // SIGINT stops synchronous JavaScript only: a cell waiting on a promise that never settles ignores it.
+  const r = await code.run(scope, ID, { code: 'await new Promise(() => {})', context: ctx.id, timeoutSecs: 1 });
+  assert.equal(r.timed_out, true);
+  assert.equal(r.error?.name, 'TimeoutError');
+  assert.match(r.error!.value, /restart the context/);
+  await code.restartContext(scope, ID, ctx.id);
+  assert.equal((await code.run(scope, ID, { code: '6 * 7', context: ctx.id })).results[0].data['text/plain'], '42');
+  await code.deleteContext(scope, ID, ctx.id);
 });
 
 test('a client that goes away interrupts its cell', async () => {
