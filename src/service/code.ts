@@ -11,7 +11,7 @@
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { CollimateError } from '../errors.js';
+import { CollimateError, msg, see } from '../errors.js';
 import { CODE_PORT, codeServerScript } from '../guest/codeServer.js';
 import type { Scope } from './types.js';
 import type { Sandboxes } from './sandboxes.js';
@@ -273,7 +273,7 @@ function isRefused(err: unknown): boolean {
 }
 
 export function contextNotFound(id: string, context: string): CollimateError {
-  return new CollimateError('context_not_found', `Sandbox ${id} has no code context ${JSON.stringify(context.slice(0, 100))}. List its contexts (GET /v1/sandboxes/${id}/code/contexts), or create one.`);
+  return new CollimateError('context_not_found', msg`Sandbox ${id} has no code context ${JSON.stringify(context.slice(0, 100))}. List its contexts${see('listCodeContexts')}, or create one.`);
 }
 
 /** The server's non-2xx answer (text/plain) as the API's error. */

@@ -160,6 +160,15 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
       ws.close();
     }
 
+    // Code cells (the JavaScript kernel warm in `node`): one kernel's state, through every node.
+    const defined = await call(others[0].url, beta, 'POST', `/v1/sandboxes/${id}/code`, { code: 'var seen = []; seen.length' });
+    assert.equal(defined.status, 200, defined.bytes.toString());
+    for (const [i, h] of hosts.entries()) {
+      const cell = await call(h.url, beta, 'POST', `/v1/sandboxes/${id}/code`, { code: `seen.push(${i}); seen.join(",")` });
+      assert.equal(cell.status, 200, `a cell through ${h.url}: ${cell.bytes.toString()}`);
+      assert.equal(cell.json.results[0].data['text/plain'], `'${[...Array(i + 1).keys()].join(',')}'`);
+    }
+
     for (const h of hosts) {
       for (const [method, path] of [['GET', `/v1/sandboxes/${id}`], ['POST', `/v1/sandboxes/${id}/exec`], ['GET', `/v1/sandboxes/${id}/ports/9000/x`], ['DELETE', `/v1/sandboxes/${id}`]] as const) {
         const r = await call(h.url, gamma, method, path, method === 'POST' ? exec : undefined);

