@@ -404,9 +404,11 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     // Debian's: bookworm keeps these upstream versions for its lifetime (fixes come as Debian revisions).
     runtimes: { python: '3.11.2', pip: '23.0.1' },
     ...CATALOG_DEFAULTS,
-    // A kernel with pandas and matplotlib loaded holds ~150 MiB, the interpreter's server ~40 MiB:
-    // 256 MiB thrashed with a second context. Memory the guest never touches costs the host nothing.
-    memoryMib: 512,
+    // A kernel with numpy, pandas and matplotlib loaded holds ~150 MiB, a bare one ~60 MiB, the
+    // interpreter's server ~40 MiB, and the page cache must keep their code: 256 MiB thrashed with a
+    // second context (its requests timed out), 512 with a third and a restart. Memory the guest never
+    // touches costs the host nothing.
+    memoryMib: 1024,
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'python', progress)],
     layersCached: (home) => debianLayersCached(home, 'python'),
     // The code interpreter's server with its default Python kernel, warm in the checkpoint.

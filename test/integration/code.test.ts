@@ -47,8 +47,14 @@ async function create(template: string): Promise<string> {
 
 async function run(id: string, body: Record<string, unknown>): Promise<any> {
   const r = await call('POST', `/v1/sandboxes/${id}/code`, body);
-  assert.equal(r.status, 200, r.text);
+  assert.equal(r.status, 200, r.text + await guestState(id));
   return r.json;
+}
+
+/** For a failure's message: the interpreter's log and the guest's memory. */
+async function guestState(id: string): Promise<string> {
+  const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command: 'tail -n 30 /run/collimate/code/server.log; head -n 3 /proc/meminfo', timeout: 30 });
+  return `\n--- guest ---\n${r.json?.stdout ?? r.text}`;
 }
 
 /** The text/plain of a cell's last value. */
@@ -158,14 +164,15 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
 
     // A context of its own: its own state and directory; restart empties it; delete ends it.
     const made = await call('POST', `/v1/sandboxes/${id}/code/contexts`, { language: 'python', cwd: '/tmp' });
-    assert.equal(made.status, 201, made.text);
+    assert.equal(made.status, 201, made.text + await guestState(id));
     assert.equal(made.json.cwd, '/tmp');
     const ctx = made.json.id;
     assert.equal(await value(id, 'import os; os.getcwd()', { context: ctx }), "'/tmp'");
     const missing = await run(id, { code: 'x', context: ctx });
     assert.equal(missing.error.name, 'NameError');
     assert.equal(await value(id, 'y = 7; y', { context: ctx }), '7');
-    assert.equal((await call('POST', `/v1/sandboxes/${id}/code/contexts/${ctx}/restart`)).status, 200);
+    const restarted = await call('POST', `/v1/sandboxes/${id}/code/contexts/${ctx}/restart`);
+    assert.equal(restarted.status, 200, restarted.text + await guestState(id));
     assert.equal((await run(id, { code: 'y', context: ctx })).error.name, 'NameError');
     assert.equal((await call('DELETE', `/v1/sandboxes/${id}/code/contexts/${ctx}`)).status, 204);
     const gone = await call('POST', `/v1/sandboxes/${id}/code`, { code: '1', context: ctx });
@@ -246,13 +253,16 @@ test('javascript in the node template; a first cell starts the interpreter where
 
 test('@e2b/code-interpreter 2.8, unmodified: its README example and a chart, contexts, through the E2B door', async () => {
   const opts = { apiKey: e2bKey, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` };
+  let step = 'create';
   const sandbox = await CodeSandbox.create(opts);
   try {
     // The README's example.
+    step = 'README';
     await sandbox.runCode('x = 1');
     const execution = await sandbox.runCode('x+=1; x');
     assert.equal(execution.text, '2');
 
+    step = 'chart';
     const charted = await sandbox.runCode('import matplotlib.pyplot as plt\nplt.bar(["a", "b"], [3, 5])\nplt.title("bars")\nplt.show()');
     const result = charted.results[0];
     assert.ok(result.png && pngSize(result.png).width > 100);
@@ -260,17 +270,23 @@ test('@e2b/code-interpreter 2.8, unmodified: its README example and a chart, con
     assert.equal(result.chart?.title, 'bars');
     assert.deepEqual((result.chart as any).elements.map((e: any) => [e.label, e.value]), [['a', 3], ['b', 5]]);
 
+    step = 'error';
     const outs: string[] = [];
     const errored = await sandbox.runCode('print("seen")\nraise ValueError("nope")', { onStdout: (m) => void outs.push(m.line) });
     assert.deepEqual(outs, ['seen\n']);
     assert.equal(errored.error?.name, 'ValueError');
     assert.equal(errored.error?.value, 'nope');
 
+    step = 'contexts';
     const ctx = await sandbox.createCodeContext({ cwd: '/tmp' });
     assert.equal((await sandbox.runCode('import os; os.getcwd()', { context: ctx })).text, '/tmp');
     assert.ok((await sandbox.listCodeContexts()).some((c) => c.id === ctx.id));
     await sandbox.removeCodeContext(ctx);
     assert.ok(!(await sandbox.listCodeContexts()).some((c) => c.id === ctx.id));
+  } catch (err) {
+    // The SDK's errors show as {} in the test report: say which step and what it was.
+    const e = err as Error;
+    throw new Error(`@e2b/code-interpreter, step ${step}: ${e?.name}: ${e?.message}${await guestState(sandbox.sandboxId).catch(() => '')}`, { cause: err });
   } finally {
     await sandbox.kill();
   }
