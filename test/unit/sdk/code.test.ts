@@ -2,10 +2,12 @@
  * The SDKs' code cells against a real API server on the fake service, whose code port leads to a
  * stand-in for the guest's interpreter (test/support/fakeCodeServer.ts: node:vm contexts, so state
  * across cells is real): runCode as JSON and streamed, interrupting by closing the stream, contexts,
- * and the error classes.
+ * and the error classes. The Python half runs python/test_code.py.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { fixture, type Fixture } from '../api/helpers.js';
 import { startFakeCodeServer, type FakeCodeServer } from '../../support/fakeCodeServer.js';
 import { CODE_PORT } from '../../../src/guest/codeServer.js';
@@ -122,4 +124,18 @@ test('errors map to classes: a dead interpreter, a suspended sandbox, context wi
   const suspended = (e: unknown) => e instanceof InvalidStateError && !(e instanceof CodeUnavailableError);
   await assert.rejects(sb.runCode('1'), suspended);
   await assert.rejects(sb.runCode('1', { onStdout: () => {} }), suspended, 'refused before the stream starts');
+});
+
+test('the Python SDK does the same', WAITS, async () => {
+  const script = fileURLToPath(new URL('./python/test_code.py', import.meta.url));
+  const r = await new Promise<{ code: number; out: string }>((resolve) => {
+    execFile('python3', [script], { env: { ...process.env, COLLIMATE_BASE_URL: base, COLLIMATE_API_KEY: f.key('sdk-code-py', 'pro'), PYTHONPATH: fileURLToPath(new URL('../../../sdk/python', import.meta.url)) } }, (err, stdout, stderr) =>
+      resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, out: stdout + stderr }));
+  });
+  assert.equal(r.code, 0, r.out);
+  assert.match(r.out, /code ok/);
+  // Its callback that raised closed the stream: the server interrupts that cell's context.
+  const stopped = /stopped context (\S+)/.exec(r.out)?.[1];
+  assert.ok(stopped, r.out);
+  await fake.interruptOf(stopped);
 });
