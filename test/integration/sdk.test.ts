@@ -55,7 +55,8 @@ async function liveIds(tenantKey: string, labels: Record<string, string>): Promi
 
 before(async () => {
   home = testHome('sdk');
-  engine = await openEngine(home);
+  // python and node for the code cells (their kernels baked warm); base for everything else.
+  engine = await openEngine(home, { catalog: ['base', 'python', 'node'] });
   api = await serveEngine(engine);
   baseUrl = await api.app.listen({ host: '127.0.0.1', port: 0 });
   proTenant = 'sdk-pro';
@@ -206,6 +207,21 @@ test('fork of a suspended sandbox through every door: REST, MCP, TS SDK, Python 
     for (const id of children) await (await client.sandboxes.get(id)).delete().catch(() => {});
     await parent.delete();
   }
+});
+
+test('TS SDK: code cells in the python template: state across cells, streamed output, its contexts', async () => {
+  await using sb = await client.sandboxes.create({ template: 'python', labels: { suite: 'ts-code' } });
+  assert.equal((await sb.runCode('x = 41')).error, null);
+  const printed: string[] = [];
+  const r = await sb.runCode('print("hi")\nx + 1', { onStdout: (t) => printed.push(t) });
+  assert.equal(r.text, '42');
+  assert.equal(printed.join(''), 'hi\n');
+  assert.deepEqual(
+    (await sb.listCodeContexts()).filter((c) => c.id === r.context).map((c) => c.language),
+    ['python'],
+    'the default context the cells ran in',
+  );
+  await assert.rejects(sb.runCode('1', { context: '00000000-0000-4000-8000-000000000000' }), (e: unknown) => e instanceof NotFoundError && e.code === 'context_not_found');
 });
 
 test('TS SDK: typed errors from the one code mapping', async () => {
@@ -408,11 +424,11 @@ test('RL (Python): connect() keeps one persistent connection for sequential call
 // ---------------------------------------------------------------------------------------------
 // Python SDK
 
-test('Python SDK: lifecycle, streaming, typed errors, best-of-N, tree search, map, sweep (unittest)', async () => {
+test('Python SDK: lifecycle, streaming, typed errors, code cells, best-of-N, tree search, map, sweep (unittest)', async () => {
   const r = await run(PYTHON, [join(ROOT, 'test/integration/python/test_sdk.py')], { env: env(), timeout: 300_000 }).catch((e) => e);
   const output = `${r.stdout}\n${r.stderr}`;
   assert.equal(r.code ?? 0, 0, output);
-  assert.match(r.stderr, /Ran 4 tests/, output);
+  assert.match(r.stderr, /Ran 5 tests/, output);
   assert.match(r.stderr, /\nOK\s*$/, output);
 });
 

@@ -5,6 +5,8 @@
     client = Collimate()                      # COLLIMATE_API_KEY, COLLIMATE_BASE_URL
     with client.sandboxes.create("base") as sb:
         print(sb.exec("echo hello").stdout)
+    with client.sandboxes.create("python") as sb:
+        print(sb.run_code("1 + 1").text)      # a stateful kernel: "2"
 """
 from .client import DEFAULT_BASE_URL, Collimate, Sandbox, Sandboxes, SandboxFiles, SandboxPages, SnapshotPages, Snapshots
 from .errors import (
@@ -17,6 +19,7 @@ from .errors import (
     EgressForbiddenError,
     InvalidStateError,
     NetworkUnavailableError,
+    CodeUnavailableError,
     SandboxRestoredError,
     SnapshotMismatchError,
     NotFoundError,
@@ -32,7 +35,23 @@ from .errors import (
     ValidationError,
     error_from_body,
 )
-from .types import ExecChunk, ExecResult, ExecTiming, FileEntry, OpenPort, PortResponse, SandboxInfo, SandboxLogEntry, Snapshot, Template, WatchEvent
+from .types import (
+    CodeContext,
+    CodeError,
+    CodeOutput,
+    ExecChunk,
+    ExecResult,
+    ExecTiming,
+    Execution,
+    FileEntry,
+    OpenPort,
+    PortResponse,
+    SandboxInfo,
+    SandboxLogEntry,
+    Snapshot,
+    Template,
+    WatchEvent,
+)
 from .processes import Process, ProcessExit, ProcessGap, ProcessInfo, ProcessOutput, SandboxProcesses
 
 __version__ = "0.1.0"
@@ -55,6 +74,10 @@ __all__ = [
     "NoSpaceError",
     "ExecResult",
     "ExecTiming",
+    "Execution",
+    "CodeOutput",
+    "CodeError",
+    "CodeContext",
     "SandboxInfo",
     "SandboxLogEntry",
     "OpenPort",
@@ -80,6 +103,7 @@ __all__ = [
     "EgressForbiddenError",
     "UrlExpiredError",
     "NetworkUnavailableError",
+    "CodeUnavailableError",
     "PortUnreachableError",
     "TimeoutError",
     "ServerError",

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapp
 
 from ._http import Transport
 from .errors import CollimateError, ConnectionError, NotFoundError, error_from_body
-from .types import ExecChunk, ExecResult, FileEntry, OpenPort, PortResponse, SandboxInfo, SandboxLogEntry, Snapshot, Template, WatchEvent
+from .types import CodeContext, CodeError, CodeOutput, ExecChunk, ExecResult, Execution, FileEntry, OpenPort, PortResponse, SandboxInfo, SandboxLogEntry, Snapshot, Template, WatchEvent
 from .processes import SandboxProcesses
 
 __all__ = ["Collimate", "Sandboxes", "SandboxPages", "Snapshots", "SnapshotPages", "Sandbox", "SandboxFiles", "DEFAULT_BASE_URL"]
@@ -24,9 +24,15 @@ DEFAULT_BASE_URL = "http://127.0.0.1:7070"
 #: Client-side slack over an exec's own timeout before the SDK gives up waiting.
 EXEC_TIMEOUT_SLACK_SECS = 30.0
 DEFAULT_EXEC_TIMEOUT_SECS = 60.0
+DEFAULT_CODE_TIMEOUT_SECS = 300.0
+#: Slack for code calls over their own time: where the template baked no interpreter the server first
+#: installs and starts it (an exec of up to 330 s), and a new kernel may take up to 240 s.
+CODE_SLACK_SECS = 600.0
 #: Create, fork, resume, snapshots and rollbacks save or restore whole VMs: give them longer than a plain request.
 LIFECYCLE_TIMEOUT_SECS = 300.0
 
+#: A code context, by id or as the API returned it.
+ContextArg = Union[str, CodeContext]
 FilesArg = Union[Mapping[str, Union[str, bytes]], Sequence[Mapping[str, Any]], None]
 #: A snapshot, by id or as the API returned it.
 SnapshotArg = Union[str, Snapshot]
@@ -308,6 +314,10 @@ def _snapshot_id(snapshot: SnapshotArg) -> str:
     return snapshot.id if isinstance(snapshot, Snapshot) else snapshot
 
 
+def _context_id(context: ContextArg) -> str:
+    return context.id if isinstance(context, CodeContext) else context
+
+
 def _q(s: str) -> str:
     from urllib.parse import quote
 
@@ -538,6 +548,102 @@ class Sandbox:
         from .errors import ConnectionError
 
         raise ConnectionError("The exec stream ended without a result.", code="stream_ended", status=0)
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: Optional[str] = None,
+        context: Optional[ContextArg] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout_secs: Optional[float] = None,
+        seed: Union[str, int, None] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        on_result: Optional[Callable[[CodeOutput], None]] = None,
+        on_error: Optional[Callable[[CodeError], None]] = None,
+    ) -> Execution:
+        """Runs a cell of ``code`` in a kernel that keeps its state between cells (variables,
+        imports, loaded data): ``language``'s default context (``"python"`` or ``"javascript"``;
+        absent, python where the image has it), or ``context`` (``create_code_context``).
+
+        The python and node templates have their kernel warm; another image gets one started by its
+        first cell (CodeUnavailableError where it cannot: no python3). An exception in the cell is
+        the result's ``error``, not raised. ``env`` is for this cell only; ``timeout_secs`` (default
+        300, at most 3600) interrupts it (``timed_out``); ``seed`` (a u64) reseeds the language's own
+        generators before it, so the same seed in the same kernel state replays it. With any
+        ``on_*`` callback the cell streams and they see its output as it comes; a callback that
+        raises closes the stream, which interrupts the cell, and the exception propagates. The
+        sandbox must be running. Never retried.
+        """
+        body: Dict[str, Any] = {"code": code}
+        if language is not None:
+            body["language"] = language
+        if context is not None:
+            body["context"] = _context_id(context)
+        if env is not None:
+            body["env"] = dict(env)
+        if timeout_secs is not None:
+            body["timeout_secs"] = timeout_secs
+        if seed is not None:
+            body["seed"] = str(seed)
+        path = self._path("/code")
+        timeout = (DEFAULT_CODE_TIMEOUT_SECS if timeout_secs is None else timeout_secs) + CODE_SLACK_SECS
+        if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
+            return Execution.from_json(self._client.http.json("POST", path, json_body=body, timeout=timeout))
+        outcome: Union[Execution, CollimateError, None] = None
+        with contextlib.closing(self._client.http.sse("POST", path, json_body=body, timeout=timeout)) as events:
+            for ev in events:
+                payload = json.loads(ev.data)
+                if ev.event == "stdout" and on_stdout is not None:
+                    on_stdout(payload["text"])
+                elif ev.event == "stderr" and on_stderr is not None:
+                    on_stderr(payload["text"])
+                elif ev.event == "display" and on_result is not None:
+                    on_result(CodeOutput(**payload))
+                elif ev.event == "exception" and on_error is not None:
+                    on_error(CodeError(**payload))
+                elif ev.event == "result":
+                    outcome = Execution.from_json(payload)
+                elif ev.event == "error":
+                    outcome = error_from_body(None, payload)
+            # Read to the end, as exec_stream does, so that the connection can be reused.
+        if isinstance(outcome, Execution):
+            return outcome
+        if isinstance(outcome, CollimateError):
+            raise outcome
+        raise ConnectionError("The code stream ended without a result.", code="stream_ended", status=0)
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        """The code interpreter's contexts: the default ones (one per language, made by a first cell
+        in it) and those created."""
+        r = self._client.http.json("GET", self._path("/code/contexts"), retry="safe", timeout=CODE_SLACK_SECS)
+        return [CodeContext.from_json(c) for c in r["contexts"]]
+
+    def create_code_context(self, *, language: Optional[str] = None, cwd: Optional[str] = None) -> CodeContext:
+        """Starts a context: a kernel of its own (``language``, default python where the image has
+        it) with its own state and working directory ``cwd`` (must exist; default the home). Never retried."""
+        body: Dict[str, Any] = {}
+        if language is not None:
+            body["language"] = language
+        if cwd is not None:
+            body["cwd"] = cwd
+        return CodeContext.from_json(self._client.http.json("POST", self._path("/code/contexts"), json_body=body, timeout=CODE_SLACK_SECS))
+
+    def restart_code_context(self, context: ContextArg) -> CodeContext:
+        """Gives the context a fresh kernel: its variables are gone; same id and working directory.
+        NotFoundError (``context_not_found``) if there is none."""
+        path = self._path(f"/code/contexts/{_q(_context_id(context))}/restart")
+        return CodeContext.from_json(self._client.http.json("POST", path, timeout=CODE_SLACK_SECS))
+
+    def interrupt_code_context(self, context: ContextArg) -> CodeContext:
+        """Interrupts the cell the context is running (Python raises KeyboardInterrupt in it); nothing when it is idle."""
+        path = self._path(f"/code/contexts/{_q(_context_id(context))}/interrupt")
+        return CodeContext.from_json(self._client.http.json("POST", path, timeout=CODE_SLACK_SECS))
+
+    def remove_code_context(self, context: ContextArg) -> None:
+        """Stops the context's kernel and forgets it."""
+        self._client.http.request("DELETE", self._path(f"/code/contexts/{_q(_context_id(context))}"), timeout=CODE_SLACK_SECS)
 
     def logs(
         self,

@@ -72,7 +72,7 @@ class AuthenticationError(CollimateError):
 
 
 class NotFoundError(CollimateError):
-    """404: no such sandbox, snapshot, template, image or file (other tenants' ids read as not found too)."""
+    """404: no such sandbox, snapshot, template, image, file, process or code context (other tenants' ids read as not found too)."""
 
     default_status = 404
 
@@ -159,6 +159,12 @@ class NetworkUnavailableError(InvalidStateError):
     """409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached."""
 
 
+class CodeUnavailableError(InvalidStateError):
+    """409 code_unavailable: the sandbox cannot run code cells: its image has no python3 for the code
+    interpreter (use the python or node template), or its interpreter failed or stopped answering
+    (that context's state may be lost). An exception inside a cell is not this: it is the result's ``error``."""
+
+
 class PermissionDeniedError(CollimateError):
     """403 permission_denied: the guest refused a file operation (an immutable file, a read-only mount)."""
 
@@ -224,6 +230,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "process_not_found": NotFoundError,
     "user_not_found": NotFoundError,
     "snapshot_not_found": NotFoundError,
+    "context_not_found": NotFoundError,
     "process_exited": InvalidStateError,
     "stdin_closed": InvalidStateError,
     "not_a_terminal": InvalidStateError,
@@ -244,6 +251,7 @@ ERROR_CLASSES: Dict[str, Type[CollimateError]] = {
     "snapshot_mismatch": SnapshotMismatchError,
     "sandbox_restored": SandboxRestoredError,
     "network_unavailable": NetworkUnavailableError,
+    "code_unavailable": CodeUnavailableError,
     "payload_too_large": PayloadTooLargeError,
     "concurrency_limit": ConcurrencyLimitError,
     "quota_exceeded": QuotaExceededError,

@@ -6,7 +6,23 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
-__all__ = ["SandboxInfo", "Snapshot", "OpenPort", "PortResponse", "Template", "ExecTiming", "ExecResult", "ExecChunk", "FileEntry", "WatchEvent", "SandboxLogEntry"]
+__all__ = [
+    "SandboxInfo",
+    "Snapshot",
+    "OpenPort",
+    "PortResponse",
+    "Template",
+    "ExecTiming",
+    "ExecResult",
+    "ExecChunk",
+    "FileEntry",
+    "WatchEvent",
+    "SandboxLogEntry",
+    "CodeOutput",
+    "CodeError",
+    "Execution",
+    "CodeContext",
+]
 
 T = TypeVar("T")
 
@@ -180,6 +196,77 @@ class ExecResult:
     @property
     def stderr_bytes(self) -> bytes:
         return base64.b64decode(self.stderr) if self.stderr_encoding == "base64" else self.stderr.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class CodeOutput:
+    """One output of a code cell, a MIME bundle (``text/plain`` always; ``image/png``, ``text/html``…):
+    the last expression's value (``is_main_result``) or a display (a shown figure, display())."""
+
+    is_main_result: bool
+    data: Dict[str, Any]
+
+    @property
+    def text(self) -> Optional[str]:
+        t = self.data.get("text/plain")
+        return t if isinstance(t, str) else None
+
+
+@dataclass(frozen=True)
+class CodeError:
+    """An exception a code cell raised: its class (``name``), message (``value``) and plain-text traceback."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A code cell's outcome (``sandbox.run_code``), as the API sent it, plus ``text``. An exception in
+    the cell is ``error``, not raised: the cell still ran."""
+
+    #: The context the cell ran in.
+    context: Optional[str]
+    #: Displays and the main value (``is_main_result``), in the order they came.
+    results: List[CodeOutput]
+    stdout: str
+    stderr: str
+    error: Optional[CodeError]
+    #: The context's cell counter (IPython's In [n]).
+    execution_count: Optional[int]
+    #: It ran past its timeout and was interrupted (``error`` is then the interruption).
+    timed_out: bool
+    duration_ms: int
+    #: The seed it ran with, or None (none given).
+    seed: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Execution":
+        kw = _known(cls, data)
+        kw["results"] = [CodeOutput(**_known(CodeOutput, r)) for r in kw["results"]]
+        if isinstance(kw.get("error"), Mapping):
+            kw["error"] = CodeError(**_known(CodeError, kw["error"]))
+        return cls(**kw)
+
+    @property
+    def text(self) -> Optional[str]:
+        """The main result's ``text/plain`` (the last expression's value as the REPL shows it); None when the cell has none."""
+        main = next((r for r in self.results if r.is_main_result), None)
+        return main.text if main is not None else None
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """A kernel of the code interpreter with its own state and working directory."""
+
+    id: str
+    language: str
+    cwd: str
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CodeContext":
+        return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
     out = rl.best_of_n(root, 4, lambda sb, i: sb.exec(f"./try {i}"), lambda r: float(r.stdout))
     fleet.sweep()                                          # everything this run created
 """
-from .fleet import RUN_LABEL, Fleet, RunSandbox, connect, new_run_id
+from .fleet import RUN_LABEL, Fleet, RunSandbox, connect, new_run_id, new_seed
 from .helpers import BestOfN, Scored, TreeNode, TreeSearchResult, best_of_n, map, map_sandboxes, sweep, tree_search
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "RunSandbox",
     "connect",
     "new_run_id",
+    "new_seed",
     "BestOfN",
     "Scored",
     "TreeNode",

@@ -6,12 +6,12 @@ from __future__ import annotations
 import datetime
 import os
 import urllib.parse
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
-from collimate import Collimate, Sandbox, Snapshot
+from collimate import Collimate, Execution, Sandbox, Snapshot
 from collimate.types import SandboxInfo
 
-__all__ = ["RUN_LABEL", "new_run_id", "Fleet", "RunSandbox", "connect"]
+__all__ = ["RUN_LABEL", "new_run_id", "new_seed", "Fleet", "RunSandbox", "connect"]
 
 #: The label key every sandbox of a run carries (the same as the TypeScript RL SDK's).
 RUN_LABEL = "collimate_run"
@@ -22,8 +22,14 @@ def new_run_id() -> str:
     return f"run-{stamp}-{os.urandom(4).hex()}"
 
 
+def new_seed() -> str:
+    """A fresh u64 seed as the API writes one (a decimal string), drawn as the server draws exec seeds."""
+    return str(int.from_bytes(os.urandom(8), "little"))
+
+
 class RunSandbox(Sandbox):
-    """A collimate Sandbox whose forks and snapshots carry its fleet's run label."""
+    """A collimate Sandbox whose forks and snapshots carry its fleet's run label, and whose code cells
+    always run seeded."""
 
     _fleet: "Fleet"
 
@@ -37,6 +43,12 @@ class RunSandbox(Sandbox):
 
     def snapshot(self, *, name: Optional[str] = None, labels: Optional[Mapping[str, str]] = None) -> Snapshot:
         return super().snapshot(name=name, labels={**(labels or {}), **self._fleet.run_label})
+
+    def run_code(self, code: str, *, seed: Union[str, int, None] = None, **kw: Any) -> Execution:
+        """``Sandbox.run_code`` with a seed drawn when none is given, as the server draws one for every
+        exec: the result records it (``seed``), so a step's cell replays with ``run_code(code,
+        seed=result.seed)`` in the same kernel state (e.g. another fork of the same node)."""
+        return super().run_code(code, seed=new_seed() if seed is None else seed, **kw)
 
 
 class Fleet:

@@ -40,7 +40,7 @@ export class AuthenticationError extends CollimateError {
   static override readonly defaultStatus = 401;
 }
 
-/** 404: no such sandbox, snapshot, template, image or file (other tenants' ids read as not found too). */
+/** 404: no such sandbox, snapshot, template, image, file, process or code context (other tenants' ids read as not found too). */
 export class NotFoundError extends CollimateError {
   static override readonly defaultStatus = 404;
 }
@@ -117,6 +117,13 @@ export class UrlExpiredError extends AuthenticationError {}
 /** 409 network_unavailable: the server (or the sandbox's template) has no networking, so ports cannot be reached. */
 export class NetworkUnavailableError extends InvalidStateError {}
 
+/**
+ * 409 code_unavailable: the sandbox cannot run code cells — its image has no python3 for the code
+ * interpreter (use the python or node template), or its interpreter failed or stopped answering
+ * (that context's state may be lost). An exception inside a cell is not this: it is the result's `error`.
+ */
+export class CodeUnavailableError extends InvalidStateError {}
+
 /** 403 permission_denied: the guest refused a file operation (the agent runs as root, so: an immutable file or a read-only mount). */
 export class PermissionDeniedError extends CollimateError {
   static override readonly defaultStatus = 403;
@@ -181,6 +188,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   process_not_found: NotFoundError,
   user_not_found: NotFoundError,
   snapshot_not_found: NotFoundError,
+  context_not_found: NotFoundError,
   process_exited: InvalidStateError,
   stdin_closed: InvalidStateError,
   not_a_terminal: InvalidStateError,
@@ -201,6 +209,7 @@ export const ERROR_CLASSES: Record<string, ErrorClass> = {
   snapshot_mismatch: SnapshotMismatchError,
   sandbox_restored: SandboxRestoredError,
   network_unavailable: NetworkUnavailableError,
+  code_unavailable: CodeUnavailableError,
   payload_too_large: PayloadTooLargeError,
   concurrency_limit: ConcurrencyLimitError,
   quota_exceeded: QuotaExceededError,

@@ -4,10 +4,12 @@
  *   const client = new Collimate();                     // COLLIMATE_API_KEY, COLLIMATE_BASE_URL
  *   await using sb = await client.sandboxes.create({ template: 'base' });
  *   const r = await sb.exec({ command: 'echo hi' });
+ *   const cell = await sb.runCode('1 + 1');           // a stateful kernel; cell.text === '2'
  */
 export { Collimate, Sandboxes, SandboxPages, Snapshots, SnapshotPages, DEFAULT_BASE_URL, type CollimateOptions } from './client.js';
 export { Sandbox, SandboxFiles } from './sandbox.js';
 export { SandboxProcesses, ProcessHandle } from './processes.js';
+export { Execution } from './code.js';
 export {
   CollimateError,
   AuthenticationError,
@@ -23,6 +25,7 @@ export {
   EgressForbiddenError,
   UrlExpiredError,
   NetworkUnavailableError,
+  CodeUnavailableError,
   PortUnreachableError,
   PermissionDeniedError,
   FileConflictError,

@@ -10,14 +10,21 @@ import { pipeline } from 'node:stream/promises';
 import { ConnectionError, errorFromBody, NotFoundError } from './errors.js';
 import { parseSse as parseSseStream, type Transport } from './transport.js';
 import { SandboxProcesses } from './processes.js';
+import { codeContextId, Execution } from './code.js';
 import type {
-  EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxLogEntry,
-  SandboxLogsParams, SandboxState, Snapshot, SnapshotParams, WatchEvent,
+  CodeContext, CodeResult, CreateCodeContextParams, EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxLogEntry,
+  RunCodeOptions, SandboxLogsParams, SandboxState, Snapshot, SnapshotParams, WatchEvent,
 } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
 const EXEC_TIMEOUT_SLACK_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_SECS = 60;
+const DEFAULT_CODE_TIMEOUT_SECS = 300;
+/**
+ * Slack for code calls over their own time: where the template baked no interpreter the server
+ * first installs and starts it (an exec of up to 330 s), and a new kernel may take up to 240 s.
+ */
+const CODE_SLACK_MS = 600_000;
 /** Fork, resume, snapshots and rollbacks save or restore whole VMs: give them longer than a plain request. */
 const LIFECYCLE_TIMEOUT_MS = 300_000;
 
@@ -113,6 +120,63 @@ export class Sandbox {
       }
     }
     throw errorFromBody(undefined, { error: { code: 'stream_ended', message: 'The exec stream ended without a result.' } });
+  }
+
+  /**
+   * Runs a cell of `code` in a kernel that keeps its state between cells (variables, imports,
+   * loaded data): the language's default context, or `opts.context` (createCodeContext). The python
+   * and node templates have their kernel warm; another image gets one started by its first cell
+   * (CodeUnavailableError where it cannot: no python3). An exception in the cell is the result's
+   * `error`, not a throw. With any of `onStdout`, `onStderr`, `onResult`, `onError` or `signal` the
+   * cell streams (SSE) and they see its output as it comes; aborting `signal`, or a callback that
+   * throws, closes the stream, which interrupts the cell. The sandbox must be running. Never retried.
+   */
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    const spec = {
+      method: 'POST' as const,
+      path: this.path('/code'),
+      json: { code, language: opts.language, context: opts.context === undefined ? undefined : codeContextId(opts.context), env: opts.env, timeout_secs: opts.timeoutSecs, seed: opts.seed },
+      retry: 'none' as const,
+      timeoutMs: (opts.timeoutSecs ?? DEFAULT_CODE_TIMEOUT_SECS) * 1000 + CODE_SLACK_MS,
+    };
+    if (!opts.onStdout && !opts.onStderr && !opts.onResult && !opts.onError && !opts.signal) {
+      return new Execution(await this.http.json<CodeResult>(spec));
+    }
+    for await (const ev of this.http.sse({ ...spec, signal: opts.signal })) {
+      const payload = JSON.parse(ev.data);
+      if (ev.event === 'stdout') opts.onStdout?.(payload.text);
+      else if (ev.event === 'stderr') opts.onStderr?.(payload.text);
+      else if (ev.event === 'display') opts.onResult?.(payload);
+      else if (ev.event === 'exception') opts.onError?.(payload);
+      else if (ev.event === 'result') return new Execution(payload as CodeResult);
+      else if (ev.event === 'error') throw errorFromBody(undefined, payload);
+    }
+    throw errorFromBody(undefined, { error: { code: 'stream_ended', message: 'The code stream ended without a result.' } });
+  }
+
+  /** The code interpreter's contexts: the default ones (one per language, made by a first cell in it) and those created. */
+  async listCodeContexts(): Promise<CodeContext[]> {
+    return (await this.http.json<{ contexts: CodeContext[] }>({ method: 'GET', path: this.path('/code/contexts'), retry: 'safe', timeoutMs: CODE_SLACK_MS })).contexts;
+  }
+
+  /** Starts a context: a kernel of its own (`language`, default python where the image has it), with its own state and working directory `cwd`. Never retried. */
+  createCodeContext(params: CreateCodeContextParams = {}): Promise<CodeContext> {
+    return this.http.json<CodeContext>({ method: 'POST', path: this.path('/code/contexts'), json: { language: params.language, cwd: params.cwd }, timeoutMs: CODE_SLACK_MS });
+  }
+
+  /** Gives the context a fresh kernel: its variables are gone; same id and working directory. NotFoundError (context_not_found) if there is none. */
+  restartCodeContext(context: string | CodeContext): Promise<CodeContext> {
+    return this.http.json<CodeContext>({ method: 'POST', path: this.path(`/code/contexts/${encodeURIComponent(codeContextId(context))}/restart`), timeoutMs: CODE_SLACK_MS });
+  }
+
+  /** Interrupts the cell the context is running (Python raises KeyboardInterrupt in it); nothing when it is idle. */
+  interruptCodeContext(context: string | CodeContext): Promise<CodeContext> {
+    return this.http.json<CodeContext>({ method: 'POST', path: this.path(`/code/contexts/${encodeURIComponent(codeContextId(context))}/interrupt`), timeoutMs: CODE_SLACK_MS });
+  }
+
+  /** Stops the context's kernel and forgets it. */
+  async removeCodeContext(context: string | CodeContext): Promise<void> {
+    await this.http.json<void>({ method: 'DELETE', path: this.path(`/code/contexts/${encodeURIComponent(codeContextId(context))}`), timeoutMs: CODE_SLACK_MS });
   }
 
   /**

@@ -144,11 +144,12 @@ export class Transport {
 
   /**
    * A request answered with an SSE stream; yields its events. Error responses before the stream
-   * starts are thrown as mapped errors. The timeout covers the whole stream. Stopping the iteration
-   * closes the connection.
+   * starts are thrown as mapped errors. The timeout covers the whole stream. Stopping the iteration,
+   * or `signal`, closes the connection; an aborted `signal` rejects with its AbortError.
    */
-  async *sse(spec: RequestSpec): AsyncGenerator<SseEvent> {
+  async *sse(spec: RequestSpec & { signal?: AbortSignal }): AsyncGenerator<SseEvent> {
     const ctrl = new AbortController();
+    const signal = spec.signal ? AbortSignal.any([spec.signal, ctrl.signal]) : ctrl.signal;
     const ms = spec.timeoutMs ?? this.timeoutMs;
     let timedOut = false;
     const timer = setTimeout(() => {
@@ -156,14 +157,14 @@ export class Transport {
       ctrl.abort();
     }, ms);
     try {
-      const res = await this.attempt({ ...spec, headers: { ...spec.headers, accept: 'text/event-stream' } }, ctrl.signal, () => timedOut, ms);
+      const res = await this.attempt({ ...spec, headers: { ...spec.headers, accept: 'text/event-stream' } }, signal, () => timedOut, ms);
       if (!res.ok) throw await responseError(res);
       if (!res.body) throw new ConnectionError('The server sent no stream.', { code: 'stream_ended', status: res.status });
       try {
         yield* parseSse(res.body);
       } catch (e) {
         if (timedOut) throw timeoutError(spec, ms, e);
-        if (e instanceof CollimateError) throw e;
+        if (e instanceof CollimateError || spec.signal?.aborted) throw e;
         throw new ConnectionError(`The stream from ${this.baseUrl} broke (${(e as Error).message}).`, { code: 'connection_failed', status: 0, cause: e });
       }
     } finally {
@@ -245,6 +246,8 @@ export class Transport {
       return await this.fetchImpl(url, { method: spec.method, headers, body, signal, ...(spec.stream ? { duplex: 'half' } : {}) } as RequestInit);
     } catch (e) {
       if (timedOut()) throw timeoutError(spec, ms, e);
+      // Aborted, not by the timeout: the caller's own signal (sse's), whose AbortError is theirs.
+      if (signal.aborted) throw e;
       const cause = (e as Error & { cause?: { code?: string; message?: string } }).cause;
       throw new ConnectionError(
         `Cannot reach ${this.baseUrl} (${cause?.code ?? cause?.message ?? (e as Error).message}). Is the server running? Check baseUrl / COLLIMATE_BASE_URL.`,

@@ -54,6 +54,50 @@ export type ProcessOutputEvent =
   | { type: 'gap'; from: number; to: number }
   | { type: 'exit'; process: ProcessInfo };
 
+/** A cell's outcome as the API sends it; `sb.runCode` returns it as an Execution (with `text`). */
+export type CodeResult = Wire.CodeResult;
+/** One output of a cell, a MIME bundle (`text/plain` always): the last expression's value (`is_main_result`) or a display. */
+export type CodeOutput = Wire.CodeOutput;
+/** An exception a cell raised: its class (`name`), message (`value`) and plain-text traceback. */
+export type CodeError = Wire.CodeError;
+/** A kernel with its own state and working directory (`sb.createCodeContext`). */
+export type CodeContext = Wire.CodeContext;
+/** `python` (IPython, in the python template) or `javascript` (Node.js, in the node template). */
+export type CodeLanguage = NonNullable<Wire.RunCodeRequest['language']>;
+
+export interface RunCodeOptions {
+  /** That language's default context (made on first use). Absent, with no `context`: python where the image has it. */
+  language?: CodeLanguage;
+  /** A context from createCodeContext (its id or itself); not with `language`. */
+  context?: string | CodeContext;
+  /** Environment variables for this cell only. */
+  env?: Record<string, string>;
+  /** Seconds the cell may run before it is interrupted (`timed_out`); default 300, at most 3600. */
+  timeoutSecs?: number;
+  /**
+   * Reseeds the language's own generators before the cell (Python's random and numpy.random,
+   * JavaScript's Math.random), a decimal u64 string: the same seed in the same kernel state replays
+   * the cell. Absent: they go on as they are.
+   */
+  seed?: string;
+  /** Printed text as it comes. */
+  onStdout?(text: string): void;
+  onStderr?(text: string): void;
+  /** Each display (a shown figure, display()) and the main value, as they come. */
+  onResult?(output: CodeOutput): void;
+  /** The exception the cell raised, as it is raised. */
+  onError?(error: CodeError): void;
+  /** Aborting it interrupts the cell and rejects with its AbortError. */
+  signal?: AbortSignal;
+}
+
+export interface CreateCodeContextParams {
+  /** Default: python where the image has it. */
+  language?: CodeLanguage;
+  /** Its working directory (must exist); default the home. */
+  cwd?: string;
+}
+
 export interface ExecHandlers {
   onStdout?(chunk: Buffer): void;
   onStderr?(chunk: Buffer): void;

@@ -12,9 +12,10 @@ import type { ExecRequest as ServiceExecRequest, SandboxInfo as ServiceSandboxIn
 import type { TenantService } from '../../service/tenantService.js';
 import type { Scope } from '../../service/types.js';
 import { sandboxView } from '../../wire/views.js';
-import { errorFromBody, NotFoundError, type ExecHandlers, type ExecRequest, type ExecResult, type SandboxInfo, type SandboxState } from '../../../sdk/typescript/src/index.js';
+import { errorFromBody, Execution, NotFoundError, type ExecHandlers, type ExecRequest, type ExecResult, type RunCodeOptions, type SandboxInfo, type SandboxState } from '../../../sdk/typescript/src/index.js';
+import { codeContextId } from '../../../sdk/typescript/src/code.js';
 import {
-  newRunId, RUN_LABEL, storedStateId, sweep, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions,
+  newRunId, newSeed, RUN_LABEL, storedStateId, sweep, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions,
 } from '../../../sdk/typescript/src/rl/index.js';
 
 export interface LocalFleetOptions {
@@ -113,6 +114,42 @@ export class LocalSandbox implements Sandbox {
 
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
     return mapped(() => this.svc.sandboxes.exec(this.fleet.scope, this.info.id, req as ServiceExecRequest, handlers));
+  }
+
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    const { language, context, env, timeoutSecs, seed, signal, ...callbacks } = opts;
+    // As over HTTP, where a throwing callback closes the stream: it interrupts the cell, then is rethrown.
+    const stop = new AbortController();
+    let thrown: { error: unknown } | undefined;
+    const guard = <A extends unknown[]>(fn: ((...a: A) => void) | undefined) =>
+      fn &&
+      ((...a: A) => {
+        if (thrown) return;
+        try {
+          fn(...a);
+        } catch (error) {
+          thrown ??= { error };
+          stop.abort();
+        }
+      });
+    const request = { code, language, context: context === undefined ? undefined : codeContextId(context), env, timeoutSecs, seed: seed ?? newSeed() };
+    const handlers = {
+      onStdout: guard(callbacks.onStdout),
+      onStderr: guard(callbacks.onStderr),
+      onResult: guard(callbacks.onResult),
+      onError: guard(callbacks.onError),
+      signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
+    };
+    let result: Execution;
+    try {
+      result = new Execution(await mapped(() => this.svc.code.run(this.fleet.scope, this.info.id, request, handlers)));
+    } catch (e) {
+      if (thrown) throw thrown.error;
+      if (signal?.aborted) throw signal.reason;
+      throw e;
+    }
+    if (thrown) throw thrown.error;
+    return result;
   }
 
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {

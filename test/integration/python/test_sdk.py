@@ -125,6 +125,20 @@ class SdkTest(unittest.TestCase):
             c.sandboxes.get(sid)
         self.assertEqual(c.http.connections_opened, 1, "one keep-alive connection served every sequential call")
 
+    def test_code_cells(self) -> None:
+        # The node template's JavaScript kernel (the TS half runs Python cells).
+        with self.client.sandboxes.create("node", labels={"suite": "py-code"}) as sb:
+            sb.run_code("let total = 40")
+            printed = []
+            r = sb.run_code('console.log("hi"); total + 2', on_stdout=printed.append)
+            self.assertEqual((r.text, "".join(printed), r.error), ("42", "hi\n", None))
+            ctx = sb.create_code_context(language="javascript", cwd="/tmp")
+            # A context is a kernel of its own: none of the default context's state, its own cwd.
+            self.assertEqual(sb.run_code("[typeof total, process.cwd()].join()", context=ctx).text, "'undefined,/tmp'")
+            sb.remove_code_context(ctx)
+            with self.assertRaises(NotFoundError):
+                sb.run_code("1", context=ctx)
+
     def test_typed_errors(self) -> None:
         with self.assertRaises(AuthenticationError) as cm:
             Collimate(api_key="clm_" + "x" * 40, base_url=BASE).images()

@@ -1,8 +1,10 @@
-/** The RL helpers on the in-process fleet over the fake service (no VMs): cleanup, pruning, caps. */
+/** The RL helpers on the in-process fleet over the fake service (no VMs): cleanup, pruning, caps, seeded code cells. */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { FakeSandboxService } from '../../support/fakeSandboxService.js';
-import { Collimate, NotFoundError, SnapshotMismatchError } from '../../../src/sdk/index.js';
+import { Collimate, Execution, NotFoundError, SnapshotMismatchError } from '../../../src/sdk/index.js';
+import { CODE_PORT } from '../../../src/guest/codeServer.js';
+import { startFakeCodeServer } from '../../support/fakeCodeServer.js';
 import { fixture } from '../api/helpers.js';
 import { bestOfN, connect, createLocalFleet, map, mapSandboxes, RUN_LABEL, sweep, treeSearch, type Sandbox, type TreeNodeContext } from '../../../src/sdk/rl/index.js';
 
@@ -361,5 +363,52 @@ test('connect(): the same stored-state calls over REST', async () => {
     assert.equal(await fleet.sweep(undefined, { quietMs: 1 }), 2, 'the root and the kept winner');
   } finally {
     await f.close();
+  }
+});
+
+test('code cells as steps, in-process and over REST: each node runs seeded (one drawn when none is given), its result records the seed, and the seed replays the cell; signal and a throwing callback interrupt it', { timeout: 60_000 }, async () => {
+  const code = await startFakeCodeServer();
+  const f = await fixture();
+  try {
+    const svc = new FakeSandboxService();
+    svc.portMap.set(CODE_PORT, code.port);
+    f.svc.portMap.set(CODE_PORT, code.port);
+    const base = await f.api.app.listen({ host: '127.0.0.1', port: 0 });
+    const fleets = [createLocalFleet(tenantsOn(svc), scope), connect({ client: new Collimate({ baseUrl: base, apiKey: f.key('rl-code', 'pro') }) })];
+    for (const fleet of fleets) {
+      const root = await fleet.create('python');
+      const ran: Execution[] = [];
+      const step = async (sb: Sandbox) => {
+        const r = await sb.runCode('Math.random()', { language: 'javascript' });
+        ran.push(r);
+        return r;
+      };
+      const t = await treeSearch(root, { expand: 2, depth: 2, beam: 1, step, score: (r) => Number(r.text) });
+      assert.equal(ran.length, 4);
+      assert.ok(ran.every((r) => r instanceof Execution && /^\d+$/.test(r.seed ?? '')), JSON.stringify(ran.map((r) => r.seed)));
+      assert.equal(new Set(ran.map((r) => r.seed)).size, 4, 'a fresh seed per node');
+      assert.deepEqual(code.executed.slice(-4).map((b) => b.seed), ran.map((r) => r.seed), 'the seed each cell ran with is the one recorded');
+      assert.ok(ran.includes(t.best.result));
+      // Replaying a node's cell with its recorded seed gives its output again.
+      for (const r of ran) assert.equal((await root.runCode('Math.random()', { language: 'javascript', seed: r.seed! })).text, r.text);
+      assert.equal((await root.runCode('1', { seed: '5' })).seed, '5', 'a given seed passes through');
+
+      // Interrupting: the signal rejects with its AbortError, a throwing callback with its error; both interrupt the cell.
+      const ctrl = new AbortController();
+      let interrupted = code.interrupted();
+      const waiting = root.runCode('wait()', { signal: ctrl.signal });
+      await code.waiting();
+      ctrl.abort();
+      await assert.rejects(waiting, (e: unknown) => (e as Error).name === 'AbortError');
+      await interrupted;
+      interrupted = code.interrupted();
+      await assert.rejects(root.runCode('wait()', { onStdout: () => { throw new Error('enough'); } }), /enough/);
+      await interrupted;
+      await assert.rejects(root.runCode('1', { context: '00000000-0000-0000-0000-000000000000' }), (e: unknown) => e instanceof NotFoundError && e.code === 'context_not_found');
+      await root.delete();
+    }
+  } finally {
+    await f.close();
+    await code.close();
   }
 });

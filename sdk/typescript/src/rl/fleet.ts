@@ -11,7 +11,8 @@
  * (fleet.deleteSnapshot) or until sweep, which deletes a run's snapshots with its sandboxes.
  */
 import { randomBytes } from 'node:crypto';
-import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
+import type { Execution } from '../code.js';
+import type { ExecHandlers, ExecRequest, ExecResult, RunCodeOptions, SandboxInfo, SandboxState } from '../types.js';
 
 /** The label key every sandbox of a run carries. */
 export const RUN_LABEL = 'collimate_run';
@@ -19,6 +20,11 @@ export const RUN_LABEL = 'collimate_run';
 export function newRunId(): string {
   const stamp = new Date().toISOString().slice(0, 19).replace(/[-:T]/g, '');
   return `run-${stamp}-${randomBytes(4).toString('hex')}`;
+}
+
+/** A fresh u64 seed as the API writes one (a decimal string), drawn as the server draws exec seeds. */
+export function newSeed(): string {
+  return randomBytes(8).readBigUInt64LE(0).toString();
 }
 
 /**
@@ -55,6 +61,14 @@ export interface Sandbox {
   readonly info: SandboxInfo;
   /** Runs a command (the sandbox must be running); output streams to `handlers` when given. */
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult>;
+  /**
+   * Runs a code cell in the sandbox's stateful kernel (the SDK's `runCode`: the python or node
+   * template), always seeded: without `opts.seed` a fresh one is drawn (newSeed), as the server draws
+   * one for every exec, so the result records it (`seed`) and `runCode(code, { seed: result.seed })`
+   * replays the cell in the same kernel state (e.g. another fork of the same node). Aborting
+   * `opts.signal`, or a callback that throws, interrupts the cell.
+   */
+  runCode(code: string, opts?: RunCodeOptions): Promise<Execution>;
   /** Forks into `n` children that keep this sandbox's memory and processes (running or suspended: it stays as it is); they carry the run label. */
   fork(n: number, opts?: { labels?: Record<string, string> }): Promise<Sandbox[]>;
   /** Stores this moment (running or suspended: it stays as it is); counts against the snapshot quotas until fleet.deleteSnapshot. */

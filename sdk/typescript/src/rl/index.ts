@@ -11,6 +11,7 @@
 export {
   RUN_LABEL,
   newRunId,
+  newSeed,
   storedStateId,
   type Fleet,
   type Sandbox,

@@ -2,8 +2,9 @@
 import { Collimate, type CollimateOptions } from '../client.js';
 import { NotFoundError } from '../errors.js';
 import type { Sandbox as SdkSandbox } from '../sandbox.js';
-import type { ExecHandlers, ExecRequest, ExecResult, SandboxInfo, SandboxState } from '../types.js';
-import { newRunId, RUN_LABEL, storedStateId, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions } from './fleet.js';
+import type { Execution } from '../code.js';
+import type { ExecHandlers, ExecRequest, ExecResult, RunCodeOptions, SandboxInfo, SandboxState } from '../types.js';
+import { newRunId, newSeed, RUN_LABEL, storedStateId, type CreateOptions, type Fleet, type Sandbox, type SnapshotOptions, type StoredState, type StoredStateRef, type SweepOptions } from './fleet.js';
 import { sweep } from './helpers.js';
 
 export interface ConnectOptions extends CollimateOptions {
@@ -71,6 +72,10 @@ export class RemoteSandbox implements Sandbox {
 
   exec(req: ExecRequest, handlers?: ExecHandlers): Promise<ExecResult> {
     return this.sdk.exec(req, handlers);
+  }
+
+  runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    return this.sdk.runCode(code, { ...opts, seed: opts.seed ?? newSeed() });
   }
 
   async fork(n: number, opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
