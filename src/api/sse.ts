@@ -42,49 +42,12 @@ export class SseStreams {
   }
 
   /**
-   * Hijacks `reply` for a 200 event stream and runs `exec` with handlers that forward its output.
-   * The caller has checked everything that should still get its own status code.
+   * Hijacks `reply` for a 200 event stream that runs one operation to its `result` event (or an
+   * `error` event with an Error body): `run` gets `send` for the events before it, and a signal
+   * aborted when the client goes away. The caller has checked everything that should still get its
+   * own status code.
    */
-  async streamExec(reply: FastifyReply, log: ErrorLog, requestId: string, exec: (h: ExecStreamHandlers) => Promise<ExecResult>): Promise<void> {
-    const res = openEventStream(reply);
-    let live = true;
-    const send = (event: string, data: unknown) => {
-      // A client that went away just stops receiving; the exec itself runs to completion.
-      if (live && !res.writableEnded && !res.destroyed) res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
-    };
-    const finish = () => {
-      if (!live) return;
-      live = false;
-      clearInterval(ping);
-      this.open.delete(abort);
-      res.end();
-    };
-    const abort = (err: CollimateError) => {
-      send('error', err.toJSON(restNames));
-      finish();
-    };
-    this.open.add(abort);
-    const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
-    ping.unref();
-    try {
-      const r = await exec({
-        onStdout: (c) => send('stdout', { data: c.toString('base64') }),
-        onStderr: (c) => send('stderr', { data: c.toString('base64') }),
-      });
-      send('result', execResultView(r));
-    } catch (err) {
-      send('error', toClientError(err, log, requestId).toJSON(restNames));
-    } finally {
-      finish();
-    }
-  }
-
-  /**
-   * Hijacks `reply` for a 200 stream of a code cell: `stdout` / `stderr` `{text}`, `display` (a
-   * CodeOutput), `exception` (a CodeError) as they come, then `result` (the CodeResult) or `error`
-   * (an Error body). A client that goes away interrupts the cell (the kernel stays usable).
-   */
-  async streamCode(reply: FastifyReply, log: ErrorLog, requestId: string, run: (h: CodeStreamHandlers) => Promise<CodeResult>): Promise<void> {
+  private async streamOne<T>(reply: FastifyReply, log: ErrorLog, requestId: string, run: (send: (event: string, data: unknown) => void, gone: AbortSignal) => Promise<T>): Promise<void> {
     const res = openEventStream(reply);
     const gone = new AbortController();
     let live = true;
@@ -110,19 +73,38 @@ export class SseStreams {
     const ping = setInterval(() => live && !res.destroyed && res.write(': ping\n\n'), 15_000);
     ping.unref();
     try {
-      const r = await run({
-        onStdout: (text) => send('stdout', { text }),
-        onStderr: (text) => send('stderr', { text }),
-        onResult: (output) => send('display', output),
-        onError: (error) => send('exception', error),
-        signal: gone.signal,
-      });
-      send('result', r);
+      send('result', await run(send, gone.signal));
     } catch (err) {
       send('error', toClientError(err, log, requestId).toJSON(restNames));
     } finally {
       finish();
     }
+  }
+
+  /**
+   * A streamed exec: `stdout`/`stderr` `{data: base64}`, then `result` (the ExecResult view). A
+   * client that goes away just stops receiving; the exec itself runs to completion.
+   */
+  async streamExec(reply: FastifyReply, log: ErrorLog, requestId: string, exec: (h: ExecStreamHandlers) => Promise<ExecResult>): Promise<void> {
+    await this.streamOne(reply, log, requestId, async (send) => execResultView(await exec({
+      onStdout: (c) => send('stdout', { data: c.toString('base64') }),
+      onStderr: (c) => send('stderr', { data: c.toString('base64') }),
+    })));
+  }
+
+  /**
+   * A streamed code cell: `stdout` / `stderr` `{text}`, `display` (a CodeOutput), `exception` (a
+   * CodeError) as they come, then `result` (the CodeResult). A client that goes away interrupts the
+   * cell (the kernel stays usable).
+   */
+  async streamCode(reply: FastifyReply, log: ErrorLog, requestId: string, run: (h: CodeStreamHandlers) => Promise<CodeResult>): Promise<void> {
+    await this.streamOne(reply, log, requestId, (send, gone) => run({
+      onStdout: (text) => send('stdout', { text }),
+      onStderr: (text) => send('stderr', { text }),
+      onResult: (output) => send('display', output),
+      onError: (error) => send('exception', error),
+      signal: gone,
+    }));
   }
 
   /**
