@@ -74,15 +74,15 @@ export function codeServerScript(): string {
 }
 
 /**
- * Runs one silent cell (not counted, nothing shown) in the default context of the code interpreter
+ * Runs the warm-up cell (silent: not counted, nothing shown; server.py WARM_UP) in the default context of the code interpreter
  * at `host`, if one listens: under TCG a new QEMU process translates every guest path afresh, so the
  * first cell after a restore costs most of a second; a pool pays it before the sandbox is claimed.
  * Resolves false when no server answers (a template without one) or the cell did not finish in time.
  */
 export function warmCodeInterpreter(host: string, { port = CODE_PORT, timeoutMs = 30_000 } = {}): Promise<boolean> {
-  const body = JSON.stringify({ code: '1+1', silent: true });
+  const body = JSON.stringify({ warm: true });
   return new Promise((resolve) => {
-    const req = request({ host, port, method: 'POST', path: '/execute', agent: false, timeout: timeoutMs,
+    const req = request({ host, port, method: 'POST', path: '/execute?format=mime', agent: false, timeout: timeoutMs,
       headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
       let text = '';
       res.setEncoding('utf8');

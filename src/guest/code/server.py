@@ -55,6 +55,15 @@ LANGUAGE_ALIASES = {"python": "python", "python3": "python", "py": "python", "ip
                     "javascript": "javascript", "js": "javascript", "node": "javascript", "nodejs": "javascript"}
 
 
+# The host's warm-up of a pooled sandbox (`{"warm": true}`): a silent cell that still goes the way a
+# user's does — a value through every display formatter and published, output published — so the
+# first real cell after a claim finds those paths translated (TCG translates afresh in each VMM).
+WARM_UP = {
+    "python": "from IPython.display import display as _c_display\n_c_display(1 + 1)\nprint('', end='')\ndel _c_display\n",
+    "javascript": "display(1 + 1); console.log('')",
+}
+
+
 class RequestError(Exception):
     def __init__(self, status, message):
         super().__init__(message)
@@ -527,7 +536,8 @@ class Handler(BaseHTTPRequestHandler):
         self.route("DELETE")
 
     def execute(self, b, mime):
-        code = b.get("code")
+        warm = b.get("warm") is True
+        code = "" if warm else b.get("code")
         if not isinstance(code, str):
             raise RequestError(400, "code is required: the cell's source, a string.")
         if b.get("context_id") and b.get("language"):
@@ -559,7 +569,9 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
-        cell = ctx.cell(code, env, seed, silent=b.get("silent") is True)
+        if warm:
+            code = WARM_UP[ctx.language]
+        cell = ctx.cell(code, env, seed, silent=warm)
         try:
             if mime:
                 line({"type": "context", "id": ctx.id, "language": ctx.language})
