@@ -198,7 +198,7 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
   }
 });
 
-test('kernels survive suspend/resume, and each fork child goes on from its parent\'s kernel', async () => {
+test('kernels survive suspend/resume, each fork child goes on from its parent\'s kernel, and a snapshot keeps one', async () => {
   const id = await create('python');
   const children: string[] = [];
   try {
@@ -214,6 +214,21 @@ test('kernels survive suspend/resume, and each fork child goes on from its paren
     const sums = await Promise.all(children.map((child) => value(child, 'int(df.n.sum())')));
     assert.deepEqual(sums, ['12', '18', '24']);
     assert.equal(await value(id, 'int(df.n.sum())'), '6', 'the parent keeps its own');
+
+    // A snapshot keeps the kernel too: a sandbox started from it reads the DataFrame, and a rollback
+    // brings the parent's back after it changed.
+    const snap = await call('POST', `/v1/sandboxes/${id}/snapshots`, { name: 'kernel' });
+    assert.equal(snap.status, 201, snap.text);
+    const started = await call('POST', '/v1/sandboxes', { snapshot: snap.json.id });
+    assert.equal(started.status, 201, started.text);
+    children.push(started.json.id);
+    assert.equal(await value(started.json.id, 'int(df.n.sum())'), '6');
+    await run(id, { code: 'df["n"] = 0' });
+    assert.equal(await value(id, 'int(df.n.sum())'), '0');
+    const rolled = await call('POST', `/v1/sandboxes/${id}/restore`, { snapshot: snap.json.id });
+    assert.equal(rolled.status, 200, rolled.text);
+    assert.equal(await value(id, 'int(df.n.sum())'), '6');
+    assert.equal((await call('DELETE', `/v1/snapshots/${snap.json.id}`)).status, 204);
   } finally {
     for (const s of [...children, id]) await call('DELETE', `/v1/sandboxes/${s}`);
   }
