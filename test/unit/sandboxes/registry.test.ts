@@ -90,9 +90,22 @@ test('serialized: operations on one suspended sandbox run one at a time, in orde
     await sleep(ms);
     log.push(`end ${name}`);
   });
-  await Promise.all([op('sbx_a', 'a1', 20), op('sbx_a', 'a2', 1), op('sbx_b', 'b1', 1)]);
+  // a1 holds sbx_a until sbx_b's operation has ended: no timer order to rely on (under load a 1 ms
+  // timer set after a 20 ms one can fire second).
+  let releaseA!: () => void;
+  const held = new Promise<void>((r) => (releaseA = r));
+  const a1 = registry.serialized('sbx_a', async () => {
+    log.push('start a1');
+    await held;
+    log.push('end a1');
+  });
+  const a2 = op('sbx_a', 'a2', 1);
+  const b1 = op('sbx_b', 'b1', 1);
+  await Promise.race([b1, sleep(10_000, undefined, { ref: false }).then(() => assert.fail('sbx_b waited for sbx_a'))]);
+  assert.ok(!log.includes('end a1') && !log.includes('start a2'), 'sbx_a is still held by a1');
+  releaseA();
+  await Promise.all([a1, a2]);
   assert.deepEqual(log.filter((l) => / a\d/.test(l)), ['start a1', 'end a1', 'start a2', 'end a2']);
-  assert.ok(log.indexOf('end b1') < log.indexOf('end a1'), 'sbx_b did not wait for sbx_a');
 });
 
 function pick(r: SandboxRow) {
