@@ -190,6 +190,8 @@ export interface ResolverOptions {
   onAnswer(src: string, ips: string[], ttlSecs: number): Promise<void>;
   /** Whether `src` is one of ours (anything else is refused). */
   knows(src: string): boolean;
+  /** The clock the query budgets refill by (tests stop it). Default Date.now. */
+  now?: () => number;
 }
 
 export class PolicyResolver {
@@ -209,7 +211,7 @@ export class PolicyResolver {
 
   /** `src`'s bookkeeping; an idle sandbox's is dropped (it starts again with a full bucket). */
   private asker(src: string): Asker {
-    const now = Date.now();
+    const now = (this.opts.now ?? Date.now)();
     let a = this.askers.get(src);
     if (!a) {
       if (this.askers.size > 4096) {
