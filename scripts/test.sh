@@ -24,7 +24,7 @@ export COLLIMATE_HOST_CPU_PRESSURE_MAX="${COLLIMATE_HOST_CPU_PRESSURE_MAX:-0}"
 # at its end; update this list from there). A file not named here runs first, in name order, since
 # its length is unknown; a name here with no file is reported and skipped.
 longest_first=(
-  cluster chaos lifecycle restore fuzz code isolation files soak console sdk slowReaders doorFuzz pools api
+  cluster chaos lifecycle restore fuzz code isolation files soak console sdk slowReaders doorFuzz clusterSnapshots pools api
   snapshots network images seed e2b contract admission processes packages idlePause engine catalog
   firstStart images-debian users service ports smoke portableArtifacts
 )

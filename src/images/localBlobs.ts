@@ -67,6 +67,11 @@ export class LocalBlobs {
     if (offered && existsSync(offered.path)) return offered;
     const hit = this.byDigest.get(digest);
     if (hit && existsSync(hit.path)) return hit;
+    // A snapshot's blob first, from the engine's record: the full scan may hash every artifact built
+    // since the last one (a new template's RAM file and disk), which on a loaded host took longer than
+    // a pulling host waits for an answer (BlobFetcher's 30 s).
+    const snapshot = (this.src.snapshots?.() ?? []).find((b) => b.digest === digest && existsSync(b.path));
+    if (snapshot) return snapshot;
     await this.scan();
     const again = this.byDigest.get(digest);
     return again && existsSync(again.path) ? again : undefined;
