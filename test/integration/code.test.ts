@@ -125,6 +125,19 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
 
     const html = await run(id, { code: 'import pandas as pd\ndf = pd.DataFrame({"a": [1, 2]})\ndf' });
     assert.match(html.results[0].data['text/html'], /<table/);
+    // Every MIME type a display can carry comes through as the kernel sent it.
+    const rich = await run(id, {
+      code: [
+        'from IPython.display import display, SVG, JSON, Latex, Markdown',
+        'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>\'), JSON({"k": [1, 2]}), Latex(r"$\\alpha$"), Markdown("**b**"))',
+      ].join('\n'),
+    });
+    assert.equal(rich.error, null, JSON.stringify(rich.error));
+    const bundles = rich.results.map((o: any) => o.data);
+    assert.match(bundles.find((d: any) => d['image/svg+xml'])?.['image/svg+xml'], /<svg/);
+    assert.deepEqual(bundles.find((d: any) => d['application/json'])?.['application/json'], { k: [1, 2] });
+    assert.equal(bundles.find((d: any) => d['text/latex'])?.['text/latex'], '$\\alpha$');
+    assert.equal(bundles.find((d: any) => d['text/markdown'])?.['text/markdown'], '**b**');
 
     const failed = await run(id, { code: 'def f():\n    return 1 / 0\nf()' });
     assert.equal(failed.error.name, 'ZeroDivisionError');
