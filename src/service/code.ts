@@ -76,8 +76,11 @@ export const CODE_TIMEOUT_DEFAULT_SECS = 300;
 export const CODE_TIMEOUT_MAX_SECS = 3600;
 /** How long a cell past its timeout has to stop once interrupted. */
 const INTERRUPT_GRACE_MS = 10_000;
-/** How long a request other than a cell (contexts, health) may take; a new Python kernel under TCG takes tens of seconds. */
-const CONTROL_TIMEOUT_MS = 240_000;
+/**
+ * How long a request other than a cell (contexts, health) may take: a new Python kernel takes tens of
+ * seconds under TCG, and minutes on a loaded host (the guest server gives up on one at 180 s).
+ */
+const CONTROL_TIMEOUT_MS = 600_000;
 
 interface GuestAnswer {
   status: number;

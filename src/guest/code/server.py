@@ -350,11 +350,18 @@ def fill_spare(language):
 
 
 def take_kernel(language, cwd):
-    """A kernel for a new context or a restart: the spare, moved to `cwd`, else a new one."""
-    with _spares_lock:
-        kernel = _spares.get(language)
-        if kernel is not None:
-            del _spares[language]
+    """A kernel for a new context or a restart: the spare, moved to `cwd`, else a new one. A spare
+    still starting is waited for: two kernels starting at once in one vCPU take twice as long each."""
+    deadline = time.monotonic() + KERNEL_START_SECS
+    while True:
+        with _spares_lock:
+            making = language in _spares and _spares[language] is None
+            kernel = _spares.get(language)
+            if kernel is not None:
+                del _spares[language]
+        if not making or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     if kernel is not None and kernel.alive():
         kernel.chdir(cwd)
     else:
