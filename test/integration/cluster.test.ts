@@ -257,7 +257,8 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
   /** Whether a live process claims the artifact `key` in the shared cache (src/images/artifactGc.ts), so it is not collected. */
   const claimedNow = (key: string) => {
     try {
-      return readdirSync(join(TEST_CACHE, 'artifacts', key, 'users')).some((f) => isRunning(Number(f.split('-')[0])));
+      // An artifact's directory is named by the first 24 hex digits of its key (src/images/bake.ts).
+      return readdirSync(join(TEST_CACHE, 'artifacts', key.slice(0, 24), 'users')).some((f) => isRunning(Number(f.split('-')[0])));
     } catch {
       return false;
     }
