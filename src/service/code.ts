@@ -13,16 +13,14 @@ import { connect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { CollimateError, msg, see } from '../errors.js';
 import { CODE_PORT, codeServerScript } from '../guest/codeServer.js';
+import type { z } from 'zod';
+import type * as S from '../wire/schemas.js';
 import type { Scope } from './types.js';
 import type { Sandboxes } from './sandboxes.js';
 
-export type CodeLanguage = 'python' | 'javascript';
-
-export interface CodeContext {
-  id: string;
-  language: string;
-  cwd: string;
-}
+/** The wire's shapes are the service's: what a cell answers goes out as the guest server gave it. */
+export type CodeLanguage = NonNullable<z.infer<typeof S.CreateCodeContext>['language']>;
+export type CodeContext = z.infer<typeof S.CodeContext>;
 
 export interface RunCodeRequest {
   code: string;
@@ -39,29 +37,10 @@ export interface RunCodeRequest {
 }
 
 /** One output of a cell: the last expression's value (`is_main_result`) or a display, as a MIME bundle. */
-export interface CodeOutput {
-  is_main_result: boolean;
-  data: Record<string, unknown>;
-}
-
-export interface CodeError {
-  name: string;
-  value: string;
-  traceback: string;
-}
-
-export interface CodeResult {
-  context: string | null;
-  results: CodeOutput[];
-  stdout: string;
-  stderr: string;
-  error: CodeError | null;
-  execution_count: number | null;
-  /** The cell ran past its timeout and was interrupted (`error` is then the interruption). */
-  timed_out: boolean;
-  duration_ms: number;
-  seed: string | null;
-}
+export type CodeOutput = z.infer<typeof S.CodeOutput>;
+export type CodeError = z.infer<typeof S.CodeError>;
+/** `timed_out`: the cell ran past its timeout and was interrupted (`error` is then the interruption). */
+export type CodeResult = z.infer<typeof S.CodeResult>;
 
 export interface CodeStreamHandlers {
   onStdout?(text: string): void;

@@ -91,15 +91,19 @@ test('runtime layers are diffs over the Debian base: merged views have the runti
   const npm = await run('chroot', [nodeMerged, 'npm', '--version'], { env: { PATH: '/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME: '/tmp' } });
   assert.equal(npm.stdout, `${NODE_DISTS.npm.version}\n`);
 
-  // The diff layers hold only what the install changed, not a copy of the base.
+  // The diff layers hold only what the install changed, not a copy of the base: of the merged
+  // view's bytes, those the diff does not carry are most of the base (a layer that copied the base
+  // would carry nearly all the merged bytes itself). The python layer is far larger than the base
+  // (the code interpreter's numpy, pandas, matplotlib), so a ratio of the sizes alone says nothing.
   for (const dir of [pyDir, nodeDir]) assert.equal(existsSync(join(dir, 'usr/bin/bash')), false, `${dir} duplicates the base`);
   const du = async (d: string) => Number((await run('du', ['-sb', d])).stdout.split(/\s/)[0]);
-  const [baseBytes, pyBytes, pyMergedBytes] = [await du(baseDir), await du(pyDir), await du(pyMerged)];
-  assert.ok(pyBytes < pyMergedBytes * 0.8, `python diff ${pyBytes} B is not much smaller than the merged tree ${pyMergedBytes} B`);
-  assert.ok(pyMergedBytes >= baseBytes, 'merged view is smaller than its base');
-  const imageBytes = (p: string) => statSync(p).size;
-  assert.ok(imageBytes(python.path) < imageBytes(base.path) + imageBytes(python.path));
-  assert.ok(imageBytes(python.path) < (imageBytes(base.path) + imageBytes(python.path)) * 0.8, 'python diff image is not much smaller than base+diff');
+  const baseBytes = await du(baseDir);
+  for (const [diff, merged] of [[pyDir, pyMerged], [nodeDir, nodeMerged]]) {
+    const [diffBytes, mergedBytes] = [await du(diff), await du(merged)];
+    assert.ok(mergedBytes >= baseBytes, `${merged} is smaller than its base`);
+    assert.ok(mergedBytes - diffBytes >= baseBytes * 0.8,
+      `${diff} carries ${diffBytes} B of a ${mergedBytes} B merged tree: less than 80% of the base's ${baseBytes} B comes from the base`);
+  }
 });
 
 test('cached: a second call returns the same digest without rebuilding', async () => {

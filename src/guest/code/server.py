@@ -135,6 +135,23 @@ def seed_snippet(language, seed):
     return None
 
 
+# What a kernel must not inherit from the server: the seed preload and its variables (a kernel is
+# seeded per cell, on request) and the server's own settings.
+SERVER_ONLY_ENV = ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT", "COLLIMATE_CODE_STATE_DIR")
+
+
+def kernel_env():
+    env = dict(os.environ)
+    for k in SERVER_ONLY_ENV:
+        env.pop(k, None)
+    return env
+
+
+def kernel_died():
+    """The error a cell ends with when its kernel process is gone."""
+    return ("error", {"name": "KernelDied", "value": "The kernel died while the cell ran (out of memory, or it was killed); its state is lost. Restart the context.", "traceback": ""})
+
+
 def env_snippet(language, env):
     """Code setting (or, with None values, removing) environment variables in the kernel."""
     if not env:
@@ -161,9 +178,7 @@ class PythonKernel:
     def start(self):
         from jupyter_client.manager import KernelManager
         self.km = KernelManager(kernel_name="python3")
-        env = dict(os.environ)
-        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT", "COLLIMATE_CODE_STATE_DIR"):
-            env.pop(k, None)
+        env = kernel_env()
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         # ipykernel's debugger (debugpy) otherwise warns on stderr about frozen modules at every start.
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
@@ -205,7 +220,7 @@ class PythonKernel:
                 msg = self.kc.get_iopub_msg(timeout=1)
             except queue.Empty:
                 if not self.alive():
-                    yield ("error", {"name": "KernelDied", "value": "The kernel died while the cell ran (out of memory, or it was killed); its state is lost. Restart the context.", "traceback": ""})
+                    yield kernel_died()
                     return
                 yield ("idle_tick", None)
                 continue
@@ -236,14 +251,11 @@ class NodeKernel:
         self.cwd = cwd
         self.proc = None
         self.events = None
-        self.count = 0
         self.start()
 
     def start(self):
         r, w = os.pipe()
-        env = dict(os.environ)
-        for k in ("LD_PRELOAD", "COLLIMATE_SEED", "COLLIMATE_SEED_LINEAGE", "COLLIMATE_CODE_PORT", "COLLIMATE_CODE_STATE_DIR"):
-            env.pop(k, None)
+        env = kernel_env()
         env["COLLIMATE_KERNEL_FD"] = str(w)
         self.proc = subprocess.Popen(["node", os.path.join(HERE, "kernel.js")], cwd=self.cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,), start_new_session=True)
@@ -298,12 +310,12 @@ class NodeKernel:
                 ev = self.events.get(timeout=1)
             except queue.Empty:
                 if not self.alive():
-                    yield ("error", {"name": "KernelDied", "value": "The kernel died while the cell ran; its state is lost. Restart the context.", "traceback": ""})
+                    yield kernel_died()
                     return
                 yield ("idle_tick", None)
                 continue
             if ev is None:
-                yield ("error", {"name": "KernelDied", "value": "The kernel died while the cell ran; its state is lost. Restart the context.", "traceback": ""})
+                yield kernel_died()
                 return
             if ev.get("id") != cell:
                 continue
