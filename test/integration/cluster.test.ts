@@ -296,7 +296,9 @@ describe('cluster mode on real microVMs: three hosts in network namespaces, one 
         const allocated = statSync(dest).blocks * 512;
         if (f.kind === 'artifact-state') assert.equal(got.transferred, f.size);
         else {
-          assert.ok(got.transferred < f.size / 2, `${f.kind}: ${got.transferred} of ${f.size} bytes sent`);
+          // Holes are not sent: fewer bytes than the file's size cross (how many depends on what the
+          // template's guest held when it was baked: a code interpreter's node guest fills more than half).
+          assert.ok(got.transferred < f.size, `${f.kind}: ${got.transferred} of ${f.size} bytes sent`);
           assert.ok(allocated <= got.transferred + (1 << 20), `${f.kind}: the copy keeps its holes (${allocated} bytes allocated)`);
         }
         moved.push(`${f.kind} ${f.size} bytes, ${got.transferred} sent, ${allocated} allocated`);
