@@ -5,7 +5,8 @@
 //   same dirty set; the memory each child adds before it writes; the replay tax (reaching
 //   a 20-step episode's state by replaying it in a fresh sandbox vs forking it); suspend and resume.
 // Usage: node --import tsx bench/lifecycle.ts [--runs 5] [--suspend-resume-only]
-//   --suspend-resume-only: only the suspend / resume runs and their phases (minutes less).
+//   --suspend-resume-only: only the suspend / resume runs and their phases (minutes less), and
+//   after them the same with keep_memory false (only the files kept; the resume boots afresh).
 import { readFileSync, rmSync } from 'node:fs';
 import { Engine } from '../src/sandboxes/engine.ts';
 import { summary, fmt, phaseTable, timed, pssMiB, rssMiB } from './stats.ts';
@@ -103,15 +104,21 @@ const parent = await dirtyParent(engine).then((id) => ({ id }));
 const parentRss = rssMiB(pid(parent.id), read);
 if (process.argv.includes('--suspend-resume-only')) {
   const { suspendMs, resumeMs } = await suspendResumeRuns();
+  // Afterwards: a files-only resume boots afresh, so the dirtied memory is gone from then on.
+  const files = await suspendResumeRuns(false);
   await engine.deleteAll();
   await engine.close();
   rmSync(home, { recursive: true, force: true });
-  const [su, re] = [summary(suspendMs), summary(resumeMs)];
+  const [su, re, fsu, fre] = [summary(suspendMs), summary(resumeMs), summary(files.suspendMs), summary(files.resumeMs)];
   console.log([
     `## Suspend / resume (accel ${engine.cfg.accel.accel}; 512 MiB guest with ~100 MB dirtied)`, '',
     '| measure | n | p50 | p99 |', '|---|---|---|---|',
     `| suspend | ${su.n} | ${fmt(su.p50)} ms | ${fmt(su.p99)} ms |`,
-    `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`, '',
+    `| resume | ${re.n} | ${fmt(re.p50)} ms | ${fmt(re.p99)} ms |`,
+    `| suspend, files only (keep_memory false) | ${fsu.n} | ${fmt(fsu.p50)} ms | ${fmt(fsu.p99)} ms |`,
+    `| resume of it (a boot) | ${fre.n} | ${fmt(fre.p50)} ms | ${fmt(fre.p99)} ms |`,
+    `| **files-only suspend / suspend (p50)** | | ${(fsu.p50 / su.p50).toFixed(2)}× | |`,
+    `| **its resume / resume (p50)** | | ${(fre.p50 / re.p50).toFixed(2)}× | |`, '',
     ...phaseTable(phaseReports),
   ].join('\n'));
   process.exit(0);
@@ -254,14 +261,14 @@ console.log([
   ...phaseTable(phaseReports),
 ].join('\n'));
 
-async function suspendResumeRuns(): Promise<{ suspendMs: number[]; resumeMs: number[] }> {
-  log('suspend / resume of the 512 MiB sandbox');
+async function suspendResumeRuns(keepMemory = true): Promise<{ suspendMs: number[]; resumeMs: number[] }> {
+  log(`suspend / resume of the 512 MiB sandbox${keepMemory ? '' : ', keeping only its files'}`);
   const suspendMs: number[] = [];
   const resumeMs: number[] = [];
   for (let r = 0; r < RUNS; r++) {
-    measuring = 'suspend';
-    suspendMs.push((await timed(() => engine.suspend(parent.id)))[0]);
-    measuring = 'resume';
+    measuring = keepMemory ? 'suspend' : 'suspend (files only)';
+    suspendMs.push((await timed(() => engine.suspend(parent.id, undefined, { keepMemory })))[0]);
+    measuring = keepMemory ? 'resume' : 'resume (boot)';
     resumeMs.push((await timed(() => engine.resume(parent.id)))[0]);
     measuring = '';
   }

@@ -77,7 +77,7 @@ export function registerMoveRoutes(app: FastifyInstance, o: MoveRoutesOptions): 
     try {
       const m = prepared.manifest;
       const targets = await moves.targets({ from: o.node.hostId, compat: compatKey(o.node.compat), artifactKey: m.artifactKey, to });
-      const withdraw = o.blobs.offer(m.files.map((f) => ({ digest: f.digest, kind: 'sandbox-move' as const, path: prepared.paths[f.name], size: f.size, sparse: f.sparse, of: id })));
+      const withdraw = o.blobs.offer(m.files.map((f) => ({ digest: f.digest, kind: 'sandbox-move' as const, path: prepared.paths[f.name]!, size: f.size, sparse: f.sparse, of: id })));
       try {
         const refusals: string[] = [];
         let chosen: { target: MoveTarget; transferred: number } | undefined;

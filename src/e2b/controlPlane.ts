@@ -138,17 +138,24 @@ function denylistOf(deny: string[], allow: string[], isAddress: (s: string) => b
 /**
  * E2B's lifecycle at create: `autoPause` (the SDK's `lifecycle.onTimeout: 'pause'`) suspends the
  * sandbox when its timeout ends instead of deleting it; `autoResume.enabled` resumes it on a request
- * that needs it running. A pause that keeps only the filesystem (`autoPauseMemory: false`) is not
- * served: a Collimate suspend always keeps the memory.
+ * that needs it running. `autoPauseMemory: false` (`keepMemory: false`) makes that pause keep only
+ * the filesystem (our keep_memory false): the resume boots it afresh. As on E2B, it needs autoPause
+ * and cannot go with autoResume (traffic that woke it would find its servers gone).
  */
-function lifecycleOf(body: Record<string, unknown>): { onTimeout?: 'delete' | 'suspend'; autoResume?: boolean } {
+function lifecycleOf(body: Record<string, unknown>): { onTimeout?: 'delete' | 'suspend'; autoResume?: boolean; keepMemory?: boolean } {
   if (body.autoPause !== undefined && body.autoPause !== null && typeof body.autoPause !== 'boolean') throw bad('autoPause must be true or false.');
-  if (body.autoPauseMemory === false) throw bad('autoPauseMemory: false (a filesystem-only pause) is not supported: a Collimate pause always keeps the memory; leave it out.');
+  if (body.autoPauseMemory !== undefined && body.autoPauseMemory !== null && typeof body.autoPauseMemory !== 'boolean') throw bad('autoPauseMemory must be true or false.');
   const resume = body.autoResume as { enabled?: unknown } | undefined | null;
   if (resume !== undefined && resume !== null && (typeof resume !== 'object' || (resume.enabled !== undefined && typeof resume.enabled !== 'boolean'))) throw bad('autoResume must be {"enabled": true|false}.');
   const autoResume = resume?.enabled === true;
   if (autoResume && body.autoPause !== true) throw bad("autoResume needs autoPause (the SDK's lifecycle.onTimeout: 'pause').");
-  return { ...(body.autoPause === true ? { onTimeout: 'suspend' as const } : body.autoPause === false ? { onTimeout: 'delete' as const } : {}), ...(autoResume ? { autoResume } : {}) };
+  const keepMemory = body.autoPauseMemory === false ? false : undefined;
+  if (keepMemory === false && body.autoPause !== true) throw bad("autoPauseMemory: false needs autoPause (the SDK's lifecycle.onTimeout: {action: 'pause', keepMemory: false}).");
+  if (keepMemory === false && autoResume) throw bad('autoPauseMemory: false cannot go with autoResume: a pause that keeps only the filesystem is resumed by connect, which boots the sandbox afresh.');
+  return {
+    ...(body.autoPause === true ? { onTimeout: 'suspend' as const } : body.autoPause === false ? { onTimeout: 'delete' as const } : {}),
+    ...(autoResume ? { autoResume } : {}), ...(keepMemory === false ? { keepMemory } : {}),
+  };
 }
 
 /** A sandbox as E2B's list and get show it. */
@@ -369,7 +376,7 @@ export class E2bControlPlane {
     const fromSnapshot = SNAPSHOT_ID_RE.test(named);
     // From a snapshot, E2B's defaults hold (deleted at its timeout), not those of the sandbox it was taken of.
     const info = fromSnapshot
-      ? (await this.tenants.sandboxes.startFromSnapshot(scope, { snapshot: named, count: 1, ...common, onTimeout: lifecycle.onTimeout ?? 'delete', autoResume: lifecycle.autoResume ?? false }))[0]
+      ? (await this.tenants.sandboxes.startFromSnapshot(scope, { snapshot: named, count: 1, ...common, onTimeout: lifecycle.onTimeout ?? 'delete', autoResume: lifecycle.autoResume ?? false, keepMemory: lifecycle.keepMemory ?? true }))[0]
       : await this.tenants.sandboxes.create(scope, { template: this.templateFor(scope, named), ...common, ...lifecycle });
     // A sandbox from a snapshot has the envVars its envd held then (as E2B's, whose envd is in the snapshot's memory), under the create's own.
     const env = { ...(fromSnapshot ? await this.opts.env.get(named) : {}), ...((body.envVars ?? {}) as Record<string, string>) };
@@ -419,17 +426,28 @@ export class E2bControlPlane {
     await this.tenants.sandboxes.setTimeout(scope, id, Math.max(1, secs));
   }
 
-  async pause(scope: Scope, id: string): Promise<void> {
+  /** `{memory: false}` (the SDK's `pause({keepMemory: false})`) keeps only the filesystem; absent, the memory too (E2B's default, whatever the create said). */
+  async pause(scope: Scope, id: string, body: Record<string, unknown>): Promise<void> {
+    if (body.memory !== undefined && body.memory !== null && typeof body.memory !== 'boolean') throw bad('memory must be true or false.');
     const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'suspended') throw new CollimateError('invalid_state', `Sandbox ${id} is already paused.`);
-    await this.tenants.sandboxes.suspend(scope, id);
+    await this.tenants.sandboxes.suspend(scope, id, { keepMemory: body.memory !== false });
   }
 
-  /** connect: 200 if it was running (its timeout only ever lengthened), 201 once resumed. */
+  /**
+   * connect: 200 if it was running (its timeout only ever lengthened), 201 once resumed. `memory:
+   * false` (the SDK's `onResume: 'reboot'`) asks for a boot from the disk: what a sandbox paused with
+   * only its filesystem gets anyway; one paused with its memory is refused (its disk alone is not
+   * a consistent state to boot: the guest's unwritten pages are in its memory image).
+   */
   async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
+    if (body.memory !== undefined && body.memory !== null && typeof body.memory !== 'boolean') throw bad('memory must be true or false.');
     const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'running') return [200, await this.sandboxAnswer(scope, await this.extendTo(scope, info, secs, true))];
+    if (body.memory === false && info.memory_kept !== false) {
+      throw bad(`Sandbox ${id} was paused with its memory; Collimate resumes it only as it was (onResume 'restore', the default). To reboot on resume, pause with keepMemory: false.`);
+    }
     const resumed = await this.tenants.sandboxes.resume(scope, id);
     return [201, await this.sandboxAnswer(scope, await this.extendTo(scope, resumed, secs, false))];
   }
@@ -630,7 +648,7 @@ export function registerE2bControlPlane(app: FastifyInstance, opts: E2bControlPl
   route('GET', '/sandboxes/:id', (scope, req) => plane.get(scope, id(req)));
   route('DELETE', '/sandboxes/:id', (scope, req) => plane.kill(scope, id(req)));
   route('POST', '/sandboxes/:id/timeout', (scope, req) => plane.setTimeout(scope, id(req), jsonBody(req)));
-  route('POST', '/sandboxes/:id/pause', (scope, req) => plane.pause(scope, id(req)));
+  route('POST', '/sandboxes/:id/pause', (scope, req) => plane.pause(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/connect', (scope, req) => plane.connect(scope, id(req), jsonBody(req)));
   route('POST', '/v2/sandboxes/:id/connect', (scope, req) => plane.connect(scope, id(req), jsonBody(req)));
   route('POST', '/sandboxes/:id/resume', (scope, req) => plane.resume(scope, id(req), jsonBody(req)));

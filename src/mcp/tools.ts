@@ -72,7 +72,12 @@ export const INPUTS = {
     count: S.ForkRequest.shape.count.describe(`Number of children, 1..${MAX_FORK_COUNT} (default 1). Each counts against your concurrency cap.`),
     labels: S.ForkRequest.shape.labels.describe("Labels for the children, merged over the parent's."),
   }),
-  suspend_sandbox: z.strictObject({ sandbox_id: sandboxId }),
+  suspend_sandbox: z.strictObject({
+    sandbox_id: sandboxId,
+    keep_memory: S.SuspendRequest.shape.keep_memory.describe(
+      'true (default): keep memory and processes, and resume_sandbox continues them. false: keep only the files (quick); the resume boots it afresh, so processes and /tmp are gone.',
+    ),
+  }),
   resume_sandbox: z.strictObject({ sandbox_id: sandboxId }),
   set_sandbox_timeout: z.strictObject({
     sandbox_id: sandboxId,
@@ -257,9 +262,9 @@ const DESCRIPTIONS: Record<keyof typeof INPUTS, string> = {
   fork_sandbox:
     'Fork a sandbox into `count` children that keep its memory, running processes and files as of now. A running parent keeps running unchanged (live fork); a suspended one stays suspended and its children start from its snapshot. Use it to try several actions from one prepared state. Returns {sandboxes: [...children]}, all running; each child counts against your cap.',
   suspend_sandbox:
-    'Suspend a running sandbox to disk, memory and processes included; it stops counting against your concurrency cap. Returns the sandbox with state "suspended". Needs state "running".',
+    'Suspend a running sandbox to disk, memory and processes included (or, with keep_memory false, only its files); it stops counting against your concurrency cap. Returns the sandbox with state "suspended". Needs state "running".',
   resume_sandbox:
-    'Resume a suspended sandbox exactly where it was (processes keep running). Takes a slot of your concurrency cap. Returns the sandbox with state "running". Needs state "suspended".',
+    'Resume a suspended sandbox exactly where it was (processes keep running); one suspended with only its files (memory_kept false) boots afresh on them. Takes a slot of your concurrency cap. Returns the sandbox with state "running". Needs state "suspended".',
   set_sandbox_timeout:
     'Set how long a running sandbox lives from now: its session then ends (it is deleted, or suspended if the server is set to) at `timeout_secs` from now, sooner or later than before — use it to keep a sandbox you still need, or to let one go early. ' +
     'Returns the sandbox with the new expires_at and remaining_secs. tier_forbidden when the session would run past your tier\'s maximum from its start (the error says how many seconds are left to ask for); needs state "running" (a resume starts a new session).',
@@ -410,7 +415,7 @@ export function registerTools(server: McpServer, ctx: ToolContext): void {
   });
 
   tool('suspend_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false, idempotentHint: false }, async (a) =>
-    sandboxView(await tenants.sandboxes.suspend(scope, sandboxIdOf(a.sandbox_id))),
+    sandboxView(await tenants.sandboxes.suspend(scope, sandboxIdOf(a.sandbox_id), { keepMemory: a.keep_memory })),
   );
 
   tool('resume_sandbox', S.Sandbox, { readOnlyHint: false, destructiveHint: false }, async (a) => sandboxView(await tenants.sandboxes.resume(scope, sandboxIdOf(a.sandbox_id))));

@@ -1,5 +1,5 @@
 import { dirname, join } from 'node:path';
-import { CollimateError, invalidState, sandboxEnded, sandboxNotFound } from '../errors.js';
+import { CollimateError, invalidState, msg, sandboxEnded, sandboxNotFound, see } from '../errors.js';
 import type { EngineConfig } from '../config.js';
 import { homePaths } from '../host/paths.js';
 import type { MachineShape } from '../vmm/machine.js';
@@ -89,6 +89,18 @@ export function gone(r: Running): CollimateError {
     return new CollimateError('sandbox_restored', `Sandbox ${r.id} was rolled back to snapshot ${r.rolledBack} while this request waited; what it asked was not done. Send it again if it still applies.`, { details: { snapshot_id: r.rolledBack } });
   }
   return sandboxNotFound(r.id);
+}
+
+/**
+ * A fork or snapshot of a sandbox suspended with only its files: they are made of its memory,
+ * which that suspend did not keep.
+ */
+export function diskOnlySuspended(id: string, operation: 'fork' | 'snapshot'): CollimateError {
+  return new CollimateError(
+    'invalid_state',
+    msg`Sandbox ${id} was suspended with only its files (keep_memory false), and a ${operation} is made of a sandbox's memory and processes. Resume it${see('resumeSandbox', { id })} (it boots afresh from its disk), then ${operation} it.`,
+    { details: { state: 'suspended' } },
+  );
 }
 
 /** The running sandbox `id`, for an operation that needs its VMM; invalid_state otherwise (busy while being deleted). */

@@ -46,7 +46,7 @@ async function createOnce(ctx: EngineContext, t: ReadyTemplate, opts: CreateOpti
       timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
       vcpus: t.artifact.shape.vcpus, memory_mib: t.artifact.shape.memoryMib, disk_mib: t.artifact.diskMib,
       egress, vmm: live.record, snapshot: null, pending_op: null,
-      on_timeout: opts.onTimeout ?? ctx.cfg.reapAction, auto_resume: opts.autoResume ? 1 : 0,
+      on_timeout: opts.onTimeout ?? ctx.cfg.reapAction, auto_resume: opts.autoResume ? 1 : 0, keep_memory: opts.keepMemory === false ? 0 : 1,
       public_ports: opts.publicPorts ? 1 : 0, port_host: opts.portHost ?? null,
     };
     ctx.repo.insert(row);

@@ -42,7 +42,7 @@ import type { EgressPolicy } from '../net/policy.js';
 import type {
   CatalogStatus, GuestDiskUsage, SandboxService, SandboxInfo, Scope, CreateOptions, ExecRequest, ExecResult, ExecStreamHandlers, ForkOptions, ListFilter, TemplateInfo,
   OpenPort, PortTarget, ProcessStartRequest, ProcessInfo, ProcessEvent, DirListing, DirWatch, FileEntry, FileSink, MkdirOptions, UploadOptions, WatchHandlers,
-  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
+  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, SuspendOptions,
 } from './types.js';
 
 export interface EngineOptions extends Partial<EngineConfig> {
@@ -470,8 +470,8 @@ export class Engine extends EventEmitter implements SandboxService {
     return forkSandbox(this.ctx, id, opts, scope);
   }
 
-  suspend(id: string, scope?: Scope): Promise<SandboxInfo> {
-    return suspendSandbox(this.ctx, id, scope);
+  suspend(id: string, scope?: Scope, opts?: SuspendOptions): Promise<SandboxInfo> {
+    return suspendSandbox(this.ctx, id, scope, opts);
   }
 
   /** Keeps this moment of a running or suspended sandbox (snapshots.ts); it runs on. */

@@ -18,7 +18,7 @@ import { Phases } from './phases.js';
 import { attachDisk, attachMemory } from './forkReceivers.js';
 import type { Running } from './registry.js';
 import { endFork } from './delete.js';
-import { gone, dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
+import { gone, diskOnlySuspended, dirs, isUnacknowledgedRestore, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
 import { forkCountProblem, type ForkOptions, type SandboxInfo, type Scope } from './types.js';
 
 /**
@@ -253,6 +253,7 @@ async function forkSuspended(ctx: EngineContext, id: string, opts: ForkOptions, 
     if (row.state !== 'suspended') return null;
     const snap = row.snapshot;
     if (!snap || !row.vmm) throw invalidState(row.id, row.state, 'fork', ['running', 'suspended']);
+    if (snap.diskOnly) throw diskOnlySuspended(row.id, 'fork');
     const rec = row.vmm;
     const shape = shapeOf(ctx, row);
     // The suspended sandbox's top layer freezes into the fork point; the sandbox gets a fresh overlay on it.
@@ -453,7 +454,7 @@ export async function spawnChildren(
       created_at: now, last_active: now, exec_count: 0, parent: fromSnapshot ? opts.forkOf ?? null : parentRow.id, forked_at: fromSnapshot && !opts.forkOf ? null : now,
       timeout_secs: parentRow.timeout_secs, session_started_at: now, session_ends_at: now + parentRow.timeout_secs * 1000,
       vcpus: parentRow.vcpus, memory_mib: parentRow.memory_mib, disk_mib: parentRow.disk_mib, egress: parentRow.egress,
-      on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume, public_ports: parentRow.public_ports, port_host: parentRow.port_host,
+      on_timeout: parentRow.on_timeout, auto_resume: parentRow.auto_resume, keep_memory: parentRow.keep_memory ?? 1, public_ports: parentRow.public_ports, port_host: parentRow.port_host,
       vmm: lives[i].record, snapshot: null, pending_op: null, from_snapshot: opts.forkOf ? null : fromSnapshot ?? null,
     }));
     ctx.repo.tx(() => {

@@ -46,14 +46,16 @@ export interface MoveManifest {
   row: Pick<SandboxRow, 'tenant' | 'template' | 'labels' | 'created_at' | 'last_active' | 'exec_count' | 'parent' | 'forked_at'
     | 'timeout_secs' | 'session_started_at' | 'session_ends_at' | 'vcpus' | 'memory_mib' | 'disk_mib' | 'egress'>
     // Absent from a host of an older version: the receiver's default.
-    & Partial<Pick<SandboxRow, 'on_timeout' | 'auto_resume' | 'public_ports' | 'port_host'>>;
+    & Partial<Pick<SandboxRow, 'on_timeout' | 'auto_resume' | 'public_ports' | 'port_host' | 'keep_memory'>>;
+  /** Suspended with only its files (keep_memory false): the disk is the one file, and the resume boots it. */
+  diskOnly?: boolean;
   files: MoveFile[];
 }
 
 /** A prepared move on the source: its manifest and where each file lies there. */
 export interface PreparedMove {
   manifest: MoveManifest;
-  paths: Record<MoveFile['name'], string>;
+  paths: Partial<Record<MoveFile['name'], string>>;
   /** Removes what the preparation made (the flattened disk); the snapshot is the sandbox's. */
   discard(): void;
 }
@@ -94,7 +96,7 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
     }
     if (row.pending_op) throw new CollimateError('conflict', `Sandbox ${id} is being ${row.pending_op.op === 'move' ? 'moved' : row.pending_op.op === 'fork' ? 'forked' : 'suspended'} already; retry once that is done.`);
     const snap = row.snapshot;
-    if (!snap?.ramPath || !row.vmm) throw new CollimateError('conflict', `Sandbox ${id} was suspended in the old one-stream snapshot format, which does not move; resume it and suspend it again, then move it.`);
+    if (!(snap?.ramPath || snap?.diskOnly) || !row.vmm) throw new CollimateError('conflict', `Sandbox ${id} was suspended in the old one-stream snapshot format, which does not move; resume it and suspend it again, then move it.`);
     const moving = movingOut.get(ctx) ?? new Set<string>();
     movingOut.set(ctx, moving);
     if (moving.has(id)) throw new CollimateError('conflict', `Sandbox ${id} is being moved already; wait for that move's answer.`);
@@ -111,15 +113,16 @@ export async function prepareMoveOut(ctx: EngineContext, id: string): Promise<Pr
       // ...holding, after a safe rebase, everything its chain has that the artifact's disk has not.
       await run('qemu-img', ['rebase', '-q', '-f', 'qcow2', '-F', 'raw', '-b', artifact.diskPath, disk]);
       const files: MoveFile[] = [];
-      const paths = { 'device.state': snap.statePath, 'ram.img': snap.ramPath, 'disk.qcow2': disk } as const;
-      for (const name of ['device.state', 'ram.img', 'disk.qcow2'] as const) {
-        files.push({ name, digest: `sha256:${await sha256File(paths[name])}`, size: statSync(paths[name]).size, sparse: name !== 'device.state' });
+      // A suspend that kept only the files has no device state or RAM image: the disk is all of it.
+      const paths: PreparedMove['paths'] = snap.diskOnly ? { 'disk.qcow2': disk } : { 'device.state': snap.statePath, 'ram.img': snap.ramPath, 'disk.qcow2': disk };
+      for (const [name, path] of Object.entries(paths) as Array<[MoveFile['name'], string]>) {
+        files.push({ name, digest: `sha256:${await sha256File(path)}`, size: statSync(path).size, sparse: name !== 'device.state' });
       }
-      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host } = row;
+      const { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host, keep_memory } = row;
       return {
         manifest: {
-          id, artifactKey: row.vmm.artifactKey, suspendedAt: snap.suspendedAt, files,
-          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host },
+          id, artifactKey: row.vmm.artifactKey, suspendedAt: snap.suspendedAt, files, ...(snap.diskOnly ? { diskOnly: true } : {}),
+          row: { tenant, template, labels, created_at, last_active, exec_count, parent, forked_at, timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, on_timeout, auto_resume, public_ports, port_host, keep_memory: keep_memory ?? 1 },
         },
         paths: { ...paths },
         discard: () => {
@@ -202,20 +205,22 @@ export async function importMoveIn(ctx: EngineContext, m: MoveManifest, pull: (f
     id: m.id, ...m.row, on_timeout: m.row.on_timeout ?? ctx.cfg.reapAction, auto_resume: m.row.auto_resume ?? 0,
     public_ports: m.row.public_ports ?? 0, port_host: m.row.port_host ?? null, state: 'suspended',
     vmm: { pid: 0, startTicks: '', dir, diskPath, memPath: join(ctx.cfg.ramDir, `${m.id}.mem`), memShared: true, artifactKey: m.artifactKey },
-    snapshot: { statePath: f.statePath, ramPath: f.ramPath, bytes: 0, suspendedAt: m.suspendedAt },
+    snapshot: m.diskOnly ? { statePath: f.statePath, diskOnly: true, bytes: 0, suspendedAt: m.suspendedAt } : { statePath: f.statePath, ramPath: f.ramPath, bytes: 0, suspendedAt: m.suspendedAt },
     pending_op: { op: 'move', startedAt: Date.now() },
   };
   // Recorded before any file exists: a crash from here on leaves a row reconcile can find.
   ctx.repo.insert(row);
   try {
     mkdirSync(snapDir, { recursive: true });
-    const at = { 'device.state': f.statePath, 'ram.img': f.ramPath, 'disk.qcow2': diskPath } as const;
+    const at: Partial<Record<MoveFile['name'], string>> = m.diskOnly ? { 'disk.qcow2': diskPath } : { 'device.state': f.statePath, 'ram.img': f.ramPath, 'disk.qcow2': diskPath };
     for (const file of m.files) {
-      if (!(file.name in at)) throw new Error(`unknown file ${file.name}`);
-      await pull(file, at[file.name]);
+      const dest = at[file.name];
+      if (!dest) throw new Error(`unknown file ${file.name}`);
+      await pull(file, dest);
     }
-    for (const name of Object.keys(at) as Array<keyof typeof at>) statSync(at[name]);
+    for (const dest of Object.values(at)) statSync(dest);
     await run('qemu-img', ['rebase', '-q', '-u', '-f', 'qcow2', '-F', 'raw', '-b', artifactDisk, diskPath]);
+    if (m.diskOnly) writeFileSync(f.diskOnly, '');
     writeFileSync(f.complete, '');
     ctx.repo.update(m.id, { snapshot: snapshotRecord(snapDir, m.suspendedAt) });
   } catch (e) {

@@ -5,7 +5,7 @@ import { adoptVm, killFromDir, killPid, killRecorded, qemuProcessesNaming, sweep
 import type { SandboxRow } from './repo.js';
 import { gcForkPoints, markLost, removeSandboxFiles } from './delete.js';
 import { dirs, pooledVmmDir, type EngineContext } from './context.js';
-import { SNAPSHOT_REMOVED, snapshotRecord } from './suspendResume.js';
+import { SNAPSHOT_REMOVED, continueGuestProcesses, snapshotRecord } from './suspendResume.js';
 import { reconcileSnapshots } from './snapshots.js';
 
 /**
@@ -128,7 +128,9 @@ async function reconcileRow(ctx: EngineContext, row: SandboxRow): Promise<void> 
     if (!ctx.net) { await live.vmm.kill(); throw new Error('it has a network namespace but networking is off now'); }
     await ctx.net.apply(live.record.net, row.egress);
   }
-  // A half-done suspend or fork is rolled back: adoptVm resumed a stopped VMM.
+  // A half-done suspend or fork is rolled back: adoptVm resumed a stopped VMM, and a suspend that
+  // was to keep only the files may have stopped the guest's processes.
+  if (row.pending_op?.op === 'suspend' && row.pending_op.diskOnly) await continueGuestProcesses(live.agent);
   rmSync(snapDir, { recursive: true, force: true });
   ctx.repo.update(row.id, { state: 'running', vmm: live.record, pending_op: null });
   ctx.registry.add(row.id, live);

@@ -36,6 +36,11 @@ export interface SnapshotRecord {
   statePath: string;
   /** The guest's RAM as a sparse image file (zero pages are holes). */
   ramPath?: string;
+  /**
+   * A suspend that kept only the files (`keep_memory: false`): no device state or RAM image
+   * (`statePath` names where the former would be); the resume boots the guest from its disk.
+   */
+  diskOnly?: boolean;
   bytes: number;
   suspendedAt: number;
 }
@@ -44,6 +49,8 @@ export interface PendingOp {
   /** `move`: a suspended sandbox being moved onto this host, not yet its owner (src/sandboxes/move.ts). */
   op: 'fork' | 'suspend' | 'move';
   forkPoint?: string;
+  /** A suspend keeping only the files: it may have stopped the guest's processes (SIGSTOP) when it was cut off. */
+  diskOnly?: boolean;
   startedAt: number;
 }
 
@@ -80,6 +87,8 @@ export interface SandboxRow {
   on_timeout: OnTimeout | null;
   /** 1: a request that needs it running resumes it while suspended (E2B's autoResume). */
   auto_resume: number;
+  /** 0: a suspend that does not say (the reaper's among them) keeps only its files; absent or 1: its memory too. Inherited by forks and snapshots. */
+  keep_memory?: number;
   /** 1: its ports answer without a key or token (E2B's allowPublicTraffic); inherited by forks and snapshots. */
   public_ports: number;
   /** The Host header template its servers see through the ports proxy (portHost.ts); null: `localhost:<port>`. */
@@ -105,6 +114,8 @@ export interface SnapshotRow {
   egress: EgressPolicy;
   on_timeout: OnTimeout | null;
   auto_resume: number;
+  /** The sandbox's keep_memory, for the sandboxes started from it (absent: 1). */
+  keep_memory?: number;
   public_ports: number;
   port_host: string | null;
   timeout_secs: number;
@@ -139,10 +150,11 @@ export class SandboxRepo {
 
   insert(row: SandboxRow): void {
     this.db.prepare(`INSERT INTO sandboxes (id, tenant, template, state, labels, created_at, last_active, exec_count, parent, forked_at,
-        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume, public_ports, port_host, from_snapshot)
+        timeout_secs, session_started_at, session_ends_at, vcpus, memory_mib, disk_mib, egress, vmm, snapshot, pending_op, on_timeout, auto_resume, keep_memory, public_ports, port_host, from_snapshot)
       VALUES (@id, @tenant, @template, @state, @labels, @created_at, @last_active, @exec_count, @parent, @forked_at,
-        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume, @public_ports, @port_host, @from_snapshot)`).run({
+        @timeout_secs, @session_started_at, @session_ends_at, @vcpus, @memory_mib, @disk_mib, @egress, @vmm, @snapshot, @pending_op, @on_timeout, @auto_resume, @keep_memory, @public_ports, @port_host, @from_snapshot)`).run({
       ...row,
+      keep_memory: row.keep_memory ?? 1,
       from_snapshot: row.from_snapshot ?? null,
       labels: JSON.stringify(row.labels),
       egress: JSON.stringify(row.egress),
@@ -293,9 +305,9 @@ export class SandboxRepo {
 
   insertSnapshot(s: SnapshotRow): void {
     this.db.prepare(`INSERT INTO snapshots (id, tenant, name, labels, source, template, fork_point, artifact_key, vcpus, memory_mib, disk_mib,
-        egress, on_timeout, auto_resume, public_ports, port_host, timeout_secs, bytes, created_at, state, environment, origin)
+        egress, on_timeout, auto_resume, keep_memory, public_ports, port_host, timeout_secs, bytes, created_at, state, environment, origin)
       VALUES (@id, @tenant, @name, @labels, @source, @template, @fork_point, @artifact_key, @vcpus, @memory_mib, @disk_mib,
-        @egress, @on_timeout, @auto_resume, @public_ports, @port_host, @timeout_secs, @bytes, @created_at, @state, @environment, @origin)`).run({ ...s, origin: s.origin ?? null, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
+        @egress, @on_timeout, @auto_resume, @keep_memory, @public_ports, @port_host, @timeout_secs, @bytes, @created_at, @state, @environment, @origin)`).run({ ...s, keep_memory: s.keep_memory ?? 1, origin: s.origin ?? null, labels: JSON.stringify(s.labels), egress: JSON.stringify(s.egress) });
   }
 
   snapshot(id: string): SnapshotRow | undefined {
@@ -398,6 +410,8 @@ export function toInfo(row: SandboxRow, children: string[], now = Date.now(), po
     egress: row.egress,
     ports,
     on_timeout: row.on_timeout ?? 'delete',
+    keep_memory: row.keep_memory !== 0,
+    memory_kept: publicState === 'suspended' && row.snapshot ? !row.snapshot.diskOnly : null,
     auto_resume: row.auto_resume === 1,
     public_ports: row.public_ports === 1,
     port_host: row.port_host ?? null,

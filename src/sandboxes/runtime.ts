@@ -85,7 +85,8 @@ function specFor(
 /**
  * Spawns a VMM paused in `-incoming defer` in `dir`, with a fresh qcow2 overlay on `backing`.
  * Its RAM is `memPath`: share=off for a sandbox (copy-on-write over a checkpoint), share=on for a
- * fork point being filled by a live migration.
+ * fork point being filled by a live migration. With `boot`, the VMM boots the guest's kernel
+ * instead, on the disk it is given (a suspend that kept only the files, resumed: finishBoot).
  */
 export async function spawnIncoming(
   cfg: EngineConfig,
@@ -108,6 +109,8 @@ export async function spawnIncoming(
     whileStarting?: (net: NonNullable<VmmRecord['net']>) => Promise<void>;
     /** Records the launch's steps (launchVmm). */
     phases?: { record(name: string, ms: number): void };
+    /** Boot the kernel (on `diskPath` as it is) instead of waiting for a restore. */
+    boot?: boolean;
   },
 ): Promise<PendingVm> {
   if (!opts.diskPath) throw new Error('spawnIncoming needs a diskPath (see newDiskPath)');
@@ -129,7 +132,7 @@ export async function spawnIncoming(
   let alongside: Promise<void> | undefined;
   try {
     vmm = await launchVmm({
-      spec: specFor(cfg, shape, record, { incoming: true, tap: !!netm, remappable: !!opts.remapDir }),
+      spec: specFor(cfg, shape, record, { incoming: !opts.boot, tap: !!netm, remappable: !!opts.remapDir }),
       dir: opts.dir,
       jailer,
       jail: { name: opts.id, shape, diskPath, disksDir: homePaths(cfg.home).disks, trustedLayers: opts.trustedLayers, remapDir: opts.remapDir },
@@ -242,6 +245,11 @@ export async function finishRestore(pending: PendingVm, sandboxId: string, phase
     throw e;
   }
   phases?.since('agent_connect', t0);
+  return announced(pending, agent, sandboxId, phases);
+}
+
+/** The guest connected as `agent` told who it is (announceRestore): the live VM, or the agent closed and the error. */
+async function announced(pending: PendingVm, agent: AgentClient, sandboxId: string, phases?: Phases): Promise<LiveVm> {
   try {
     const t1 = performance.now();
     await announceRestore(agent, sandboxId, { vmm: pending.vmm });
@@ -251,6 +259,18 @@ export async function finishRestore(pending: PendingVm, sandboxId: string, phase
     throw e;
   }
   return { vmm: pending.vmm, agent, record: pending.record };
+}
+
+/**
+ * Waits for a VMM spawned with `boot` to bring its guest up (the agent answers), then gives the
+ * guest its sandbox's identity, entropy and clock as a restored one gets them (announceRestore).
+ * Under TCG a boot takes seconds; `timeoutMs` leaves room for a loaded host.
+ */
+export async function finishBoot(pending: PendingVm, sandboxId: string, phases?: Phases, timeoutMs = 180_000): Promise<LiveVm> {
+  const t0 = performance.now();
+  const agent = await connectAgent(vmmFiles(pending.dir).agentSocket, timeoutMs);
+  phases?.since('boot', t0);
+  return announced(pending, agent, sandboxId, phases);
 }
 
 /**

@@ -13,7 +13,7 @@ import { Phases } from './phases.js';
 import { forkRunningByPages, recordForkPoint, spawnChildren, SNAPSHOT_RAM, type ForkPoint } from './fork.js';
 import { gcForkPoints, removeOwnLayers } from './delete.js';
 import { removeAfterwards, resumeSandbox, snapshotFiles, snapshotRecord } from './suspendResume.js';
-import { dirs, getInfo, gone, pooledVmmDir, rowFor, runningFor, vmmFailure, type EngineContext } from './context.js';
+import { dirs, diskOnlySuspended, getInfo, gone, pooledVmmDir, rowFor, runningFor, vmmFailure, type EngineContext } from './context.js';
 import type { SandboxInfo, Scope, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions } from './types.js';
 import { forkCountProblem } from './types.js';
 
@@ -68,7 +68,7 @@ function snapshotRowOf(row: SandboxRow, id: string, fpId: string, opts: Snapshot
   return {
     id, tenant: row.tenant, name: opts.name ?? null, labels: opts.labels ?? {}, source: row.id, template: row.template,
     fork_point: fpId, artifact_key: row.vmm!.artifactKey, vcpus: row.vcpus, memory_mib: row.memory_mib, disk_mib: row.disk_mib,
-    egress: row.egress, on_timeout: row.on_timeout, auto_resume: row.auto_resume, public_ports: row.public_ports, port_host: row.port_host, timeout_secs: row.timeout_secs,
+    egress: row.egress, on_timeout: row.on_timeout, auto_resume: row.auto_resume, keep_memory: row.keep_memory ?? 1, public_ports: row.public_ports, port_host: row.port_host, timeout_secs: row.timeout_secs,
     bytes: 0, created_at: Date.now(), state: 'creating', environment: null,
   };
 }
@@ -144,6 +144,7 @@ async function snapshotSuspended(ctx: EngineContext, id: string, snapId: string,
     const snap = row.snapshot;
     const rec = row.vmm;
     if (!snap || !rec) throw invalidState(id, row.state, 'snapshot', ['running', 'suspended']);
+    if (snap.diskOnly) throw diskOnlySuspended(id, 'snapshot');
     if (!snap.ramPath) {
       throw new CollimateError('invalid_state', msg`Sandbox ${id} was suspended by an older version, whose snapshot format cannot be kept; resume it${see('resumeSandbox', { id })} and take the snapshot then.`, { details: { state: row.state } });
     }
@@ -262,6 +263,7 @@ export async function startFromSnapshot(ctx: EngineContext, snapId: string, opts
       timeout_secs: timeoutSecs, session_started_at: now, session_ends_at: now + timeoutSecs * 1000,
       vcpus: s.vcpus, memory_mib: s.memory_mib, disk_mib: s.disk_mib, egress: opts.egress ?? s.egress,
       on_timeout: opts.onTimeout ?? s.on_timeout, auto_resume: opts.autoResume === undefined ? s.auto_resume : opts.autoResume ? 1 : 0,
+      keep_memory: opts.keepMemory === undefined ? s.keep_memory ?? 1 : opts.keepMemory ? 1 : 0,
       public_ports: opts.publicPorts === undefined ? s.public_ports : opts.publicPorts ? 1 : 0, port_host: opts.portHost === undefined ? s.port_host : opts.portHost,
       vmm: null, snapshot: null, pending_op: null,
     };

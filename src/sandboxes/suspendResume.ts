@@ -6,16 +6,17 @@ import { performance } from 'node:perf_hooks';
 import { invalidState } from '../errors.js';
 import { allocatedBytes, copyPrivatePages, fillFromImage, seedFromBacking } from '../vmm/memory.js';
 import { spliceDeviceState } from '../vmm/deviceState.js';
-import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, destroyPending, newForkPointId, type LiveVm, type PendingVm } from './runtime.js';
+import { spawnIncoming, restoreStream, restoreCheckpoint, finishRestore, finishBoot, destroyPending, newForkPointId, type LiveVm, type PendingVm } from './runtime.js';
 import type { SandboxRow, SnapshotRecord } from './repo.js';
 import { attachDisk, attachMemory } from './forkReceivers.js';
 import { backingChain, sealShared } from '../vmm/jail.js';
 import type { Running } from './registry.js';
+import type { AgentClient } from '../guest/agentClient.js';
 import { gcForkPoints } from './delete.js';
 import { Phases } from './phases.js';
 import { recordForkPoint, type ForkPoint } from './fork.js';
 import { gone, dirs, getInfo, isUnacknowledgedRestore, pooledVmmDir, rowFor, runningFor, shapeOf, trustedLayers, vmmFailure, type EngineContext } from './context.js';
-import type { SandboxInfo, Scope } from './types.js';
+import type { SandboxInfo, Scope, SuspendOptions } from './types.js';
 
 /**
  * Suspend writes a running sandbox's state to `<sandbox dir>/suspend/`: its RAM as a sparse image
@@ -30,28 +31,83 @@ import type { SandboxInfo, Scope } from './types.js';
  * one migration stream `state.mig`, still resume and fork.)
  */
 
-/** Where a suspend writes, and what it wrote once `complete` exists. */
-export function snapshotFiles(snapDir: string): { statePath: string; ramPath: string; complete: string; legacyStream: string } {
-  return { statePath: join(snapDir, 'device.state'), ramPath: join(snapDir, 'ram.img'), complete: join(snapDir, 'complete'), legacyStream: join(snapDir, 'state.mig') };
+/**
+ * Where a suspend writes, and what it wrote once `complete` exists. `diskOnly` marks a suspend that
+ * kept only the files (`keep_memory: false`): nothing else is written; the disk is the sandbox's own.
+ */
+export function snapshotFiles(snapDir: string): { statePath: string; ramPath: string; complete: string; legacyStream: string; diskOnly: string } {
+  return {
+    statePath: join(snapDir, 'device.state'), ramPath: join(snapDir, 'ram.img'), complete: join(snapDir, 'complete'), legacyStream: join(snapDir, 'state.mig'),
+    diskOnly: join(snapDir, 'disk-only'),
+  };
 }
 
-/** The record of a complete snapshot in `snapDir` (either format); its bytes are what it occupies on disk. */
+/** The record of a complete snapshot in `snapDir` (any format); its bytes are what it occupies on disk. */
 export function snapshotRecord(snapDir: string, suspendedAt = Date.now()): SnapshotRecord {
   const f = snapshotFiles(snapDir);
+  if (existsSync(f.diskOnly)) return { statePath: f.statePath, diskOnly: true, bytes: 0, suspendedAt };
   if (existsSync(f.ramPath)) return { statePath: f.statePath, ramPath: f.ramPath, bytes: allocatedBytes(f.ramPath) + statSync(f.statePath).size, suspendedAt };
   return { statePath: f.legacyStream, bytes: statSync(f.legacyStream).size, suspendedAt };
 }
 
-export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Scope): Promise<SandboxInfo> {
+export async function suspendSandbox(ctx: EngineContext, id: string, scope?: Scope, opts: SuspendOptions = {}): Promise<SandboxInfo> {
   ctx.assertOpen();
   const r = runningFor(ctx, id, scope, 'suspend');
-  // Its RAM image goes to disk: at most the guest's memory.
-  const memoryMib = ctx.repo.get(id)!.memory_mib;
-  return ctx.capacity.within('suspend', { vmms: 0, memoryMib: 0, diskMib: memoryMib }, () => r.queue.run(async () => {
+  const row = ctx.repo.get(id)!;
+  const keepMemory = opts.keepMemory ?? row.keep_memory !== 0;
+  // Its RAM image goes to disk: at most the guest's memory (nothing, keeping only the files).
+  return ctx.capacity.within('suspend', { vmms: 0, memoryMib: 0, diskMib: keepMemory ? row.memory_mib : 0 }, () => r.queue.run(async () => {
     if (r.deleting) throw gone(r);
     ctx.registry.flushActivity();
-    return ctx.registry.serialized(id, () => suspendRunning(ctx, r));
+    return ctx.registry.serialized(id, () => keepMemory ? suspendRunning(ctx, r) : suspendDiskOnly(ctx, r));
   }));
+}
+
+/**
+ * A suspend that keeps only the files (`keep_memory: false`): the guest's processes are stopped
+ * (SIGSTOP to all but the agent) so that nothing writes after the guest writes out what it has
+ * cached (`sync`); then the VMM stops (QEMU drains and flushes the disk as it does) and goes. The
+ * writable layer's ext4 has no journal: a write cut off halfway could leave it inconsistent, and
+ * stopped writers make none. Nothing but a marker is written: the sandbox's own disk is what a
+ * resume boots from (resumeSandbox). Its processes end, as lost, here: the guest that ran them is gone.
+ */
+async function suspendDiskOnly(ctx: EngineContext, r: Running): Promise<SandboxInfo> {
+  const snapDir = join(dirs(ctx.cfg).sandboxes, r.id, 'suspend');
+  mkdirSync(snapDir, { recursive: true });
+  const files = snapshotFiles(snapDir);
+  ctx.repo.update(r.id, { pending_op: { op: 'suspend', diskOnly: true, startedAt: Date.now() } });
+  const vmm = r.live.vmm;
+  const phases = new Phases('suspend');
+  const guest = (script: string) => r.live.agent.exec({ commands: [['/bin/sh', '-c', script]], timeoutMs: 60_000 }, { timeoutMs: 90_000 });
+  let frozen = false;
+  let stopped = false;
+  try {
+    await ctx.fault('suspend:before-save');
+    await phases.time('guest_sync', async () => {
+      frozen = true;
+      // `kill -1` spares the caller and init (the agent); this shell then writes out the page cache.
+      const out = await guest('kill -s STOP -1 2>/dev/null; sync');
+      if (out.result.exitCode !== 0) throw new Error(`sync in the guest exited with ${out.result.exitCode}: ${out.stderr.toString().trim()}`);
+    });
+    await phases.time('stop', () => vmm.qmp.execute('stop'));
+    stopped = true;
+    writeFileSync(files.diskOnly, '');
+    writeFileSync(files.complete, '');
+    await ctx.fault('suspend:after-save');
+  } catch (e) {
+    if (stopped) await vmm.cont().catch(() => {});
+    // It runs on: its processes too.
+    if (frozen) await continueGuestProcesses(r.live.agent);
+    rmSync(snapDir, { recursive: true, force: true });
+    ctx.repo.update(r.id, { pending_op: null });
+    throw vmmFailure('suspend', e, r);
+  }
+  return recordSuspended(ctx, r, snapDir, phases);
+}
+
+/** Undoes the SIGSTOP of a suspend that kept only the files and did not happen (here, or cut off by a crash: reconcile.ts). */
+export async function continueGuestProcesses(agent: Pick<AgentClient, 'exec'>): Promise<void> {
+  await agent.exec({ commands: [['/bin/sh', '-c', 'kill -s CONT -1 2>/dev/null; true']], timeoutMs: 60_000 }, { timeoutMs: 90_000 }).catch(() => {});
 }
 
 async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxInfo> {
@@ -85,14 +141,22 @@ async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxIn
     ctx.repo.update(r.id, { pending_op: null });
     throw vmmFailure('suspend', e, r);
   }
+  return recordSuspended(ctx, r, snapDir, phases);
+}
+
+/** Records a suspend whose snapshot is complete in `snapDir`, then stops the VMM and frees what it held. */
+async function recordSuspended(ctx: EngineContext, r: Running, snapDir: string, phases: Phases): Promise<SandboxInfo> {
+  const { vmm, record: rec } = r.live;
   const snapshot = snapshotRecord(snapDir);
   // Persisted before the VMM goes: a crash from here on finds a complete snapshot and a dead or
   // stopped VMM, and finishes the suspend.
   ctx.repo.update(r.id, { state: 'suspended', snapshot, pending_op: null });
   await ctx.fault('suspend:recorded');
   ctx.registry.remove(r.id);
-  // Its processes' records and output stay (by sandbox id) for the resume, which learns them again.
-  ctx.processes.of(r.id).detach();
+  // Its processes' records and output stay (by sandbox id) for the resume, which learns them again;
+  // a suspend that kept only the files ends them (lost): the guest that ran them is gone.
+  if (snapshot.diskOnly) ctx.processes.of(r.id).close();
+  else ctx.processes.of(r.id).detach();
   r.live.agent.close();
   await phases.time('teardown', () => vmm.kill());
   if (rec.memPath.startsWith(ctx.cfg.ramDir) && ownsMemFile(rec.memPath, r.id)) rmSync(rec.memPath, { force: true });
@@ -132,7 +196,7 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
         const start = async (): Promise<PendingVm> => {
           pending = await phases.time('spawn', () => spawnIncoming(ctx.cfg, shape, {
             id, dir, memPath, memShared: true, backing: null, diskPath: ctx.repo.get(id)!.vmm!.diskPath, artifactKey: rec.artifactKey,
-            trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true, phases,
+            trustedLayers: trustedLayers(ctx, id, rec.artifactKey), network: true, phases, boot: snap.diskOnly,
             whileStarting: async (net) => {
               await ctx.fault('resume:vmm-starting');
               await phases.time('egress_apply', () => ctx.net!.apply(net, cur.egress));
@@ -140,6 +204,13 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           }));
           return pending;
         };
+        if (snap.diskOnly) {
+          // Only the files were kept: the guest boots afresh on its disk, in RAM of its own.
+          rmSync(memPath, { force: true });
+          closeSync(openSync(memPath, 'w', 0o600));
+          truncateSync(memPath, memBytes);
+          return await finishBoot(await start(), id, phases);
+        }
         if (snap.ramPath) {
           // The VMM starts while its RAM file fills: QEMU maps the file at start but reads no page
           // of it before the devices are restored. The file has its size before either begins.

@@ -56,8 +56,12 @@ export interface SandboxInfo {
    * views show the last reading.
    */
   ports: OpenPort[];
-  /** What happens when the session ends: deleted, or suspended (and resumed later, keeping its memory). */
+  /** What happens when the session ends: deleted, or suspended (and resumed later). */
   on_timeout: OnTimeout;
+  /** Whether a suspend that does not say (the reaper's among them) keeps its memory and processes, or only its files. */
+  keep_memory: boolean;
+  /** While suspended: whether its memory was kept (a resume continues its processes) or only its files (a resume boots it afresh); null otherwise. */
+  memory_kept: boolean | null;
   /** While suspended, a request that needs it running (an exec, a file, a port) resumes it first. */
   auto_resume: boolean;
   /** Its ports answer anyone, without a key or its traffic token (E2B's allowPublicTraffic); inherited by forks and snapshots. */
@@ -105,6 +109,8 @@ export interface StartFromSnapshotOptions {
   onTimeout?: OnTimeout;
   autoResume?: boolean;
   /** Default: the snapshot's. */
+  keepMemory?: boolean;
+  /** Default: the snapshot's. */
   publicPorts?: boolean;
   /** Default: the snapshot's. */
   portHost?: string | null;
@@ -127,6 +133,11 @@ export interface SnapshotListFilter {
 
 /** What the reaper does with a sandbox whose session ended. */
 export type OnTimeout = 'delete' | 'suspend';
+
+export interface SuspendOptions {
+  /** false: keep only the files (no RAM image; the resume boots the guest from its disk). Default: the sandbox's keep_memory. */
+  keepMemory?: boolean;
+}
 
 /** Where the host reaches a port of a sandbox (the proxy connects here). */
 export interface PortTarget {
@@ -222,6 +233,8 @@ export interface CreateOptions {
   onTimeout?: OnTimeout;
   /** Resume on a request that needs it running while suspended (needs onTimeout 'suspend' to matter after a timeout). */
   autoResume?: boolean;
+  /** Whether a suspend that does not say keeps the memory (default) or only the files. Forks keep their parent's. */
+  keepMemory?: boolean;
   /** Its ports answer without a key or token; default false. Forks keep their parent's. */
   publicPorts?: boolean;
   /** The Host header template its servers see through the ports proxy (portHost.ts checks it); default `localhost:${PORT}`. */
@@ -393,7 +406,8 @@ export interface SandboxService extends ProcessService {
   list(filter: ListFilter, scope?: Scope): { sandboxes: SandboxInfo[]; next: string | null };
   exec(id: string, req: ExecRequest, scope?: Scope, stream?: ExecStreamHandlers): Promise<ExecResult>;
   fork(id: string, opts: ForkOptions, scope?: Scope): Promise<SandboxInfo[]>;
-  suspend(id: string, scope?: Scope): Promise<SandboxInfo>;
+  /** `keepMemory` false keeps only its files (the resume boots it afresh); default the sandbox's keep_memory. */
+  suspend(id: string, scope?: Scope, opts?: SuspendOptions): Promise<SandboxInfo>;
   resume(id: string, scope?: Scope): Promise<SandboxInfo>;
   delete(id: string, scope?: Scope): Promise<void>;
   /** Keeps this moment of a running or suspended sandbox: its memory, processes and files. It runs on. */

@@ -23,8 +23,8 @@ export type QuotaOverrides = Record<string, Partial<QuotaLimits>>;
 const GiB = 1024;
 
 /**
- * The tiers' defaults. `suspended_mib` counts each suspended sandbox at its memory plus its disk
- * size, the most its snapshot can take on the host's disk: a tenant holding that much cannot take
+ * The tiers' defaults. `suspended_mib` counts each suspended sandbox at its memory (unless the
+ * suspend kept only its files) plus its disk size, the most its snapshot can take on the host's disk: a tenant holding that much cannot take
  * the disk reserve other tenants' suspends and creates need.
  */
 export const QUOTA_DEFAULTS: Record<TierName, QuotaLimits> = {

@@ -11,7 +11,7 @@
 import type {
   CreateOptions, DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ForkOptions, MkdirOptions, OpenPort, PortTarget,
   ProcessEvent, ProcessInfo, ProcessStartRequest, SandboxInfo, Scope, ServiceEngine, UploadOptions, WatchHandlers,
-  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions,
+  SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, SuspendOptions,
 } from '../sandboxes/types.js';
 import type { Duplex } from 'node:stream';
 import { execSummary, type ExecLog, type ExecLogEntry } from './execLog.js';
@@ -39,7 +39,7 @@ export interface SandboxHost {
   create(opts: CreateOptions, scope: Scope): Promise<SandboxInfo>;
   get(id: string, scope: Scope): Maybe<SandboxInfo>;
   fork(id: string, opts: ForkOptions, scope: Scope): Promise<SandboxInfo[]>;
-  suspend(id: string, scope: Scope): Promise<SandboxInfo>;
+  suspend(id: string, scope: Scope, opts?: SuspendOptions): Promise<SandboxInfo>;
   resume(id: string, scope: Scope): Promise<SandboxInfo>;
   delete(id: string, scope: Scope): Promise<void>;
   createSnapshot(id: string, opts: SnapshotOptions, scope: Scope): Promise<SnapshotInfo>;
@@ -221,7 +221,7 @@ export function localHost(engine: ServiceEngine, books: HostBooks): SandboxHost 
       note(scope, id, forkedLine(children.map((c) => c.id)));
       return children;
     },
-    suspend: async (id, scope) => observe(await engine.suspend(id, scope)),
+    suspend: async (id, scope, opts) => observe(await engine.suspend(id, scope, opts)),
     resume: async (id, scope) => observe(await engine.resume(id, scope)),
     async delete(id, scope) {
       await engine.delete(id, scope);

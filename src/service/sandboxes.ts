@@ -11,7 +11,7 @@ import { portHostProblem } from '../sandboxes/portHost.js';
 import { forkCountProblem } from '../sandboxes/types.js';
 import type {
   DirListing, DirWatch, ExecRequest, ExecResult, ExecStreamHandlers, FileEntry, FileSink, ListFilter, MkdirOptions, OpenPort, ProcessEvent, ProcessInfo,
-  ProcessStartRequest, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, TemplateInfo, UploadOptions, WatchHandlers,
+  ProcessStartRequest, SandboxInfo, ServiceEngine, SnapshotInfo, SnapshotListFilter, SnapshotOptions, StartFromSnapshotOptions, SuspendOptions, TemplateInfo, UploadOptions, WatchHandlers,
 } from '../sandboxes/types.js';
 import { DEFAULT_PORT_URL_SECS, ENVIRONMENT_NAME_RE, SANDBOX_ID_RE } from '../wire/schemas.js';
 import type { ExecLogEntry } from './execLog.js';
@@ -143,7 +143,8 @@ export class Sandboxes {
     const timeoutSecs = input.timeoutSecs ?? tier.defaultSessionSecs ?? undefined;
     const opts = {
       template: input.template, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
-      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume ? { autoResume: true } : {}), ...portAccessOf(input),
+      ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume ? { autoResume: true } : {}),
+      ...(input.keepMemory === false ? { keepMemory: false } : {}), ...portAccessOf(input),
     };
     return this.placement.start({ tenant: scope.tenant, tier, slots: 1, operation: 'create', template: input.template }, async (host) => {
       const stop = this.createSeconds.startTimer();
@@ -262,18 +263,20 @@ export class Sandboxes {
 
   /**
    * Suspends within the tenant's quotas of suspended sandboxes and their sizes (quotas.ts): a
-   * suspend that would pass one is 429 quota_exceeded and the sandbox keeps running.
+   * suspend that would pass one is 429 quota_exceeded and the sandbox keeps running. `keepMemory`
+   * false keeps only its files (default: the sandbox's keep_memory).
    */
-  async suspend(scope: Scope, id: string): Promise<SandboxInfo> {
+  async suspend(scope: Scope, id: string, opts: SuspendOptions = {}): Promise<SandboxInfo> {
     const host = await this.where(scope, id);
     const info = await host.get(id, scope);
     // Not running: the host answers invalid_state, which says more than a quota would.
-    if (info.state !== 'running') return host.suspend(id, scope);
+    if (info.state !== 'running') return host.suspend(id, scope, opts);
     const held = await this.suspendedUse(scope.tenant);
+    const keepMemory = opts.keepMemory ?? info.keep_memory !== false;
     return this.d.quotas.within(scope, {
       suspended_sandboxes: { used: held.count, adding: 1 },
-      suspended_mib: { used: held.mib, adding: info.memory_mib + info.disk_mib },
-    }, () => host.suspend(id, scope));
+      suspended_mib: { used: held.mib, adding: suspendedMib(info, keepMemory) },
+    }, () => host.suspend(id, scope, opts));
   }
 
   /** The tenant's suspended sandboxes on every host: how many, and their memory plus disk sizes in MiB. */
@@ -286,7 +289,7 @@ export class Sandboxes {
       for (const s of page.sandboxes) {
         if (s.state !== 'suspended') continue;
         count += 1;
-        mib += s.memory_mib + s.disk_mib;
+        mib += suspendedMib(s, s.memory_kept !== false);
       }
       after = page.next ?? undefined;
     } while (after);
@@ -582,6 +585,7 @@ export class Sandboxes {
     const opts: StartFromSnapshotOptions = {
       count: input.count, labels: input.labels ?? {}, ...(timeoutSecs === undefined ? {} : { timeoutSecs }), ...(egress === undefined ? {} : { egress }),
       ...(input.onTimeout ? { onTimeout: input.onTimeout } : {}), ...(input.autoResume === undefined ? {} : { autoResume: input.autoResume }),
+      ...(input.keepMemory === undefined ? {} : { keepMemory: input.keepMemory }),
       ...portAccessOf(input),
     };
     const stop = this.createSeconds.startTimer();
@@ -632,6 +636,14 @@ export class Sandboxes {
     const net = this.engine.networkStatus?.();
     return net?.reason ?? (net?.enabled ? "its template was baked without a network" : 'networking is off');
   }
+}
+
+/**
+ * What a suspended sandbox holds on the host's disk at most, as suspended_mib counts it: its disk,
+ * and its memory's image when the suspend kept it.
+ */
+function suspendedMib(s: Pick<SandboxInfo, 'memory_mib' | 'disk_mib'>, memoryKept: boolean): number {
+  return (memoryKept ? s.memory_mib : 0) + s.disk_mib;
 }
 
 /** A create's public ports and port Host as the engine takes them: validation_error for a port Host that is not hostname[:port]. */

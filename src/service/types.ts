@@ -38,6 +38,8 @@ export interface CreateInput {
   onTimeout?: OnTimeout;
   /** Resume on a request that needs it running, while suspended. */
   autoResume?: boolean;
+  /** false: a suspend that does not say keeps only its files; default true. */
+  keepMemory?: boolean;
   /** Its ports answer without a key or token; default false. */
   publicPorts?: boolean;
   /** The Host header template its servers see through the ports proxy (`${PORT}` replaced); checked by portHostProblem. */
@@ -60,6 +62,8 @@ export interface SnapshotStartInput {
   egress?: EgressInput;
   onTimeout?: OnTimeout;
   autoResume?: boolean;
+  /** Default: the snapshot's. */
+  keepMemory?: boolean;
   /** Default: the snapshot's. */
   publicPorts?: boolean;
   /** Default: the snapshot's. */

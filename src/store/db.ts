@@ -165,6 +165,17 @@ const migrations: Migration[] = [
       ALTER TABLE snapshots ADD COLUMN origin TEXT;
     `,
   },
+  {
+    version: 21,
+    name: 'suspends that keep only the files',
+    // keep_memory 0: a suspend that does not say (the reaper's at the session's end among them)
+    // keeps only the sandbox's disk, and its resume boots the guest afresh (suspendResume.ts).
+    // Kept by forks and snapshots, for what starts from them.
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN keep_memory INTEGER NOT NULL DEFAULT 1;
+      ALTER TABLE snapshots ADD COLUMN keep_memory INTEGER NOT NULL DEFAULT 1;
+    `,
+  },
 ];
 
 /** Lets another subsystem append its migrations before the database is opened. */

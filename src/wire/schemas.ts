@@ -206,7 +206,9 @@ export const Sandbox = named(
       z.array(OpenPort),
       'TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading.',
     ),
-    on_timeout: described(onTimeout(), 'What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes).'),
+    on_timeout: described(onTimeout(), 'What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later; with keep_memory, with its memory and processes).'),
+    keep_memory: described(z.boolean(), 'Whether a suspend keeps its memory and processes (true) or only its files (false: the resume boots the guest afresh from its disk). Applies to the suspend at the session\'s end and to a suspend that does not say.'),
+    memory_kept: described(z.boolean().nullable(), 'While suspended: true if its memory and processes were kept (a resume continues them), false if only its files were (a resume boots it afresh). Null unless suspended.'),
     auto_resume: described(z.boolean(), 'While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first.'),
     public_ports: described(z.boolean(), 'Its ports answer anyone, without a key, traffic token or signed URL (E2B\'s allowPublicTraffic).'),
     port_host: described(z.string().nullable(), 'The Host header its servers see through the ports proxy, `${PORT}` replaced by the port; null: `localhost:<port>`.'),
@@ -249,6 +251,10 @@ export const CreateSandboxRequest = named(
       "Narrows the template's egress policy for this sandbox; wider than the template's is 403 egress_forbidden. Default: the template's.",
     ),
     on_timeout: described(onTimeout(), "What happens when the session ends: `delete` it, or `suspend` it (it keeps counting against the suspended quotas). Default: the server's COLLIMATE_REAP_ACTION (delete). Forks keep their parent's.").optional(),
+    keep_memory: described(
+      z.boolean(),
+      'Whether a suspend keeps the sandbox\'s memory and processes (true, the default) or only its files (false): the suspend at the session\'s end (on_timeout `suspend`) and one that does not say (POST /v1/sandboxes/{id}/suspend). A suspend that keeps only the files is quick and holds no RAM image on disk; its resume boots the guest afresh from its disk (a new boot_id), so its processes, open connections and what lay in /tmp, /run and /dev/shm (memory file systems) are gone. Forks keep their parent\'s; with `snapshot`, default the snapshot\'s.',
+    ).optional(),
     auto_resume: described(z.boolean(), 'While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false.').optional(),
     public_ports: described(
       z.boolean(),
@@ -257,6 +263,16 @@ export const CreateSandboxRequest = named(
     port_host: described(
       z.string().min(1).max(PORT_HOST_MAX),
       'The Host header its servers see on requests through the ports proxy: hostname[:port], `${PORT}` replaced by the port asked for (e.g. `localhost:${PORT}`, `app.example.com`); not a host shape is 400 validation_error. Default `localhost:<port>`. Forks keep it.',
+    ).optional(),
+  }),
+);
+
+export const SuspendRequest = named(
+  'SuspendRequest',
+  z.strictObject({
+    keep_memory: described(
+      z.boolean(),
+      'true: keep its memory and processes (a resume continues them); false: keep only its files (quick, no RAM image on disk; the resume boots it afresh from its disk, so processes and the memory file systems /tmp, /run and /dev/shm are gone). Default: the sandbox\'s keep_memory.',
     ).optional(),
   }),
 );

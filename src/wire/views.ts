@@ -36,6 +36,8 @@ export function sandboxView(i: SandboxInfo): z.infer<typeof S.Sandbox> {
     egress: i.egress,
     ports: (i.ports ?? []).map((p) => ({ port: p.port, protocol: p.protocol, url: portPath(i.id, p.port) })),
     on_timeout: i.on_timeout,
+    keep_memory: i.keep_memory ?? true,
+    memory_kept: i.memory_kept ?? null,
     auto_resume: i.auto_resume,
     public_ports: i.public_ports ?? false,
     port_host: i.port_host ?? null,

@@ -4,6 +4,8 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import '../../src/service/migrations.ts';
 import type { Engine } from '../../src/sandboxes/engine.ts';
 import { checkResponse } from '../unit/api/helpers.ts';
@@ -181,6 +183,55 @@ test('on_timeout suspend on real VMs: a session that ends is suspended with its 
   const refused = await call('execSandbox', 'POST', `/v1/sandboxes/${plain.id}/exec`, proKey, { command: 'true' });
   assert.equal(refused.status, 409);
   for (const id of [sb.id, plain.id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, proKey);
+});
+
+test('keep_memory false on real VMs: the session\'s end keeps only the files, and the resume boots the guest afresh on them; it then suspends, resumes and forks as any', async () => {
+  const exec = async (id: string, command: string) => {
+    const r = (await call('execSandbox', 'POST', `/v1/sandboxes/${id}/exec`, proKey, { command })).json();
+    assert.equal(r.exit_code, 0, `${command}: ${r.stderr}`);
+    return r.stdout as string;
+  };
+  const sb = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base', timeout_secs: 600, on_timeout: 'suspend', keep_memory: false })).json();
+  assert.deepEqual([sb.keep_memory, sb.memory_kept], [false, null]);
+  const bootBefore = (await exec(sb.id, 'echo on-disk > /root/mark; echo in-memory > /tmp/mark; sleep 1000 >/dev/null 2>&1 & echo $! > /root/pid; cat /proc/sys/kernel/random/boot_id')).trim();
+  await call('setSandboxTimeout', 'POST', `/v1/sandboxes/${sb.id}/timeout`, proKey, { timeout_secs: 2 });
+  let view: any = {};
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline && view.state !== 'suspended'; await sleep(250)) {
+    view = (await call('getSandbox', 'GET', `/v1/sandboxes/${sb.id}`, proKey)).json();
+  }
+  assert.equal(view.state, 'suspended', 'the reaper suspended it');
+  assert.equal(view.memory_kept, false, 'with only its files, as its keep_memory says');
+  assert.deepEqual(readdirSync(join(home, 'sandboxes', sb.id, 'suspend')).sort(), ['complete', 'disk-only'], 'no RAM image or device state was written');
+  // A fork or a snapshot is made of memory, which it no longer has: 409 saying to resume it first.
+  for (const [op, path, body] of [['forkSandbox', 'fork', { count: 1 }], ['createSnapshot', 'snapshots', {}]] as const) {
+    const refused = await call(op, 'POST', `/v1/sandboxes/${sb.id}/${path}`, proKey, body);
+    assert.equal(refused.status, 409, refused.text);
+    assert.equal(refused.json().error.code, 'invalid_state');
+    assert.match(refused.json().error.message, /only its files .*Resume it/);
+  }
+  const resumed = (await call('resumeSandbox', 'POST', `/v1/sandboxes/${sb.id}/resume`, proKey)).json();
+  assert.deepEqual([resumed.state, resumed.memory_kept], ['running', null]);
+  const after = (await exec(sb.id, 'cat /root/mark; cat /tmp/mark 2>/dev/null || echo no-tmp; kill -0 $(cat /root/pid) 2>/dev/null && echo alive || echo gone; cat /proc/sys/kernel/random/boot_id')).split('\n');
+  assert.deepEqual(after.slice(0, 3), ['on-disk', 'no-tmp', 'gone'], 'the disk kept, /tmp (memory) and the process not');
+  assert.notEqual(after[3], bootBefore, 'a fresh boot');
+
+  // Booted afresh, it is a sandbox like any: a suspend asked to keep the memory keeps a process, and it forks.
+  await exec(sb.id, 'sleep 1000 >/dev/null 2>&1 & echo $! > /root/pid2');
+  const kept = (await call('suspendSandbox', 'POST', `/v1/sandboxes/${sb.id}/suspend`, proKey, { keep_memory: true })).json();
+  assert.equal(kept.memory_kept, true);
+  await call('resumeSandbox', 'POST', `/v1/sandboxes/${sb.id}/resume`, proKey);
+  assert.equal(await exec(sb.id, 'kill -0 $(cat /root/pid2) && echo alive'), 'alive\n');
+  const [child] = (await call('forkSandbox', 'POST', `/v1/sandboxes/${sb.id}/fork`, proKey, { count: 1 })).json().sandboxes;
+  assert.equal(await exec(child.id, 'cat /root/mark'), 'on-disk\n');
+  assert.equal(child.keep_memory, false, 'a child keeps its parent\'s keep_memory');
+
+  // A sandbox that keeps its memory by default keeps only its files when the suspend says so.
+  const plain = (await call('createSandbox', 'POST', '/v1/sandboxes', proKey, { template: 'base' })).json();
+  assert.equal(plain.keep_memory, true);
+  assert.equal((await call('suspendSandbox', 'POST', `/v1/sandboxes/${plain.id}/suspend`, proKey, { keep_memory: false })).json().memory_kept, false);
+  const bad = await call('suspendSandbox', 'POST', `/v1/sandboxes/${sb.id}/suspend`, proKey, { keep_memory: 'no' });
+  assert.equal(bad.status, 400);
+  for (const id of [child.id, sb.id, plain.id]) await call('deleteSandbox', 'DELETE', `/v1/sandboxes/${id}`, proKey);
 });
 
 test('a lease on real VMs: a session set to end in 2 s is reaped then; one set past the tier maximum is refused and runs on; a suspended one is 409', async () => {

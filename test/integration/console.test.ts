@@ -298,6 +298,14 @@ browserTest('suspend and resume from the page', { timeout: SLOW }, async () => {
   await page.locator('#state', { hasText: 'running' }).waitFor({ timeout: SLOW });
   const r = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
   assert.match(r.stdout, /uploaded from the console/, 'the file survived suspend and resume');
+  // Files only: the page says so, and the resume boots it afresh with the file there.
+  await page.locator('#suspend-files').click();
+  await page.locator('#state', { hasText: 'files only' }).waitFor({ timeout: SLOW });
+  assert.equal((await rest('GET', `/v1/sandboxes/${sandboxId}`, acmeKey)).memory_kept, false);
+  await page.locator('#resume').click();
+  await page.locator('#state', { hasText: 'running' }).waitFor({ timeout: SLOW });
+  const again = await rest('POST', `/v1/sandboxes/${sandboxId}/exec`, acmeKey, { command: 'cat /root/hello.txt' });
+  assert.match(again.stdout, /uploaded from the console/, 'the file survived a files-only suspend');
   // Its time extended from the page: the session now ends about 20 minutes from now.
   await page.locator('#extend-secs').fill('1200');
   await page.locator('#extend').click();

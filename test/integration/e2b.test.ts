@@ -122,6 +122,29 @@ test('e2b 2.51: the whole journey on real VMs', async () => {
   assert.equal(await Sandbox.kill(sbx.sandboxId, opts()), false);
 });
 
+test("e2b 2.51 filesystem-only pause on real VMs: the timeout pauses with only the files, connect boots it afresh on them, and pause({keepMemory: false}) does the same", async () => {
+  const { Sandbox } = e2bNew;
+  const sbx = await Sandbox.create('base', { ...opts(), timeoutMs: 600_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } } as never);
+  try {
+    await sbx.files.write('fs-only-marker.txt', 'kept');
+    await sbx.commands.run('sleep 1000 >/dev/null 2>&1 & echo $! > /root/sleeper.pid');
+    const bootBefore = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim();
+    await sbx.setTimeout(2_000);
+    await until('the timeout to pause it', async () => (await Sandbox.getInfo(sbx.sandboxId, opts())).state === 'paused', 60_000);
+    await sbx.connect();
+    assert.equal(await sbx.files.read('fs-only-marker.txt'), 'kept', 'its files are there');
+    assert.notEqual((await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim(), bootBefore, 'booted afresh');
+    assert.equal((await sbx.commands.run('kill -0 $(cat /root/sleeper.pid) 2>/dev/null && echo alive || echo gone')).stdout, 'gone\n');
+    // An explicit pause that keeps only the files, resumed by connect with onResume 'reboot'.
+    await sbx.commands.run('echo again >> fs-only-marker.txt');
+    assert.equal(await sbx.pause({ keepMemory: false } as never), true);
+    await Sandbox.connect(sbx.sandboxId, { ...opts(), onResume: 'reboot' } as never);
+    assert.equal(await sbx.files.read('fs-only-marker.txt'), 'keptagain\n');
+  } finally {
+    await sbx.kill().catch(() => {});
+  }
+});
+
 test("e2b 2.51: a command cut off by Sandbox.kill is E2B's TimeoutError saying the sandbox was killed, not a command failure", async () => {
   const sbx = await e2bNew.Sandbox.create('base', { ...opts(), timeoutMs: 600_000 });
   const cmd = await sbx.commands.run('sleep 60', { background: true });

@@ -32,6 +32,7 @@ import type {
   StartFromSnapshotOptions,
   ListFilter,
   OnTimeout,
+  SuspendOptions,
   OpenPort,
   PortTarget,
   ProcessEvent,
@@ -88,6 +89,9 @@ interface Box {
   fromSnapshot?: string;
   onTimeout: OnTimeout;
   autoResume: boolean;
+  keepMemory: boolean;
+  /** While suspended: whether that suspend kept the memory. */
+  memoryKept: boolean | null;
   publicPorts: boolean;
   portHost: string | null;
   ports: number[];
@@ -195,6 +199,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     box.egress = opts.egress ?? tpl.egress;
     box.onTimeout = opts.onTimeout ?? 'delete';
     box.autoResume = opts.autoResume === true;
+    box.keepMemory = opts.keepMemory !== false;
     box.publicPorts = opts.publicPorts === true;
     box.portHost = opts.portHost ?? null;
     this.transition(box, 'create');
@@ -315,6 +320,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       child.egress = parent.egress;
       child.onTimeout = parent.onTimeout;
       child.autoResume = parent.autoResume;
+      child.keepMemory = parent.keepMemory;
       child.publicPorts = parent.publicPorts;
       child.portHost = parent.portHost;
       parent.children.push(child.id);
@@ -396,6 +402,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       b.egress = opts.egress ?? s.box.egress;
       b.onTimeout = opts.onTimeout ?? s.box.onTimeout;
       b.autoResume = opts.autoResume ?? s.box.autoResume;
+      b.keepMemory = opts.keepMemory ?? s.box.keepMemory;
       b.publicPorts = opts.publicPorts ?? s.box.publicPorts;
       b.portHost = opts.portHost === undefined ? s.box.portHost : opts.portHost;
       b.fromSnapshot = id;
@@ -420,14 +427,15 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     return this.info(box);
   }
 
-  async suspend(id: string, scope?: Scope): Promise<SandboxInfo> {
+  async suspend(id: string, scope?: Scope, opts: SuspendOptions = {}): Promise<SandboxInfo> {
     this.calls.push('suspend');
     const box = this.find(id, scope);
     if (box.state !== 'running') throw invalidState(id, box.state, 'suspend', ['running']);
     await sleep(this.opDelayMs);
     box.state = 'suspended';
+    box.memoryKept = opts.keepMemory ?? box.keepMemory;
     this.endWatches(box, 'sandbox_suspended');
-    this.transition(box, 'suspend', box.memoryMib * 1024 * 1024);
+    this.transition(box, 'suspend', box.memoryKept ? box.memoryMib * 1024 * 1024 : 0);
     return this.info(box);
   }
 
@@ -437,6 +445,7 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
     if (box.state !== 'suspended') throw invalidState(id, box.state, 'resume', ['suspended']);
     await sleep(this.opDelayMs);
     box.state = 'running';
+    box.memoryKept = null;
     box.sessionStartMs = this.now();
     box.sessionEndMs = box.sessionStartMs + box.timeoutSecs * 1000;
     this.transition(box, 'resume');
@@ -875,6 +884,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       egress: 'allow',
       onTimeout: 'delete',
       autoResume: false,
+      keepMemory: true,
+      memoryKept: null,
       publicPorts: false,
       portHost: null,
       ports: [],
@@ -911,6 +922,8 @@ export class FakeSandboxService extends EventEmitter implements SandboxService {
       // Like the engine: the last reading (openPorts reads anew).
       ports: b.ports.map((port) => ({ port, protocol: 'tcp' as const })),
       on_timeout: b.onTimeout,
+      keep_memory: b.keepMemory,
+      memory_kept: b.state === 'suspended' ? b.memoryKept : null,
       auto_resume: b.autoResume,
       public_ports: b.publicPorts,
       port_host: b.portHost,

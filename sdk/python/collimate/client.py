@@ -105,6 +105,7 @@ class Sandboxes:
         egress: Any = None,
         public_ports: Optional[bool] = None,
         port_host: Optional[str] = None,
+        keep_memory: Optional[bool] = None,
     ) -> "Sandbox":
         """A running sandbox from ``template`` (e.g. ``"base"``; see ``client.images()``).
 
@@ -115,6 +116,8 @@ class Sandboxes:
         ``public_ports=True`` lets anyone reach its ports through the ports proxy without a key or
         token (nothing else of it opens; forks keep it); ``port_host`` is the Host header its servers
         see there, ``${PORT}`` replaced (e.g. ``"localhost:${PORT}"``; not a host: ValidationError).
+        ``keep_memory=False``: a suspend that does not say keeps only its files, and the resume
+        boots it afresh (default: memory and processes kept).
         Counts against the tier's concurrency cap (ConcurrencyLimitError with ``retry_after`` when
         full). Safe to retry: one Idempotency-Key goes with every attempt.
         """
@@ -125,6 +128,8 @@ class Sandboxes:
             body["timeout_secs"] = timeout_secs
         if egress is not None:
             body["egress"] = egress
+        if keep_memory is not None:
+            body["keep_memory"] = keep_memory
         _port_access(body, public_ports, port_host)
         info = self._client.http.json(
             "POST",
@@ -710,9 +715,12 @@ class Sandbox:
         self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/restore"), json_body=body, timeout=LIFECYCLE_TIMEOUT_SECS))
         return self
 
-    def suspend(self) -> "Sandbox":
-        """Suspends to disk (memory and processes kept); frees its concurrency slot."""
-        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/suspend"), timeout=LIFECYCLE_TIMEOUT_SECS))
+    def suspend(self, *, keep_memory: Optional[bool] = None) -> "Sandbox":
+        """Suspends to disk; frees its concurrency slot. Memory and processes are kept, unless
+        ``keep_memory=False`` (or the sandbox's ``keep_memory``) keeps only its files: the resume then
+        boots it afresh (``info.memory_kept`` says which)."""
+        body = None if keep_memory is None else {"keep_memory": keep_memory}
+        self.info = SandboxInfo.from_json(self._client.http.json("POST", self._path("/suspend"), json_body=body, timeout=LIFECYCLE_TIMEOUT_SECS))
         return self
 
     def resume(self) -> "Sandbox":

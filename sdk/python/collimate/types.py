@@ -74,6 +74,10 @@ class SandboxInfo:
     public_ports: bool = False
     #: The Host header its servers see through the ports proxy, ``${PORT}`` replaced; None: ``localhost:<port>``.
     port_host: Optional[str] = None
+    #: Whether a suspend that does not say keeps its memory and processes (else only its files).
+    keep_memory: bool = True
+    #: While suspended: whether its memory was kept (a resume continues it) or only its files; None otherwise.
+    memory_kept: Optional[bool] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":

@@ -72,6 +72,7 @@ export class Sandboxes {
     if (params.egress !== undefined) body.egress = params.egress;
     if (params.publicPorts !== undefined) body.public_ports = params.publicPorts;
     if (params.portHost !== undefined) body.port_host = params.portHost;
+    if (params.keepMemory !== undefined) body.keep_memory = params.keepMemory;
     return new Sandbox(this.http, await this.postSandboxes(body));
   }
 
@@ -107,6 +108,7 @@ export class Sandboxes {
     if (params.autoResume !== undefined) body.auto_resume = params.autoResume;
     if (params.publicPorts !== undefined) body.public_ports = params.publicPorts;
     if (params.portHost !== undefined) body.port_host = params.portHost;
+    if (params.keepMemory !== undefined) body.keep_memory = params.keepMemory;
     return this.postSandboxes(body);
   }
 

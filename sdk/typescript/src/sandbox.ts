@@ -13,7 +13,7 @@ import { SandboxProcesses } from './processes.js';
 import { codeContextId, Execution } from './code.js';
 import type {
   CodeContext, CodeResult, CreateCodeContextParams, EgressPolicy, ExecEvent, ExecHandlers, ExecRequest, ExecResult, FileEntry, ForkParams, FsListing, OpenPort, PortUrl, PortUrlParams, SandboxInfo, SandboxLogEntry,
-  RunCodeOptions, SandboxLogsParams, SandboxState, Snapshot, SnapshotParams, WatchEvent,
+  RunCodeOptions, SandboxLogsParams, SandboxState, Snapshot, SnapshotParams, SuspendParams, WatchEvent,
 } from './types.js';
 
 /** Client-side slack over the exec's own timeout before the SDK gives up waiting. */
@@ -271,13 +271,18 @@ export class Sandbox {
     return this.http.proxy(this.path(`/ports/${port}${rest}`), init);
   }
 
-  /** Suspends this running sandbox to disk: it stops counting against the cap until resumed. */
-  async suspend(): Promise<this> {
-    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/suspend'), timeoutMs: LIFECYCLE_TIMEOUT_MS });
+  /**
+   * Suspends this running sandbox to disk: it stops counting against the cap until resumed. Its
+   * memory and processes are kept, unless `keepMemory: false` (or the sandbox's `keep_memory`)
+   * says to keep only its files; `info.memory_kept` then says which.
+   */
+  async suspend(params: SuspendParams = {}): Promise<this> {
+    const body = params.keepMemory === undefined ? undefined : { keep_memory: params.keepMemory };
+    this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/suspend'), ...(body ? { json: body } : {}), timeoutMs: LIFECYCLE_TIMEOUT_MS });
     return this;
   }
 
-  /** Resumes this suspended sandbox with its memory and processes; takes a slot of the cap. */
+  /** Resumes this suspended sandbox with its memory and processes (one suspended with only its files boots afresh on them); takes a slot of the cap. */
   async resume(): Promise<this> {
     this.info = await this.http.json<SandboxInfo>({ method: 'POST', path: this.path('/resume'), timeoutMs: LIFECYCLE_TIMEOUT_MS });
     return this;

@@ -121,6 +121,19 @@ export interface CreateSandboxParams {
   publicPorts?: boolean;
   /** The Host header its servers see through the ports proxy, `${PORT}` replaced (e.g. `localhost:${PORT}`). Default `localhost:<port>`. */
   portHost?: string;
+  /**
+   * false: a suspend that does not say (`sandbox.suspend()`, or the session's end with on_timeout
+   * suspend) keeps only its files, and the resume boots it afresh. Default true (memory and processes kept).
+   */
+  keepMemory?: boolean;
+}
+
+export interface SuspendParams {
+  /**
+   * false: keep only the files (quick; the resume boots the guest afresh, so its processes and what
+   * lay in /tmp are gone). Default: the sandbox's `keep_memory` (true unless created otherwise).
+   */
+  keepMemory?: boolean;
 }
 
 export interface PortUrlParams {
@@ -157,6 +170,8 @@ export interface FromSnapshotParams {
   publicPorts?: boolean;
   /** The Host header its servers see through the ports proxy, `${PORT}` replaced. Default: the snapshot's. */
   portHost?: string;
+  /** false: a suspend that does not say keeps only its files. Default: the snapshot's. */
+  keepMemory?: boolean;
 }
 
 export interface ListSnapshotsParams {

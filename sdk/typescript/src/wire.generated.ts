@@ -105,8 +105,12 @@ export type Sandbox = {
   egress: EgressPolicy;
   /** TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading. */
   ports: OpenPort[];
-  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes). */
+  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later; with keep_memory, with its memory and processes). */
   on_timeout: "delete" | "suspend";
+  /** Whether a suspend keeps its memory and processes (true) or only its files (false: the resume boots the guest afresh from its disk). Applies to the suspend at the session's end and to a suspend that does not say. */
+  keep_memory: boolean;
+  /** While suspended: true if its memory and processes were kept (a resume continues them), false if only its files were (a resume boots it afresh). Null unless suspended. */
+  memory_kept: boolean | null;
   /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
   auto_resume: boolean;
   /** Its ports answer anyone, without a key, traffic token or signed URL (E2B's allowPublicTraffic). */
@@ -148,8 +152,12 @@ export type CreateSandboxResponse = {
   egress: EgressPolicy;
   /** TCP ports a server listens on inside the sandbox, reachable through the ports proxy. GET of one sandbox reads them live; lists show the last reading. */
   ports: OpenPort[];
-  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later with its memory and processes). */
+  /** What happens when the session ends (expires_at): `delete`, or `suspend` (resume it later; with keep_memory, with its memory and processes). */
   on_timeout: "delete" | "suspend";
+  /** Whether a suspend keeps its memory and processes (true) or only its files (false: the resume boots the guest afresh from its disk). Applies to the suspend at the session's end and to a suspend that does not say. */
+  keep_memory: boolean;
+  /** While suspended: true if its memory and processes were kept (a resume continues them), false if only its files were (a resume boots it afresh). Null unless suspended. */
+  memory_kept: boolean | null;
   /** While suspended, a request that needs it running (an exec, a file, a process, a port) resumes it first. */
   auto_resume: boolean;
   /** Its ports answer anyone, without a key, traffic token or signed URL (E2B's allowPublicTraffic). */
@@ -176,12 +184,19 @@ export type CreateSandboxRequest = {
   egress?: EgressPolicy;
   /** What happens when the session ends: `delete` it, or `suspend` it (it keeps counting against the suspended quotas). Default: the server's COLLIMATE_REAP_ACTION (delete). Forks keep their parent's. */
   on_timeout?: "delete" | "suspend";
+  /** Whether a suspend keeps the sandbox's memory and processes (true, the default) or only its files (false): the suspend at the session's end (on_timeout `suspend`) and one that does not say (POST /v1/sandboxes/{id}/suspend). A suspend that keeps only the files is quick and holds no RAM image on disk; its resume boots the guest afresh from its disk (a new boot_id), so its processes, open connections and what lay in /tmp, /run and /dev/shm (memory file systems) are gone. Forks keep their parent's; with `snapshot`, default the snapshot's. */
+  keep_memory?: boolean;
   /** While suspended (by a timeout or a suspend), a request that needs it running — an exec, a file, a process, a port — resumes it first instead of answering 409 invalid_state. Default false. */
   auto_resume?: boolean;
   /** Its ports answer anyone through the ports proxy (`/v1/sandboxes/{id}/ports/{port}/…` and `<port>-<id>.<domain>`) without a key, traffic token or signed URL: for webhooks and public demos. Nothing else of the sandbox opens. Default false. Forks and sandboxes started from its snapshots keep it (with `snapshot`, default the snapshot's). */
   public_ports?: boolean;
   /** The Host header its servers see on requests through the ports proxy: hostname[:port], `${PORT}` replaced by the port asked for (e.g. `localhost:${PORT}`, `app.example.com`); not a host shape is 400 validation_error. Default `localhost:<port>`. Forks keep it. */
   port_host?: string;
+};
+
+export type SuspendRequest = {
+  /** true: keep its memory and processes (a resume continues them); false: keep only its files (quick, no RAM image on disk; the resume boots it afresh from its disk, so processes and the memory file systems /tmp, /run and /dev/shm are gone). Default: the sandbox's keep_memory. */
+  keep_memory?: boolean;
 };
 
 export type SetEgressRequest = {

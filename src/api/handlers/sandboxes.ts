@@ -33,7 +33,7 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
         if (body.template !== undefined) throw new CollimateError('validation_error', 'Give either template or snapshot, not both: a sandbox started from a snapshot has the snapshot\'s template.');
         const started = await tenants.sandboxes.startFromSnapshot(scope, {
           snapshot: body.snapshot, count: body.count ?? 1, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress, onTimeout: body.on_timeout, autoResume: body.auto_resume,
-          publicPorts: body.public_ports, portHost: body.port_host,
+          keepMemory: body.keep_memory, publicPorts: body.public_ports, portHost: body.port_host,
         });
         const views = started.map(sandboxView);
         return { status: 201, body: body.count === undefined ? views[0] : { ...views[0], sandboxes: views } };
@@ -42,7 +42,7 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       if (body.template === undefined) throw new CollimateError('validation_error', 'Give template (see GET /v1/templates) or snapshot (see GET /v1/snapshots).');
       const info = await tenants.sandboxes.create(scope, {
         template: body.template, labels: body.labels, timeoutSecs: body.timeout_secs, egress: body.egress, onTimeout: body.on_timeout, autoResume: body.auto_resume,
-        publicPorts: body.public_ports, portHost: body.port_host,
+        keepMemory: body.keep_memory, publicPorts: body.public_ports, portHost: body.port_host,
       });
       return { status: 201, body: sandboxView(info) };
     },
@@ -119,8 +119,8 @@ export function sandboxHandlers(tenants: TenantService, streams: SseStreams): Pi
       return { status: 201, body: { sandboxes: children.map(sandboxView) } };
     },
 
-    async suspendSandbox({ scope, params }) {
-      return { status: 200, body: sandboxView(await tenants.sandboxes.suspend(scope, params.id)) };
+    async suspendSandbox({ scope, params, body }) {
+      return { status: 200, body: sandboxView(await tenants.sandboxes.suspend(scope, params.id, { keepMemory: body?.keep_memory })) };
     },
 
     async resumeSandbox({ scope, params }) {

@@ -94,7 +94,7 @@ export const sandboxPage: Page = (main, id) => {
 
   function renderDetails(s: Sandbox): void {
     const rows: Array<[string, string | Node]> = [
-      ['State', h('span', { class: `state ${s.state}`, id: 'state' }, s.state)],
+      ['State', h('span', { class: `state ${s.state}`, id: 'state' }, s.state === 'suspended' && s.memory_kept === false ? 'suspended (files only: a resume boots it afresh)' : s.state)],
       ['Template', s.template],
       ['Created', `${new Date(s.created_at).toLocaleString()} (${duration(s.age_secs)} ago)`],
       ['Idle', duration(s.idle_secs)],
@@ -137,7 +137,8 @@ export const sandboxPage: Page = (main, id) => {
     fill(
       actions,
       h('span', { class: 'group' }, forkCount, busy('Fork', () => api('POST', `/v1/sandboxes/${s.id}/fork`, { count: Number(forkCount.value) }), { id: 'fork' })),
-      running ? busy('Suspend', () => api('POST', `/v1/sandboxes/${s.id}/suspend`), { id: 'suspend' }) : null,
+      running ? busy('Suspend', () => api('POST', `/v1/sandboxes/${s.id}/suspend`, { keep_memory: true }), { id: 'suspend', title: 'Memory, processes and files kept' }) : null,
+      running ? busy('Suspend, files only', () => api('POST', `/v1/sandboxes/${s.id}/suspend`, { keep_memory: false }), { id: 'suspend-files', title: 'Only the files kept: quicker, and the resume boots it afresh' }) : null,
       s.state === 'suspended' ? busy('Resume', () => api('POST', `/v1/sandboxes/${s.id}/resume`), { id: 'resume' }) : null,
       running ? h('span', { class: 'group' }, extendBy, busy('Set timeout', () => api('POST', `/v1/sandboxes/${s.id}/timeout`, { timeout_secs: Number(extendBy.value) }), { id: 'extend' })) : null,
       h('button', { type: 'button', id: 'delete', class: 'danger', onclick: () => ((confirmDelete.hidden = false), (confirmDelete.querySelector('button') as HTMLButtonElement).focus()) }, 'Delete…'),

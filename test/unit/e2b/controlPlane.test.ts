@@ -341,9 +341,27 @@ describe('e2b 2.51 lifecycle', () => {
     assert.deepEqual([view.on_timeout, view.auto_resume], ['suspend', true]);
     const killed = await e2bNew.Sandbox.create('python', opts);
     assert.deepEqual((await e2bNew.Sandbox.getInfo(killed.sandboxId, opts) as unknown as { lifecycle: unknown }).lifecycle, { onTimeout: 'kill', autoResume: false });
-    // A filesystem-only pause is not something a Collimate suspend does: refused, not silently different.
-    await assert.rejects(e2bNew.Sandbox.create('python', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } } as never), /autoPauseMemory/);
-    for (const s of [paused, killed]) await s.kill();
+    // A filesystem-only pause: keep_memory false, for the pause at the timeout and for a pause that does not say.
+    const fsOnly = await e2bNew.Sandbox.create('python', { ...opts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } } as never);
+    const fsView = await (await fetch(`${apiUrl.replace('/e2b/api', '')}/v1/sandboxes/${fsOnly.sandboxId}`, { headers: { authorization: `Bearer ${key}` } })).json() as { on_timeout: string; keep_memory: boolean };
+    assert.deepEqual([fsView.on_timeout, fsView.keep_memory], ['suspend', false]);
+    assert.equal(svc.get(fsOnly.sandboxId, { tenant: 'acme' }).keep_memory, false);
+    // sandbox.pause({keepMemory}) sends {memory}: false keeps only the files; the SDK's default (true) the memory too.
+    await e2bNew.Sandbox.pause(fsOnly.sandboxId, { ...opts, keepMemory: false } as never);
+    assert.equal(svc.get(fsOnly.sandboxId, { tenant: 'acme' }).memory_kept, false);
+    // Connect with onResume 'reboot' is what such a sandbox gets anyway; one paused with its memory is refused it.
+    await e2bNew.Sandbox.connect(fsOnly.sandboxId, { ...opts, onResume: 'reboot' } as never);
+    assert.equal(svc.get(fsOnly.sandboxId, { tenant: 'acme' }).state, 'running');
+    await e2bNew.Sandbox.pause(paused.sandboxId, opts);
+    assert.equal(svc.get(paused.sandboxId, { tenant: 'acme' }).memory_kept, true);
+    await assert.rejects(e2bNew.Sandbox.connect(paused.sandboxId, { ...opts, onResume: 'reboot' } as never), /paused with its memory/);
+    // What E2B's API refuses, raw (the SDK refuses it before sending): without autoPause, or with autoResume.
+    for (const body of [{ autoPauseMemory: false }, { autoPause: true, autoPauseMemory: false, autoResume: { enabled: true } }, { autoPause: true, autoPauseMemory: 'no' }]) {
+      const res = await fetch(`${apiUrl}/sandboxes`, { method: 'POST', headers: { 'x-api-key': key, 'content-type': 'application/json' }, body: JSON.stringify({ templateID: 'python', ...body }) });
+      assert.equal(res.status, 400, JSON.stringify(body));
+      assert.match(((await res.json()) as { message: string }).message, /autoPauseMemory/);
+    }
+    for (const s of [paused, killed, fsOnly]) await s.kill();
   });
 });
 

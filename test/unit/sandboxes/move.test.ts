@@ -59,7 +59,7 @@ function home(artifactDisk: string | null): EngineContext & { events: SandboxTra
  * A suspended sandbox on `ctx`: artifact disk ← fork point layer (0x11 at 1 MiB, held by it and by
  * `sibling` when given) ← its top (0x22 at 2 MiB), and a snapshot of two files.
  */
-function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling?: string): SandboxRow {
+function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling?: string, diskOnly = false): SandboxRow {
   const disks = join(ctx.cfg.home, 'disks');
   const fpDisk = join(disks, `${id}-00000000.qcow2`);
   const top = join(disks, `${id}-11111111.qcow2`);
@@ -74,15 +74,20 @@ function suspended(ctx: EngineContext, artifactDisk: string, id: string, sibling
   if (sibling) ctx.repo.addRef(`fp_${id}`, sibling);
   const snap = join(ctx.cfg.home, 'sandboxes', id, 'suspend');
   mkdirSync(snap, { recursive: true });
-  writeFileSync(join(snap, 'device.state'), 'devices');
-  writeFileSync(join(snap, 'ram.img'), Buffer.alloc(1 << 20, 7));
+  if (diskOnly) writeFileSync(join(snap, 'disk-only'), '');
+  else {
+    writeFileSync(join(snap, 'device.state'), 'devices');
+    writeFileSync(join(snap, 'ram.img'), Buffer.alloc(1 << 20, 7));
+  }
   writeFileSync(join(snap, 'complete'), '');
   const row: SandboxRow = {
     id, tenant: 'acme', template: 'base', state: 'suspended', labels: { a: 'b' }, created_at: 1, last_active: 2, exec_count: 3, parent: null, forked_at: null,
     timeout_secs: 300, session_started_at: 1, session_ends_at: 2, vcpus: 1, memory_mib: 256, disk_mib: 2048, egress: 'allow' as never,
     vmm: { pid: 0, startTicks: '', dir: join(ctx.cfg.home, 'sandboxes', id), diskPath: top, memPath: '/nonexistent', memShared: true, artifactKey: KEY },
-    snapshot: { statePath: join(snap, 'device.state'), ramPath: join(snap, 'ram.img'), bytes: 1, suspendedAt: 1234 },
-    pending_op: null, on_timeout: 'suspend', auto_resume: 1, public_ports: 1, port_host: 'app.test:${PORT}',
+    snapshot: diskOnly
+      ? { statePath: join(snap, 'device.state'), diskOnly: true, bytes: 0, suspendedAt: 1234 }
+      : { statePath: join(snap, 'device.state'), ramPath: join(snap, 'ram.img'), bytes: 1, suspendedAt: 1234 },
+    pending_op: null, on_timeout: 'suspend', auto_resume: 1, public_ports: 1, port_host: 'app.test:${PORT}', keep_memory: diskOnly ? 0 : 1,
   };
   ctx.repo.insert(row);
   return row;
@@ -115,14 +120,14 @@ describe('moving a suspended sandbox: the engine side (real qcow2 chains, real j
     assert.deepEqual(prepared.manifest.files.map((f) => f.name), ['device.state', 'ram.img', 'disk.qcow2']);
     assert.equal(prepared.manifest.row.labels.a, 'b');
     assert.equal(prepared.manifest.suspendedAt, 1234);
-    const flat = prepared.paths['disk.qcow2'];
+    const flat = prepared.paths['disk.qcow2']!;
     assert.match(qimg('info', flat), new RegExp(`backing file: ${art.disk}\\n`), 'one overlay over the artifact\'s disk');
     assert.match(qimg('compare', '-f', 'qcow2', '-F', 'qcow2', row.vmm!.diskPath, flat), /identical/, 'with every block of the chain');
 
     // The receiver: the files "pulled" (copied here; moveRoutes pulls them by digest), a pending row.
     let pulled = 0;
     await importMoveIn(dst, prepared.manifest, async (f, dest) => {
-      copyFileSync(prepared.paths[f.name], dest);
+      copyFileSync(prepared.paths[f.name]!, dest);
       pulled++;
     });
     assert.equal(pulled, 3);
@@ -152,6 +157,27 @@ describe('moving a suspended sandbox: the engine side (real qcow2 chains, real j
     assert.deepEqual(src.events.map((e) => [e.state, e.op]), [['deleted', 'move']]);
   });
 
+  test('a sandbox suspended with only its files moves as its disk alone, and arrives suspended the same way', async () => {
+    const art = artifacts();
+    const src = home(art.disk);
+    const dst = home(art.copy);
+    const row = suspended(src, art.disk, 'sbx_dddddddddddd', undefined, true);
+    const prepared = await prepareMoveOut(src, row.id);
+    assert.deepEqual(prepared.manifest.files.map((f) => f.name), ['disk.qcow2'], 'no device state or RAM image: there is none');
+    assert.equal(prepared.manifest.diskOnly, true);
+    assert.equal(prepared.manifest.row.keep_memory, 0, 'its keep_memory travels with it');
+    await importMoveIn(dst, prepared.manifest, async (f, dest) => { copyFileSync(prepared.paths[f.name]!, dest); });
+    const got = dst.repo.get(row.id)!;
+    assert.equal(got.snapshot?.diskOnly, true, 'the resume there boots it from its disk');
+    assert.equal(got.snapshot?.ramPath, undefined);
+    assert.equal(got.keep_memory, 0);
+    const snapDir = join(dst.cfg.home, 'sandboxes', row.id, 'suspend');
+    assert.ok(existsSync(join(snapDir, 'disk-only')) && existsSync(join(snapDir, 'complete')), 'a restart of the receiver reads it the same way');
+    assert.match(qimg('compare', '-f', 'qcow2', '-F', 'qcow2', row.vmm!.diskPath, got.vmm!.diskPath), /identical/);
+    assert.equal(commitMoveIn(dst, row.id), true);
+    prepared.discard();
+  });
+
   test('the source refuses what changed and keeps the fork point its sibling holds; the receiver refuses without the artifact and aborts cleanly', async () => {
     const art = artifacts();
     const src = home(art.disk);
@@ -179,12 +205,12 @@ describe('moving a suspended sandbox: the engine side (real qcow2 chains, real j
     let n = 0;
     await assert.rejects(importMoveIn(dst, prepared.manifest, async (f, dest) => {
       if (++n === 2) throw new Error('the source went away');
-      copyFileSync(prepared.paths[f.name], dest);
+      copyFileSync(prepared.paths[f.name]!, dest);
     }), /went away/);
     assert.equal(dst.repo.get(row.id), undefined);
     assert.deepEqual(readdirSync(join(dst.cfg.home, 'sandboxes')), []);
     assert.deepEqual(readdirSync(join(dst.cfg.home, 'disks')), []);
-    await importMoveIn(dst, prepared.manifest, async (f, dest) => copyFileSync(prepared.paths[f.name], dest));
+    await importMoveIn(dst, prepared.manifest, async (f, dest) => copyFileSync(prepared.paths[f.name]!, dest));
     assert.equal(abortMoveIn(dst, row.id), true);
     assert.equal(dst.repo.get(row.id), undefined);
     assert.deepEqual(readdirSync(join(dst.cfg.home, 'disks')), []);

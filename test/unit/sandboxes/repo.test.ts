@@ -16,7 +16,7 @@ test('insert then get gives the row back, JSON columns decoded', () => {
     pending_op: { op: 'fork', forkPoint: 'fp_1', startedAt: 7 },
   });
   t.repo.insert(r);
-  assert.deepEqual(t.repo.get('sbx_a'), { ...r, deleted_at: null, end_reason: null, from_snapshot: null });
+  assert.deepEqual(t.repo.get('sbx_a'), { ...r, keep_memory: 1, deleted_at: null, end_reason: null, from_snapshot: null });
   assert.equal(t.repo.get('sbx_missing'), undefined);
 });
 
