@@ -54,6 +54,14 @@ function jsonBody(req: FastifyRequest): Record<string, unknown> {
   return parseJsonObject(req.body);
 }
 
+/** A field that is true, false, or absent (undefined or null); anything else is E2B's 400. */
+function optionalBoolean(body: Record<string, unknown>, field: string): boolean | undefined {
+  const v = body[field];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'boolean') throw bad(`${field} must be true or false.`);
+  return v;
+}
+
 function optionalSeconds(body: Record<string, unknown>, field: string): number | undefined {
   const v = body[field];
   if (v === undefined || v === null) return undefined;
@@ -143,17 +151,16 @@ function denylistOf(deny: string[], allow: string[], isAddress: (s: string) => b
  * and cannot go with autoResume (traffic that woke it would find its servers gone).
  */
 function lifecycleOf(body: Record<string, unknown>): { onTimeout?: 'delete' | 'suspend'; autoResume?: boolean; keepMemory?: boolean } {
-  if (body.autoPause !== undefined && body.autoPause !== null && typeof body.autoPause !== 'boolean') throw bad('autoPause must be true or false.');
-  if (body.autoPauseMemory !== undefined && body.autoPauseMemory !== null && typeof body.autoPauseMemory !== 'boolean') throw bad('autoPauseMemory must be true or false.');
+  const autoPause = optionalBoolean(body, 'autoPause');
+  const keepMemory = optionalBoolean(body, 'autoPauseMemory') === false ? false : undefined;
   const resume = body.autoResume as { enabled?: unknown } | undefined | null;
   if (resume !== undefined && resume !== null && (typeof resume !== 'object' || (resume.enabled !== undefined && typeof resume.enabled !== 'boolean'))) throw bad('autoResume must be {"enabled": true|false}.');
   const autoResume = resume?.enabled === true;
-  if (autoResume && body.autoPause !== true) throw bad("autoResume needs autoPause (the SDK's lifecycle.onTimeout: 'pause').");
-  const keepMemory = body.autoPauseMemory === false ? false : undefined;
-  if (keepMemory === false && body.autoPause !== true) throw bad("autoPauseMemory: false needs autoPause (the SDK's lifecycle.onTimeout: {action: 'pause', keepMemory: false}).");
+  if (autoResume && autoPause !== true) throw bad("autoResume needs autoPause (the SDK's lifecycle.onTimeout: 'pause').");
+  if (keepMemory === false && autoPause !== true) throw bad("autoPauseMemory: false needs autoPause (the SDK's lifecycle.onTimeout: {action: 'pause', keepMemory: false}).");
   if (keepMemory === false && autoResume) throw bad('autoPauseMemory: false cannot go with autoResume: a pause that keeps only the filesystem is resumed by connect, which boots the sandbox afresh.');
   return {
-    ...(body.autoPause === true ? { onTimeout: 'suspend' as const } : body.autoPause === false ? { onTimeout: 'delete' as const } : {}),
+    ...(autoPause === true ? { onTimeout: 'suspend' as const } : autoPause === false ? { onTimeout: 'delete' as const } : {}),
     ...(autoResume ? { autoResume } : {}), ...(keepMemory === false ? { keepMemory } : {}),
   };
 }
@@ -428,10 +435,10 @@ export class E2bControlPlane {
 
   /** `{memory: false}` (the SDK's `pause({keepMemory: false})`) keeps only the filesystem; absent, the memory too (E2B's default, whatever the create said). */
   async pause(scope: Scope, id: string, body: Record<string, unknown>): Promise<void> {
-    if (body.memory !== undefined && body.memory !== null && typeof body.memory !== 'boolean') throw bad('memory must be true or false.');
+    const memory = optionalBoolean(body, 'memory');
     const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'suspended') throw new CollimateError('invalid_state', `Sandbox ${id} is already paused.`);
-    await this.tenants.sandboxes.suspend(scope, id, { keepMemory: body.memory !== false });
+    await this.tenants.sandboxes.suspend(scope, id, { keepMemory: memory !== false });
   }
 
   /**
@@ -442,10 +449,10 @@ export class E2bControlPlane {
    */
   async connect(scope: Scope, id: string, body: Record<string, unknown>): Promise<[number, unknown]> {
     const secs = optionalSeconds(body, 'timeout');
-    if (body.memory !== undefined && body.memory !== null && typeof body.memory !== 'boolean') throw bad('memory must be true or false.');
+    const memory = optionalBoolean(body, 'memory');
     const info = await this.tenants.sandboxes.get(scope, id);
     if (info.state === 'running') return [200, await this.sandboxAnswer(scope, await this.extendTo(scope, info, secs, true))];
-    if (body.memory === false && info.memory_kept !== false) {
+    if (memory === false && info.memory_kept !== false) {
       throw bad(`Sandbox ${id} was paused with its memory; Collimate resumes it only as it was (onResume 'restore', the default). To reboot on resume, pause with keepMemory: false.`);
     }
     const resumed = await this.tenants.sandboxes.resume(scope, id);

@@ -78,7 +78,6 @@ async function suspendDiskOnly(ctx: EngineContext, r: Running): Promise<SandboxI
   ctx.repo.update(r.id, { pending_op: { op: 'suspend', diskOnly: true, startedAt: Date.now() } });
   const vmm = r.live.vmm;
   const phases = new Phases('suspend');
-  const guest = (script: string) => r.live.agent.exec({ commands: [['/bin/sh', '-c', script]], timeoutMs: 60_000 }, { timeoutMs: 90_000 });
   let frozen = false;
   let stopped = false;
   try {
@@ -86,7 +85,7 @@ async function suspendDiskOnly(ctx: EngineContext, r: Running): Promise<SandboxI
     await phases.time('guest_sync', async () => {
       frozen = true;
       // `kill -1` spares the caller and init (the agent); this shell then writes out the page cache.
-      const out = await guest('kill -s STOP -1 2>/dev/null; sync');
+      const out = await guestShell(r.live.agent, 'kill -s STOP -1 2>/dev/null; sync');
       if (out.result.exitCode !== 0) throw new Error(`sync in the guest exited with ${out.result.exitCode}: ${out.stderr.toString().trim()}`);
     });
     await phases.time('stop', () => vmm.qmp.execute('stop'));
@@ -107,7 +106,12 @@ async function suspendDiskOnly(ctx: EngineContext, r: Running): Promise<SandboxI
 
 /** Undoes the SIGSTOP of a suspend that kept only the files and did not happen (here, or cut off by a crash: reconcile.ts). */
 export async function continueGuestProcesses(agent: Pick<AgentClient, 'exec'>): Promise<void> {
-  await agent.exec({ commands: [['/bin/sh', '-c', 'kill -s CONT -1 2>/dev/null; true']], timeoutMs: 60_000 }, { timeoutMs: 90_000 }).catch(() => {});
+  await guestShell(agent, 'kill -s CONT -1 2>/dev/null; true').catch(() => {});
+}
+
+/** One shell command in the guest, as root, for the suspend's own use (a minute, and half more for the answer). */
+function guestShell(agent: Pick<AgentClient, 'exec'>, script: string) {
+  return agent.exec({ commands: [['/bin/sh', '-c', script]], timeoutMs: 60_000 }, { timeoutMs: 90_000 });
 }
 
 async function suspendRunning(ctx: EngineContext, r: Running): Promise<SandboxInfo> {
@@ -204,19 +208,21 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
           }));
           return pending;
         };
-        if (snap.diskOnly) {
-          // Only the files were kept: the guest boots afresh on its disk, in RAM of its own.
+        /** A RAM file of its own, empty, with the guest's size before its VMM maps it. */
+        const freshRamFile = () => {
           rmSync(memPath, { force: true });
           closeSync(openSync(memPath, 'w', 0o600));
           truncateSync(memPath, memBytes);
+        };
+        if (snap.diskOnly) {
+          // Only the files were kept: the guest boots afresh on its disk, in RAM of its own.
+          freshRamFile();
           return await finishBoot(await start(), id, phases);
         }
         if (snap.ramPath) {
           // The VMM starts while its RAM file fills: QEMU maps the file at start but reads no page
           // of it before the devices are restored. The file has its size before either begins.
-          rmSync(memPath, { force: true });
-          closeSync(openSync(memPath, 'w', 0o600));
-          truncateSync(memPath, memBytes);
+          freshRamFile();
           // Both settle before either's failure counts: a VMM still starting when the fill failed
           // would otherwise be left running, with nothing that would stop it.
           const [vm, fill] = await Promise.allSettled([start(), phases.time('memory_load', () => fillFromImage(snap.ramPath!, memPath, ctx.cfg.cacheDir))]);
