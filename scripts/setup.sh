@@ -67,8 +67,27 @@ fi
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "collimate setup: installing npm dependencies" >&2
-  npm ci --no-audit --no-fund --loglevel=error
+  # Install scripts run after, one package at a time: better-sqlite3's is a native build from source
+  # (about a minute: its prebuilt binaries are on GitHub, which these machines cannot reach), and a
+  # build this machine made before is taken from the cache instead when it loads.
+  npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+  mapfile -t scripted < <(node -e 'const l = require("./package-lock.json"); for (const [k, v] of Object.entries(l.packages)) if (v.hasInstallScript && k !== "node_modules/better-sqlite3") console.log(k.replace(/^.*node_modules\//, ""))')
+  [ "${#scripted[@]}" -eq 0 ] || npm rebuild --loglevel=error "${scripted[@]}" >/dev/null
   step_done "npm dependencies installed"
+  # Keyed by the package's version and this Node.js's ABI and architecture; used only if it loads.
+  native_cache="${COLLIMATE_CACHE_DIR:-${COLLIMATE_HOME:-$HOME/.collimate}}/native"
+  binding=node_modules/better-sqlite3/build/Release/better_sqlite3.node
+  cached="$native_cache/better-sqlite3-$(node -p 'require("./node_modules/better-sqlite3/package.json").version')-abi$(node -p 'process.versions.modules + "-" + process.arch')/better_sqlite3.node"
+  sqlite_loads() { node -e 'const D = require("better-sqlite3"); const db = new D(":memory:"); if (db.prepare("select 41 + 1 as n").get().n !== 42) process.exit(1)' 2>/dev/null; }
+  if [ -f "$cached" ] && mkdir -p "$(dirname "$binding")" && cp "$cached" "$binding" && sqlite_loads; then
+    step_done "better-sqlite3: the build cached in $(dirname "$cached")"
+  else
+    rm -rf node_modules/better-sqlite3/build
+    npm rebuild --loglevel=error better-sqlite3 >/dev/null
+    sqlite_loads || { echo "collimate setup: better-sqlite3 was built but does not load under $(node --version)" >&2; exit 1; }
+    mkdir -p "$(dirname "$cached")" && cp "$binding" "$cached.tmp" && mv "$cached.tmp" "$cached"
+    step_done "better-sqlite3 built from source (cached in $(dirname "$cached"))"
+  fi
 fi
 
 # The web console's bundle (dist/console, served at /console): rebuilt only when its sources changed.

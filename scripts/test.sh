@@ -3,8 +3,33 @@
 # real microVMs. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 export COLLIMATE_CACHE_DIR="${COLLIMATE_CACHE_DIR:-/var/tmp/collimate-test-cache}"
+bash scripts/setup.sh
+# Built beside the type check and the unit tests, which need neither: the guest assets and catalog
+# templates (from an empty cache, minutes of downloads, apt in chroots and bakes) and each other
+# Node.js the end runs on (a download and a native build). Each one's output is printed when it is
+# waited for; one still running when this script ends (a failed step) is stopped with its children.
+bg=$(mktemp -d /tmp/collimate-test-bg-XXXXXX)
+declare -A bg_pid=()
+stop_background() {
+  for p in "${bg_pid[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+  rm -rf "$bg"
+}
+trap stop_background EXIT
+# Without job control a background job stays in this script's process group, so setsid makes it the
+# leader of one of its own (its pid is the group's), which stop_background can end whole.
+start_background() { local name=$1; shift; setsid "$@" >"$bg/$name.log" 2>&1 & bg_pid[$name]=$!; }
+wait_background() {
+  local name=$1 status=0
+  wait "${bg_pid[$name]}" || status=$?
+  unset "bg_pid[$name]"
+  cat "$bg/$name.log" >&2
+  [ "$status" -eq 0 ] || { echo "test.sh: $name failed (exit $status)" >&2; exit "$status"; }
+}
+start_background prepare node --import tsx scripts/prepare.ts
+for major in ${COLLIMATE_TEST_NODE_MAJORS-24}; do
+  start_background "node$major" env COLLIMATE_NODE_STEPS= bash scripts/test-node.sh "$major"
+done
 echo "== type check" >&2
 node_modules/.bin/tsc -p tsconfig.json --noEmit
 node_modules/.bin/tsc -p src/console/tsconfig.json --noEmit   # the web console: browser code, its own settings
@@ -12,8 +37,8 @@ echo "== unit tests" >&2
 # Node 20's --test does not expand globs itself.
 mapfile -t unit < <(find test/unit -name '*.test.ts' | sort)
 node --import tsx --test --test-concurrency=4 "${unit[@]}"
-echo "== guest assets and catalog templates (cached in $COLLIMATE_CACHE_DIR)" >&2
-node --import tsx scripts/prepare.ts
+echo "== guest assets and catalog templates (cached in $COLLIMATE_CACHE_DIR; built since the set-up)" >&2
+wait_background prepare
 echo "== integration tests (real microVMs)" >&2
 # The suite oversubscribes two cores on purpose (busy-loop guests, restore stress, two files at a
 # time), so admission by CPU pressure would refuse creates at random; admission.test.ts turns it on
@@ -43,8 +68,10 @@ done
 node --import tsx scripts/run-tests.ts --concurrency="${COLLIMATE_TEST_CONCURRENCY:-2}" --timeout=1500000 "${integration[@]}"
 # The machine's Node.js ran all of the above; the current LTS runs the type check, the unit tests and
 # a real-VM smoke test too (its build from the npm registry and a better-sqlite3 built for it are
-# cached: about a minute and a half warm, three cold). COLLIMATE_TEST_NODE_MAJORS="" skips it.
+# cached: about a minute and a half warm; a cold fetch and build run beside the unit tests).
+# COLLIMATE_TEST_NODE_MAJORS="" skips it.
 for major in ${COLLIMATE_TEST_NODE_MAJORS-24}; do
-  echo "== Node.js $major (scripts/test-node.sh)" >&2
+  echo "== Node.js $major (scripts/test-node.sh; fetched and built since the set-up)" >&2
+  wait_background "node$major"
   bash scripts/test-node.sh "$major"
 done
