@@ -139,18 +139,21 @@ export const CATALOG: CatalogEntry[] = [
 /** Builds (or finds cached) every guest asset and catalog artifact. Idempotent; the slow path runs once. */
 export async function loadCatalog(cfg: EngineConfig, progress: (m: string) => void, only?: string[], entries: CatalogEntry[] = CATALOG): Promise<ReadyTemplate[]> {
   const base = await guestBase(cfg, progress);
+  const chosen = entries.filter((e) => !only || only.includes(e.id));
+  // Every entry's layers are built side by side (from an empty cache, downloads and apt in chroots of
+  // their own, much of it waiting on the mirror) while the artifacts are baked one at a time in
+  // catalog order, each once its layers are there. A failure is raised where the sequence reaches it.
+  const layers = chosen.map((e) => e.layers(cfg.cacheDir, progress));
+  for (const p of layers) p.catch(() => {});
   const out: ReadyTemplate[] = [];
-  for (const entry of entries) {
-    if (only && !only.includes(entry.id)) continue;
-    out.push(await catalogTemplate(cfg, entry, base, progress));
-  }
+  for (const [i, entry] of chosen.entries()) out.push(await catalogTemplate(cfg, entry, base, progress, await layers[i]));
   return out;
 }
 
-/** One catalog entry's template: its layers built (or found cached) and its artifact baked (or found). */
-export async function catalogTemplate(cfg: EngineConfig, entry: CatalogEntry, base: GuestBase, progress: (m: string) => void): Promise<ReadyTemplate> {
+/** One catalog entry's template: its layers built (or found cached; `built` when the caller has them) and its artifact baked (or found). */
+export async function catalogTemplate(cfg: EngineConfig, entry: CatalogEntry, base: GuestBase, progress: (m: string) => void, built?: LayerAsset[]): Promise<ReadyTemplate> {
   const { kernel, initramfs } = base;
-  const layers: LayerAsset[] = await entry.layers(cfg.cacheDir, progress);
+  const layers: LayerAsset[] = built ?? await entry.layers(cfg.cacheDir, progress);
   const shape = {
     vcpus: entry.vcpus,
     memoryMib: cfg.catalogMemoryMib ?? entry.memoryMib,
