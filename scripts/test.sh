@@ -8,16 +8,19 @@ bash scripts/setup.sh
 # Built beside the type check and the unit tests, which need neither: the guest assets and catalog
 # templates (from an empty cache, minutes of downloads, apt in chroots and bakes) and each other
 # Node.js the end runs on (a download and a native build). Each one's output is printed when it is
-# waited for; one still running when this script ends (a failed step) is stopped with its children.
+# waited for. One still running when this script ends early (a failed step) is waited for, not
+# killed: a layer build cut off mid-apt would leave its chroot's mounts (/proc, /sys, /dev bound in)
+# behind. In a session of its own (setsid), a Ctrl-C at the terminal does not reach it either.
 bg=$(mktemp -d /tmp/collimate-test-bg-XXXXXX)
 declare -A bg_pid=()
-stop_background() {
-  for p in "${bg_pid[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+finish_background() {
+  for name in "${!bg_pid[@]}"; do
+    echo "test.sh: waiting for $name to finish before exiting (log: $bg/$name.log is removed after)" >&2
+    wait "${bg_pid[$name]}" 2>/dev/null || true
+  done
   rm -rf "$bg"
 }
-trap stop_background EXIT
-# Without job control a background job stays in this script's process group, so setsid makes it the
-# leader of one of its own (its pid is the group's), which stop_background can end whole.
+trap finish_background EXIT
 start_background() { local name=$1; shift; setsid "$@" >"$bg/$name.log" 2>&1 & bg_pid[$name]=$!; }
 wait_background() {
   local name=$1 status=0

@@ -19,7 +19,8 @@ test('a first start says each step\'s time, the total since npm start, and what 
   });
   const stderr = serve.stderr();
   try {
-    assert.match(stderr, /^ {2}\[ {2}4[2-9]\.\d s\] building initramfs$/m);
+    // At least the 42 s before serve was started; how much more is the machine's load, not the code's.
+    assert.match(stderr, /^ {2}\[ {1,2}(?:4[2-9]|[5-9]\d|\d{3,})\.\d s\] building initramfs$/m);
     assert.match(stderr, /serving http:\S+ \(home .*\) after (?:4[2-9]|[5-9]\d|\d{3,})\.\d s in all \(set-up included\); still building python in the background \(GET \/healthz: catalog\.building\)$/m);
     const h = (await (await fetch(`${serve.url}/healthz`)).json()) as { catalog: { building: Record<string, { step: string }> } };
     assert.deepEqual(Object.keys(h.catalog.building), ['python']);
