@@ -275,29 +275,9 @@ export function baseLayerDigest(mirrors: Mirrors = hostMirrors()): string {
 
 /** Debian bookworm `minbase`, cleaned, as one erofs layer. Rebuilt only when the recipe changes. */
 export async function ensureDebianBaseLayer(cacheDir: string, progress: Progress = () => {}): Promise<LayerAsset> {
+  const paths = homePaths(cacheDir);
   const mirrors = hostMirrors();
   const digest = baseLayerDigest(mirrors);
-  return sharedBuild(debianLayerDir(cacheDir, 'base', digest), () => buildDebianBaseLayer(cacheDir, mirrors, digest, progress));
-}
-
-/**
- * Layer builds under way in this process, by directory: a caller asking for a layer another is
- * building waits for that build instead of starting its own (buildOnce would keep one of two
- * identical results, but both would run debootstrap or apt). The catalog builds its layers side by
- * side, and every Debian runtime layer needs the base.
- */
-const underWay = new Map<string, Promise<LayerAsset>>();
-function sharedBuild(dir: string, build: () => Promise<LayerAsset>): Promise<LayerAsset> {
-  let p = underWay.get(dir);
-  if (!p) {
-    p = build().finally(() => underWay.delete(dir));
-    underWay.set(dir, p);
-  }
-  return p;
-}
-
-async function buildDebianBaseLayer(cacheDir: string, mirrors: Mirrors, digest: string, progress: Progress): Promise<LayerAsset> {
-  const paths = homePaths(cacheDir);
   const dir = debianLayerDir(cacheDir, 'base', digest);
   const path = join(dir, 'layer.erofs');
   await buildOnce(dir, paths.tmp, async (tmp) => {
@@ -359,12 +339,8 @@ export async function ensureRuntimeLayer(cacheDir: string, name: RuntimeName, pr
   const pkgs: readonly string[] = RUNTIME_PACKAGES[name];
   if (!pkgs) throw new Error(`unknown runtime ${name}`);
   const base = await ensureDebianBaseLayer(cacheDir, progress);
-  const digest = runtimeLayerDigest(name, base);
-  return sharedBuild(debianLayerDir(cacheDir, name, digest), () => buildRuntimeLayer(cacheDir, name, pkgs, base, digest, progress));
-}
-
-async function buildRuntimeLayer(cacheDir: string, name: RuntimeName, pkgs: readonly string[], base: LayerAsset, digest: string, progress: Progress): Promise<LayerAsset> {
   const paths = homePaths(cacheDir);
+  const digest = runtimeLayerDigest(name, base);
   const dir = debianLayerDir(cacheDir, name, digest);
   const path = join(dir, 'layer.erofs');
   await buildOnce(dir, paths.tmp, async (tmp) => {
