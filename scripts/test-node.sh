@@ -55,6 +55,10 @@ gyp="$(dirname "$(readlink -f "$(command -v npm)")")/../node_modules/node-gyp/bi
 [ -f "$gyp" ] || { echo "test-node: node-gyp not found beside npm ($gyp)" >&2; exit 1; }
 "$host_node" --import tsx scripts/nativeModule.ts --node "$nodedir/bin/node" --nodedir "$nodedir" --out "$deps" --from node_modules --gyp "$gyp"
 
+steps=" ${COLLIMATE_NODE_STEPS-typecheck unit smoke} "
+# No step to run (npm test fetches and builds in the background first): no copy of the tree either.
+[[ "$steps" =~ [^[:space:]] ]] || exit 0
+
 # The working tree as it is (tracked and new files, not ignored ones), with its own node_modules.
 tree=$(mktemp -d "/tmp/collimate-node$major-XXXXXX")
 trap 'rm -rf "$tree"' EXIT
@@ -77,7 +81,6 @@ done
 export PATH="$nodedir/bin:$PATH"
 export COLLIMATE_TEST_NODE_VERSION="$version"
 cd "$tree"
-steps=" ${COLLIMATE_NODE_STEPS-typecheck unit smoke} "
 if [[ "$steps" == *" typecheck "* ]]; then
   echo "== Node.js $(node --version): type check" >&2
   node node_modules/typescript/bin/tsc -p tsconfig.json --noEmit
