@@ -51,10 +51,42 @@ async function run(id: string, body: Record<string, unknown>): Promise<any> {
   return r.json;
 }
 
-/** For a failure's message: the interpreter's log and the guest's memory. */
-async function guestState(id: string): Promise<string> {
-  const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command: 'tail -n 30 /run/collimate/code/server.log; head -n 3 /proc/meminfo', timeout: 30 });
+/**
+ * For a failure's message: the interpreter's log, with every server thread's stack appended
+ * (SIGUSR1), and the guest's memory. `auth` is the key of the sandbox's tenant.
+ */
+async function guestState(id: string, auth = key): Promise<string> {
+  const command = 'kill -USR1 "$(cat /run/collimate/code/pid)"; sleep 1; tail -n 120 /run/collimate/code/server.log; head -n 3 /proc/meminfo';
+  const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command, timeout: 30 }, { authorization: `Bearer ${auth}` });
   return `\n--- guest ---\n${r.json?.stdout ?? r.text}`;
+}
+
+/** A cell run with its events streamed (SSE): read until a text shows, then to the end. */
+async function streamCell(id: string, body: Record<string, unknown>): Promise<{ until(text: string): Promise<void>; rest(): Promise<string> }> {
+  const res = await fetch(`${base}/v1/sandboxes/${id}/code`, {
+    method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+    body: JSON.stringify(body),
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let sse = '';
+  return {
+    async until(text) {
+      while (!sse.includes(text)) {
+        const { value: chunk, done } = await reader.read();
+        assert.ok(!done, `the stream ended before ${text}: ${sse}`);
+        sse += decoder.decode(chunk, { stream: true });
+      }
+    },
+    async rest() {
+      for (;;) {
+        const { value: chunk, done } = await reader.read();
+        if (done) return sse;
+        sse += decoder.decode(chunk, { stream: true });
+      }
+    },
+  };
 }
 
 /** The text/plain of a cell's last value. */
@@ -155,22 +187,11 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
     const contexts = await call('GET', `/v1/sandboxes/${id}/code/contexts`);
     assert.equal(contexts.status, 200);
     const python = contexts.json.contexts.find((c: any) => c.language === 'python');
-    const streamed = fetch(`${base}/v1/sandboxes/${id}/code`, {
-      method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', accept: 'text/event-stream' },
-      body: JSON.stringify({ code: 'import time\nprint("started", flush=True)\nwhile True:\n    time.sleep(0.1)' }),
-    });
-    const res = await streamed;
-    assert.equal(res.status, 200);
-    const reader = res.body!.getReader();
-    let sse = '';
-    while (!sse.includes('event: stdout')) sse += new TextDecoder().decode((await reader.read()).value);
+    const streamed = await streamCell(id, { code: 'import time\nprint("started", flush=True)\nwhile True:\n    time.sleep(0.1)' });
+    await streamed.until('event: stdout');
     const interrupted = await call('POST', `/v1/sandboxes/${id}/code/contexts/${python.id}/interrupt`);
     assert.equal(interrupted.status, 200, interrupted.text);
-    for (;;) {
-      const { value: chunk, done } = await reader.read();
-      if (done) break;
-      sse += new TextDecoder().decode(chunk);
-    }
+    const sse = await streamed.rest();
     assert.match(sse, /event: exception\ndata: \{"name":"KeyboardInterrupt"/);
     assert.match(sse, /event: result\ndata: \{"context":"[0-9a-f-]{36}"/);
     assert.equal(await value(id, 'x'), '41');
@@ -184,8 +205,12 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
     const missing = await run(id, { code: 'x', context: ctx });
     assert.equal(missing.error.name, 'NameError');
     assert.equal(await value(id, 'y = 7; y', { context: ctx }), '7');
+    // A restart stops even a cell deaf to interrupts: the cell ends with KernelDied.
+    const deaf = await streamCell(id, { code: 'import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint("deaf", flush=True)\nwhile True:\n    time.sleep(0.1)', context: ctx });
+    await deaf.until('event: stdout');
     const restarted = await call('POST', `/v1/sandboxes/${id}/code/contexts/${ctx}/restart`);
     assert.equal(restarted.status, 200, restarted.text + await guestState(id));
+    assert.match(await deaf.rest(), /event: exception\ndata: \{"name":"KernelDied"/);
     assert.equal((await run(id, { code: 'y', context: ctx })).error.name, 'NameError');
     assert.equal((await call('DELETE', `/v1/sandboxes/${id}/code/contexts/${ctx}`)).status, 204);
     const gone = await call('POST', `/v1/sandboxes/${id}/code`, { code: '1', context: ctx });
@@ -314,7 +339,7 @@ test('@e2b/code-interpreter 2.8, unmodified: its README example and a chart, con
   } catch (err) {
     // The SDK's errors show as {} in the test report: say which step and what it was.
     const e = err as Error;
-    throw new Error(`@e2b/code-interpreter, step ${step}: ${e?.name}: ${e?.message}${await guestState(sandbox.sandboxId).catch(() => '')}`, { cause: err });
+    throw new Error(`@e2b/code-interpreter, step ${step}: ${e?.name}: ${e?.message}${await guestState(sandbox.sandboxId, e2bKey).catch(() => '')}`, { cause: err });
   } finally {
     await sandbox.kill();
   }

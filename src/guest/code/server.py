@@ -25,6 +25,7 @@ same file serves an image that has only Node.js and python3.
 While a cell runs, BUSY_FILE holds how many do: the host's idle pause reads it (the server lives in
 a cgroup of its own, outside the agent's /execs, so an idle kernel does not keep a sandbox awake).
 """
+import faulthandler
 import json
 import os
 import queue
@@ -164,8 +165,67 @@ def env_snippet(language, env):
     return None
 
 
+class KernelGone(Exception):
+    """A call on a Python kernel that has been shut down."""
+
+
+class Driver:
+    """One thread with one event loop for everything a Python kernel's jupyter_client objects do.
+
+    jupyter_client 7 drives its kernels with pyzmq's asyncio sockets from whichever thread calls it,
+    each thread on an event loop of its own, and a pyzmq asyncio socket belongs to the loop it is
+    used on (pyzmq's `_get_loop` re-registers the socket on every change of loop, leaving the old
+    loop's registration and its pending futures behind). This server answers each request on a new
+    thread: without a driver, a kernel's sockets moved to a new loop at every request. With it, they
+    stay on this one thread's loop for the kernel's life."""
+
+    def __init__(self, name):
+        self.calls = queue.Queue()
+        self.stopped = False
+        self.lock = threading.Lock()  # a call is queued before the stop or refused
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import asyncio
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        while True:
+            item = self.calls.get()
+            if item is None:
+                loop.close()
+                return
+            fn, box, done = item
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box.append((False, e))
+            done.set()
+
+    def call(self, fn):
+        """fn() on the driver's thread; its value, or its exception raised here."""
+        if threading.current_thread() is self.thread:
+            return fn()
+        box, done = [], threading.Event()
+        with self.lock:
+            if self.stopped:
+                raise KernelGone()
+            self.calls.put((fn, box, done))
+        done.wait()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def stop(self):
+        with self.lock:
+            if not self.stopped:
+                self.stopped = True
+                self.calls.put(None)
+
+
 class PythonKernel:
-    """An ipykernel, started and driven by jupyter_client."""
+    """An ipykernel, started and driven by jupyter_client on a Driver of its own."""
 
     language = "python"
 
@@ -173,7 +233,12 @@ class PythonKernel:
         self.cwd = cwd
         self.km = None
         self.kc = None
-        self.start()
+        self.driver = Driver("kernel")
+        try:
+            self.driver.call(self.start)
+        except BaseException:
+            self.shutdown()
+            raise
 
     def start(self):
         from jupyter_client.manager import KernelManager
@@ -193,7 +258,10 @@ class PythonKernel:
                 print(f"python_setup.py failed: {payload['name']}: {payload['value']}", file=sys.stderr, flush=True)
 
     def alive(self):
-        return self.km is not None and self.km.is_alive()
+        try:
+            return self.km is not None and self.driver.call(self.km.is_alive)
+        except KernelGone:
+            return False
 
     def chdir(self, cwd):
         self.cwd = cwd
@@ -201,29 +269,45 @@ class PythonKernel:
             pass
 
     def interrupt(self):
-        self.km.interrupt_kernel()
+        try:
+            self.driver.call(self.km.interrupt_kernel)
+        except KernelGone:
+            pass
 
     def shutdown(self):
+        def stop():
+            try:
+                if self.kc:
+                    self.kc.stop_channels()
+                if self.km:
+                    self.km.shutdown_kernel(now=True)
+            except Exception:  # noqa: BLE001 - a kernel that is already gone is shut down
+                pass
         try:
-            if self.kc:
-                self.kc.stop_channels()
-            if self.km:
-                self.km.shutdown_kernel(now=True)
-        except Exception:  # noqa: BLE001 - a kernel that is already gone is shut down
+            self.driver.call(stop)
+        except KernelGone:
             pass
+        self.driver.stop()
 
     def run(self, code, silent=False):
         """Yields (kind, payload) for one cell: stream, result, error, count; ends at the kernel's idle."""
-        msg_id = self.kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=True)
+        try:
+            msg_id = self.driver.call(lambda: self.kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=True))
+        except KernelGone:
+            yield kernel_died()
+            return
         while True:
             try:
-                msg = self.kc.get_iopub_msg(timeout=1)
+                msg = self.driver.call(lambda: self.kc.get_iopub_msg(timeout=1))
             except queue.Empty:
                 if not self.alive():
                     yield kernel_died()
                     return
                 yield ("idle_tick", None)
                 continue
+            except KernelGone:
+                yield kernel_died()
+                return
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             t = msg["msg_type"]
@@ -660,4 +744,6 @@ def main():
 if __name__ == "__main__":
     random.seed()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGUSR1 writes every thread's stack to the log (server.log): what a stuck cell waits on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     main()
