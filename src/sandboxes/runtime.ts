@@ -20,6 +20,7 @@ import { run } from '../host/run.js';
 import type { VmmRecord } from './repo.js';
 import type { NetManager } from '../net/netns.js';
 import type { EgressPolicy } from '../net/policy.js';
+import { execSeed } from './exec.js';
 
 /** A sandbox's live VMM and its agent connection, held in memory while it runs. */
 export interface LiveVm {
@@ -282,7 +283,15 @@ export async function finishBoot(pending: PendingVm, sandboxId: string, phases?:
 export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<PendingVm> {
   const live = await restoreCheckpoint(pending, deviceState, pending.id);
   try {
-    await live.agent.exec({ commands: [['true']], timeoutMs: 30_000 }, { timeoutMs: 60_000 });
+    // Seeded, as every exec of a sandbox is: the seed library's preload is on the path too.
+    await live.agent.exec({ commands: [['true']], timeoutMs: 30_000, seed: execSeed(undefined) }, { timeoutMs: 60_000 });
+    // And the login shell E2B's door and a PTY start as `user` (`bash -l -c`, `bash -i -l`): its
+    // first start in a VMM takes 0.3–0.6 s under TCG, later ones ~50 ms. Images without bash or
+    // without a `user` account are skipped (the agent refuses an unknown account: ignored).
+    await live.agent.exec(
+      { commands: [['/bin/sh', '-c', 'command -v bash >/dev/null || exit 0; exec bash -i -l -c true </dev/null >/dev/null 2>&1']], user: 'user', timeoutMs: 30_000, seed: execSeed(undefined) },
+      { timeoutMs: 60_000 },
+    ).catch(() => {});
     // And the code interpreter's path, where the template baked one (docs/code.md).
     if (pending.record.net) await warmCodeInterpreter(pending.record.net.nsIp);
     await live.vmm.qmp.execute('stop');
