@@ -7,7 +7,7 @@ import { buildOnce } from '../host/buildOnce.js';
 import type { LayerAsset, Progress } from './guestAssets.js';
 import { CATALOG_DEFAULTS, type CatalogEntry } from './catalog.js';
 import { fetchRegistryTarball, type RegistryTarball } from './registryTarball.js';
-import { codeServerScript } from '../guest/codeServer.js';
+import { codeServerScript, BAKE_READY_WAIT_SECS } from '../guest/codeServer.js';
 
 /**
  * Debian bookworm root filesystems as stacked erofs layers: a `minbase` debootstrap as the base
@@ -412,7 +412,7 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'python', progress)],
     layersCached: (home) => debianLayersCached(home, 'python'),
     // The code interpreter's server with its default Python kernel, warm in the checkpoint.
-    ready: { command: codeServerScript(), timeoutSecs: 600 },
+    ready: { command: codeServerScript(BAKE_READY_WAIT_SECS), timeoutSecs: 600 },
   },
   {
     id: 'node',
@@ -423,7 +423,7 @@ export const DEBIAN_CATALOG: CatalogEntry[] = [
     layers: async (home, progress) => [await ensureDebianBaseLayer(home, progress), await ensureRuntimeLayer(home, 'node', progress)],
     layersCached: (home) => debianLayersCached(home, 'node'),
     // The code interpreter's server with its default JavaScript kernel, warm in the checkpoint.
-    ready: { command: codeServerScript(), timeoutSecs: 600 },
+    ready: { command: codeServerScript(BAKE_READY_WAIT_SECS), timeoutSecs: 600 },
   },
   {
     id: 'debian',

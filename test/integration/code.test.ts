@@ -47,18 +47,24 @@ async function create(template: string): Promise<string> {
 
 async function run(id: string, body: Record<string, unknown>): Promise<any> {
   const r = await call('POST', `/v1/sandboxes/${id}/code`, body);
-  assert.equal(r.status, 200, r.text + await guestState(id));
+  await expectStatus(r, 200, id);
   return r.json;
 }
 
 /**
  * For a failure's message: the interpreter's log, with every server thread's stack appended
- * (SIGUSR1), and the guest's memory. `auth` is the key of the sandbox's tenant.
+ * (SIGUSR1), and the guest's memory.
  */
-async function guestState(id: string, auth = key): Promise<string> {
-  const command = 'kill -USR1 "$(cat /run/collimate/code/pid)"; sleep 1; tail -n 120 /run/collimate/code/server.log; head -n 3 /proc/meminfo';
-  const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command, timeout: 30 }, { authorization: `Bearer ${auth}` });
+const GUEST_STATE = 'kill -USR1 "$(cat /run/collimate/code/pid)"; sleep 1; tail -n 120 /run/collimate/code/server.log; head -n 3 /proc/meminfo';
+
+async function guestState(id: string): Promise<string> {
+  const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command: GUEST_STATE, timeout: 30 });
   return `\n--- guest ---\n${r.json?.stdout ?? r.text}`;
+}
+
+/** Fails with the answer and the guest's state (read only then) unless the answer has `status`. */
+async function expectStatus(r: { status: number; text: string }, status: number, id: string): Promise<void> {
+  if (r.status !== status) assert.fail(`${r.status} !== ${status}: ${r.text}${await guestState(id)}`);
 }
 
 /** A cell run with its events streamed (SSE): read until a text shows, then to the end. */
@@ -198,7 +204,7 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
 
     // A context of its own: its own state and directory; restart empties it; delete ends it.
     const made = await call('POST', `/v1/sandboxes/${id}/code/contexts`, { language: 'python', cwd: '/tmp' });
-    assert.equal(made.status, 201, made.text + await guestState(id));
+    await expectStatus(made, 201, id);
     assert.equal(made.json.cwd, '/tmp');
     const ctx = made.json.id;
     assert.equal(await value(id, 'import os; os.getcwd()', { context: ctx }), "'/tmp'");
@@ -209,7 +215,7 @@ test('python: state across cells, a figure as a PNG with its chart, a traceback,
     const deaf = await streamCell(id, { code: 'import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint("deaf", flush=True)\nwhile True:\n    time.sleep(0.1)', context: ctx });
     await deaf.until('event: stdout');
     const restarted = await call('POST', `/v1/sandboxes/${id}/code/contexts/${ctx}/restart`);
-    assert.equal(restarted.status, 200, restarted.text + await guestState(id));
+    await expectStatus(restarted, 200, id);
     assert.match(await deaf.rest(), /event: exception\ndata: \{"name":"KernelDied"/);
     assert.equal((await run(id, { code: 'y', context: ctx })).error.name, 'NameError');
     assert.equal((await call('DELETE', `/v1/sandboxes/${id}/code/contexts/${ctx}`)).status, 204);
@@ -339,7 +345,9 @@ test('@e2b/code-interpreter 2.8, unmodified: its README example and a chart, con
   } catch (err) {
     // The SDK's errors show as {} in the test report: say which step and what it was.
     const e = err as Error;
-    throw new Error(`@e2b/code-interpreter, step ${step}: ${e?.name}: ${e?.message}${await guestState(sandbox.sandboxId, e2bKey).catch(() => '')}`, { cause: err });
+    // The guest's state read through the SDK itself, as root.
+    const state = await sandbox.commands.run(GUEST_STATE, { user: 'root', timeoutMs: 30_000 }).then((r) => r.stdout, (x) => String(x));
+    throw new Error(`@e2b/code-interpreter, step ${step}: ${e?.name}: ${e?.message}\n--- guest ---\n${state}`, { cause: err });
   } finally {
     await sandbox.kill();
   }

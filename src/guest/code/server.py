@@ -25,7 +25,6 @@ same file serves an image that has only Node.js and python3.
 While a cell runs, BUSY_FILE holds how many do: the host's idle pause reads it (the server lives in
 a cgroup of its own, outside the agent's /execs, so an idle kernel does not keep a sandbox awake).
 """
-import faulthandler
 import json
 import os
 import queue
@@ -421,6 +420,8 @@ class NodeKernel:
 # template has one). JavaScript kernels start in about a second and are not kept.
 _spares = {}
 _spares_lock = threading.Lock()
+# Tries at the server's start to have a spare before it says it is ready (see main).
+SPARE_START_ATTEMPTS = 3
 
 
 def _new_kernel(language, cwd):
@@ -719,6 +720,20 @@ PRELOAD = ("def _c_preload():\n"
            "del _c_preload\n")
 
 
+def dump_threads(signum=None, frame=None):
+    """SIGUSR1: every thread's stack to the log (server.log), to see what a stuck cell waits on.
+    A Python-level handler, run by the main thread with the GIL held. faulthandler's C-level dump
+    reads other threads' frames while they run: in a CI run its dump stopped mid-line and the
+    server was gone after it (its kernels said their parent had exited)."""
+    import traceback
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = [f"--- {time.strftime('%H:%M:%S')} threads of the code server ---"]
+    for ident, top in sys._current_frames().items():
+        out.append(f"Thread {names.get(ident, '?')} ({ident}):")
+        out.extend(line.rstrip("\n") for line in traceback.format_stack(top))
+    print("\n".join(out), file=sys.stderr, flush=True)
+
+
 def main():
     _set_busy(0)
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
@@ -730,12 +745,21 @@ def main():
             for _ in ctx.cell(PRELOAD, silent=True):
                 pass
         # The spare the default context's start began, ready before the server says it is (at bake:
-        # in the checkpoint).
-        while True:
+        # in the checkpoint, so that no sandbox of the template starts a kernel for its first new
+        # context). That spare started beside the preload; on a loaded host it can miss its start
+        # time, and a template baked without it made every new context start a kernel on the spot.
+        # It is started again, now alone, before the server says it is ready.
+        for _ in range(SPARE_START_ATTEMPTS):
+            while True:
+                with _spares_lock:
+                    if _spares.get(ctx.language, "none") is not None:
+                        break
+                time.sleep(0.1)
             with _spares_lock:
-                if _spares.get(ctx.language, "none") is not None:
-                    break
-            time.sleep(0.1)
+                have = _spares.get(ctx.language) is not None
+            if have or ctx.language != "python":
+                break
+            fill_spare(ctx.language)
     with open(os.path.join(STATE_DIR, "ready"), "w") as f:
         f.write(",".join(langs))
     server.serve_forever()
@@ -744,6 +768,5 @@ def main():
 if __name__ == "__main__":
     random.seed()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGUSR1 writes every thread's stack to the log (server.log): what a stuck cell waits on.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR1, dump_threads)
     main()

@@ -94,3 +94,44 @@ print(json.dumps({"first": results.count("finished"), "answered": len(results), 
   assert.equal(r.driverEnded, true);
   assert.ok(r.others.every((x: string) => x === 'ran' || x === 'gone'), JSON.stringify(r.others));
 });
+
+test('SIGUSR1 writes every thread\'s stack to the log while cells stream, and the server lives on', async () => {
+  // The server on this host, with the JavaScript kernel (Node.js is here; ipykernel is not).
+  const { spawn } = await import('node:child_process');
+  const { existsSync, readFileSync, openSync, copyFileSync } = await import('node:fs');
+  const { createServer } = await import('node:net');
+  const state = mkdtempSync(join(tmpdir(), 'collimate-codesrv-'));
+  const port = await new Promise<number>((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => { const p = (s.address() as { port: number }).port; s.close(() => resolve(p)); });
+  });
+  // Copied out, as the guest has them: kernel.js is CommonJS, which the repository's package.json
+  // ("type": "module") would not let it be.
+  for (const f of ['server.py', 'kernel.js', 'python_setup.py']) copyFileSync(join(CODE_DIR, f), join(state, f));
+  const log = join(state, 'server.log');
+  const server = spawn('/usr/bin/python3', [join(state, 'server.py')], {
+    env: { ...process.env, COLLIMATE_CODE_PORT: String(port), COLLIMATE_CODE_STATE_DIR: state },
+    stdio: ['ignore', openSync(log, 'a'), openSync(log, 'a')],
+  });
+  try {
+    for (let i = 0; !existsSync(join(state, 'ready')); i++) {
+      assert.ok(i < 600 && server.exitCode === null, `the server did not start: ${readFileSync(log, 'utf8')}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const cell = (n: number) => fetch(`http://127.0.0.1:${port}/execute`, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ code: `for (let i = 0; i < ${n}; i++) console.log(i)`, language: 'javascript' }),
+    }).then((r) => r.text());
+    const cells = [cell(3000), cell(3000), cell(3000)];
+    for (let i = 0; i < 20; i++) {
+      server.kill('SIGUSR1');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    for (const out of await Promise.all(cells)) assert.match(out, /"type": "end_of_execution"/);
+    assert.equal(server.exitCode, null, 'the server is still running');
+    const dumped = readFileSync(log, 'utf8');
+    assert.equal((dumped.match(/threads of the code server/g) ?? []).length, 20, dumped.slice(-2000));
+    assert.match(dumped, /Thread MainThread \(\d+\):\n.*serve_forever/s);
+  } finally {
+    server.kill('SIGKILL');
+  }
+});
