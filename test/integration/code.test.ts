@@ -51,12 +51,10 @@ async function run(id: string, body: Record<string, unknown>): Promise<any> {
   return r.json;
 }
 
-/**
- * For a failure's message: the interpreter's log, with every server thread's stack appended
- * (SIGUSR1), and the guest's memory.
- */
+/** The guest's state for a failure's message: the interpreter's log, with every server thread's stack appended (SIGUSR1), and its memory. */
 const GUEST_STATE = 'kill -USR1 "$(cat /run/collimate/code/pid)"; sleep 1; tail -n 120 /run/collimate/code/server.log; head -n 3 /proc/meminfo';
 
+/** GUEST_STATE of sandbox `id`, read through the REST API. */
 async function guestState(id: string): Promise<string> {
   const r = await call('POST', `/v1/sandboxes/${id}/exec`, { command: GUEST_STATE, timeout: 30 });
   return `\n--- guest ---\n${r.json?.stdout ?? r.text}`;
