@@ -106,6 +106,13 @@ export interface EngineConfig {
   /** Short digest of the home: names this home's RAM directory and VMM cgroups. */
   homeTag: string;
   debugGuest: boolean;
+  /**
+   * Whether a process started unseeded (a background process, a PTY, the web terminal, E2B's
+   * commands) keeps address randomization in the guest (COLLIMATE_GUEST_ASLR: on, off, or auto = on
+   * under KVM, off under TCG, where each start at fresh addresses is translated afresh and costs
+   * 3–4× one at the addresses the VMM already translated; docs/determinism.md). Seeded ones never do.
+   */
+  unseededAslr: boolean;
   /** Extra guest kernel arguments for every template (COLLIMATE_GUEST_KERNEL_ARGS, space-separated; part of each artifact's key). */
   guestKernelArgs: string[];
   /** Per-sandbox networking (src/net): namespaces, taps, egress policy, ports proxy. */
@@ -207,6 +214,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
   const homeTag = tag(home);
   const cacheDir = overrides.cacheDir ?? (env.COLLIMATE_CACHE_DIR || home);
   assertSocketRoom(home, cacheDir);
+  const accel = overrides.accel ?? detectAccel(env);
   const reapAction = (env.COLLIMATE_REAP_ACTION ?? 'delete') as EngineConfig['reapAction'];
   if (reapAction !== 'delete' && reapAction !== 'suspend') throw new Error('COLLIMATE_REAP_ACTION must be "delete" or "suspend"');
   return {
@@ -214,7 +222,7 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     cacheDir,
     ramDir: env.COLLIMATE_RAM_DIR || `/dev/shm/collimate-${homeTag}`,
     artifactRamDir: env.COLLIMATE_RAM_DIR || `/dev/shm/collimate-${tag(cacheDir)}`,
-    accel: detectAccel(env),
+    accel,
     qemuBinary: env.COLLIMATE_QEMU || 'qemu-system-x86_64',
     poolSize: intEnv(env, 'COLLIMATE_POOL_SIZE', 4),
     poolMin: intEnv(env, 'COLLIMATE_POOL_MIN', 0),
@@ -249,12 +257,19 @@ export function loadConfig(overrides: Partial<EngineConfig> = {}, env: NodeJS.Pr
     jail: jailSettings(env),
     homeTag,
     debugGuest: env.COLLIMATE_DEBUG_GUEST === '1',
+    unseededAslr: unseededAslrOf(env.COLLIMATE_GUEST_ASLR, accel.accel),
     guestKernelArgs: (env.COLLIMATE_GUEST_KERNEL_ARGS ?? '').split(/\s+/).filter(Boolean),
     net: netSettings(env),
     catalogEgress: catalogEgress(env),
     catalogMemoryMib: env.COLLIMATE_CATALOG_MEMORY_MIB ? intEnv(env, 'COLLIMATE_CATALOG_MEMORY_MIB', 256) : undefined,
     ...overrides,
   };
+}
+
+function unseededAslrOf(v: string | undefined, accel: 'kvm' | 'tcg'): boolean {
+  if (v === undefined || v === '' || v === 'auto') return accel === 'kvm';
+  if (v === 'on' || v === 'off') return v === 'on';
+  throw new Error(`COLLIMATE_GUEST_ASLR must be auto, on or off, not ${JSON.stringify(v)}`);
 }
 
 function forkCaptureOf(v: string | undefined): 'pages' | 'migrate' {

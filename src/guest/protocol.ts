@@ -118,6 +118,7 @@ export const Tag = {
   Exited: 109,
   OutputTotal: 110,
   ArgvTruncated: 111,
+  NoAslr: 112,
 
   FsPath: 130,
   FsDepth: 131,
@@ -790,6 +791,8 @@ export interface ProcStartRequest {
   env?: Record<string, string>;
   cwd?: string;
   seed?: bigint;
+  /** Start it without address randomization (ADDR_NO_RANDOMIZE) though unseeded; a seeded one always is. */
+  noAslr?: boolean;
   /** Run on a pseudo-terminal of this size (stdout and stderr are then one stream, 'pty'). */
   pty?: { cols: number; rows: number };
   /** Keep a stdin pipe open for PROC_INPUT (else stdin is /dev/null). A pty's input is always open. */
@@ -806,6 +809,7 @@ export function encodeProcStart(req: ProcStartRequest): Buffer {
   writeCommand(w, req.argv);
   writeEnvAndCwd(w, req.env, req.cwd);
   if (req.seed !== undefined) w.u64(Tag.Seed, req.seed);
+  if (req.noAslr) w.u8(Tag.NoAslr, 1);
   if (req.pty) {
     for (const [name, v] of [['cols', req.pty.cols], ['rows', req.pty.rows]] as const) {
       if (!Number.isInteger(v) || v < 1 || v > 0xffff) throw new ProtocolError(`pty ${name} must be an integer from 1 to 65535`);

@@ -36,7 +36,7 @@ export function signalNumber(signal: unknown): number {
 }
 
 /** The guest's request for a process start, validated (like buildAgentExec for an exec). */
-export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Record<string, string>; cwd?: string; prefix?: string[] }): ProcStartRequest {
+export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Record<string, string>; cwd?: string; prefix?: string[] }, unseededAslr = true): ProcStartRequest {
   if ((req.command === undefined) === (req.argv === undefined)) throw bad('Give exactly one of command (a shell string, run by /bin/sh -c) or argv (a list of strings, e.g. ["python3", "-u", "server.py"]).');
   let argv: string[];
   if (req.command !== undefined) {
@@ -68,9 +68,10 @@ export function buildProcStart(req: ProcessStartRequest, defaults?: { env?: Reco
   const cwd = req.cwd ?? defaults?.cwd;
   return {
     argv, env,
-    // A background process (a server, a shell, a PTY) is seeded only when asked: unseeded it keeps
-    // ASLR and the kernel's randomness (docs/determinism.md). Execs are always seeded.
-    ...(req.seed !== undefined ? { seed: execSeed(req.seed) } : {}),
+    // A background process (a server, a shell, a PTY) is seeded only when asked: unseeded it has the
+    // kernel's randomness, and ASLR unless the host turns it off (under TCG by default: the engine's
+    // unseededAslr, docs/determinism.md). Execs are always seeded.
+    ...(req.seed !== undefined ? { seed: execSeed(req.seed) } : unseededAslr ? {} : { noAslr: true }),
     ...(cwd !== undefined ? { cwd } : {}),
     ...(pty ? { pty } : {}),
     ...(req.stdin ? { stdinOpen: true } : {}),
@@ -137,7 +138,7 @@ export async function startProcess(ctx: EngineContext, id: string, req: ProcessS
   const row = ctx.repo.get(id)!;
   let defaults;
   try { defaults = ctx.templates.resolve(row.template, row.tenant).execDefaults; } catch { defaults = undefined; }
-  const agentReq = buildProcStart(req, defaults);
+  const agentReq = buildProcStart(req, defaults, ctx.cfg.unseededAslr);
   return r.queue.run(async () => {
     if (r.deleting) throw gone(r);
     try {

@@ -286,10 +286,14 @@ export async function prewarm(pending: PendingVm, deviceState: Buffer): Promise<
     // Seeded, as every exec of a sandbox is: the seed library's preload is on the path too.
     await live.agent.exec({ commands: [['true']], timeoutMs: 30_000, seed: execSeed(undefined) }, { timeoutMs: 60_000 });
     // And the login shell E2B's door and a PTY start as `user` (`bash -l -c`, `bash -i -l`): its
-    // first start in a VMM takes 0.3–0.6 s under TCG, later ones ~50 ms. Images without bash or
-    // without a `user` account are skipped (the agent refuses an unknown account: ignored).
+    // first start in a VMM takes 0.3–0.6 s under TCG, later ones ~50 ms. Twice: as a seeded exec
+    // runs it, and without the seed library's preload, which is where an unseeded process started
+    // without ASLR (under TCG, config.ts unseededAslr) finds its libraries; the exec's
+    // ADDR_NO_RANDOMIZE carries over. Images without bash or without a `user` account are skipped
+    // (the agent refuses an unknown account: ignored).
+    const login = 'bash -i -l -c true </dev/null >/dev/null 2>&1';
     await live.agent.exec(
-      { commands: [['/bin/sh', '-c', 'command -v bash >/dev/null || exit 0; exec bash -i -l -c true </dev/null >/dev/null 2>&1']], user: 'user', timeoutMs: 30_000, seed: execSeed(undefined) },
+      { commands: [['/bin/sh', '-c', `command -v bash >/dev/null || exit 0; ${login}; exec env -u LD_PRELOAD ${login}`]], user: 'user', timeoutMs: 30_000, seed: execSeed(undefined) },
       { timeoutMs: 60_000 },
     ).catch(() => {});
     // And the code interpreter's path, where the template baked one (docs/code.md).

@@ -13,3 +13,13 @@ test('a home or cache too deep for the VMM sockets under it is refused up front,
   assert.throws(() => loadConfig({ home: '/tmp/h', cacheDir: '/tmp/collimate-cold-check/run-mdTE2I/cache' }, {}), /too deep/);
   assert.equal(UNIX_SOCKET_PATH_MAX, 107);
 });
+
+test('COLLIMATE_GUEST_ASLR: unseeded processes keep ASLR under KVM and lose it under TCG unless told', () => {
+  const aslr = (env: NodeJS.ProcessEnv) => loadConfig({ home: '/tmp/h', cacheDir: '/tmp/c' }, env).unseededAslr;
+  assert.equal(aslr({ COLLIMATE_ACCEL: 'kvm' }), true);
+  assert.equal(aslr({ COLLIMATE_ACCEL: 'tcg' }), false);
+  assert.equal(aslr({ COLLIMATE_ACCEL: 'tcg', COLLIMATE_GUEST_ASLR: 'auto' }), false);
+  assert.equal(aslr({ COLLIMATE_ACCEL: 'tcg', COLLIMATE_GUEST_ASLR: 'on' }), true);
+  assert.equal(aslr({ COLLIMATE_ACCEL: 'kvm', COLLIMATE_GUEST_ASLR: 'off' }), false);
+  assert.throws(() => aslr({ COLLIMATE_ACCEL: 'tcg', COLLIMATE_GUEST_ASLR: 'yes' }), /COLLIMATE_GUEST_ASLR must be auto, on or off, not "yes"/);
+});

@@ -135,6 +135,7 @@ enum field_tag {
     TAG_EXITED = 109,
     TAG_OUTPUT_TOTAL = 110,
     TAG_ARGV_TRUNCATED = 111,
+    TAG_NO_ASLR = 112,
 
     /* Files and directories (fs.c): tags 130-159. */
     TAG_FS_PATH = 130,

@@ -126,7 +126,7 @@ static void trim_exited(void)
 
 struct start_request {
     size_t args, envs, text_bytes;
-    bool pty, stdin_open, seeded;
+    bool pty, stdin_open, seeded, no_aslr;
     uint32_t cols, rows;
     uint64_t seed;
     struct tlv_field cwd, tag;
@@ -179,7 +179,7 @@ struct spawn_plan {
     char **envp;
     const char *cwd;
     const struct run_as *user; /* NULL: root */
-    bool seeded;
+    bool no_aslr; /* ADDR_NO_RANDOMIZE: every seeded process, and an unseeded one that asks */
     const char *pty_slave; /* NULL: pipes */
     int stdin_fd, stdout_fd, stderr_fd, report_fd;
 };
@@ -226,7 +226,7 @@ static void __attribute__((noreturn)) become_process(struct proc *p, const struc
         if (e) child_fail(plan->report_fd, SPAWN_STAGE_USER, e);
     }
     if (chdir(plan->cwd) != 0) child_fail(plan->report_fd, SPAWN_STAGE_CWD, errno);
-    if (plan->seeded) {
+    if (plan->no_aslr) {
         int current = personality(0xffffffff);
         if (current != -1) personality((unsigned long)current | ADDR_NO_RANDOMIZE);
     }
@@ -279,6 +279,10 @@ static bool measure_start(const uint8_t *payload, size_t len, struct start_reque
         case TAG_SEED:
             if (!tlv_as_u64(&f, &req->seed)) return *why = "SEED must be a u64", false;
             req->seeded = true;
+            break;
+        case TAG_NO_ASLR:
+            if (!tlv_as_u8(&f, &u8)) return *why = "NO_ASLR must be a u8", false;
+            req->no_aslr = u8 != 0;
             break;
         case TAG_PTY:
             if (!tlv_as_u8(&f, &u8)) return *why = "PTY must be a u8", false;
@@ -408,7 +412,7 @@ void proc_handle_start(uint32_t id, const uint8_t *payload, size_t len)
     char slave_path[128];
     const char *failure = NULL;
     int error = 0;
-    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .user = has_user ? &user : NULL, .seeded = req.seeded, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
+    struct spawn_plan plan = {.argv = argv, .envp = envp, .cwd = p->cwd, .user = has_user ? &user : NULL, .no_aslr = req.seeded || req.no_aslr, .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1};
 
     if (pipe2(report, O_CLOEXEC) != 0) {
         failure = "pipe";

@@ -130,6 +130,21 @@ describe('background processes', () => {
     });
   });
 
+  it('starts a process without address randomization when NO_ASLR asks, with it otherwise', async () => {
+    await withHost(async (host) => {
+      // personality(2)'s ADDR_NO_RANDOMIZE (0x0040000) as the process itself sees it.
+      const persona = async (noAslr?: boolean) => {
+        const { pid } = await host.client.startProcess({ argv: ['cat', '/proc/self/personality'], ...(noAslr === undefined ? {} : { noAslr }) });
+        assert.equal((await host.waitExit(pid)).exitCode, 0);
+        return (BigInt(`0x${host.text(pid, 'stdout').trim()}`) & 0x40000n) === 0x40000n;
+      };
+      const hosts = (BigInt(`0x${readFileSync('/proc/self/personality', 'utf8').trim()}`) & 0x40000n) === 0x40000n;
+      assert.equal(await persona(true), true, 'NO_ASLR 1: ADDR_NO_RANDOMIZE');
+      assert.equal(await persona(false), hosts, 'NO_ASLR absent: the personality the agent runs with');
+      assert.equal(await persona(), hosts);
+    });
+  });
+
   it('signals the process group and reports death by signal', async () => {
     await withHost(async (host) => {
       const { pid } = await host.client.startProcess({ argv: ['sh', '-c', 'sleep 60 & echo child $!; wait'] });

@@ -220,6 +220,9 @@ describe('process operations', () => {
     assert.equal(buildProcStart({ argv: ['ls'], stdin: true }).stdinOpen, true);
     assert.equal(buildProcStart({ argv: ['ls'] }).seed, undefined, 'unseeded unless asked');
     assert.equal(buildProcStart({ argv: ['ls'], seed: '42' }).seed, 42n);
+    assert.equal(buildProcStart({ argv: ['ls'] }).noAslr, undefined, 'unseeded: ASLR as the guest has it');
+    assert.equal(buildProcStart({ argv: ['ls'] }, undefined, false).noAslr, true, 'unseeded on a host that turns ASLR off');
+    assert.equal(buildProcStart({ argv: ['ls'], seed: '42' }, undefined, false).noAslr, undefined, 'seeded: the seed turns it off');
     const { argv, env, cwd } = buildProcStart({ argv: ['ls'], env: { B: '2' } }, { prefix: ['runuser', '-u', 'app', '--'], env: { A: '1' }, cwd: '/app' });
     assert.deepEqual({ argv, env, cwd }, { argv: ['runuser', '-u', 'app', '--', 'ls'], env: { A: '1', B: '2' }, cwd: '/app' });
     for (const bad of [{}, { command: 'a', argv: ['a'] }, { argv: [] }, { argv: ['ls'], cwd: 'rel' }, { argv: ['ls'], pty: { cols: 0 } }, { argv: ['ls'], tag: 'x'.repeat(257) }]) {
@@ -241,6 +244,7 @@ describe('process operations', () => {
       registry: { get: (id: string) => (id === r.id ? r : undefined), touch() {} },
       templates: { resolve: () => ({}) },
       processes: registry,
+      cfg: { unseededAslr: true },
     } as unknown as EngineContext;
     void registry.of(r.id).attach(agent);
     return { ctx, r, agent, registry, wakes };
