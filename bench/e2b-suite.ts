@@ -13,7 +13,10 @@
 //      exports every name it takes (or declares it as a type, which compiling erases). Test bodies
 //      are not touched. Files that need the SDK's internals, or that mock E2B's API in-process, are
 //      listed as not runnable from the npm package; E2B-cloud-only folders are listed as excluded;
-//   3. installs e2b@E2B_SDK_VERSION (default 2.51.0) and vitest (the range E2B's package.json names);
+//   3. installs e2b@E2B_SDK_VERSION and vitest (the range E2B's package.json names). The default SDK
+//      is the tag's own release (2.45.0): the one its tests were written against. A later SDK
+//      differs from its tests in places (2.51.0 leaves a create's timeout to the server, whose
+//      default is E2B's 15 s, and sends `fork({count: 0})` instead of refusing it);
 //   4. makes an E2B-shaped key and starts `collimate serve` on a free port (COLLIMATE_CACHE_DIR,
 //      default /var/tmp/collimate-test-cache), and sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY
 //      and E2B_DOMAIN (docs/e2b.md);
@@ -32,7 +35,7 @@ import { parseArgs } from 'node:util';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TAG = process.env.E2B_TAG ?? 'e2b@2.45.0';
-const SDK_VERSION = process.env.E2B_SDK_VERSION ?? '2.51.0';
+const SDK_VERSION = process.env.E2B_SDK_VERSION ?? /^e2b@(\d+\.\d+\.\d+)$/.exec(TAG)?.[1] ?? '2.51.0';
 const CLONE_URL = 'https://github.com/e2b-dev/E2B';
 const TEST_TIMEOUT_MS = 60_000;
 /** How long a first start may take to build the catalog templates when the cache is cold. */
