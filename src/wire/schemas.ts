@@ -514,7 +514,7 @@ export const ProcessStartRequest = named(
       seed: described(
         execSeed(),
         'Run seeded, like an exec: user-space randomness from this CRNG seed and address-space randomization off, so the process replays. ' +
-          'Absent: not seeded — a server, a shell or a PTY keeps ASLR and the kernel\'s randomness (docs/determinism.md). ' + ExecSeedDescription,
+          'Absent: not seeded — a server, a shell or a PTY gets the kernel\'s randomness, and ASLR as the host sets it (COLLIMATE_GUEST_ASLR: on under KVM, off under TCG by default; docs/determinism.md). ' + ExecSeedDescription,
       ).optional(),
       user: RunAsUser('the process runs as, as for an exec').optional(),
     })
