@@ -672,7 +672,9 @@ describe('the cluster database unreachable (fake engines)', { skip }, () => {
     for (const h of hosts) assert.equal((await call(h.url, key, 'GET', `/v1/sandboxes/${id}`)).status, 200);
     await server.stop();
 
-    const exec = await call(owner.url, key, 'POST', `/v1/sandboxes/${id}/exec`, { command: 'echo still-here' });
+    const exec = await call(owner.url, key, 'POST', `/v1/sandboxes/${id}/exec`, { command: 'echo still-here' }).catch((e: Error & { cause?: unknown }) => {
+      throw new Error(`exec through the owner: ${e.message} (${String(e.cause)}); the owner ${owner.child.exitCode === null && owner.child.signalCode === null ? 'runs' : `exited ${owner.child.exitCode ?? owner.child.signalCode}`}; its log:\n${owner.stderr().slice(-3000)}`);
+    });
     assert.equal(exec.status, 200, exec.bytes.toString());
     assert.equal(exec.json.stdout, 'still-here\n');
     assert.equal((await call(owner.url, key, 'GET', `/v1/sandboxes/${id}`)).json.id, id);
