@@ -4,13 +4,27 @@ import { dirname, join } from 'node:path';
 import { killRecorded } from './runtime.js';
 import type { SandboxRow } from './repo.js';
 import { dirs, pooledVmmDir, rowFor, type EngineContext } from './context.js';
+import { isMovingOut } from './move.js';
 import type { Scope } from './types.js';
 
 /**
- * Deletes from any state, at once: queued operations on the sandbox fail with not found. `reason`:
+ * Deletes from any state: at once when it runs, queued operations on it failing with not found;
+ * after the operation under way when it is suspended (below). `reason`:
  * why, when it is not the tenant's delete (its VM died); later requests on it say so.
  */
 export async function deleteSandbox(ctx: EngineContext, id: string, scope?: Scope, reason?: string): Promise<void> {
+  rowFor(ctx, id, scope);
+  // A sandbox that is not running has no VMM to stop under an operation: what is done to it (a
+  // resume, a fork or snapshot of it) runs one at a time (registry.serialized), and the delete
+  // waits for the one under way. Else it would remove the files a resume is starting a VMM on (the
+  // resume failing with ENOENT), or a resume would commit after it and run a sandbox its row calls
+  // deleted. A running one is deleted at once (its operations see `deleting`), and so is one being
+  // moved away: the move's commit sees the delete and has the receiver delete it (move.ts).
+  if (!ctx.registry.get(id) && !isMovingOut(ctx, id)) return ctx.registry.serialized(id, () => deleteNow(ctx, id, scope, reason));
+  return deleteNow(ctx, id, scope, reason);
+}
+
+async function deleteNow(ctx: EngineContext, id: string, scope?: Scope, reason?: string): Promise<void> {
   const row = rowFor(ctx, id, scope);
   const r = ctx.registry.get(id);
   if (r) r.deleting = true;

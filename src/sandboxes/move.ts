@@ -75,6 +75,11 @@ export interface MoveEngine {
 /** Sandboxes each engine is moving out now: a second move of one is refused, not interleaved. */
 const movingOut = new WeakMap<EngineContext, Set<string>>();
 
+/** Whether sandbox `id` is being moved away from this host (prepared, not yet committed or discarded). */
+export function isMovingOut(ctx: EngineContext, id: string): boolean {
+  return movingOut.get(ctx)?.has(id) ?? false;
+}
+
 /** The directory a move's flattened disk is made in, inside the sandbox's own directory. */
 function moveOutDir(ctx: EngineContext, id: string): string {
   return join(dirs(ctx.cfg).sandboxes, id, 'move-out');

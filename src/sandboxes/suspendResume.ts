@@ -180,7 +180,8 @@ export async function resumeSandbox(ctx: EngineContext, id: string, scope?: Scop
   const row = rowFor(ctx, id, scope);
   if (row.state !== 'suspended') throw invalidState(id, row.state === 'running' ? 'running' : row.state, 'resume', ['suspended']);
   return ctx.capacity.within('resume', { vmms: 1, memoryMib: row.memory_mib, tmpfsMib: row.memory_mib }, () => ctx.registry.serialized(id, async () => {
-    const cur = ctx.repo.get(id)!;
+    // Deleted while this waited: not found, as for any later call.
+    const cur = rowFor(ctx, id, scope);
     if (cur.state !== 'suspended') throw invalidState(id, cur.state, 'resume', ['suspended']);
     const snap = cur.snapshot!;
     const rec = cur.vmm!;

@@ -2,7 +2,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import type { Engine } from '../../src/sandboxes/engine.ts';
-import { openEngine, testHome, assertNoLeaks } from './fixture.ts';
+import { openEngine, testHome, assertNoLeaks, qemuProcesses } from './fixture.ts';
 
 const tenant = { tenant: 'it-engine' };
 let engine: Engine;
@@ -135,4 +135,27 @@ test('operations on a deleted id are not found', async () => {
   await assert.rejects(engine.exec(sb.id, { command: 'true' }), { code: 'sandbox_not_found' });
   assert.throws(() => engine.get(sb.id), { code: 'sandbox_not_found' });
   await assert.rejects(engine.delete(sb.id), { code: 'sandbox_not_found' });
+});
+
+test('a delete of a suspended sandbox waits for the resume under way, then deletes what it resumed; a resume behind a delete is not found', async () => {
+  const vmmsOf = (id: string) => qemuProcesses(`${home}/`).filter((pid) => readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(id));
+  const sb = await engine.create({ template: 'base' }, tenant);
+  await engine.suspend(sb.id, tenant);
+  // The resume is under way (its VMM starting on the sandbox's disk) when the delete comes: it used
+  // to remove the disk under it (vmm_failed, ENOENT) or be overwritten by the resume's commit.
+  const resumed = engine.resume(sb.id, tenant).then((i) => i.state, (e: { code?: string }) => e.code);
+  await new Promise((r) => setTimeout(r, 30));
+  await engine.delete(sb.id, tenant);
+  assert.equal(await resumed, 'running', 'the resume finished first');
+  assert.throws(() => engine.get(sb.id, tenant), { code: 'sandbox_not_found' });
+  assert.deepEqual(vmmsOf(sb.id), [], 'no VMM runs for the deleted sandbox');
+
+  const other = await engine.create({ template: 'base' }, tenant);
+  await engine.suspend(other.id, tenant);
+  const deleted = engine.delete(other.id, tenant);
+  // Being deleted (409, state deleting) or, once the delete is done, not found: never resumed.
+  await assert.rejects(engine.resume(other.id, tenant), (e: { code?: string; details?: { state?: string } }) =>
+    e.code === 'sandbox_not_found' || (e.code === 'invalid_state' && e.details?.state === 'deleting'));
+  await deleted;
+  assert.deepEqual(vmmsOf(other.id), []);
 });
