@@ -311,7 +311,9 @@ test('javascript in the node template; a first cell starts the interpreter where
 test('@e2b/code-interpreter 2.8, unmodified: its README example and a chart, contexts, through the E2B door', async () => {
   const opts = { apiKey: e2bKey, apiUrl: `${base}/e2b/api`, sandboxUrl: `${base}/e2b/envd` };
   let step = 'create';
-  const sandbox = await CodeSandbox.create(opts);
+  // e2b 2.51 leaves the timeout to the server, whose default is E2B's 15 s: on a loaded host the
+  // steps below outlast it, and the reaper deleted the sandbox under a cell (a CI run, 2026-12-06).
+  const sandbox = await CodeSandbox.create({ ...opts, timeoutMs: 600_000 });
   try {
     // The README's example.
     step = 'README';
